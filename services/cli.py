@@ -1,0 +1,46 @@
+"""`sluice`: one command for every Sluice service and tool.
+
+    sluice tq-controller [flags]   TransferQueue controller (gRPC, metadata in Redis)
+    sluice tq-shard [flags]        TransferQueue storage shard (gRPC, Arrow in memory)
+    sluice demo [flags]            the main job on one machine (see `sluice demo --help`)
+
+Every service command takes --help; flags also come from environment variables (listed there).
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def _commands():
+    # imported lazily: `sluice tq-shard --help` should not pay for importing everything
+    def controller(argv):
+        from services.transferqueue.controller.main import main
+        return main(argv)
+
+    def shard(argv):
+        from services.transferqueue.shard.main import main
+        return main(argv)
+
+    def demo(argv):
+        from services.demo import main
+        return main(argv)
+
+    return {"tq-controller": controller, "tq-shard": shard, "demo": demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = _commands()
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in commands:
+        print(f"sluice: unknown command {name!r}; one of: {', '.join(commands)}", file=sys.stderr)
+        return 2
+    return commands[name](rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Child processes for running the stack on one machine (the demo, tests, benchmarks): a private
+redis-server and Sluice services, each started as a real process and stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Sequence
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Children get one torch/BLAS thread each: on a small machine oversubscription costs 20-50x."""
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(extra or {})
+    return env
+
+
+class ChildProcess:
+    def __init__(self, name: str, argv: Sequence[str], log_path: str | None = None, env: dict | None = None):
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=child_env(env),
+                                     start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_until(self, ready: Callable[[], bool], timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; log: {self.log_tail()}")
+            if ready():
+                return
+            time.sleep(0.02)
+        raise TimeoutError(f"{self.name} not ready after {timeout_s}s; log: {self.log_tail()}")
+
+    def log_tail(self, n: int = 4000) -> str:
+        if not self.log_path:
+            return "(no log)"
+        with open(self.log_path, "rb") as f:
+            return f.read()[-n:].decode(errors="replace")
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not subprocess.DEVNULL:
+            self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: the crash case."""
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait()
+
+
+def sluice_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "services.cli", *args]
+
+
+def start_redis(port: int | None = None, log_dir: str | None = None) -> tuple[ChildProcess, str]:
+    """A private, memory-only redis-server on a free port -> (process, url)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
+    port = port or free_port()
+    workdir = tempfile.mkdtemp(prefix="sluice-redis-")
+    log_path = os.path.join(log_dir or workdir, f"redis-{port}.log")
+    proc = ChildProcess("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no", "--dir", workdir], log_path)
+
+    def ready() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    proc.wait_until(ready, 10)
+    return proc, f"redis://127.0.0.1:{port}/0"

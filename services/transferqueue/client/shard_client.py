@@ -1,0 +1,108 @@
+"""ShardClient: the only code that knows the storage shard's wire API (chunked Arrow IPC streams)."""
+
+from __future__ import annotations
+
+import grpc
+
+from services.transferqueue.client.channel import GrpcTransport
+from services.transferqueue.client.rpc_pair import rpc_pair
+from services.transferqueue.errors import TQError
+from services.transferqueue.pb import transferqueue_pb2 as pb
+from services.transferqueue.pb import transferqueue_pb2_grpc as pb_grpc
+
+CHUNK_BYTES = 4 << 20
+
+
+def _put_chunks(partition: str, rows, data, chunk_bytes: int):
+    view = memoryview(data)
+    total = len(view)
+    header = pb.PutHeader(partition=partition, rows=rows, total_bytes=total)
+    first = min(chunk_bytes, total)
+    yield pb.PutChunk(header=header, data=view[:first].tobytes())
+    for start in range(first, total, chunk_bytes):
+        yield pb.PutChunk(data=view[start:start + chunk_bytes].tobytes())
+
+
+class _Assembler:
+    """Collects a chunked IPC stream into one writable buffer (tensors decoded from it share it)."""
+
+    def __init__(self):
+        self.buf: bytearray | None = None
+        self.pos = 0
+
+    def add(self, chunk: pb.DataChunk) -> None:
+        data = chunk.data
+        if self.buf is None:
+            self.buf = bytearray(chunk.total_bytes)
+        end = self.pos + len(data)
+        if end > len(self.buf):
+            raise TQError(grpc.StatusCode.DATA_LOSS, "shard sent more bytes than it announced")
+        self.buf[self.pos:end] = data
+        self.pos = end
+
+    def result(self) -> bytearray:
+        if self.buf is None or self.pos != len(self.buf):
+            raise TQError(grpc.StatusCode.DATA_LOSS, "shard stream ended early")
+        return self.buf
+
+
+class ShardClient(GrpcTransport):
+    stub_class = pb_grpc.StorageShardStub
+    default_timeout_s = 120.0
+
+    def __init__(self, address: str, token: str | None = None, chunk_bytes: int = CHUNK_BYTES):
+        super().__init__(address, token)
+        self.chunk_bytes = chunk_bytes
+
+    # ------------------------------------------------------------ data
+
+    def put(self, partition: str, rows, ipc_data, timeout: float | None = None) -> pb.PutResponse:
+        try:
+            return self._sync().Put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes),
+                                    timeout=timeout or self.default_timeout_s, metadata=self._metadata)
+        except grpc.RpcError as err:
+            raise TQError.from_rpc(err) from None
+
+    async def aput(self, partition: str, rows, ipc_data, timeout: float | None = None) -> pb.PutResponse:
+        try:
+            return await self._async().Put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes),
+                                           timeout=timeout or self.default_timeout_s, metadata=self._metadata)
+        except grpc.RpcError as err:
+            raise TQError.from_rpc(err) from None
+
+    def get(self, partition: str, rows, fields, timeout: float | None = None) -> bytearray:
+        """The Arrow IPC stream of the rows (in request order) and fields."""
+        request = pb.GetRequest(partition=partition, rows=rows, fields=fields)
+        out = _Assembler()
+        try:
+            for chunk in self._sync().Get(request, timeout=timeout or self.default_timeout_s, metadata=self._metadata):
+                out.add(chunk)
+        except grpc.RpcError as err:
+            raise TQError.from_rpc(err) from None
+        return out.result()
+
+    async def aget(self, partition: str, rows, fields, timeout: float | None = None) -> bytearray:
+        request = pb.GetRequest(partition=partition, rows=rows, fields=fields)
+        out = _Assembler()
+        try:
+            async for chunk in self._async().Get(request, timeout=timeout or self.default_timeout_s,
+                                                 metadata=self._metadata):
+                out.add(chunk)
+        except grpc.RpcError as err:
+            raise TQError.from_rpc(err) from None
+        return out.result()
+
+    # ------------------------------------------------------------ housekeeping
+
+    def _delete(self, partition: str, rows, fields):
+        return "Delete", pb.DeleteRequest(partition=partition, rows=rows, fields=fields)
+
+    def _drop_partition(self, partition: str):
+        return "DropPartition", pb.DropPartitionRequest(partition=partition)
+
+    def _stats(self):
+        return "Stats", pb.StatsRequest()
+
+    delete, adelete = rpc_pair(_delete)
+    drop_partition, adrop_partition = rpc_pair(_drop_partition)
+    stats, astats = rpc_pair(_stats)

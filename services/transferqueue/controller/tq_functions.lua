@@ -1,0 +1,503 @@
+#!lua name=sluice_tq
+--[[
+TransferQueue metadata, kept entirely in Redis and changed only by these functions, so every
+operation is atomic and several controller replicas (or a restarted one) see one truth.
+
+Key layout (K = key prefix, P = partition, T = task, row/group indices are decimal):
+  K:partitions          ZSET  P -> created ms
+  K:tasks               HASH  T -> {"fields":[...],"group_size":n}
+  K:shards              HASH  shard id -> address;  K:shard_ttl ZSET shard id -> expiry ms
+  K:p:P                 HASH  gs, block, alloc, rows, sealed, created, shards
+  K:p:P:schema          HASH  field -> canonical schema json (fixed by the first commit)
+  K:p:P:f:<field>       BITMAP row has the field produced;  K:p:P:any BITMAP row has any field
+  K:p:P:fcount          HASH  field -> produced rows
+  K:p:P:nready|consumed|leased  HASH T -> rows
+  K:p:P:t:T:rdy         BITMAP row ready for T (all required fields produced)
+  K:p:P:t:T:gcnt        HASH  group -> ready rows of a not yet complete group (group size > 1)
+  K:p:P:t:T:q           ZSET  claimable groups (score = group index, so claims go in row order)
+  K:p:P:t:T:done        BITMAP row acked by T
+  K:p:P:t:T:leases      ZSET  lease id -> expiry ms (live leases only)
+  K:p:P:t:T:key:<k>     STRING claim key -> lease id (shared claims of data-parallel ranks)
+  K:lease:<id>          HASH  p, t, gs, groups (csv), expiry, state (live|acked|released|expired|reset)
+  K:lease:<id>:pend     HASH  group -> 1 for groups not yet acked
+Errors are raised as "<GRPC_CODE> <message>".
+]]
+
+local function fail(code, msg)
+  error({err = code .. ' ' .. msg})
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function istr(n) return string.format('%d', n) end
+
+local function pkey(K, P) return K .. ':p:' .. P end
+local function tkey(K, P, T) return K .. ':p:' .. P .. ':t:' .. T end
+
+local function need_partition(K, P)
+  local pk = pkey(K, P)
+  if redis.call('EXISTS', pk) == 0 then fail('NOT_FOUND', 'partition ' .. P .. ' does not exist') end
+  return pk
+end
+
+local function need_task(K, T)
+  local def = redis.call('HGET', K .. ':tasks', T)
+  if not def then fail('NOT_FOUND', 'task ' .. T .. ' is not registered') end
+  local d = cjson.decode(def)
+  return d.fields, tonumber(d.group_size)
+end
+
+local function notify(K, P) redis.call('PUBLISH', K .. ':events', P) end
+
+local function split_csv(s)
+  local out = {}
+  for x in string.gmatch(s or '', '[^,]+') do out[#out + 1] = tonumber(x) end
+  return out
+end
+
+-- Row r just became ready for T: count it and queue its group once the group is whole.
+local function mark_ready(K, P, T, gs, r)
+  local tk = tkey(K, P, T)
+  if redis.call('SETBIT', tk .. ':rdy', r, 1) == 1 then return end
+  redis.call('HINCRBY', pkey(K, P) .. ':nready', T, 1)
+  if gs == 1 then
+    if redis.call('GETBIT', tk .. ':done', r) == 0 then redis.call('ZADD', tk .. ':q', r, istr(r)) end
+    return
+  end
+  local g = math.floor(r / gs)
+  local c = redis.call('HINCRBY', tk .. ':gcnt', istr(g), 1)
+  if c >= gs then
+    redis.call('HDEL', tk .. ':gcnt', istr(g))
+    if redis.call('GETBIT', tk .. ':done', g * gs) == 0 then redis.call('ZADD', tk .. ':q', g, istr(g)) end
+  end
+end
+
+local function row_has_fields(pk, fields, r)
+  for _, f in ipairs(fields) do
+    if redis.call('GETBIT', pk .. ':f:' .. f, r) == 0 then return false end
+  end
+  return true
+end
+
+-- Recompute T's readiness over every allocated row of P (task registered late, or reset).
+local function init_task_partition(K, P, T, fields, gs)
+  local pk = pkey(K, P)
+  local alloc = tonumber(redis.call('HGET', pk, 'alloc') or '0')
+  for r = 0, alloc - 1 do
+    if row_has_fields(pk, fields, r) then mark_ready(K, P, T, gs, r) end
+  end
+end
+
+local function requeue_lease(K, id, new_state)
+  local lk = K .. ':lease:' .. id
+  local P = redis.call('HGET', lk, 'p')
+  local T = redis.call('HGET', lk, 't')
+  local gs = tonumber(redis.call('HGET', lk, 'gs'))
+  local tk = tkey(K, P, T)
+  local pend = redis.call('HKEYS', lk .. ':pend')
+  for _, g in ipairs(pend) do redis.call('ZADD', tk .. ':q', tonumber(g), g) end
+  redis.call('HINCRBY', pkey(K, P) .. ':leased', T, -(#pend * gs))
+  redis.call('DEL', lk .. ':pend')
+  redis.call('ZREM', tk .. ':leases', id)
+  redis.call('HSET', lk, 'state', new_state)
+  redis.call('PEXPIRE', lk, 3600000)
+  return #pend * gs
+end
+
+local function reap(K, P, T, now)
+  local expired = redis.call('ZRANGEBYSCORE', tkey(K, P, T) .. ':leases', '-inf', now)
+  for _, id in ipairs(expired) do requeue_lease(K, id, 'expired') end
+  return #expired
+end
+
+local function is_complete(pk, T)
+  if redis.call('HGET', pk, 'sealed') ~= '1' then return 0 end
+  local rows = tonumber(redis.call('HGET', pk, 'rows') or '0')
+  local consumed = tonumber(redis.call('HGET', pk .. ':consumed', T) or '0')
+  if consumed >= rows then return 1 end
+  return 0
+end
+
+local function check_schemas(pk, args, first, nf)
+  for i = 0, nf - 1 do
+    local name, sch = args[first + 2 * i], args[first + 2 * i + 1]
+    local cur = redis.call('HGET', pk .. ':schema', name)
+    if cur and cur ~= sch then
+      fail('INVALID_ARGUMENT', 'field ' .. name .. ' is ' .. cur .. ' (fixed by its first write); this write is ' .. sch)
+    end
+  end
+end
+
+---------------------------------------------------------------- partitions
+
+-- args: K, P, group_size, block, exist_ok(0|1)
+redis.register_function('tq_create_partition', function(keys, args)
+  local K, P, gs, block, exist_ok = args[1], args[2], tonumber(args[3]), tonumber(args[4]), args[5] == '1'
+  local pk = pkey(K, P)
+  if redis.call('EXISTS', pk) == 1 then
+    if exist_ok and tonumber(redis.call('HGET', pk, 'gs')) == gs then return 0 end
+    fail('ALREADY_EXISTS', 'partition ' .. P .. ' exists (group size ' .. redis.call('HGET', pk, 'gs') .. ')')
+  end
+  local now = now_ms()
+  local live = redis.call('ZRANGEBYSCORE', K .. ':shard_ttl', now, '+inf')
+  if #live == 0 then fail('FAILED_PRECONDITION', 'no storage shard is registered with the controller') end
+  table.sort(live)
+  redis.call('HSET', pk, 'gs', gs, 'block', block, 'alloc', 0, 'rows', 0, 'sealed', 0, 'created', now,
+             'shards', table.concat(live, ','))
+  redis.call('ZADD', K .. ':partitions', now, P)
+  return 1
+end)
+
+-- args: K, P -> 1 if it existed, plus its shard ids csv
+redis.register_function('tq_clear_partition', function(keys, args)
+  local K, P = args[1], args[2]
+  local pk = pkey(K, P)
+  if redis.call('EXISTS', pk) == 0 then return {0, ''} end
+  local shards = redis.call('HGET', pk, 'shards') or ''
+  local tasks = redis.call('HKEYS', K .. ':tasks')
+  for _, T in ipairs(tasks) do
+    local tk = tkey(K, P, T)
+    for _, id in ipairs(redis.call('ZRANGE', tk .. ':leases', 0, -1)) do
+      redis.call('DEL', K .. ':lease:' .. id, K .. ':lease:' .. id .. ':pend')
+    end
+    redis.call('DEL', tk .. ':rdy', tk .. ':gcnt', tk .. ':q', tk .. ':done', tk .. ':leases')
+  end
+  for _, f in ipairs(redis.call('HKEYS', pk .. ':schema')) do redis.call('DEL', pk .. ':f:' .. f) end
+  redis.call('DEL', pk, pk .. ':schema', pk .. ':any', pk .. ':fcount', pk .. ':nready', pk .. ':consumed',
+             pk .. ':leased')
+  redis.call('ZREM', K .. ':partitions', P)
+  notify(K, P)
+  return {1, shards}
+end)
+
+redis.register_function('tq_seal_partition', function(keys, args)
+  local K, P = args[1], args[2]
+  local pk = need_partition(K, P)
+  redis.call('HSET', pk, 'sealed', 1)
+  notify(K, P)
+  return 1
+end)
+
+---------------------------------------------------------------- tasks
+
+-- args: K, T, definition json, fields... , group size
+redis.register_function('tq_register_task', function(keys, args)
+  local K, T, def = args[1], args[2], args[3]
+  local cur = redis.call('HGET', K .. ':tasks', T)
+  if cur then
+    if cur == def then return 0 end
+    fail('ALREADY_EXISTS', 'task ' .. T .. ' is registered as ' .. cur .. '; not as ' .. def)
+  end
+  redis.call('HSET', K .. ':tasks', T, def)
+  local d = cjson.decode(def)
+  for _, P in ipairs(redis.call('ZRANGE', K .. ':partitions', 0, -1)) do
+    init_task_partition(K, P, T, d.fields, tonumber(d.group_size))
+    notify(K, P)
+  end
+  return 1
+end)
+
+-- args: K, P, T
+redis.register_function('tq_reset_task', function(keys, args)
+  local K, P, T = args[1], args[2], args[3]
+  local pk = need_partition(K, P)
+  local fields, gs = need_task(K, T)
+  local tk = tkey(K, P, T)
+  for _, id in ipairs(redis.call('ZRANGE', tk .. ':leases', 0, -1)) do
+    local lk = K .. ':lease:' .. id
+    redis.call('DEL', lk .. ':pend')
+    redis.call('HSET', lk, 'state', 'reset')
+    redis.call('PEXPIRE', lk, 3600000)
+  end
+  redis.call('DEL', tk .. ':rdy', tk .. ':gcnt', tk .. ':q', tk .. ':done', tk .. ':leases')
+  redis.call('HDEL', pk .. ':nready', T)
+  redis.call('HDEL', pk .. ':consumed', T)
+  redis.call('HDEL', pk .. ':leased', T)
+  init_task_partition(K, P, T, fields, gs)
+  notify(K, P)
+  return tonumber(redis.call('HGET', pk .. ':nready', T) or '0')
+end)
+
+---------------------------------------------------------------- puts
+
+-- Validate schemas and allocate (or check) rows. Nothing becomes visible.
+-- args: K, P, nf, (name, schema)*nf, new_rows, rows...
+-- returns: first allocated row (new rows) or -1
+redis.register_function('tq_prepare_put', function(keys, args)
+  local K, P, nf = args[1], args[2], tonumber(args[3])
+  local pk = need_partition(K, P)
+  check_schemas(pk, args, 4, nf)
+  local new_rows = tonumber(args[4 + 2 * nf])
+  if new_rows > 0 then
+    if redis.call('HGET', pk, 'sealed') == '1' then
+      fail('FAILED_PRECONDITION', 'partition ' .. P .. ' is sealed: no new rows')
+    end
+    local gs = tonumber(redis.call('HGET', pk, 'gs'))
+    if new_rows % gs ~= 0 then
+      fail('INVALID_ARGUMENT', 'partition ' .. P .. ' takes whole groups of ' .. gs .. ' rows; got ' .. new_rows)
+    end
+    return redis.call('HINCRBY', pk, 'alloc', new_rows) - new_rows
+  end
+  local alloc = tonumber(redis.call('HGET', pk, 'alloc'))
+  for i = 5 + 2 * nf, #args do
+    local r = tonumber(args[i])
+    if r < 0 or r >= alloc then fail('NOT_FOUND', 'row ' .. args[i] .. ' of partition ' .. P .. ' does not exist') end
+  end
+  return -1
+end)
+
+-- Mark fields produced for rows (their bytes are already on the shards); rows may become ready.
+-- args: K, P, nf, (name, schema)*nf, rows...
+redis.register_function('tq_commit_put', function(keys, args)
+  local K, P, nf = args[1], args[2], tonumber(args[3])
+  local pk = need_partition(K, P)
+  check_schemas(pk, args, 4, nf)
+  local alloc = tonumber(redis.call('HGET', pk, 'alloc'))
+  local rows = {}
+  for i = 4 + 2 * nf, #args do
+    local r = tonumber(args[i])
+    if r < 0 or r >= alloc then fail('NOT_FOUND', 'row ' .. args[i] .. ' of partition ' .. P .. ' does not exist') end
+    rows[#rows + 1] = r
+  end
+  local fields, fieldset = {}, {}
+  for i = 0, nf - 1 do
+    local name = args[4 + 2 * i]
+    redis.call('HSETNX', pk .. ':schema', name, args[5 + 2 * i])
+    fields[#fields + 1] = name
+    fieldset[name] = true
+  end
+  local new_live = 0
+  local produced = {}
+  for _, r in ipairs(rows) do
+    if redis.call('SETBIT', pk .. ':any', r, 1) == 0 then new_live = new_live + 1 end
+    for i, f in ipairs(fields) do
+      if redis.call('SETBIT', pk .. ':f:' .. f, r, 1) == 0 then produced[i] = (produced[i] or 0) + 1 end
+    end
+  end
+  if new_live > 0 then redis.call('HINCRBY', pk, 'rows', new_live) end
+  for i, f in ipairs(fields) do
+    if produced[i] then redis.call('HINCRBY', pk .. ':fcount', f, produced[i]) end
+  end
+  local tasks = redis.call('HGETALL', K .. ':tasks')
+  for j = 1, #tasks, 2 do
+    local T, d = tasks[j], cjson.decode(tasks[j + 1])
+    local touched = false
+    for _, f in ipairs(d.fields) do if fieldset[f] then touched = true end end
+    if touched then
+      local gs = tonumber(d.group_size)
+      for _, r in ipairs(rows) do
+        if row_has_fields(pk, d.fields, r) then mark_ready(K, P, T, gs, r) end
+      end
+    end
+  end
+  notify(K, P)
+  return #rows
+end)
+
+-- args: K, P, fields... -> error unless every row has every field
+-- (rows come after a '--' separator)
+redis.register_function('tq_check_rows', function(keys, args)
+  local K, P = args[1], args[2]
+  local pk = need_partition(K, P)
+  local fields, i = {}, 3
+  while args[i] ~= '--' do fields[#fields + 1] = args[i]; i = i + 1 end
+  for _, f in ipairs(fields) do
+    if redis.call('HEXISTS', pk .. ':schema', f) == 0 then
+      fail('NOT_FOUND', 'field ' .. f .. ' does not exist in partition ' .. P)
+    end
+  end
+  local alloc = tonumber(redis.call('HGET', pk, 'alloc'))
+  for j = i + 1, #args do
+    local r = tonumber(args[j])
+    if r < 0 or r >= alloc then fail('NOT_FOUND', 'row ' .. args[j] .. ' of partition ' .. P .. ' does not exist') end
+    for _, f in ipairs(fields) do
+      if redis.call('GETBIT', pk .. ':f:' .. f, r) == 0 then
+        fail('NOT_FOUND', 'field ' .. f .. ' of row ' .. args[j] .. ' in partition ' .. P .. ' is not produced')
+      end
+    end
+  end
+  return 1
+end)
+
+---------------------------------------------------------------- claims and leases
+
+-- args: K, P, T, batch_rows, min_rows, lease_ms, lease_id, claim_key
+-- returns: {lease_id|'', groups csv, expiry|next lease expiry|0, complete, gs, ready_groups_left}
+redis.register_function('tq_claim', function(keys, args)
+  local K, P, T = args[1], args[2], args[3]
+  local batch, min_rows, lease_ms, id, ckey = tonumber(args[4]), tonumber(args[5]), tonumber(args[6]), args[7], args[8]
+  local pk = need_partition(K, P)
+  local fields, gs = need_task(K, T)
+  if batch <= 0 or batch % gs ~= 0 then
+    fail('INVALID_ARGUMENT', 'batch_size ' .. batch .. ' is not a positive multiple of task ' .. T .. "'s group size " .. gs)
+  end
+  local want = batch / gs
+  local min_groups = math.max(1, math.min(want, math.ceil(min_rows / gs)))
+  local pgs = tonumber(redis.call('HGET', pk, 'gs'))
+  if pgs % gs ~= 0 then
+    fail('FAILED_PRECONDITION', 'task ' .. T .. ' claims groups of ' .. gs .. ' but partition ' .. P .. ' holds groups of ' .. pgs)
+  end
+  local tk = tkey(K, P, T)
+  local now = now_ms()
+  reap(K, P, T, now)
+  if ckey ~= '' then
+    local existing = redis.call('GET', tk .. ':key:' .. ckey)
+    if existing then
+      local lk = K .. ':lease:' .. existing
+      if redis.call('HGET', lk, 'state') == 'live' then
+        return {existing, redis.call('HGET', lk, 'groups'), tonumber(redis.call('HGET', lk, 'expiry')),
+                is_complete(pk, T), gs, redis.call('ZCARD', tk .. ':q')}
+      end
+    end
+  end
+  local avail = redis.call('ZCARD', tk .. ':q')
+  local complete = is_complete(pk, T)
+  local enough = avail >= min_groups
+  if not enough and avail > 0 and redis.call('HGET', pk, 'sealed') == '1' then
+    -- nothing more can become ready: do not wait for a full batch
+    local rows = tonumber(redis.call('HGET', pk, 'rows') or '0')
+    enough = tonumber(redis.call('HGET', pk .. ':nready', T) or '0') >= rows
+  end
+  if avail == 0 or not enough then
+    local first = redis.call('ZRANGE', tk .. ':leases', 0, 0, 'WITHSCORES')
+    local next_expiry = 0
+    if #first > 0 then next_expiry = tonumber(first[2]) end
+    return {'', '', next_expiry, complete, gs, avail}
+  end
+  local popped = redis.call('ZPOPMIN', tk .. ':q', want)
+  local groups = {}
+  local lk = K .. ':lease:' .. id
+  for j = 1, #popped, 2 do
+    groups[#groups + 1] = popped[j]
+    redis.call('HSET', lk .. ':pend', popped[j], 1)
+  end
+  local expiry = now + lease_ms
+  local csv = table.concat(groups, ',')
+  redis.call('HSET', lk, 'p', P, 't', T, 'gs', gs, 'groups', csv, 'expiry', expiry, 'state', 'live')
+  redis.call('ZADD', tk .. ':leases', expiry, id)
+  redis.call('HINCRBY', pk .. ':leased', T, #groups * gs)
+  if ckey ~= '' then redis.call('SET', tk .. ':key:' .. ckey, id, 'PX', lease_ms + 60000) end
+  return {id, csv, expiry, complete, gs, avail - #groups}
+end)
+
+-- args: K, lease_id, rows... (none = all)
+redis.register_function('tq_ack', function(keys, args)
+  local K, id = args[1], args[2]
+  local lk = K .. ':lease:' .. id
+  if redis.call('EXISTS', lk) == 0 then fail('NOT_FOUND', 'lease ' .. id .. ' is unknown (never issued, or its partition was cleared)') end
+  local st = redis.call('HGET', lk, 'state')
+  if st == 'acked' then return 0 end
+  if st ~= 'live' then fail('FAILED_PRECONDITION', 'lease ' .. id .. ' is ' .. st .. '; its rows were handed out again') end
+  local expiry = tonumber(redis.call('HGET', lk, 'expiry'))
+  local now = now_ms()
+  if expiry <= now then
+    local P, T = redis.call('HGET', lk, 'p'), redis.call('HGET', lk, 't')
+    reap(K, P, T, now)
+    notify(K, P)
+    fail('FAILED_PRECONDITION', 'lease ' .. id .. ' expired ' .. (now - expiry) .. ' ms ago; its rows were handed out again')
+  end
+  local P, T, gs = redis.call('HGET', lk, 'p'), redis.call('HGET', lk, 't'), tonumber(redis.call('HGET', lk, 'gs'))
+  local pk, tk = pkey(K, P), tkey(K, P, T)
+  local targets = {}
+  if #args > 2 then
+    local member, counts = {}, {}
+    for _, g in ipairs(split_csv(redis.call('HGET', lk, 'groups'))) do member[g] = true end
+    for j = 3, #args do
+      local r = tonumber(args[j])
+      local g = math.floor(r / gs)
+      if not member[g] then fail('INVALID_ARGUMENT', 'row ' .. args[j] .. ' is not in lease ' .. id) end
+      if counts[g] == nil then targets[#targets + 1] = g; counts[g] = 0 end
+      counts[g] = counts[g] + 1
+    end
+    for g, c in pairs(counts) do
+      if c ~= gs then fail('INVALID_ARGUMENT', 'acks must cover whole groups of ' .. gs .. ' rows; group ' .. g .. ' has ' .. c) end
+    end
+  else
+    for _, g in ipairs(redis.call('HKEYS', lk .. ':pend')) do targets[#targets + 1] = tonumber(g) end
+  end
+  local n = 0
+  for _, g in ipairs(targets) do
+    if redis.call('HDEL', lk .. ':pend', istr(g)) == 1 then
+      for r = g * gs, g * gs + gs - 1 do redis.call('SETBIT', tk .. ':done', r, 1) end
+      n = n + gs
+    end
+  end
+  redis.call('HINCRBY', pk .. ':consumed', T, n)
+  redis.call('HINCRBY', pk .. ':leased', T, -n)
+  if redis.call('HLEN', lk .. ':pend') == 0 then
+    redis.call('HSET', lk, 'state', 'acked')
+    redis.call('ZREM', tk .. ':leases', id)
+    redis.call('PEXPIRE', lk, 3600000)
+  end
+  notify(K, P)
+  return n
+end)
+
+-- args: K, lease_id
+redis.register_function('tq_release', function(keys, args)
+  local K, id = args[1], args[2]
+  local lk = K .. ':lease:' .. id
+  if redis.call('EXISTS', lk) == 0 then fail('NOT_FOUND', 'lease ' .. id .. ' is unknown') end
+  local st = redis.call('HGET', lk, 'state')
+  if st == 'released' then return 0 end
+  if st ~= 'live' then fail('FAILED_PRECONDITION', 'lease ' .. id .. ' is ' .. st .. ' and cannot be released') end
+  local n = requeue_lease(K, id, 'released')
+  notify(K, redis.call('HGET', lk, 'p'))
+  return n
+end)
+
+-- args: K, lease_id, lease_ms -> new expiry
+redis.register_function('tq_extend_lease', function(keys, args)
+  local K, id, lease_ms = args[1], args[2], tonumber(args[3])
+  local lk = K .. ':lease:' .. id
+  if redis.call('EXISTS', lk) == 0 then fail('NOT_FOUND', 'lease ' .. id .. ' is unknown') end
+  local st = redis.call('HGET', lk, 'state')
+  local now = now_ms()
+  if st ~= 'live' or tonumber(redis.call('HGET', lk, 'expiry')) <= now then
+    fail('FAILED_PRECONDITION', 'lease ' .. id .. ' is no longer live (' .. st .. ')')
+  end
+  local expiry = now + lease_ms
+  redis.call('HSET', lk, 'expiry', expiry)
+  redis.call('ZADD', tkey(K, redis.call('HGET', lk, 'p'), redis.call('HGET', lk, 't')) .. ':leases', expiry, id)
+  return expiry
+end)
+
+-- args: K, P, T -> {ready groups, complete, next lease expiry}
+redis.register_function('tq_ready', function(keys, args)
+  local K, P, T = args[1], args[2], args[3]
+  local pk = need_partition(K, P)
+  need_task(K, T)
+  local tk = tkey(K, P, T)
+  local now = now_ms()
+  reap(K, P, T, now)
+  local first = redis.call('ZRANGE', tk .. ':leases', 0, 0, 'WITHSCORES')
+  local next_expiry = 0
+  if #first > 0 then next_expiry = tonumber(first[2]) end
+  return {tonumber(redis.call('HGET', pk .. ':nready', T) or '0'), is_complete(pk, T), next_expiry}
+end)
+
+---------------------------------------------------------------- shards
+
+-- args: K, shard_id, address, ttl_ms -> live partitions
+redis.register_function('tq_register_shard', function(keys, args)
+  local K, id, addr, ttl = args[1], args[2], args[3], tonumber(args[4])
+  redis.call('HSET', K .. ':shards', id, addr)
+  redis.call('ZADD', K .. ':shard_ttl', now_ms() + ttl, id)
+  return redis.call('ZRANGE', K .. ':partitions', 0, -1)
+end)
+
+-- args: K -> flat {id, address, ...} of live shards
+redis.register_function('tq_list_shards', function(keys, args)
+  local K = args[1]
+  local live = redis.call('ZRANGEBYSCORE', K .. ':shard_ttl', now_ms(), '+inf')
+  table.sort(live)
+  local out = {}
+  for _, id in ipairs(live) do
+    out[#out + 1] = id
+    out[#out + 1] = redis.call('HGET', K .. ':shards', id)
+  end
+  return out
+end)

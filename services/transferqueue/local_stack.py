@@ -1,0 +1,86 @@
+"""A TransferQueue on one machine: private Redis, one controller and N shards, each its own process."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.runtime.processes import ChildProcess, free_port, sluice_argv, start_redis
+
+
+def grpc_serving(address: str, service: str = "") -> bool:
+    try:
+        with grpc.insecure_channel(address) as channel:
+            res = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=0.5)
+            return res.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+
+
+class LocalTransferQueue:
+    def __init__(self, shards: int = 1, token: str = "", redis_url: str | None = None, log_dir: str | None = None,
+                 shard_args: tuple[str, ...] = (), controller_args: tuple[str, ...] = ()):
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-tq-")
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.token = token
+        self.redis = None
+        if redis_url is None:
+            self.redis, redis_url = start_redis(log_dir=self.log_dir)
+        self.redis_url = redis_url
+        self.shard_args = shard_args
+        self.controller_args = controller_args
+        self.controller_port = free_port()
+        self.controller_address = f"127.0.0.1:{self.controller_port}"
+        self.controller: ChildProcess | None = None
+        self.shards: list[ChildProcess] = []
+        self.shard_addresses: list[str] = []
+        try:
+            self.start_controller()
+            for i in range(shards):
+                self.start_shard(f"shard-{i}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _auth(self) -> list[str]:
+        return ["--auth-token", self.token] if self.token else []
+
+    def start_controller(self) -> ChildProcess:
+        self.controller = ChildProcess(
+            "tq-controller",
+            sluice_argv("tq-controller", "--host", "127.0.0.1", "--port", str(self.controller_port),
+                        "--redis-url", self.redis_url, *self._auth(), *self.controller_args),
+            os.path.join(self.log_dir, "controller.log"))
+        self.controller.wait_until(lambda: grpc_serving(self.controller_address), 30)
+        return self.controller
+
+    def start_shard(self, shard_id: str, port: int | None = None) -> ChildProcess:
+        port = port or free_port()
+        address = f"127.0.0.1:{port}"
+        proc = ChildProcess(
+            f"tq-shard {shard_id}",
+            sluice_argv("tq-shard", "--host", "127.0.0.1", "--port", str(port), "--advertise-host", "127.0.0.1",
+                        "--shard-id", shard_id, "--controller", self.controller_address, *self._auth(),
+                        *self.shard_args),
+            os.path.join(self.log_dir, f"{shard_id}.log"))
+        proc.wait_until(lambda: grpc_serving(address), 30)
+        self.shards.append(proc)
+        self.shard_addresses.append(address)
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.shards:
+            proc.stop()
+        if self.controller:
+            self.controller.stop()
+        if self.redis:
+            self.redis.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

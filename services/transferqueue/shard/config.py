@@ -1,0 +1,31 @@
+import socket
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ShardConfig(BaseSettings):
+    """`sluice tq-shard`: TransferQueue storage shard (gRPC; field data as Arrow in memory)."""
+
+    model_config = SettingsConfigDict(env_prefix="SLUICE_TQ_SHARD_")
+
+    host: str = Field("0.0.0.0", description="address to bind the gRPC server to")
+    port: int = Field(7410, description="gRPC port (0 = pick a free one)")
+    shard_id: str = Field("", description="stable id of this shard; default <hostname>-<port>")
+    advertise_host: str = Field("", description="host clients dial (with the bound port); default the hostname")
+    controller: str = Field("127.0.0.1:7400", description="controller host:port to register with")
+    auth_token: str = Field("", description="bearer token required from callers and sent to the controller")
+    max_rows: int = Field(1_000_000, gt=0, description="row budget; puts beyond it get RESOURCE_EXHAUSTED")
+    max_bytes: int = Field(8 << 30, gt=0, description="byte budget; puts beyond it get RESOURCE_EXHAUSTED")
+    chunk_bytes: int = Field(4 << 20, gt=0, le=32 << 20, description="size of the data chunks it streams")
+    register_interval_s: float = Field(3.0, gt=0, description="how often it renews its registration")
+    orphan_grace_s: float = Field(30.0, ge=0, description="partitions unknown to the controller for this long are dropped")
+    metrics_port: int = Field(0, description="Prometheus /metrics port; 0 = disabled")
+    grace_s: float = Field(5.0, ge=0, description="on SIGTERM, time in-flight calls get to finish")
+    log_level: str = Field("info", description="debug|info|warning|error")
+
+    def resolved_id(self, port: int) -> str:
+        return self.shard_id or f"{socket.gethostname()}-{port}"
+
+    def resolved_address(self, port: int) -> str:
+        return f"{self.advertise_host or socket.gethostname()}:{port}"

@@ -1,0 +1,201 @@
+"""The storage shard: gRPC over ShardStore. Registers itself with the controller and keeps the
+registration alive; drops partitions the controller no longer knows (a missed clear)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import Counter, Gauge
+
+from services.runtime.grpc_auth import BearerTokenInterceptor
+from services.transferqueue.client.controller_client import ControllerClient
+from services.transferqueue.codec import check_wire_schema, from_ipc, to_ipc
+from services.transferqueue.errors import TQError, check_name
+from services.transferqueue.pb import transferqueue_pb2 as pb
+from services.transferqueue.pb import transferqueue_pb2_grpc as pb_grpc
+from services.transferqueue.rpc import RPC_SECONDS, RPC_TOTAL, unary_handler
+from services.transferqueue.shard.config import ShardConfig
+from services.transferqueue.shard.store import ShardStore
+
+log = logging.getLogger(__name__)
+
+SERVER = "shard"
+BYTES_IN = Counter("sluice_tq_shard_bytes_in_total", "Arrow bytes received by puts")
+BYTES_OUT = Counter("sluice_tq_shard_bytes_out_total", "Arrow bytes sent by gets")
+STORED_BYTES = Gauge("sluice_tq_shard_stored_bytes", "bytes held")
+STORED_ROWS = Gauge("sluice_tq_shard_stored_rows", "rows held")
+
+
+def _rows(values) -> np.ndarray:
+    rows = np.fromiter(values, dtype=np.int64, count=len(values))
+    if len(rows) == 0:
+        raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "no rows given")
+    return rows
+
+
+class ShardServicer(pb_grpc.StorageShardServicer):
+    def __init__(self, config: ShardConfig, store: ShardStore, shard_id: str):
+        self.config = config
+        self.store = store
+        self.shard_id = shard_id
+
+    def _gauges(self) -> None:
+        STORED_BYTES.set(self.store.bytes)
+        STORED_ROWS.set(self.store.rows)
+
+    async def Put(self, request_iterator, context):
+        start = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            buf, header = None, None
+            pos = 0
+            async for chunk in request_iterator:
+                if header is None:
+                    if not chunk.HasField("header"):
+                        raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "first put message must carry the header")
+                    header = chunk.header
+                    check_name("partition", header.partition)
+                    if header.total_bytes <= 0 or header.total_bytes > self.store.max_bytes:
+                        raise TQError(grpc.StatusCode.INVALID_ARGUMENT if header.total_bytes <= 0
+                                      else grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                      f"put announces {header.total_bytes} bytes; budget is {self.store.max_bytes}")
+                    buf = bytearray(header.total_bytes)
+                data = chunk.data
+                if pos + len(data) > len(buf):
+                    raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "put sends more bytes than its header announced")
+                buf[pos:pos + len(data)] = data
+                pos += len(data)
+            if header is None or pos != len(buf):
+                raise TQError(grpc.StatusCode.INVALID_ARGUMENT, f"put ended after {pos} of its announced bytes")
+            table = from_ipc(buf)
+            check_wire_schema(table.schema)
+            nbytes = self.store.put(header.partition, _rows(header.rows), table)
+            BYTES_IN.inc(pos)
+            self._gauges()
+            return pb.PutResponse(rows=len(header.rows), bytes=nbytes)
+        except TQError as exc:
+            code = exc.code
+            await context.abort(exc.code, exc.message)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            code = grpc.StatusCode.INTERNAL
+            log.exception("put failed")
+            await context.abort(code, f"Put: {type(exc).__name__}: {exc}")
+        finally:
+            RPC_TOTAL.labels(SERVER, "Put", code.name).inc()
+            RPC_SECONDS.labels(SERVER, "Put").observe(time.perf_counter() - start)
+
+    async def Get(self, request, context):
+        start = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            check_name("partition", request.partition)
+            if not request.fields:
+                raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "name the fields to read")
+            for f in request.fields:
+                check_name("field", f)
+            rows = _rows(request.rows)
+            data = to_ipc(self.store.get(request.partition, rows, list(request.fields)))
+            view = memoryview(data)
+            step = self.config.chunk_bytes
+            total = len(view)
+            BYTES_OUT.inc(total)
+            yield pb.DataChunk(total_bytes=total, data=view[:step].tobytes())
+            for offset in range(step, total, step):
+                yield pb.DataChunk(data=view[offset:offset + step].tobytes())
+        except TQError as exc:
+            code = exc.code
+            await context.abort(exc.code, exc.message)
+        finally:
+            RPC_TOTAL.labels(SERVER, "Get", code.name).inc()
+            RPC_SECONDS.labels(SERVER, "Get").observe(time.perf_counter() - start)
+
+    @unary_handler(SERVER)
+    async def Delete(self, request, context):
+        check_name("partition", request.partition)
+        cells = self.store.delete(request.partition, _rows(request.rows), list(request.fields))
+        self._gauges()
+        return pb.DeleteResponse(cells=cells)
+
+    @unary_handler(SERVER)
+    async def DropPartition(self, request, context):
+        existed, freed = self.store.drop(check_name("partition", request.partition))
+        self._gauges()
+        return pb.DropPartitionResponse(existed=existed, bytes_freed=freed)
+
+    @unary_handler(SERVER)
+    async def Stats(self, request, context):
+        return pb.StatsResponse(shard_id=self.shard_id, rows=self.store.rows, bytes=self.store.bytes,
+                                max_rows=self.store.max_rows, max_bytes=self.store.max_bytes,
+                                partitions=self.store.partition_names())
+
+
+async def _keep_registered(config: ShardConfig, store: ShardStore, shard_id: str, address: str,
+                           registered: asyncio.Event) -> None:
+    controller = ControllerClient(config.controller, token=config.auth_token or None)
+    ttl_ms = int(config.register_interval_s * 4000)
+    try:
+        while True:
+            asked = time.time()
+            try:
+                live = set((await controller.aregister_shard(shard_id, address, ttl_ms, timeout=5)).live_partitions)
+                if not registered.is_set():
+                    log.info("registered with controller", extra={"controller": config.controller, "shard_id": shard_id})
+                registered.set()
+                for name in store.partition_names():
+                    created = store.created(name)
+                    if name not in live and created is not None and created < asked - config.orphan_grace_s:
+                        store.drop(name)
+                        log.info("dropped partition the controller no longer knows", extra={"partition": name})
+            except TQError as exc:
+                log.warning("registration failed; retrying", extra={"error": exc.message, "code": exc.code.name})
+            await asyncio.sleep(config.register_interval_s if registered.is_set() else 0.2)
+    finally:
+        await controller.aclose()
+
+
+async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
+    store = ShardStore(config.max_rows, config.max_bytes)
+    interceptors = [BearerTokenInterceptor(config.auth_token)] if config.auth_token else []
+    server = grpc.aio.server(interceptors=interceptors, options=[
+        ("grpc.max_receive_message_length", 64 << 20),
+        ("grpc.max_send_message_length", 64 << 20),
+        ("grpc.so_reuseport", 0),
+    ])
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    shard_id = config.resolved_id(port)
+    pb_grpc.add_StorageShardServicer_to_server(ShardServicer(config, store, shard_id), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    await server.start()
+    registered = asyncio.Event()
+    address = config.resolved_address(port)
+    keeper = asyncio.create_task(_keep_registered(config, store, shard_id, address, registered))
+    # serving (for health) once the controller knows us: before that no partition can be placed here
+    await _wait_either(registered, stop)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("sluice.transferqueue.v1.StorageShard", health_pb2.HealthCheckResponse.SERVING)
+    log.info("shard serving", extra={"port": port, "shard_id": shard_id, "address": address,
+                                     "max_rows": config.max_rows, "max_bytes": config.max_bytes})
+    try:
+        await stop.wait()
+    finally:
+        log.info("shard stopping", extra={"grace_s": config.grace_s})
+        await health_servicer.enter_graceful_shutdown()
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+        await server.stop(config.grace_s)
+        log.info("shard stopped")
+
+
+async def _wait_either(a: asyncio.Event, b: asyncio.Event) -> None:
+    tasks = [asyncio.create_task(a.wait()), asyncio.create_task(b.wait())]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for t in tasks:
+        t.cancel()
