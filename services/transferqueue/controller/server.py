@@ -12,6 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Counter, Gauge
 
 from services.runtime.grpc_auth import BearerTokenInterceptor
+from services.runtime.grpc_strict import add_strict_servicer
 from services.transferqueue.client.shard_client import ShardClient
 from services.transferqueue.controller.config import ControllerConfig
 from services.transferqueue.controller.events import PartitionEvents
@@ -302,7 +303,7 @@ async def serve(config: ControllerConfig, stop: asyncio.Event, on_bound=None) ->
         ("grpc.max_send_message_length", 64 << 20),
         ("grpc.so_reuseport", 0),
     ])
-    pb_grpc.add_ControllerServicer_to_server(ControllerServicer(config, meta, events), server)
+    add_strict_servicer(server, ControllerServicer(config, meta, events), pb.DESCRIPTOR.services_by_name["Controller"])
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(f"{config.host}:{config.port}")

@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Counter, Gauge
 
 from services.runtime.grpc_auth import BearerTokenInterceptor
+from services.runtime.grpc_strict import add_strict_servicer
 from services.transferqueue.client.controller_client import ControllerClient
 from services.transferqueue.codec import check_wire_schema, from_ipc, to_ipc
 from services.transferqueue.errors import TQError, check_name
@@ -170,7 +171,7 @@ async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
     ])
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     shard_id = config.resolved_id(port)
-    pb_grpc.add_StorageShardServicer_to_server(ShardServicer(config, store, shard_id), server)
+    add_strict_servicer(server, ShardServicer(config, store, shard_id), pb.DESCRIPTOR.services_by_name["StorageShard"])
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await server.start()
