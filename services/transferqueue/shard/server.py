@@ -174,6 +174,8 @@ async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
     add_strict_servicer(server, ShardServicer(config, store, shard_id), pb.DESCRIPTOR.services_by_name["StorageShard"])
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    # the health servicer says SERVING for "" by default: not until the controller knows us
+    await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
     registered = asyncio.Event()
     address = config.resolved_address(port)

@@ -29,8 +29,10 @@ def _wrap(like_type: pa.DataType, storage: pa.Array) -> pa.Array:
 
 
 class FieldColumn:
-    def __init__(self, arrow_field: pa.Field):
-        self.arrow_field = arrow_field
+    """One field's cells. Chunks may differ in type while uncommitted writers race; the controller
+    admits one schema per field, so the committed rows a read asks for always share one type."""
+
+    def __init__(self):
         self.chunks: list[pa.Array | None] = []
         self.live: list[int] = []  # cells still pointing at each chunk
         self.nbytes: list[int] = []
@@ -59,12 +61,12 @@ class FieldColumn:
                 freed += self.nbytes[cid]
         return freed
 
-    def put(self, rows: np.ndarray, array: pa.Array) -> int:
+    def put(self, rows: np.ndarray, array: pa.Array, arrow_field: pa.Field) -> int:
         """Store; returns bytes freed by overwritten chunks."""
         self._grow(int(rows.max()) + 1)
         freed = self._unref(self.chunk_of[rows].copy())
         cid = len(self.chunks)
-        self.chunks.append(array)
+        self.chunks.append((array, arrow_field))
         self.live.append(len(rows))
         self.nbytes.append(array.nbytes)
         self.chunk_of[rows] = cid
@@ -77,25 +79,25 @@ class FieldColumn:
         self.chunk_of[rows] = -1
         return len(rows), freed
 
-    def get(self, rows: np.ndarray) -> pa.Array:
+    def get(self, rows: np.ndarray) -> tuple[pa.Array, pa.Field]:
         cids = self.chunk_of[rows]
         offs = self.offset_of[rows]
         first = int(cids[0])
+        chunk, arrow_field = self.chunks[first]
         if (cids == first).all():
-            chunk = self.chunks[first]
             start = int(offs[0])
             if (offs == np.arange(start, start + len(rows))).all():
-                return chunk.slice(start, len(rows))  # zero-copy
-            return _wrap(chunk.type, _storage(chunk).take(pa.array(offs)))
+                return chunk.slice(start, len(rows)), arrow_field  # zero-copy
+            return _wrap(chunk.type, _storage(chunk).take(pa.array(offs))), arrow_field
         parts, order = [], []
         for cid in np.unique(cids).tolist():
             sel = np.nonzero(cids == cid)[0]
-            parts.append(_storage(self.chunks[cid]).take(pa.array(offs[sel])))
+            parts.append(_storage(self.chunks[cid][0]).take(pa.array(offs[sel])))
             order.append(sel)
         merged = pa.concat_arrays(parts)
         inverse = np.empty(len(rows), dtype=np.int64)
         inverse[np.concatenate(order)] = np.arange(len(rows))
-        return _wrap(self.arrow_field.type, merged.take(pa.array(inverse)))
+        return _wrap(arrow_field.type, merged.take(pa.array(inverse))), arrow_field
 
     @property
     def empty(self) -> bool:
@@ -149,23 +151,16 @@ class ShardStore:
                 raise TQError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"shard full: holds {self.rows}/{self.max_rows} rows and {self.bytes}/{self.max_bytes} "
                               f"bytes; this put adds {fresh} rows and {nbytes} bytes")
-            if part is not None:
-                for arrow_field in table.schema:
-                    have = part.fields.get(arrow_field.name)
-                    if have is not None and not have.empty and not have.arrow_field.equals(arrow_field, check_metadata=True):
-                        raise TQError(grpc.StatusCode.INVALID_ARGUMENT,
-                                      f"field {arrow_field.name} is stored as {have.arrow_field.type}; "
-                                      f"this put sends {arrow_field.type}")
             if part is None:
                 part = self.partitions[partition] = PartitionData()
             freed = 0
             for i, arrow_field in enumerate(table.schema):
                 column = part.fields.get(arrow_field.name)
-                if column is None or column.empty:
-                    column = part.fields[arrow_field.name] = FieldColumn(arrow_field)
+                if column is None:
+                    column = part.fields[arrow_field.name] = FieldColumn()
                 chunk = table.column(i)
                 chunk = chunk.combine_chunks() if chunk.num_chunks != 1 else chunk.chunk(0)
-                freed += column.put(rows, chunk)
+                freed += column.put(rows, chunk, arrow_field)
             self.rows += part.mark_rows(rows)
             part.bytes += nbytes - freed
             self.bytes += nbytes - freed
@@ -186,8 +181,9 @@ class ShardStore:
                     missing = rows[~have][:5].tolist()
                     raise TQError(grpc.StatusCode.NOT_FOUND,
                                   f"field {name} of rows {missing} in partition {partition} is not stored here")
-                arrays.append(column.get(rows))
-                schema.append(column.arrow_field)
+                array, arrow_field = column.get(rows)
+                arrays.append(array)
+                schema.append(arrow_field)
             return pa.Table.from_arrays(arrays, schema=pa.schema(schema))
 
     def delete(self, partition: str, rows: np.ndarray, fields: list[str]) -> int:

@@ -1,0 +1,60 @@
+"""Fixtures: a real redis-server and real TransferQueue processes, started by the test suite."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import urllib.request
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest
+import torch
+
+from services.runtime.processes import free_port
+from services.transferqueue.client.queue import TransferQueue
+from services.transferqueue.local_stack import LocalTransferQueue
+
+torch.set_num_threads(1)
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def uniq():
+    """Fresh partition/task names per test (tests share one stack)."""
+    def make(prefix: str = "x") -> str:
+        return f"{prefix}{next(_names)}_{os.getpid()}"
+    return make
+
+
+@pytest.fixture(scope="session")
+def tq_stack(tmp_path_factory):
+    metrics_port = free_port()
+    stack = LocalTransferQueue(shards=2, log_dir=str(tmp_path_factory.mktemp("tq")),
+                               controller_args=("--metrics-port", str(metrics_port)))
+    stack.metrics_port = metrics_port
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture
+def tq(tq_stack):
+    client = TransferQueue(tq_stack.controller_address)
+    yield client
+    client.close()
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def metric_value(text: str, name: str, **labels) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

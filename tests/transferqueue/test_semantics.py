@@ -1,0 +1,383 @@
+"""The data plane's semantics (issue #2, items 1-9, 11), against real Redis, controller and shards."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from services.transferqueue.client.shard_client import ShardClient
+from services.transferqueue.errors import TQError
+from tests.conftest import metric_value, scrape
+
+
+def _fill(tq, partition, n, group_size=1):
+    tq.create_partition(partition, group_size=group_size)
+    return tq.put(partition, {"x": torch.arange(n, dtype=torch.int64), "y": torch.arange(n, dtype=torch.float32)})
+
+
+# 1 ----------------------------------------------------------------------------------------------
+
+def test_row_readable_only_when_all_required_fields_produced(tq, uniq):
+    p, task = uniq("p"), uniq("t")
+    tq.create_partition(p)
+    tq.register_task(task, ["tokens", "log_probs"])
+    rows = tq.put(p, {"tokens": [torch.arange(3), torch.arange(5)]})
+    assert tq.claim(p, task, 2).rows == []
+    tq.put(p, {"log_probs": [torch.ones(5)]}, rows=rows[1:])
+    batch = tq.claim(p, task, 2)
+    assert batch.rows == [rows[1]]
+    assert batch["tokens"][0].tolist() == [0, 1, 2, 3, 4]
+    tq.put(p, {"log_probs": [torch.zeros(3)]}, rows=rows[:1])
+    assert tq.claim(p, task, 2).rows == [rows[0]]
+
+
+# 2 ----------------------------------------------------------------------------------------------
+
+def test_claims_exclusive_within_task_and_every_task_sees_every_row(tq_stack, uniq):
+    from services.transferqueue.client.queue import TransferQueue
+
+    p = uniq("p")
+    tasks = [uniq("t"), uniq("t")]
+    with TransferQueue(tq_stack.controller_address) as tq:
+        tq.create_partition(p)
+        for t in tasks:
+            tq.register_task(t, ["x"])
+    seen = {t: [] for t in tasks}
+    lock = threading.Lock()
+
+    def consume(task):
+        with TransferQueue(tq_stack.controller_address) as client:
+            while True:
+                batch = client.claim(p, task, 7, wait_s=0.5)
+                if batch.complete:
+                    return
+                if batch.rows:
+                    assert batch["x"].tolist() == batch.rows
+                    with lock:
+                        seen[task].extend(batch.rows)
+                    client.ack(batch)
+
+    workers = [threading.Thread(target=consume, args=(t,)) for t in tasks for _ in range(2)]
+    for w in workers:
+        w.start()
+    with TransferQueue(tq_stack.controller_address) as tq:
+        for start in range(0, 200, 20):
+            tq.put(p, {"x": torch.arange(start, start + 20)})
+        tq.seal_partition(p)
+    for w in workers:
+        w.join(60)
+    for t in tasks:
+        assert sorted(seen[t]) == list(range(200)), t  # once each: no duplicates, nothing missing
+
+
+# 3 ----------------------------------------------------------------------------------------------
+
+def test_unacked_claim_becomes_readable_after_lease_expiry(tq, uniq):
+    p, task = uniq("p"), uniq("t")
+    _fill(tq, p, 4)
+    tq.register_task(task, ["x"])
+    first = tq.claim(p, task, 4, lease_s=0.3)
+    assert first.rows == [0, 1, 2, 3]
+    assert tq.claim(p, task, 4).rows == []  # held by the lease
+    again = tq.claim(p, task, 4, wait_s=3)  # woken by the expiry, not by a put
+    assert again.rows == [0, 1, 2, 3]
+    with pytest.raises(TQError) as err:
+        tq.ack(first)
+    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "expired" in err.value.message
+    assert tq.ack(again) == 4
+    assert tq.ack(again) == 0  # idempotent
+    info = tq.partition(p)
+    assert [(t.consumed, t.leased) for t in info.tasks if t.task == task] == [(4, 0)]
+
+
+def test_release_returns_rows_and_extend_keeps_them(tq, uniq):
+    p, task = uniq("p"), uniq("t")
+    _fill(tq, p, 2)
+    tq.register_task(task, ["x"])
+    batch = tq.claim(p, task, 2, lease_s=0.4)
+    tq.extend_lease(batch, 30)
+    time.sleep(0.6)
+    assert tq.claim(p, task, 2).rows == []  # extended: still held
+    assert tq.release(batch) == 2
+    assert tq.claim(p, task, 2).rows == [0, 1]
+
+
+# 4 ----------------------------------------------------------------------------------------------
+
+def test_group_claims_return_whole_groups(tq, uniq):
+    p, task = uniq("p"), uniq("t")
+    tq.create_partition(p, group_size=4)
+    tq.register_task(task, ["x", "r"], group_size=4)
+    rows = tq.put(p, {"x": torch.arange(12)})
+    tq.put(p, {"r": torch.ones(6)}, rows=rows[:6])  # group 0 whole, group 1 half
+    batch = tq.claim(p, task, 8, wait_s=0.2)
+    assert batch.rows == [0, 1, 2, 3]
+    with pytest.raises(TQError) as err:
+        tq.claim(p, task, 6)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(TQError) as err:
+        tq.put(p, {"x": torch.arange(3)})
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(TQError) as err:
+        tq.ack(batch, rows=[0, 1])  # acks cover whole groups
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# 5 ----------------------------------------------------------------------------------------------
+
+def test_claim_waits_without_spinning_and_returns_what_is_ready(tq_stack, tq, uniq):
+    p, task = uniq("p"), uniq("t")
+    _fill(tq, p, 3)
+    tq.register_task(task, ["x"])
+    before = metric_value(scrape(tq_stack.metrics_port), "sluice_tq_rpc_total", method="Claim")
+    start = time.monotonic()
+    batch = tq.claim(p, task, 8, wait_s=0.6)
+    waited = time.monotonic() - start
+    after = metric_value(scrape(tq_stack.metrics_port), "sluice_tq_rpc_total", method="Claim")
+    assert batch.rows == [0, 1, 2]  # what was ready, at the deadline
+    assert waited >= 0.55
+    assert after - before == 1  # one call: the wait happened in the server
+
+
+def test_waiting_claim_wakes_on_put_and_does_not_block_others(tq_stack, uniq):
+    from services.transferqueue.client.queue import TransferQueue
+
+    p_wait, p_other, task = uniq("p"), uniq("p"), uniq("t")
+    with TransferQueue(tq_stack.controller_address) as tq:
+        tq.create_partition(p_wait)
+        _fill(tq, p_other, 1)
+        tq.register_task(task, ["x"])
+    result = {}
+
+    def waiter():
+        with TransferQueue(tq_stack.controller_address) as client:
+            t0 = time.monotonic()
+            result["batch"] = client.claim(p_wait, task, 1, wait_s=20)
+            result["took"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.3)
+    with TransferQueue(tq_stack.controller_address) as tq:
+        t0 = time.monotonic()
+        assert tq.claim(p_other, task, 1).rows == [0]  # answered while the other claim waits
+        assert time.monotonic() - t0 < 2.0
+        assert thread.is_alive()
+        tq.put(p_wait, {"x": torch.tensor([42])})
+    thread.join(10)
+    assert result["batch"]["x"].tolist() == [42]  # bytes readable as soon as the row is
+    assert result["took"] < 10
+
+
+# 6 ----------------------------------------------------------------------------------------------
+
+def test_schema_fixed_by_first_write(tq, uniq):
+    p = uniq("p")
+    tq.create_partition(p)
+    tq.put(p, {"ids": torch.zeros(2, 4, dtype=torch.int64)})
+    before = tq.partition(p)
+    for bad in (torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, 5, dtype=torch.int64),
+                [torch.zeros(4, dtype=torch.int64)] * 2, torch.zeros(2, dtype=torch.int64)):
+        with pytest.raises(TQError) as err:
+            tq.put(p, {"ids": bad})
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "ids" in err.value.message
+    after = tq.partition(p)
+    assert after.allocated_rows == before.allocated_rows == 2
+    assert after.fields[0].produced == 2
+    assert [f.dtype for f in tq.schema(p)] == ["int64"]
+
+
+# 7 ----------------------------------------------------------------------------------------------
+
+def test_put_whose_commit_fails_raises_and_leaves_nothing(tq_stack, tq, uniq):
+    from services.transferqueue.client.queue import TransferQueue
+
+    p, task = uniq("p"), uniq("t")
+    tq.create_partition(p)
+    tq.register_task(task, ["x"])
+    held_before = sum(ShardClient(a).stats().bytes for a in tq_stack.shard_addresses)
+    real_commit = tq.controller.commit_put
+
+    def racing_commit(*args, **kwargs):
+        # another writer fixes the field's schema first; our real commit then meets a real conflict
+        with TransferQueue(tq_stack.controller_address) as other:
+            other.put(p, {"x": torch.arange(3, dtype=torch.int32)})
+        return real_commit(*args, **kwargs)
+
+    tq.controller.commit_put = racing_commit
+    with pytest.raises(TQError) as err:
+        tq.put(p, {"x": torch.arange(100, dtype=torch.int64)})
+    tq.controller.commit_put = real_commit
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    info = tq.partition(p)
+    assert info.rows == 3 and info.allocated_rows == 103  # the failed put's rows never became rows
+    batch = tq.claim(p, task, 200)
+    assert sorted(batch["x"].tolist()) == [0, 1, 2] and batch["x"].dtype == torch.int32
+    held_after = sum(ShardClient(a).stats().bytes for a in tq_stack.shard_addresses)
+    assert held_after - held_before == 3 * 4  # the failed put's bytes were deleted again
+
+
+# 8 ----------------------------------------------------------------------------------------------
+
+def test_unknown_names_are_not_found(tq, uniq):
+    p, task = uniq("p"), uniq("t")
+    _fill(tq, p, 2)
+    tq.register_task(task, ["x"])
+    cases = [
+        (lambda: tq.claim("nope_" + p, task, 1), "nope_" + p),
+        (lambda: tq.claim(p, "nope_" + task, 1), "nope_" + task),
+        (lambda: tq.get(p, [0], ["nope_field"]), "nope_field"),
+        (lambda: tq.get(p, [0, 7], ["x"]), "row 7"),
+        (lambda: tq.put("nope_" + p, {"x": torch.arange(2)}), "nope_" + p),
+        (lambda: tq.put(p, {"x": torch.arange(1)}, rows=[9]), "row 9"),
+    ]
+    for call, named in cases:
+        with pytest.raises(TQError) as err:
+            call()
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+        assert named in err.value.message
+
+
+def test_read_of_row_missing_a_field_never_returns_fewer_rows(tq, uniq):
+    p = uniq("p")
+    tq.create_partition(p)
+    rows = tq.put(p, {"x": torch.arange(3)})
+    tq.put(p, {"z": torch.arange(2)}, rows=rows[:2])
+    assert tq.get(p, rows[:2], ["x", "z"])["z"].tolist() == [0, 1]
+    with pytest.raises(TQError) as err:
+        tq.get(p, rows, ["x", "z"])
+    assert err.value.code == grpc.StatusCode.NOT_FOUND and "row 2" in err.value.message
+
+
+# 9 ----------------------------------------------------------------------------------------------
+
+def test_clear_is_idempotent_and_frees_memory(tq_stack, tq, uniq):
+    p = uniq("p")
+    tq.create_partition(p)
+    tq.put(p, {"big": torch.zeros(256, 4096)})
+    held = sum(ShardClient(a).stats().bytes for a in tq_stack.shard_addresses)
+    assert held >= 256 * 4096 * 4
+    assert tq.clear_partition(p) is True
+    assert tq.clear_partition(p) is False
+    assert p not in [i.name for i in tq.list_partitions()]
+    for address in tq_stack.shard_addresses:
+        assert p not in ShardClient(address).stats().partitions
+    assert sum(ShardClient(a).stats().bytes for a in tq_stack.shard_addresses) <= held - 256 * 4096 * 4
+    with pytest.raises(TQError) as err:
+        tq.partition(p)
+    assert err.value.code == grpc.StatusCode.NOT_FOUND
+
+
+# 11 ---------------------------------------------------------------------------------------------
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype != torch.bool else t.numpy().tobytes()
+
+
+@pytest.mark.parametrize("async_client", [False, True])
+def test_round_trips_are_byte_exact(tq_stack, uniq, async_client):
+    import asyncio
+
+    from services.transferqueue.client.queue import AsyncTransferQueue, TransferQueue
+
+    g = torch.Generator().manual_seed(0)
+    n = 130  # spans both shards (placement blocks of 64 rows)
+    raw = torch.randint(0, 2**16, (n, 3), generator=g, dtype=torch.int32).to(torch.int16)
+    columns = {
+        "i64": torch.randint(-2**62, 2**62, (n,), generator=g, dtype=torch.int64),
+        "i32": torch.randint(-2**31, 2**31 - 1, (n, 2), generator=g, dtype=torch.int32),
+        "f32": torch.randn(n, 2, 2, generator=g),
+        "f16": raw.view(torch.float16),  # arbitrary bit patterns, NaN payloads included
+        "bf16": raw.view(torch.bfloat16),
+        "flag": torch.rand(n, 5, generator=g) > 0.5,
+        "scalar": torch.randn(n, generator=g, dtype=torch.float64),
+        "tokens": [torch.randint(0, 50000, (int(k),), generator=g) for k in torch.randint(0, 40, (n,), generator=g)],
+        "text": [f"sample {i} ✓" for i in range(n)],
+    }
+    p = uniq("p")
+
+    async def via_async():
+        async with AsyncTransferQueue(tq_stack.controller_address) as aq:
+            await aq.create_partition(p)
+            rows = await aq.put(p, columns)
+            return await aq.get(p, rows[::-1], list(columns))
+
+    if async_client:
+        batch = asyncio.run(via_async())
+    else:
+        with TransferQueue(tq_stack.controller_address) as tq:
+            tq.create_partition(p)
+            rows = tq.put(p, columns)
+            batch = tq.get(p, rows[::-1], list(columns))
+    order = list(range(n))[::-1]
+    for name, value in columns.items():
+        got = batch[name]
+        if name == "text":
+            assert got == [value[i] for i in order]
+        elif name == "tokens":
+            assert all(_bits(got[j]) == _bits(value[i]) and got[j].dtype == value[i].dtype
+                       for j, i in enumerate(order))
+        else:
+            assert isinstance(got, torch.Tensor) and got.dtype == value.dtype and got.shape == value.shape, name
+            assert _bits(got) == _bits(value[order]), name
+
+
+def test_ragged_padded_on_request(tq, uniq):
+    p = uniq("p")
+    tq.create_partition(p)
+    rows = tq.put(p, {"tokens": [torch.tensor([1, 2, 3]), torch.tensor([4])]})
+    batch = tq.get(p, rows, ["tokens"], padded=True, pad_value=-1)
+    assert batch["tokens"].tolist() == [[1, 2, 3], [4, -1, -1]]
+    assert batch.lengths["tokens"].tolist() == [3, 1]
+
+
+# 12 ---------------------------------------------------------------------------------------------
+
+def test_malformed_input_is_invalid_argument(tq_stack, tq, uniq):
+    import pyarrow as pa
+
+    from services.transferqueue.pb import transferqueue_pb2 as pb
+
+    p = uniq("p")
+    tq.create_partition(p)
+    shard = ShardClient(tq_stack.shard_addresses[0])
+    with pytest.raises(TQError) as err:
+        shard.put(p, [0], b"\x00not arrow at all" * 10)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    # valid Arrow, but a type no Sluice column has
+    table = pa.table({"x": pa.array([{"a": 1}])})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    with pytest.raises(TQError) as err:
+        shard.put(p, [0], sink.getvalue())
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    # undecodable protobuf, to both servers
+    for address, method in ((tq_stack.controller_address, "/sluice.transferqueue.v1.Controller/Claim"),
+                            (tq_stack.shard_addresses[0], "/sluice.transferqueue.v1.StorageShard/Stats")):
+        with grpc.insecure_channel(address) as channel:
+            call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+            with pytest.raises(grpc.RpcError) as rpc_err:
+                call(b"\xff\xff\xff\xff", timeout=5)
+            assert rpc_err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # bad names never reach Redis keys
+    with pytest.raises(TQError) as err:
+        tq.create_partition("bad:name")
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert shard.stats().shard_id  # still serving
+    assert pb.StatsRequest  # the wire types are protobuf/Arrow only
+
+
+def test_nothing_in_services_pickles():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "services"
+    offenders = [str(f) for f in root.rglob("*.py") if "import pickle" in f.read_text() or "cloudpickle" in f.read_text()]
+    assert offenders == []
