@@ -20,7 +20,10 @@ CHANNEL_OPTIONS = [
 
 
 class GrpcTransport:
-    """Lazily opened sync and asyncio channels to one server; subclasses add the server's RPCs."""
+    """Lazily opened sync and asyncio channels to one server; subclasses add the server's RPCs.
+
+    Calls wait for the channel to be ready (up to their deadline) instead of failing at once, so a
+    client rides out a server restart."""
 
     stub_class: type
     default_timeout_s = 30.0
@@ -48,14 +51,14 @@ class GrpcTransport:
     def _invoke(self, method: str, request, timeout):
         try:
             return getattr(self._sync(), method)(request, timeout=timeout or self.default_timeout_s,
-                                                 metadata=self._metadata)
+                                                 metadata=self._metadata, wait_for_ready=True)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
 
     async def _ainvoke(self, method: str, request, timeout):
         try:
             return await getattr(self._async(), method)(request, timeout=timeout or self.default_timeout_s,
-                                                        metadata=self._metadata)
+                                                        metadata=self._metadata, wait_for_ready=True)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
 

@@ -59,14 +59,16 @@ class ShardClient(GrpcTransport):
     def put(self, partition: str, rows, ipc_data, timeout: float | None = None) -> pb.PutResponse:
         try:
             return self._sync().Put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes),
-                                    timeout=timeout or self.default_timeout_s, metadata=self._metadata)
+                                    timeout=timeout or self.default_timeout_s, metadata=self._metadata,
+                                    wait_for_ready=True)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
 
     async def aput(self, partition: str, rows, ipc_data, timeout: float | None = None) -> pb.PutResponse:
         try:
             return await self._async().Put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes),
-                                           timeout=timeout or self.default_timeout_s, metadata=self._metadata)
+                                           timeout=timeout or self.default_timeout_s, metadata=self._metadata,
+                                           wait_for_ready=True)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
 
@@ -75,7 +77,8 @@ class ShardClient(GrpcTransport):
         request = pb.GetRequest(partition=partition, rows=rows, fields=fields)
         out = _Assembler()
         try:
-            for chunk in self._sync().Get(request, timeout=timeout or self.default_timeout_s, metadata=self._metadata):
+            for chunk in self._sync().Get(request, timeout=timeout or self.default_timeout_s,
+                                          metadata=self._metadata, wait_for_ready=True):
                 out.add(chunk)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
@@ -86,7 +89,7 @@ class ShardClient(GrpcTransport):
         out = _Assembler()
         try:
             async for chunk in self._async().Get(request, timeout=timeout or self.default_timeout_s,
-                                                 metadata=self._metadata):
+                                                 metadata=self._metadata, wait_for_ready=True):
                 out.add(chunk)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
