@@ -21,23 +21,16 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from services.transferqueue.errors import TQError, check_name
+from services.transferqueue.errors import TQError
 from services.transferqueue.pb import transferqueue_pb2 as pb
+from services.transferqueue.wire_format import DTYPE_META, WIRE_TYPES, from_ipc, to_ipc  # noqa: F401 (re-exported)
 
-DTYPE_META = b"sluice.dtype"
-
+_TORCH = {"int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
+          "uint8": torch.uint8, "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "bool": torch.bool}
 # dtype name -> (torch dtype, numpy dtype of the wire bits, Arrow type of the wire bits)
 DTYPES: dict[str, tuple[torch.dtype, np.dtype, pa.DataType]] = {
-    "int64": (torch.int64, np.dtype(np.int64), pa.int64()),
-    "int32": (torch.int32, np.dtype(np.int32), pa.int32()),
-    "int16": (torch.int16, np.dtype(np.int16), pa.int16()),
-    "int8": (torch.int8, np.dtype(np.int8), pa.int8()),
-    "uint8": (torch.uint8, np.dtype(np.uint8), pa.uint8()),
-    "float64": (torch.float64, np.dtype(np.float64), pa.float64()),
-    "float32": (torch.float32, np.dtype(np.float32), pa.float32()),
-    "float16": (torch.float16, np.dtype(np.float16), pa.float16()),
-    "bfloat16": (torch.bfloat16, np.dtype(np.uint16), pa.uint16()),  # no Arrow bf16: raw bits
-    "bool": (torch.bool, np.dtype(np.bool_), pa.bool_()),
+    name: (_TORCH[name], np_dtype, arrow_type) for name, (np_dtype, arrow_type) in WIRE_TYPES.items()
 }
 _TORCH_NAMES = {v[0]: k for k, v in DTYPES.items()}
 _NUMPY_NAMES = {v[1]: k for k, v in DTYPES.items() if k != "bfloat16"}
@@ -146,25 +139,30 @@ def encode_columns(columns: Mapping[str, Any]) -> tuple[int, list[pb.FieldSchema
     return n_rows, schemas, pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def to_ipc(batch: pa.RecordBatch | pa.Table) -> pa.Buffer:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write(batch)
-    return sink.getvalue()
-
-
-def from_ipc(data) -> pa.Table:
-    """Parse one Arrow IPC stream; malformed bytes are INVALID_ARGUMENT."""
-    try:
-        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    except (pa.ArrowInvalid, pa.ArrowException, ValueError, OSError) as exc:
-        raise _invalid(f"malformed Arrow IPC stream: {exc}") from None
-
-
 # ---------------------------------------------------------------------------------------- decode
 
 
-def _numeric(array: pa.Array, dtype: str) -> torch.Tensor:
+class Backing:
+    """The writable buffers received data lives in. Arrow hands out read-only views of them; knowing
+    the owner lets decoding wrap the same memory as a writable tensor instead of copying it."""
+
+    def __init__(self, buffers=()):
+        self._regions = []
+        for buf in buffers:
+            if isinstance(buf, bytearray) and len(buf):
+                self._regions.append((np.frombuffer(buf, np.uint8).ctypes.data, len(buf), buf))
+
+    def view(self, address: int, nbytes: int, np_dtype: np.dtype, count: int) -> np.ndarray | None:
+        for base, size, owner in self._regions:
+            if base <= address and address + nbytes <= base + size:
+                return np.frombuffer(owner, dtype=np_dtype, count=count, offset=address - base)
+        return None
+
+
+_NO_BACKING = Backing()
+
+
+def _numeric(array: pa.Array, dtype: str, backing: Backing = _NO_BACKING) -> torch.Tensor:
     """A torch tensor over the array's values buffer, without copying (bools are unpacked)."""
     torch_dtype, np_dtype, _ = DTYPES[dtype]
     if array.null_count:
@@ -172,9 +170,12 @@ def _numeric(array: pa.Array, dtype: str) -> torch.Tensor:
     if dtype == "bool":
         return torch.from_numpy(array.to_numpy(zero_copy_only=False).copy())
     buf = array.buffers()[1]
-    values = np.frombuffer(buf, dtype=np_dtype, count=len(array), offset=array.offset * np_dtype.itemsize)
-    if not values.flags.writeable:  # read-only source memory: copy rather than hand out a tensor torch warns on
-        values = values.copy()
+    start = array.offset * np_dtype.itemsize
+    values = backing.view(buf.address + start, len(array) * np_dtype.itemsize, np_dtype, len(array))
+    if values is None:
+        values = np.frombuffer(buf, dtype=np_dtype, count=len(array), offset=start)
+        if not values.flags.writeable:  # memory we do not own: copy rather than hand out a read-only tensor
+            values = values.copy()
     tensor = torch.from_numpy(values)
     return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
 
@@ -198,7 +199,7 @@ class Batch:
         return len(self.rows)
 
 
-def decode_column(array: pa.Array, arrow_field: pa.Field, padded: bool, pad_value=0):
+def decode_column(array: pa.Array, arrow_field: pa.Field, padded: bool, pad_value=0, backing: Backing = _NO_BACKING):
     """-> (value, lengths or None)."""
     dtype = (arrow_field.metadata or {}).get(DTYPE_META, b"").decode()
     if isinstance(array, pa.ChunkedArray):
@@ -210,12 +211,12 @@ def decode_column(array: pa.Array, arrow_field: pa.Field, padded: bool, pad_valu
     typ = array.type
     if isinstance(typ, pa.FixedShapeTensorType):
         storage = array.storage
-        values = _numeric(storage.flatten(), dtype)
+        values = _numeric(storage.flatten(), dtype, backing)
         return values.reshape(len(array), *typ.shape), None
     if pa.types.is_large_list(typ):
         offsets = np.frombuffer(array.buffers()[1], dtype=np.int64, count=len(array) + 1, offset=array.offset * 8)
         base = int(offsets[0])
-        values = _numeric(array.values.slice(base, int(offsets[-1]) - base), dtype)
+        values = _numeric(array.values.slice(base, int(offsets[-1]) - base), dtype, backing)
         bounds = (offsets - base).tolist()
         lengths = torch.from_numpy(np.diff(offsets))
         if not padded:
@@ -225,40 +226,19 @@ def decode_column(array: pa.Array, arrow_field: pa.Field, padded: bool, pad_valu
         for i in range(len(array)):
             out[i, : bounds[i + 1] - bounds[i]] = values[bounds[i]:bounds[i + 1]]
         return out, lengths
-    return _numeric(array, dtype), None
+    return _numeric(array, dtype, backing), None
 
 
-def decode_table(table: pa.Table | pa.RecordBatch, padded: bool | Sequence[str] = False, pad_value=0):
-    """-> (columns, lengths). `padded`: True for every ragged field, or the names of those to pad."""
+def decode_table(table: pa.Table | pa.RecordBatch, padded: bool | Sequence[str] = False, pad_value=0,
+                 backing: Backing = _NO_BACKING):
+    """-> (columns, lengths). `padded`: True for every ragged field, or the names of those to pad.
+    `backing`: the received buffers the table was read from (lets tensors share their memory)."""
     columns, lengths = {}, {}
     for i, arrow_field in enumerate(table.schema):
         pad = padded is True or (not isinstance(padded, bool) and arrow_field.name in padded)
-        value, lens = decode_column(table.column(i), arrow_field, pad, pad_value)
+        value, lens = decode_column(table.column(i), arrow_field, pad, pad_value, backing)
         columns[arrow_field.name] = value
         if lens is not None:
             lengths[arrow_field.name] = lens
     return columns, lengths
 
-
-def check_wire_schema(schema: pa.Schema) -> None:
-    """Reject Arrow data that no Sluice client could decode (a shard is exposed to any client)."""
-    if len(schema) == 0:
-        raise _invalid("Arrow data has no columns")
-    for arrow_field in schema:
-        check_name("field", arrow_field.name)
-        dtype = (arrow_field.metadata or {}).get(DTYPE_META, b"").decode()
-        typ = arrow_field.type
-        if dtype == "string":
-            ok = pa.types.is_large_string(typ)
-        elif dtype in DTYPES:
-            wire = DTYPES[dtype][2]
-            if isinstance(typ, pa.FixedShapeTensorType):
-                ok = typ.value_type == wire
-            elif pa.types.is_large_list(typ):
-                ok = typ.value_type == wire
-            else:
-                ok = typ == wire
-        else:
-            raise _invalid(f"column {arrow_field.name}: metadata {DTYPE_META.decode()}={dtype!r} is not a known dtype")
-        if not ok:
-            raise _invalid(f"column {arrow_field.name}: Arrow type {typ} does not carry dtype {dtype}")

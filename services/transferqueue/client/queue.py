@@ -21,7 +21,7 @@ import numpy as np
 from services.transferqueue.client.controller_client import ControllerClient
 from services.transferqueue.client.placement import Placement, merge_in_order, select
 from services.transferqueue.client.shard_client import ShardClient
-from services.transferqueue.codec import Batch, decode_table, encode_columns, from_ipc, to_ipc
+from services.transferqueue.codec import Backing, Batch, decode_table, encode_columns, from_ipc, to_ipc
 from services.transferqueue.errors import TQError
 
 # slack on top of a claim's long-poll wait for the RPC deadline
@@ -88,8 +88,11 @@ class _QueueBase:
                            res.lease_expires_unix_ms)
 
     @staticmethod
-    def _decoded(partition: str, rows, tables, padded, pad_value, lease_id: str = "") -> Batch:
-        columns, lengths = decode_table(merge_in_order(tables, len(rows)), padded, pad_value)
+    def _decoded(partition: str, rows, fetched, padded, pad_value, lease_id: str = "") -> Batch:
+        """fetched: [(positions in the request, received IPC bytes)] per shard."""
+        tables = [(positions, from_ipc(data)) for positions, data in fetched]
+        backing = Backing([data for _, data in fetched])
+        columns, lengths = decode_table(merge_in_order(tables, len(rows)), padded, pad_value, backing)
         return Batch(partition=partition, rows=list(rows), columns=columns, lengths=lengths, lease_id=lease_id)
 
 
@@ -209,8 +212,7 @@ class TransferQueue(_QueueBase):
 
         def fetch(item):
             shard_id, positions = item
-            data = self._shard_for(shard_id).get(partition, [rows[i] for i in positions], fields)
-            return positions, from_ipc(data)
+            return positions, self._shard_for(shard_id).get(partition, [rows[i] for i in positions], fields)
 
         tables = self._parallel(fetch, placement.split(rows))
         return self._decoded(partition, rows, tables, padded, pad_value, lease_id)
@@ -354,8 +356,7 @@ class AsyncTransferQueue(_QueueBase):
         placement = await self._placement(partition)
 
         async def fetch(shard_id, positions):
-            data = await self._shard_for(shard_id).aget(partition, [rows[i] for i in positions], fields)
-            return positions, from_ipc(data)
+            return positions, await self._shard_for(shard_id).aget(partition, [rows[i] for i in positions], fields)
 
         tables = await asyncio.gather(*(fetch(s, p) for s, p in placement.split(rows)))
         return self._decoded(partition, rows, tables, padded, pad_value, lease_id)

@@ -58,36 +58,96 @@ local function split_csv(s)
   return out
 end
 
--- Row r just became ready for T: count it and queue its group once the group is whole.
-local function mark_ready(K, P, T, gs, r)
-  local tk = tkey(K, P, T)
-  if redis.call('SETBIT', tk .. ':rdy', r, 1) == 1 then return end
-  redis.call('HINCRBY', pkey(K, P) .. ':nready', T, 1)
-  if gs == 1 then
-    if redis.call('GETBIT', tk .. ':done', r) == 0 then redis.call('ZADD', tk .. ':q', r, istr(r)) end
-    return
+-- Bulk bit access: one BITFIELD call per 256 rows instead of a SETBIT/GETBIT per row.
+local CHUNK = 256
+
+local function bits(key, rows, op)
+  local out = {}
+  for i = 1, #rows, CHUNK do
+    local args = {key}
+    for j = i, math.min(i + CHUNK - 1, #rows) do
+      if op == 'SET' then
+        args[#args + 1] = 'SET'; args[#args + 1] = 'u1'; args[#args + 1] = rows[j]; args[#args + 1] = 1
+      else
+        args[#args + 1] = 'GET'; args[#args + 1] = 'u1'; args[#args + 1] = rows[j]
+      end
+    end
+    local res = redis.call('BITFIELD', unpack(args))
+    for k = 1, #res do out[#out + 1] = res[k] end
   end
-  local g = math.floor(r / gs)
-  local c = redis.call('HINCRBY', tk .. ':gcnt', istr(g), 1)
-  if c >= gs then
-    redis.call('HDEL', tk .. ':gcnt', istr(g))
-    if redis.call('GETBIT', tk .. ':done', g * gs) == 0 then redis.call('ZADD', tk .. ':q', g, istr(g)) end
+  return out
+end
+
+-- Set rows' bits; return the rows whose bit was 0 before.
+local function set_new(key, rows)
+  local old = bits(key, rows, 'SET')
+  local fresh = {}
+  for i, r in ipairs(rows) do if old[i] == 0 then fresh[#fresh + 1] = r end end
+  return fresh
+end
+
+-- ZADD members (their own score) in chunks.
+local function zadd_all(key, members)
+  for i = 1, #members, CHUNK do
+    local args = {}
+    for j = i, math.min(i + CHUNK - 1, #members) do
+      args[#args + 1] = members[j]; args[#args + 1] = istr(members[j])
+    end
+    redis.call('ZADD', key, unpack(args))
   end
 end
 
-local function row_has_fields(pk, fields, r)
-  for _, f in ipairs(fields) do
-    if redis.call('GETBIT', pk .. ':f:' .. f, r) == 0 then return false end
+-- Rows just found to have all of T's fields: mark them ready and queue whole, unconsumed groups.
+local function mark_ready(K, P, T, gs, rows)
+  local tk = tkey(K, P, T)
+  local fresh = set_new(tk .. ':rdy', rows)
+  if #fresh == 0 then return end
+  redis.call('HINCRBY', pkey(K, P) .. ':nready', T, #fresh)
+  local queue = {}
+  if gs == 1 then
+    local done = bits(tk .. ':done', fresh, 'GET')
+    for i, r in ipairs(fresh) do if done[i] == 0 then queue[#queue + 1] = r end end
+  else
+    local counts, order = {}, {}
+    for _, r in ipairs(fresh) do
+      local g = math.floor(r / gs)
+      if counts[g] == nil then counts[g] = 0; order[#order + 1] = g end
+      counts[g] = counts[g] + 1
+    end
+    for _, g in ipairs(order) do
+      local c = redis.call('HINCRBY', tk .. ':gcnt', istr(g), counts[g])
+      if c >= gs then
+        redis.call('HDEL', tk .. ':gcnt', istr(g))
+        if redis.call('GETBIT', tk .. ':done', g * gs) == 0 then queue[#queue + 1] = g end
+      end
+    end
   end
-  return true
+  if #queue > 0 then zadd_all(tk .. ':q', queue) end
+end
+
+-- The subset of rows that have every one of `fields` (skipping fields known to be set).
+local function rows_with_fields(pk, fields, rows, known)
+  local ok = {}
+  for i = 1, #rows do ok[i] = true end
+  for _, f in ipairs(fields) do
+    if not (known and known[f]) then
+      local have = bits(pk .. ':f:' .. f, rows, 'GET')
+      for i = 1, #rows do if have[i] == 0 then ok[i] = false end end
+    end
+  end
+  local out = {}
+  for i, r in ipairs(rows) do if ok[i] then out[#out + 1] = r end end
+  return out
 end
 
 -- Recompute T's readiness over every allocated row of P (task registered late, or reset).
 local function init_task_partition(K, P, T, fields, gs)
   local pk = pkey(K, P)
   local alloc = tonumber(redis.call('HGET', pk, 'alloc') or '0')
-  for r = 0, alloc - 1 do
-    if row_has_fields(pk, fields, r) then mark_ready(K, P, T, gs, r) end
+  for start = 0, alloc - 1, 4096 do
+    local rows = {}
+    for r = start, math.min(start + 4095, alloc - 1) do rows[#rows + 1] = r end
+    mark_ready(K, P, T, gs, rows_with_fields(pk, fields, rows, nil))
   end
 end
 
@@ -98,7 +158,9 @@ local function requeue_lease(K, id, new_state)
   local gs = tonumber(redis.call('HGET', lk, 'gs'))
   local tk = tkey(K, P, T)
   local pend = redis.call('HKEYS', lk .. ':pend')
-  for _, g in ipairs(pend) do redis.call('ZADD', tk .. ':q', tonumber(g), g) end
+  local groups = {}
+  for _, g in ipairs(pend) do groups[#groups + 1] = tonumber(g) end
+  if #groups > 0 then zadd_all(tk .. ':q', groups) end
   redis.call('HINCRBY', pkey(K, P) .. ':leased', T, -(#pend * gs))
   redis.call('DEL', lk .. ':pend')
   redis.call('ZREM', tk .. ':leases', id)
@@ -269,17 +331,11 @@ redis.register_function('tq_commit_put', function(keys, args)
     fields[#fields + 1] = name
     fieldset[name] = true
   end
-  local new_live = 0
-  local produced = {}
-  for _, r in ipairs(rows) do
-    if redis.call('SETBIT', pk .. ':any', r, 1) == 0 then new_live = new_live + 1 end
-    for i, f in ipairs(fields) do
-      if redis.call('SETBIT', pk .. ':f:' .. f, r, 1) == 0 then produced[i] = (produced[i] or 0) + 1 end
-    end
-  end
+  local new_live = #set_new(pk .. ':any', rows)
   if new_live > 0 then redis.call('HINCRBY', pk, 'rows', new_live) end
-  for i, f in ipairs(fields) do
-    if produced[i] then redis.call('HINCRBY', pk .. ':fcount', f, produced[i]) end
+  for _, f in ipairs(fields) do
+    local produced = #set_new(pk .. ':f:' .. f, rows)
+    if produced > 0 then redis.call('HINCRBY', pk .. ':fcount', f, produced) end
   end
   local tasks = redis.call('HGETALL', K .. ':tasks')
   for j = 1, #tasks, 2 do
@@ -287,10 +343,7 @@ redis.register_function('tq_commit_put', function(keys, args)
     local touched = false
     for _, f in ipairs(d.fields) do if fieldset[f] then touched = true end end
     if touched then
-      local gs = tonumber(d.group_size)
-      for _, r in ipairs(rows) do
-        if row_has_fields(pk, d.fields, r) then mark_ready(K, P, T, gs, r) end
-      end
+      mark_ready(K, P, T, tonumber(d.group_size), rows_with_fields(pk, d.fields, rows, fieldset))
     end
   end
   notify(K, P)
@@ -310,12 +363,17 @@ redis.register_function('tq_check_rows', function(keys, args)
     end
   end
   local alloc = tonumber(redis.call('HGET', pk, 'alloc'))
+  local rows = {}
   for j = i + 1, #args do
     local r = tonumber(args[j])
     if r < 0 or r >= alloc then fail('NOT_FOUND', 'row ' .. args[j] .. ' of partition ' .. P .. ' does not exist') end
-    for _, f in ipairs(fields) do
-      if redis.call('GETBIT', pk .. ':f:' .. f, r) == 0 then
-        fail('NOT_FOUND', 'field ' .. f .. ' of row ' .. args[j] .. ' in partition ' .. P .. ' is not produced')
+    rows[#rows + 1] = r
+  end
+  for _, f in ipairs(fields) do
+    local have = bits(pk .. ':f:' .. f, rows, 'GET')
+    for k, r in ipairs(rows) do
+      if have[k] == 0 then
+        fail('NOT_FOUND', 'field ' .. f .. ' of row ' .. istr(r) .. ' in partition ' .. P .. ' is not produced')
       end
     end
   end
@@ -370,9 +428,13 @@ redis.register_function('tq_claim', function(keys, args)
   local popped = redis.call('ZPOPMIN', tk .. ':q', want)
   local groups = {}
   local lk = K .. ':lease:' .. id
+  local pend = {}
   for j = 1, #popped, 2 do
     groups[#groups + 1] = popped[j]
-    redis.call('HSET', lk .. ':pend', popped[j], 1)
+    pend[#pend + 1] = popped[j]; pend[#pend + 1] = 1
+  end
+  for j = 1, #pend, 2 * CHUNK do
+    redis.call('HSET', lk .. ':pend', unpack(pend, j, math.min(j + 2 * CHUNK - 1, #pend)))
   end
   local expiry = now + lease_ms
   local csv = table.concat(groups, ',')
@@ -418,13 +480,21 @@ redis.register_function('tq_ack', function(keys, args)
   else
     for _, g in ipairs(redis.call('HKEYS', lk .. ':pend')) do targets[#targets + 1] = tonumber(g) end
   end
-  local n = 0
-  for _, g in ipairs(targets) do
-    if redis.call('HDEL', lk .. ':pend', istr(g)) == 1 then
-      for r = g * gs, g * gs + gs - 1 do redis.call('SETBIT', tk .. ':done', r, 1) end
-      n = n + gs
-    end
+  local pending, done_rows = {}, {}
+  for i = 1, #targets, CHUNK do
+    local names = {}
+    for j = i, math.min(i + CHUNK - 1, #targets) do names[#names + 1] = istr(targets[j]) end
+    local flags = redis.call('HMGET', lk .. ':pend', unpack(names))
+    for k, flag in ipairs(flags) do if flag then pending[#pending + 1] = names[k] end end
   end
+  for i = 1, #pending, CHUNK do
+    redis.call('HDEL', lk .. ':pend', unpack(pending, i, math.min(i + CHUNK - 1, #pending)))
+  end
+  for _, g in ipairs(pending) do
+    for r = tonumber(g) * gs, tonumber(g) * gs + gs - 1 do done_rows[#done_rows + 1] = r end
+  end
+  bits(tk .. ':done', done_rows, 'SET')
+  local n = #done_rows
   redis.call('HINCRBY', pk .. ':consumed', T, n)
   redis.call('HINCRBY', pk .. ':leased', T, -n)
   if redis.call('HLEN', lk .. ':pend') == 0 then

@@ -15,7 +15,7 @@ from prometheus_client import Counter, Gauge
 from services.runtime.grpc_auth import BearerTokenInterceptor
 from services.runtime.grpc_strict import add_strict_servicer
 from services.transferqueue.client.controller_client import ControllerClient
-from services.transferqueue.codec import check_wire_schema, from_ipc, to_ipc
+from services.transferqueue.wire_format import check_wire_schema, from_ipc, to_ipc
 from services.transferqueue.errors import TQError, check_name
 from services.transferqueue.pb import transferqueue_pb2 as pb
 from services.transferqueue.pb import transferqueue_pb2_grpc as pb_grpc
