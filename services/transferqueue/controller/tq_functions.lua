@@ -78,12 +78,61 @@ local function bits(key, rows, op)
   return out
 end
 
+-- rows = a, a+1, ..., b (the usual case: puts allocate ranges, claims pop them in order)?
+local function as_range(rows)
+  local n = #rows
+  if n > 1 and rows[n] - rows[1] == n - 1 then
+    for i = 2, n do if rows[i] ~= rows[i - 1] + 1 then return nil end end
+    return rows[1], rows[n]
+  end
+  return nil
+end
+
+-- Set bits a..b with one BITFIELD op per 48 bits (exact as doubles, unlike 63-bit values).
+local function set_range(key, a, b)
+  local args = {}
+  local off = a
+  while off <= b do
+    local w = math.min(48, b - off + 1)
+    args[#args + 1] = 'SET'; args[#args + 1] = 'u' .. w; args[#args + 1] = off
+    args[#args + 1] = string.format('%d', 2 ^ w - 1)
+    off = off + w
+    if #args >= 4 * CHUNK then redis.call('BITFIELD', key, unpack(args)); args = {} end
+  end
+  if #args > 0 then redis.call('BITFIELD', key, unpack(args)) end
+end
+
+-- How many of rows a..b have their bit set.
+local function count_range(key, a, b)
+  return redis.call('BITCOUNT', key, a, b, 'BIT')
+end
+
 -- Set rows' bits; return the rows whose bit was 0 before.
 local function set_new(key, rows)
+  local a, b = as_range(rows)
+  if a then
+    local before = count_range(key, a, b)
+    if before == 0 then set_range(key, a, b); return rows end
+    if before == #rows then return {} end
+  end
   local old = bits(key, rows, 'SET')
   local fresh = {}
   for i, r in ipairs(rows) do if old[i] == 0 then fresh[#fresh + 1] = r end end
   return fresh
+end
+
+-- Bits of rows, as 0/1 per row.
+local function get_bits(key, rows)
+  local a, b = as_range(rows)
+  if a then
+    local set = count_range(key, a, b)
+    if set == 0 or set == #rows then
+      local v, out = (set == 0) and 0 or 1, {}
+      for i = 1, #rows do out[i] = v end
+      return out
+    end
+  end
+  return bits(key, rows, 'GET')
 end
 
 -- ZADD members (their own score) in chunks.
@@ -105,7 +154,7 @@ local function mark_ready(K, P, T, gs, rows)
   redis.call('HINCRBY', pkey(K, P) .. ':nready', T, #fresh)
   local queue = {}
   if gs == 1 then
-    local done = bits(tk .. ':done', fresh, 'GET')
+    local done = get_bits(tk .. ':done', fresh)
     for i, r in ipairs(fresh) do if done[i] == 0 then queue[#queue + 1] = r end end
   else
     local counts, order = {}, {}
@@ -131,7 +180,7 @@ local function rows_with_fields(pk, fields, rows, known)
   for i = 1, #rows do ok[i] = true end
   for _, f in ipairs(fields) do
     if not (known and known[f]) then
-      local have = bits(pk .. ':f:' .. f, rows, 'GET')
+      local have = get_bits(pk .. ':f:' .. f, rows)
       for i = 1, #rows do if have[i] == 0 then ok[i] = false end end
     end
   end
@@ -370,7 +419,7 @@ redis.register_function('tq_check_rows', function(keys, args)
     rows[#rows + 1] = r
   end
   for _, f in ipairs(fields) do
-    local have = bits(pk .. ':f:' .. f, rows, 'GET')
+    local have = get_bits(pk .. ':f:' .. f, rows)
     for k, r in ipairs(rows) do
       if have[k] == 0 then
         fail('NOT_FOUND', 'field ' .. f .. ' of row ' .. istr(r) .. ' in partition ' .. P .. ' is not produced')
@@ -493,7 +542,7 @@ redis.register_function('tq_ack', function(keys, args)
   for _, g in ipairs(pending) do
     for r = tonumber(g) * gs, tonumber(g) * gs + gs - 1 do done_rows[#done_rows + 1] = r end
   end
-  bits(tk .. ':done', done_rows, 'SET')
+  set_new(tk .. ':done', done_rows)
   local n = #done_rows
   redis.call('HINCRBY', pk .. ':consumed', T, n)
   redis.call('HINCRBY', pk .. ':leased', T, -n)
