@@ -53,14 +53,23 @@ def _stream_request(fn, cls):
     return handler
 
 
-def add_strict_servicer(server: grpc.aio.Server, servicer, service: ServiceDescriptor) -> None:
+def add_strict_servicer(server: grpc.aio.Server, servicer, service: ServiceDescriptor,
+                        raw_requests: frozenset[str] = frozenset(), raw_responses: frozenset[str] = frozenset()) -> None:
+    """raw_requests: methods whose servicer parses the request bytes itself (bulk data paths);
+    raw_responses: methods whose servicer returns already serialized messages."""
     handlers = {}
     for method in service.methods:
         request_cls = message_factory.GetMessageClass(method.input_type)
         response_cls = message_factory.GetMessageClass(method.output_type)
         fn = getattr(servicer, method.name)
-        serialize = response_cls.SerializeToString
-        if method.client_streaming and not method.server_streaming:
+        serialize = None if method.name in raw_responses else response_cls.SerializeToString
+        if method.name in raw_requests:
+            factory = {(True, False): grpc.stream_unary_rpc_method_handler,
+                       (False, True): grpc.unary_stream_rpc_method_handler,
+                       (False, False): grpc.unary_unary_rpc_method_handler}[(method.client_streaming,
+                                                                             method.server_streaming)]
+            handlers[method.name] = factory(fn, response_serializer=serialize)
+        elif method.client_streaming and not method.server_streaming:
             handlers[method.name] = grpc.stream_unary_rpc_method_handler(
                 _stream_request(fn, request_cls), response_serializer=serialize)
         elif method.server_streaming and not method.client_streaming:

@@ -381,3 +381,94 @@ def test_nothing_in_services_pickles():
     root = pathlib.Path(__file__).resolve().parents[2] / "services"
     offenders = [str(f) for f in root.rglob("*.py") if "import pickle" in f.read_text() or "cloudpickle" in f.read_text()]
     assert offenders == []
+
+
+# controller operations beyond the numbered items -----------------------------------------------
+
+def test_reset_task_makes_every_row_readable_again(tq, uniq):
+    p, task, other = uniq("p"), uniq("t"), uniq("t")
+    _fill(tq, p, 6)
+    tq.register_task(task, ["x"])
+    tq.register_task(other, ["x"])
+    tq.ack(tq.claim(p, task, 4))
+    live = tq.claim(p, task, 2)
+    tq.ack(tq.claim(p, other, 3))
+    assert tq.reset_task(p, task) == 6
+    assert tq.claim(p, task, 10).rows == list(range(6))
+    with pytest.raises(TQError) as err:
+        tq.ack(live)  # the reset voided it
+    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert [t.consumed for t in tq.partition(p).tasks if t.task == other] == [3]  # other task untouched
+
+
+def test_wait_ready_and_late_task_registration(tq, uniq):
+    p, task = uniq("p"), uniq("t")
+    _fill(tq, p, 5)
+    tq.register_task(task, ["x", "y"])  # registered after the rows exist
+    res = tq.wait_ready(p, task, 5, wait_s=1)
+    assert res.ready_rows == 5 and not res.partition_complete
+    t0 = time.monotonic()
+    assert tq.wait_ready(p, task, 6, wait_s=0.3).ready_rows == 5
+    assert time.monotonic() - t0 >= 0.25
+    tq.seal_partition(p)
+    tq.ack(tq.claim(p, task, 5))
+    assert tq.wait_ready(p, task, 6, wait_s=5).partition_complete
+
+
+def test_sealed_partition_takes_no_new_rows_and_claims_do_not_wait_for_a_full_batch(tq, uniq):
+    p, task = uniq("p"), uniq("t")
+    _fill(tq, p, 3)
+    tq.register_task(task, ["x"])
+    tq.seal_partition(p)
+    with pytest.raises(TQError) as err:
+        tq.put(p, {"x": torch.arange(2), "y": torch.ones(2)})
+    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    t0 = time.monotonic()
+    batch = tq.claim(p, task, 8, wait_s=5)  # nothing more can come: answers at once
+    assert batch.rows == [0, 1, 2] and time.monotonic() - t0 < 2
+    tq.ack(batch)
+    assert tq.claim(p, task, 8, wait_s=5).complete
+
+
+def test_async_client_claims_and_acks(tq_stack, uniq):
+    import asyncio
+
+    from services.transferqueue.client.queue import AsyncTransferQueue
+
+    p, task = uniq("p"), uniq("t")
+
+    async def scenario():
+        async with AsyncTransferQueue(tq_stack.controller_address) as aq:
+            await aq.create_partition(p, group_size=2)
+            await aq.register_task(task, ["x"], group_size=2)
+            waiter = asyncio.create_task(aq.claim(p, task, 4, wait_s=10))
+            await asyncio.sleep(0.2)
+            await aq.put(p, {"x": torch.arange(4)})
+            batch = await waiter
+            assert batch["x"].tolist() == [0, 1, 2, 3]
+            assert await aq.ack(batch, rows=[2, 3]) == 2
+            assert await aq.release(batch) == 2
+            again = await aq.claim(p, task, 4)
+            assert again.rows == [0, 1]
+            await aq.extend_lease(again, 10)
+            assert await aq.ack(again) == 2
+            await aq.seal_partition(p)
+            assert (await aq.claim(p, task, 2)).complete
+            assert await aq.clear_partition(p)
+
+    asyncio.run(scenario())
+
+
+def test_byte_budget_pushes_back(tmp_path):
+    from services.transferqueue.client.queue import TransferQueue
+    from services.transferqueue.local_stack import LocalTransferQueue
+
+    with LocalTransferQueue(shards=1, log_dir=str(tmp_path), shard_args=("--max-bytes", str(1 << 20))) as stack:
+        with TransferQueue(stack.controller_address, put_timeout_s=0.3) as tq:
+            tq.create_partition("p")
+            tq.put("p", {"x": torch.zeros(100, 1024)})  # 400 KiB
+            with pytest.raises(TQError) as err:
+                tq.put("p", {"x": torch.zeros(200, 1024)})  # 800 KiB more: over 1 MiB
+            assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "shard full" in err.value.message
+            assert tq.partition("p").rows == 100

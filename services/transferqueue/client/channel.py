@@ -48,6 +48,16 @@ class GrpcTransport:
             self._aloop = loop
         return self._astub
 
+    def _raw_call(self, asynchronous: bool, kind: str, path: str, serializer, deserializer):
+        """A multicallable with our own (de)serializers, for bulk paths that bypass protobuf objects."""
+        if asynchronous:
+            self._async()
+            channel = self._achannel
+        else:
+            self._sync()
+            channel = self._channel
+        return getattr(channel, kind)(path, request_serializer=serializer, response_deserializer=deserializer)
+
     def _invoke(self, method: str, request, timeout):
         try:
             return getattr(self._sync(), method)(request, timeout=timeout or self.default_timeout_s,

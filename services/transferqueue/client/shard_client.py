@@ -6,6 +6,7 @@ import grpc
 
 from services.transferqueue.client.channel import GrpcTransport
 from services.transferqueue.client.rpc_pair import rpc_pair
+from services.transferqueue.data_chunks import data_only, encode_chunk
 from services.transferqueue.errors import TQError
 from services.transferqueue.pb import transferqueue_pb2 as pb
 from services.transferqueue.pb import transferqueue_pb2_grpc as pb_grpc
@@ -13,14 +14,18 @@ from services.transferqueue.pb import transferqueue_pb2_grpc as pb_grpc
 CHUNK_BYTES = 4 << 20
 
 
+_PUT = "/sluice.transferqueue.v1.StorageShard/Put"
+_GET = "/sluice.transferqueue.v1.StorageShard/Get"
+
+
 def _put_chunks(partition: str, rows, data, chunk_bytes: int):
+    """Serialized PutChunk messages: the header with the first chunk, then data-only chunks."""
     view = memoryview(data)
     total = len(view)
-    header = pb.PutHeader(partition=partition, rows=rows, total_bytes=total)
-    first = min(chunk_bytes, total)
-    yield pb.PutChunk(header=header, data=view[:first].tobytes())
-    for start in range(first, total, chunk_bytes):
-        yield pb.PutChunk(data=view[start:start + chunk_bytes].tobytes())
+    head = pb.PutChunk(header=pb.PutHeader(partition=partition, rows=rows, total_bytes=total)).SerializeToString()
+    yield encode_chunk(view[:chunk_bytes], head)
+    for start in range(chunk_bytes, total, chunk_bytes):
+        yield encode_chunk(view[start:start + chunk_bytes])
 
 
 class _Assembler:
@@ -30,10 +35,13 @@ class _Assembler:
         self.buf: bytearray | None = None
         self.pos = 0
 
-    def add(self, chunk: pb.DataChunk) -> None:
-        data = chunk.data
-        if self.buf is None:
-            self.buf = bytearray(chunk.total_bytes)
+    def add(self, raw: bytes) -> None:
+        data = data_only(raw) if self.buf is not None else None
+        if data is None:
+            chunk = pb.DataChunk.FromString(raw)
+            data = chunk.data
+            if self.buf is None:
+                self.buf = bytearray(chunk.total_bytes)
         end = self.pos + len(data)
         if end > len(self.buf):
             raise TQError(grpc.StatusCode.DATA_LOSS, "shard sent more bytes than it announced")
@@ -58,17 +66,17 @@ class ShardClient(GrpcTransport):
 
     def put(self, partition: str, rows, ipc_data, timeout: float | None = None) -> pb.PutResponse:
         try:
-            return self._sync().Put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes),
-                                    timeout=timeout or self.default_timeout_s, metadata=self._metadata,
-                                    wait_for_ready=True)
+            put = self._raw_call(False, "stream_unary", _PUT, None, pb.PutResponse.FromString)
+            return put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes),
+                       timeout=timeout or self.default_timeout_s, metadata=self._metadata, wait_for_ready=True)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
 
     async def aput(self, partition: str, rows, ipc_data, timeout: float | None = None) -> pb.PutResponse:
         try:
-            return await self._async().Put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes),
-                                           timeout=timeout or self.default_timeout_s, metadata=self._metadata,
-                                           wait_for_ready=True)
+            put = self._raw_call(True, "stream_unary", _PUT, None, pb.PutResponse.FromString)
+            return await put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes),
+                             timeout=timeout or self.default_timeout_s, metadata=self._metadata, wait_for_ready=True)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
 
@@ -77,8 +85,9 @@ class ShardClient(GrpcTransport):
         request = pb.GetRequest(partition=partition, rows=rows, fields=fields)
         out = _Assembler()
         try:
-            for chunk in self._sync().Get(request, timeout=timeout or self.default_timeout_s,
-                                          metadata=self._metadata, wait_for_ready=True):
+            get = self._raw_call(False, "unary_stream", _GET, pb.GetRequest.SerializeToString, None)
+            for chunk in get(request, timeout=timeout or self.default_timeout_s, metadata=self._metadata,
+                             wait_for_ready=True):
                 out.add(chunk)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
@@ -88,8 +97,9 @@ class ShardClient(GrpcTransport):
         request = pb.GetRequest(partition=partition, rows=rows, fields=fields)
         out = _Assembler()
         try:
-            async for chunk in self._async().Get(request, timeout=timeout or self.default_timeout_s,
-                                                 metadata=self._metadata, wait_for_ready=True):
+            get = self._raw_call(True, "unary_stream", _GET, pb.GetRequest.SerializeToString, None)
+            async for chunk in get(request, timeout=timeout or self.default_timeout_s, metadata=self._metadata,
+                                   wait_for_ready=True):
                 out.add(chunk)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None

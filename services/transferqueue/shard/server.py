@@ -9,6 +9,7 @@ import time
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Counter, Gauge
 
@@ -16,6 +17,7 @@ from services.runtime.grpc_auth import BearerTokenInterceptor
 from services.runtime.grpc_strict import add_strict_servicer
 from services.transferqueue.client.controller_client import ControllerClient
 from services.transferqueue.wire_format import check_wire_schema, from_ipc, to_ipc
+from services.transferqueue.data_chunks import data_only, encode_chunk
 from services.transferqueue.errors import TQError, check_name
 from services.transferqueue.pb import transferqueue_pb2 as pb
 from services.transferqueue.pb import transferqueue_pb2_grpc as pb_grpc
@@ -55,7 +57,14 @@ class ShardServicer(pb_grpc.StorageShardServicer):
         try:
             buf, header = None, None
             pos = 0
-            async for chunk in request_iterator:
+            async for raw in request_iterator:  # raw PutChunk bytes (see data_chunks)
+                data = data_only(raw) if header is not None else None
+                if data is None:
+                    try:
+                        chunk = pb.PutChunk.FromString(raw)
+                    except DecodeError as exc:
+                        raise TQError(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a valid PutChunk: {exc}")
+                    data = chunk.data
                 if header is None:
                     if not chunk.HasField("header"):
                         raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "first put message must carry the header")
@@ -66,7 +75,6 @@ class ShardServicer(pb_grpc.StorageShardServicer):
                                       else grpc.StatusCode.RESOURCE_EXHAUSTED,
                                       f"put announces {header.total_bytes} bytes; budget is {self.store.max_bytes}")
                     buf = bytearray(header.total_bytes)
-                data = chunk.data
                 if pos + len(data) > len(buf):
                     raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "put sends more bytes than its header announced")
                 buf[pos:pos + len(data)] = data
@@ -93,6 +101,7 @@ class ShardServicer(pb_grpc.StorageShardServicer):
             RPC_SECONDS.labels(SERVER, "Put").observe(time.perf_counter() - start)
 
     async def Get(self, request, context):
+        """Yields serialized DataChunk messages (see data_chunks)."""
         start = time.perf_counter()
         code = grpc.StatusCode.OK
         try:
@@ -107,9 +116,9 @@ class ShardServicer(pb_grpc.StorageShardServicer):
             step = self.config.chunk_bytes
             total = len(view)
             BYTES_OUT.inc(total)
-            yield pb.DataChunk(total_bytes=total, data=view[:step].tobytes())
+            yield encode_chunk(view[:step], pb.DataChunk(total_bytes=total).SerializeToString())
             for offset in range(step, total, step):
-                yield pb.DataChunk(data=view[offset:offset + step].tobytes())
+                yield encode_chunk(view[offset:offset + step])
         except TQError as exc:
             code = exc.code
             await context.abort(exc.code, exc.message)
@@ -171,7 +180,8 @@ async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
     ])
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     shard_id = config.resolved_id(port)
-    add_strict_servicer(server, ShardServicer(config, store, shard_id), pb.DESCRIPTOR.services_by_name["StorageShard"])
+    add_strict_servicer(server, ShardServicer(config, store, shard_id), pb.DESCRIPTOR.services_by_name["StorageShard"],
+                        raw_requests=frozenset({"Put"}), raw_responses=frozenset({"Get"}))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     # the health servicer says SERVING for "" by default: not until the controller knows us
