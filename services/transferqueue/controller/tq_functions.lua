@@ -50,6 +50,14 @@ local function need_task(K, T)
   return d.fields, tonumber(d.group_size)
 end
 
+local function need_lease(K, id)
+  local lk = K .. ':lease:' .. id
+  if redis.call('EXISTS', lk) == 0 then
+    fail('NOT_FOUND', 'lease ' .. id .. ' is unknown (never issued, or its partition was cleared)')
+  end
+  return lk, redis.call('HGET', lk, 'state')
+end
+
 local function notify(K, P) redis.call('PUBLISH', K .. ':events', P) end
 
 local function split_csv(s)
@@ -497,9 +505,7 @@ end)
 -- args: K, lease_id, rows... (none = all)
 redis.register_function('tq_ack', function(keys, args)
   local K, id = args[1], args[2]
-  local lk = K .. ':lease:' .. id
-  if redis.call('EXISTS', lk) == 0 then fail('NOT_FOUND', 'lease ' .. id .. ' is unknown (never issued, or its partition was cleared)') end
-  local st = redis.call('HGET', lk, 'state')
+  local lk, st = need_lease(K, id)
   if st == 'acked' then return 0 end
   if st ~= 'live' then fail('FAILED_PRECONDITION', 'lease ' .. id .. ' is ' .. st .. '; its rows were handed out again') end
   local expiry = tonumber(redis.call('HGET', lk, 'expiry'))
@@ -558,9 +564,7 @@ end)
 -- args: K, lease_id
 redis.register_function('tq_release', function(keys, args)
   local K, id = args[1], args[2]
-  local lk = K .. ':lease:' .. id
-  if redis.call('EXISTS', lk) == 0 then fail('NOT_FOUND', 'lease ' .. id .. ' is unknown') end
-  local st = redis.call('HGET', lk, 'state')
+  local lk, st = need_lease(K, id)
   if st == 'released' then return 0 end
   if st ~= 'live' then fail('FAILED_PRECONDITION', 'lease ' .. id .. ' is ' .. st .. ' and cannot be released') end
   local n = requeue_lease(K, id, 'released')
@@ -571,9 +575,7 @@ end)
 -- args: K, lease_id, lease_ms -> new expiry
 redis.register_function('tq_extend_lease', function(keys, args)
   local K, id, lease_ms = args[1], args[2], tonumber(args[3])
-  local lk = K .. ':lease:' .. id
-  if redis.call('EXISTS', lk) == 0 then fail('NOT_FOUND', 'lease ' .. id .. ' is unknown') end
-  local st = redis.call('HGET', lk, 'state')
+  local lk, st = need_lease(K, id)
   local now = now_ms()
   if st ~= 'live' or tonumber(redis.call('HGET', lk, 'expiry')) <= now then
     fail('FAILED_PRECONDITION', 'lease ' .. id .. ' is no longer live (' .. st .. ')')

@@ -1,0 +1,29 @@
+"""The entry point every service shares: config from flags/env, JSON logs, /metrics, then the
+service's async `serve(config, stop)` until SIGTERM/SIGINT sets `stop`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Sequence, TypeVar
+
+from pydantic_settings import BaseSettings
+
+from services.runtime.logs import configure_logging
+from services.runtime.metrics import serve_metrics
+from services.runtime.settings_cli import parse_settings
+from services.runtime.shutdown import shutdown_event
+
+C = TypeVar("C", bound=BaseSettings)
+
+
+def run_service(model: type[C], command: str, serve: Callable[[C, asyncio.Event], Awaitable[None]],
+                argv: Sequence[str] | None) -> int:
+    config = parse_settings(model, argv, f"sluice {command}", model.__doc__)
+    configure_logging(command, config.log_level)
+    serve_metrics(config.host, config.metrics_port)
+
+    async def run() -> None:
+        await serve(config, shutdown_event())
+
+    asyncio.run(run())
+    return 0
