@@ -97,24 +97,23 @@ def _encode_one(name: str, value) -> tuple[pb.FieldSchema, pa.Array]:
 
 
 def _encode_ragged(name: str, seqs: Sequence) -> tuple[pb.FieldSchema, pa.Array]:
-    parts = []
-    dtype = None
+    converted = []
     for i, seq in enumerate(seqs):
-        d, arr = _as_numpy(name, seq if isinstance(seq, (torch.Tensor, np.ndarray)) else np.asarray(seq))
+        typed = isinstance(seq, (torch.Tensor, np.ndarray))
+        d, arr = _as_numpy(name, seq if typed else np.asarray(seq))
         if arr.ndim != 1:
             raise _invalid(f"field {name}: ragged row {i} is {arr.ndim}-D; rows must be 1-D sequences")
-        if dtype is None:
-            dtype = d
-        elif d != dtype:
-            if len(arr) == 0:  # an empty Python list has no dtype of its own
-                arr = arr.astype(DTYPES[dtype][1])
-            else:
-                raise _invalid(f"field {name}: ragged row {i} is {d}, row 0 is {dtype}")
-        parts.append(arr)
+        # an empty Python list has no dtype of its own: it takes the column's
+        converted.append((d, arr, typed or len(arr) > 0))
+    dtypes = {d for d, _, known in converted if known}
+    if len(dtypes) > 1:
+        raise _invalid(f"field {name}: ragged rows mix dtypes {sorted(dtypes)}")
+    dtype = dtypes.pop() if dtypes else converted[0][0]
+    parts = [arr if known else arr.astype(DTYPES[dtype][1]) for _, arr, known in converted]
     lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    values = np.concatenate(parts) if parts else np.zeros(0, DTYPES[dtype][1])
+    values = np.concatenate(parts)
     arr = pa.LargeListArray.from_arrays(pa.array(offsets), _flat_array(values, DTYPES[dtype][2]))
     return pb.FieldSchema(name=name, dtype=dtype, kind=pb.RAGGED), arr
 

@@ -472,3 +472,44 @@ def test_byte_budget_pushes_back(tmp_path):
             assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "shard full" in err.value.message
             assert tq.partition("p").rows == 100
+
+
+def test_produced_fields_are_immutable_and_partial_re_ack_is_a_no_op(tq, uniq):
+    p, task = uniq("p"), uniq("t")
+    rows = _fill(tq, p, 4)
+    with pytest.raises(TQError) as err:
+        tq.put(p, {"x": torch.arange(2)}, rows=rows[:2])
+    assert err.value.code == grpc.StatusCode.ALREADY_EXISTS and "field x of row 0" in err.value.message
+    assert tq.get(p, rows, ["x"])["x"].tolist() == [0, 1, 2, 3]  # the committed bytes are untouched
+    tq.register_task(task, ["x"])
+    batch = tq.claim(p, task, 4)
+    assert tq.ack(batch, rows=[0, 1]) == 2
+    assert tq.ack(batch, rows=[0, 1]) == 0
+    assert tq.ack(batch) == 2
+
+
+def test_claim_key_gives_every_caller_the_same_lease_even_after_ack(tq, uniq):
+    p, task = uniq("p"), uniq("t")
+    _fill(tq, p, 6)
+    tq.register_task(task, ["x"])
+    first = tq.claim_rows(p, task, 4, claim_key="run-7")
+    second = tq.claim_rows(p, task, 4, claim_key="run-7")
+    assert (first.lease_id, first.rows) == (second.lease_id, second.rows)
+    tq.ack(first.lease_id)
+    late = tq.claim_rows(p, task, 4, claim_key="run-7")  # a rank that arrives after the others acked
+    assert (late.lease_id, late.rows) == (first.lease_id, first.rows)
+    assert tq.claim_rows(p, task, 4, claim_key="run-8").rows == [4, 5]
+
+
+def test_put_larger_than_the_whole_shard_fails_fast(tmp_path):
+    from services.transferqueue.client.queue import TransferQueue
+    from services.transferqueue.local_stack import LocalTransferQueue
+
+    with LocalTransferQueue(shards=1, log_dir=str(tmp_path), shard_args=("--max-rows", "4")) as stack:
+        with TransferQueue(stack.controller_address, put_timeout_s=30) as tq:
+            tq.create_partition("p")
+            t0 = time.monotonic()
+            with pytest.raises(TQError) as err:
+                tq.put("p", {"x": torch.arange(5)})
+            assert err.value.code == grpc.StatusCode.OUT_OF_RANGE and "split it" in err.value.message
+            assert time.monotonic() - t0 < 5  # not retried until put_timeout_s

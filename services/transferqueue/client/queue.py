@@ -26,6 +26,10 @@ from services.transferqueue.errors import TQError
 
 # slack on top of a claim's long-poll wait for the RPC deadline
 _WAIT_SLACK_S = 10.0
+# a CommitPut that failed with these was certainly not applied (unlike, say, a lost reply)
+_COMMIT_REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
+                             grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 
 @dataclass
@@ -180,26 +184,36 @@ class TransferQueue(_QueueBase):
         plan = placement.split(rows)
         row_array = np.asarray(rows, dtype=np.int64)
 
+        stored = []  # the parts that reached their shard: the only bytes an undo may delete
+
         def send(item):
             shard_id, positions = item
             data = to_ipc(select(batch, positions))
             backoff = _Backoff(self.put_timeout_s)
             while True:
                 try:
-                    return self._shard_for(shard_id).put(partition, row_array[positions].tolist(), data)
+                    self._shard_for(shard_id).put(partition, row_array[positions].tolist(), data)
+                    stored.append(item)
+                    return
                 except TQError as err:
                     time.sleep(backoff.next_delay(err))
 
+        fields = [s.name for s in schemas]
         try:
             self._parallel(send, plan)
-            self.controller.commit_put(partition, schemas, rows)
         except BaseException:
-            self._undo(partition, plan, row_array, [s.name for s in schemas])
+            self._undo(partition, stored, row_array, fields)
+            raise
+        try:
+            self.controller.commit_put(partition, schemas, rows)
+        except TQError as err:
+            if err.code in _COMMIT_REFUSED:  # certainly not applied: its bytes must not linger
+                self._undo(partition, stored, row_array, fields)
             raise
         return rows
 
-    def _undo(self, partition, plan, row_array, fields) -> None:
-        for shard_id, positions in plan:
+    def _undo(self, partition, stored, row_array, fields) -> None:
+        for shard_id, positions in stored:
             try:
                 self._shard_for(shard_id).delete(partition, row_array[positions].tolist(), fields, timeout=5)
             except TQError:
@@ -306,6 +320,9 @@ class AsyncTransferQueue(_QueueBase):
     async def reset_task(self, partition: str, task: str) -> int:
         return (await self.controller.areset_task(partition, task)).rows_ready
 
+    async def schema(self, partition: str):
+        return list((await self.controller.aget_schema(partition)).fields)
+
     async def wait_ready(self, partition: str, task: str, min_rows: int, wait_s: float):
         return await self.controller.await_ready(partition, task, min_rows, int(wait_s * 1000),
                                                  timeout=wait_s + _WAIT_SLACK_S)
@@ -330,25 +347,37 @@ class AsyncTransferQueue(_QueueBase):
         plan = (await self._placement(partition, prepared.partition)).split(rows)
         row_array = np.asarray(rows, dtype=np.int64)
 
+        stored = []
+        fields = [s.name for s in schemas]
+
         async def send(shard_id, positions):
             data = to_ipc(select(batch, positions))
             backoff = _Backoff(self.put_timeout_s)
             while True:
                 try:
-                    return await self._shard_for(shard_id).aput(partition, row_array[positions].tolist(), data)
+                    await self._shard_for(shard_id).aput(partition, row_array[positions].tolist(), data)
+                    stored.append((shard_id, positions))
+                    return
                 except TQError as err:
                     await asyncio.sleep(backoff.next_delay(err))
 
-        try:
-            await asyncio.gather(*(send(s, p) for s, p in plan))
-            await self.controller.acommit_put(partition, schemas, rows)
-        except BaseException:
-            fields = [s.name for s in schemas]
-            for shard_id, positions in plan:
+        async def undo():
+            for shard_id, positions in stored:
                 try:
                     await self._shard_for(shard_id).adelete(partition, row_array[positions].tolist(), fields, timeout=5)
                 except TQError:
                     pass
+
+        try:
+            await asyncio.gather(*(send(s, p) for s, p in plan))
+        except BaseException:
+            await undo()
+            raise
+        try:
+            await self.controller.acommit_put(partition, schemas, rows)
+        except TQError as err:
+            if err.code in _COMMIT_REFUSED:
+                await undo()
             raise
         return rows
 

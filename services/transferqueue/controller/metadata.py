@@ -155,10 +155,10 @@ class RedisMetadata:
 
     # ------------------------------------------------------------ claims
 
-    async def claim(self, partition: str, task: str, want_groups: int, min_groups: int, lease_ms: int,
+    async def claim(self, partition: str, task: str, batch_rows: int, min_rows: int, lease_ms: int,
                     claim_key: str) -> ClaimResult:
         lease_id = uuid.uuid4().hex
-        res = await self._call("tq_claim", partition, task, want_groups, min_groups, lease_ms, lease_id, claim_key)
+        res = await self._call("tq_claim", partition, task, batch_rows, min_rows, lease_ms, lease_id, claim_key)
         lease, csv, expiry, complete, gs, left = res
         return ClaimResult(lease_id=lease, groups=[int(g) for g in csv.split(",") if g] if csv else [],
                            expiry_ms=int(expiry), complete=bool(complete), group_size=int(gs),

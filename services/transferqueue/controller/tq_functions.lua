@@ -361,9 +361,21 @@ redis.register_function('tq_prepare_put', function(keys, args)
     return redis.call('HINCRBY', pk, 'alloc', new_rows) - new_rows
   end
   local alloc = tonumber(redis.call('HGET', pk, 'alloc'))
+  local rows = {}
   for i = 5 + 2 * nf, #args do
     local r = tonumber(args[i])
     if r < 0 or r >= alloc then fail('NOT_FOUND', 'row ' .. args[i] .. ' of partition ' .. P .. ' does not exist') end
+    rows[#rows + 1] = r
+  end
+  -- produced fields are immutable: producers add fields, they never rewrite what readers may have seen
+  for i = 0, nf - 1 do
+    local f = args[4 + 2 * i]
+    local have = get_bits(pk .. ':f:' .. f, rows)
+    for k, r in ipairs(rows) do
+      if have[k] == 1 then
+        fail('ALREADY_EXISTS', 'field ' .. f .. ' of row ' .. istr(r) .. ' in partition ' .. P .. ' is already produced')
+      end
+    end
   end
   return -1
 end)
@@ -460,9 +472,11 @@ redis.register_function('tq_claim', function(keys, args)
   reap(K, P, T, now)
   if ckey ~= '' then
     local existing = redis.call('GET', tk .. ':key:' .. ckey)
+    -- every caller with the key gets the same lease, whatever became of it since (ranks that
+    -- arrive late must see the batch the others split, even if it is acked by now)
     if existing then
       local lk = K .. ':lease:' .. existing
-      if redis.call('HGET', lk, 'state') == 'live' then
+      if redis.call('EXISTS', lk) == 1 then
         return {existing, redis.call('HGET', lk, 'groups'), tonumber(redis.call('HGET', lk, 'expiry')),
                 is_complete(pk, T), gs, redis.call('ZCARD', tk .. ':q')}
       end
@@ -498,7 +512,10 @@ redis.register_function('tq_claim', function(keys, args)
   redis.call('HSET', lk, 'p', P, 't', T, 'gs', gs, 'groups', csv, 'expiry', expiry, 'state', 'live')
   redis.call('ZADD', tk .. ':leases', expiry, id)
   redis.call('HINCRBY', pk .. ':leased', T, #groups * gs)
-  if ckey ~= '' then redis.call('SET', tk .. ':key:' .. ckey, id, 'PX', lease_ms + 60000) end
+  if ckey ~= '' then
+    redis.call('SET', tk .. ':key:' .. ckey, id, 'PX', lease_ms + 3600000)
+    redis.call('HSET', lk, 'key', ckey)
+  end
   return {id, csv, expiry, complete, gs, avail - #groups}
 end)
 
@@ -550,8 +567,10 @@ redis.register_function('tq_ack', function(keys, args)
   end
   set_new(tk .. ':done', done_rows)
   local n = #done_rows
-  redis.call('HINCRBY', pk .. ':consumed', T, n)
-  redis.call('HINCRBY', pk .. ':leased', T, -n)
+  if n > 0 then
+    redis.call('HINCRBY', pk .. ':consumed', T, n)
+    redis.call('HINCRBY', pk .. ':leased', T, -n)
+  end
   if redis.call('HLEN', lk .. ':pend') == 0 then
     redis.call('HSET', lk, 'state', 'acked')
     redis.call('ZREM', tk .. ':leases', id)
@@ -577,12 +596,18 @@ redis.register_function('tq_extend_lease', function(keys, args)
   local K, id, lease_ms = args[1], args[2], tonumber(args[3])
   local lk, st = need_lease(K, id)
   local now = now_ms()
-  if st ~= 'live' or tonumber(redis.call('HGET', lk, 'expiry')) <= now then
-    fail('FAILED_PRECONDITION', 'lease ' .. id .. ' is no longer live (' .. st .. ')')
+  local P, T = redis.call('HGET', lk, 'p'), redis.call('HGET', lk, 't')
+  if st == 'live' and tonumber(redis.call('HGET', lk, 'expiry')) <= now then
+    reap(K, P, T, now)
+    notify(K, P)
+    st = 'expired'
   end
+  if st ~= 'live' then fail('FAILED_PRECONDITION', 'lease ' .. id .. ' is ' .. st .. ' and cannot be extended') end
   local expiry = now + lease_ms
   redis.call('HSET', lk, 'expiry', expiry)
-  redis.call('ZADD', tkey(K, redis.call('HGET', lk, 'p'), redis.call('HGET', lk, 't')) .. ':leases', expiry, id)
+  redis.call('ZADD', tkey(K, P, T) .. ':leases', expiry, id)
+  local key = redis.call('HGET', lk, 'key')
+  if key then redis.call('PEXPIRE', tkey(K, P, T) .. ':key:' .. key, lease_ms + 3600000) end
   return expiry
 end)
 

@@ -72,7 +72,7 @@ class ShardServicer(pb_grpc.StorageShardServicer):
                     check_name("partition", header.partition)
                     if header.total_bytes <= 0 or header.total_bytes > self.store.max_bytes:
                         raise TQError(grpc.StatusCode.INVALID_ARGUMENT if header.total_bytes <= 0
-                                      else grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                      else grpc.StatusCode.OUT_OF_RANGE,
                                       f"put announces {header.total_bytes} bytes; budget is {self.store.max_bytes}")
                     buf = bytearray(header.total_bytes)
                 if pos + len(data) > len(buf):
@@ -122,6 +122,12 @@ class ShardServicer(pb_grpc.StorageShardServicer):
         except TQError as exc:
             code = exc.code
             await context.abort(exc.code, exc.message)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            code = grpc.StatusCode.INTERNAL
+            log.exception("get failed")
+            await context.abort(code, f"Get: {type(exc).__name__}: {exc}")
         finally:
             RPC_TOTAL.labels(SERVER, "Get", code.name).inc()
             RPC_SECONDS.labels(SERVER, "Get").observe(time.perf_counter() - start)

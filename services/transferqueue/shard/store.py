@@ -144,6 +144,10 @@ class ShardStore:
         if len(np.unique(rows)) != len(rows) or (len(rows) and rows.min() < 0):
             raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "row indices must be distinct and >= 0")
         nbytes = sum(col.nbytes for col in table.columns)
+        if len(rows) > self.max_rows or nbytes > self.max_bytes:
+            raise TQError(grpc.StatusCode.OUT_OF_RANGE,
+                          f"put of {len(rows)} rows and {nbytes} bytes exceeds the shard's whole budget "
+                          f"({self.max_rows} rows, {self.max_bytes} bytes): split it")
         with self._lock:
             part = self.partitions.get(partition)
             fresh = part.new_rows(rows) if part else len(rows)
