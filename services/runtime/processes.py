@@ -3,6 +3,7 @@ redis-server and Sluice services, each started as a real process and stopped wit
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -28,6 +29,15 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies (Linux), so a
+    killed demo or test run leaves no services behind."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class ChildProcess:
     def __init__(self, name: str, argv: Sequence[str], log_path: str | None = None, env: dict | None = None):
         self.name = name
@@ -35,7 +45,7 @@ class ChildProcess:
         self.log_path = log_path
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=child_env(env),
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
 
     def alive(self) -> bool:
         return self.proc.poll() is None

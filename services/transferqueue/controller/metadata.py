@@ -83,6 +83,14 @@ class RedisMetadata:
         names = await self.redis.zrange(f"{self.prefix}:partitions", 0, -1)
         return [n for n in names if n.startswith(prefix)]
 
+    async def placement(self, name: str) -> pb.PartitionInfo:
+        """Only what clients need to route rows: name, group size, shards, block (one Redis read)."""
+        gs, block, shards = await self.redis.hmget(f"{self.prefix}:p:{name}", "gs", "block", "shards")
+        if gs is None:
+            raise TQError(grpc.StatusCode.NOT_FOUND, f"partition {name} does not exist")
+        return pb.PartitionInfo(name=name, group_size=int(gs), placement_block=int(block),
+                                shard_ids=[s for s in shards.split(",") if s])
+
     async def partition_info(self, name: str) -> pb.PartitionInfo:
         pk = f"{self.prefix}:p:{name}"
         async with self.redis.pipeline(transaction=True) as pipe:

@@ -160,7 +160,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             raise _invalid("give either new_rows > 0 or the existing rows to write")
         _check_rows(request.rows)
         rows = await self.meta.prepare_put(request.partition, request.fields, request.new_rows, list(request.rows))
-        return pb.PreparePutResponse(rows=rows, partition=await self.meta.partition_info(request.partition))
+        return pb.PreparePutResponse(rows=rows, partition=await self.meta.placement(request.partition))
 
     @unary_handler(SERVER)
     async def CommitPut(self, request, context):
@@ -182,7 +182,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             check_name("field", f)
         _check_rows(request.rows)
         await self.meta.check_rows(request.partition, list(request.rows), list(request.fields))
-        return pb.CheckRowsResponse(partition=await self.meta.partition_info(request.partition))
+        return pb.CheckRowsResponse(partition=await self.meta.placement(request.partition))
 
     @unary_handler(SERVER)
     async def GetSchema(self, request, context):
