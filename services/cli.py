@@ -2,6 +2,7 @@
 
     sluice tq-controller [flags]   TransferQueue controller (gRPC, metadata in Redis)
     sluice tq-shard [flags]        TransferQueue storage shard (gRPC, Arrow in memory)
+    sluice dcs [flags]             control plane: nodes, weight versions, sync groups, run control (HTTP)
     sluice demo [flags]            the main job on one machine (see `sluice demo --help`)
 
 Every service command takes --help; flags also come from environment variables (listed there).
@@ -22,11 +23,15 @@ def _commands():
         from services.transferqueue.shard.main import main
         return main(argv)
 
+    def dcs(argv):
+        from services.dcs.main import main
+        return main(argv)
+
     def demo(argv):
         from services.demo import main
         return main(argv)
 
-    return {"tq-controller": controller, "tq-shard": shard, "demo": demo}
+    return {"tq-controller": controller, "tq-shard": shard, "dcs": dcs, "demo": demo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,3 +111,14 @@ def start_redis(port: int | None = None, log_dir: str | None = None) -> tuple[Ch
 
     proc.wait_until(ready, 10)
     return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def http_ok(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False

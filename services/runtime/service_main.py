@@ -20,7 +20,7 @@ def run_service(model: type[C], command: str, serve: Callable[[C, asyncio.Event]
                 argv: Sequence[str] | None) -> int:
     config = parse_settings(model, argv, f"sluice {command}", model.__doc__)
     configure_logging(command, config.log_level)
-    serve_metrics(config.host, config.metrics_port)
+    serve_metrics(config.host, getattr(config, "metrics_port", 0))
 
     async def run() -> None:
         await serve(config, shutdown_event())

@@ -13,9 +13,9 @@ from prometheus_client import Counter, Gauge
 
 from services.runtime.grpc_auth import BearerTokenInterceptor
 from services.runtime.grpc_strict import add_strict_servicer
+from services.runtime.redis_events import RedisEvents
 from services.transferqueue.client.shard_client import ShardClient
 from services.transferqueue.controller.config import ControllerConfig
-from services.transferqueue.controller.events import PartitionEvents
 from services.transferqueue.controller.metadata import RedisMetadata
 from services.transferqueue.errors import TQError, check_name
 from services.transferqueue.pb import transferqueue_pb2 as pb
@@ -61,7 +61,7 @@ def _check_rows(rows) -> None:
 
 
 class ControllerServicer(pb_grpc.ControllerServicer):
-    def __init__(self, config: ControllerConfig, meta: RedisMetadata, events: PartitionEvents):
+    def __init__(self, config: ControllerConfig, meta: RedisMetadata, events: RedisEvents):
         self.config = config
         self.meta = meta
         self.events = events
@@ -293,7 +293,7 @@ async def serve(config: ControllerConfig, stop: asyncio.Event, on_bound=None) ->
     """Run until `stop` is set; then stop taking calls and give in-flight ones `grace_s`."""
     meta = RedisMetadata(config.redis_url, config.key_prefix)
     await meta.load_functions()
-    events = PartitionEvents(meta.redis, meta.events_channel)
+    events = RedisEvents(meta.redis, meta.events_channel)
     events_task = asyncio.create_task(events.run())
     await asyncio.wait_for(events.subscribed.wait(), timeout=10)
 

@@ -1,6 +1,6 @@
-"""Wake-ups for long-polling claims: Redis pub/sub on the metadata events channel, one asyncio
-Event per partition. Functions publish the partition's name whenever rows may have become
-claimable (commit, ack, release, lease expiry, seal, clear), on every controller replica."""
+"""Wake-ups for long polls, shared by every replica of a service: writers PUBLISH a topic name on a
+Redis channel when the state behind it changed; each process keeps one asyncio Event per topic that
+its waiters await (TransferQueue: topic = partition; DCS: topic = weights / run / topology)."""
 
 from __future__ import annotations
 
@@ -12,28 +12,28 @@ import redis.asyncio as aioredis
 log = logging.getLogger(__name__)
 
 
-class PartitionEvents:
+class RedisEvents:
     def __init__(self, redis: aioredis.Redis, channel: str):
         self._redis = redis
         self._channel = channel
         self._events: dict[str, asyncio.Event] = {}
         self.subscribed = asyncio.Event()
 
-    def waiter(self, partition: str) -> asyncio.Event:
+    def waiter(self, topic: str) -> asyncio.Event:
         """Take this *before* checking state: a change after the check still sets it."""
-        event = self._events.get(partition)
+        event = self._events.get(topic)
         if event is None:
-            event = self._events[partition] = asyncio.Event()
+            event = self._events[topic] = asyncio.Event()
         return event
 
-    def fire(self, partition: str) -> None:
-        event = self._events.pop(partition, None)
+    def fire(self, topic: str) -> None:
+        event = self._events.pop(topic, None)
         if event is not None:
             event.set()
 
     def fire_all(self) -> None:
-        for partition in list(self._events):
-            self.fire(partition)
+        for topic in list(self._events):
+            self.fire(topic)
 
     async def run(self) -> None:
         while True:

@@ -1,0 +1,49 @@
+"""A coordinator on one machine as its own process (demo, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from services.runtime.processes import ChildProcess, free_port, http_ok, sluice_argv, start_redis
+
+
+class LocalDCS:
+    def __init__(self, redis_url: str | None = None, token: str = "", log_dir: str | None = None,
+                 args: tuple[str, ...] = ()):
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-dcs-")
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.redis = None
+        if redis_url is None:
+            self.redis, redis_url = start_redis(log_dir=self.log_dir)
+        self.redis_url = redis_url
+        self.token = token
+        self.args = args
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: ChildProcess | None = None
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def start(self) -> ChildProcess:
+        auth = ["--auth-token", self.token] if self.token else []
+        self.proc = ChildProcess("dcs", sluice_argv("dcs", "--host", "127.0.0.1", "--port", str(self.port),
+                                                     "--redis-url", self.redis_url, *auth, *self.args),
+                                 os.path.join(self.log_dir, "dcs.log"))
+        self.proc.wait_until(lambda: http_ok(self.url + "/readyz"), 30)
+        return self.proc
+
+    def stop(self) -> None:
+        if self.proc:
+            self.proc.stop()
+        if self.redis:
+            self.redis.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

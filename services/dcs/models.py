@@ -1,0 +1,195 @@
+"""The coordinator's HTTP contract: every request and response body is one of these models, and the
+OpenAPI document generated from them (/openapi.json) is the contract other languages use."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Name = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
+TorchDType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
+NodeState = Literal["running", "pausing", "paused", "dead"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ------------------------------------------------------------------ nodes
+
+
+class NodeRegistration(Strict):
+    role: str = Field(pattern=r"^[a-z_]{1,32}$", description="trainer, rollout, engine, actor_fwd, reference, ...")
+    rank: int = Field(0, ge=0, le=1 << 20)
+    host: str = Field(min_length=1, max_length=253)
+    ports: dict[str, int] = Field(default_factory=dict, description="named ports, e.g. {'http': 30000}")
+    device: str = Field("cpu", max_length=64)
+    parallel: dict[str, int] = Field(default_factory=dict, description="layout, e.g. {'tp': 2, 'pp': 1, 'dp': 4}")
+    master_port: int | None = Field(None, ge=1, le=65535, description="a free port it can host a sync group on")
+    run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
+
+
+class NodeInfo(NodeRegistration):
+    node_id: str
+    registered_at: float
+    last_heartbeat: float
+    alive: bool
+    step: int | None = None
+    weight_version: int | None = None
+    paused_seq: int = 0
+    error: str | None = None
+
+
+class Heartbeat(Strict):
+    step: int | None = Field(None, ge=0)
+    weight_version: int | None = Field(None, ge=0)
+    paused_seq: int = Field(0, ge=0, description="the pause request it has reached a safe point for (0 = none)")
+    error: str | None = Field(None, max_length=4096)
+
+
+class HeartbeatReply(Strict):
+    desired_state: Literal["running", "paused"]
+    pause_seq: int
+    lease_s: float
+
+
+class Topology(Strict):
+    roles: dict[str, list[NodeInfo]]
+
+
+# ------------------------------------------------------------------ weights
+
+
+class WeightTensor(Strict):
+    name: str = Field(min_length=1, max_length=512, description="Hugging Face parameter name")
+    dtype: TorchDType
+    shape: list[int] = Field(max_length=16)
+    bucket: int = Field(ge=0)
+    offset: int = Field(ge=0, description="byte offset inside its bucket")
+    nbytes: int = Field(ge=0)
+
+
+class WeightMetadata(Strict):
+    version: int = Field(ge=1)
+    tensors: list[WeightTensor] = Field(min_length=1)
+    bucket_bytes: list[int] = Field(min_length=1, description="size of each flat bucket, in order")
+    publisher: str | None = None
+
+    @model_validator(mode="after")
+    def _layout_fits(self) -> "WeightMetadata":
+        for t in self.tensors:
+            if t.bucket >= len(self.bucket_bytes):
+                raise ValueError(f"tensor {t.name} names bucket {t.bucket}; there are {len(self.bucket_bytes)}")
+            if t.offset + t.nbytes > self.bucket_bytes[t.bucket]:
+                raise ValueError(f"tensor {t.name} overruns bucket {t.bucket}")
+            if any(d < 0 for d in t.shape):
+                raise ValueError(f"tensor {t.name} has a negative dimension")
+        return self
+
+
+class PublishedWeights(WeightMetadata):
+    published_at: float
+
+
+class CursorUpdate(Strict):
+    version: int = Field(ge=0)
+
+
+class Cursors(Strict):
+    cursors: dict[str, int]
+
+
+# ------------------------------------------------------------------ sync groups
+
+
+class SyncGroupRequest(Strict):
+    source_node: str = Field(description="the trainer's node id: rank 0 and the only source")
+    master_address: str = Field(min_length=1, max_length=253)
+    master_port: int = Field(ge=1, le=65535)
+    receiver_roles: list[str] = Field(default_factory=lambda: ["engine", "actor_fwd", "reference"])
+    backend: Literal["gloo", "nccl"] = "gloo"
+
+
+class GroupMember(Strict):
+    node_id: str
+    role: str
+    rank: int = Field(description="its first rank (SGLang's rank_offset)")
+    ranks: int = Field(1, description="ranks it occupies (an engine's tensor-parallel size)")
+
+
+class SyncGroup(Strict):
+    name: str
+    generation: int
+    master_address: str
+    master_port: int
+    world_size: int
+    backend: Literal["gloo", "nccl"]
+    members: list[GroupMember]
+
+
+class SyncReport(Strict):
+    version: int = Field(ge=1)
+    group: str = Field(max_length=128)
+    node_id: str = Field(max_length=64)
+    ok: bool
+    error: str | None = Field(None, max_length=4096)
+    seconds: dict[Literal["metadata", "pack", "broadcast", "load", "total"], float] = Field(default_factory=dict)
+    bytes: int = Field(0, ge=0)
+
+
+# ------------------------------------------------------------------ runs
+
+
+class RunConfig(Strict):
+    """What a run is; validated when it is created."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
+    model: str = Field(min_length=1, max_length=1024, description="local model directory")
+    mode: Literal["fully_async", "colocate"] = "fully_async"
+    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"] = "grpo"
+    max_staleness: int = Field(1, ge=0, le=64)
+    n_samples_per_prompt: int = Field(8, ge=1, le=4096)
+    rollout_batch_size: int = Field(32, ge=1, description="prompt groups per step")
+    global_batch_size: int = Field(256, ge=1, description="samples per optimizer step")
+    micro_batch_size: int = Field(8, ge=1)
+    num_steps: int = Field(100, ge=1)
+    ref_update_interval: int = Field(0, ge=0, description="reference receives every Nth version; 0 = never")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RunConfig":
+        if self.mode == "colocate" and self.max_staleness != 0:
+            raise ValueError("colocate mode is synchronous: max_staleness must be 0")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError("global_batch_size must be a multiple of micro_batch_size")
+        return self
+
+
+class Run(Strict):
+    run_id: str
+    config: RunConfig
+    desired_state: Literal["running", "paused"]
+    pause_seq: int
+    created_at: float
+
+
+class ServiceStatus(Strict):
+    node_id: str
+    role: str
+    rank: int
+    state: NodeState
+    step: int | None
+    weight_version: int | None
+    last_heartbeat: float
+    pause_acknowledged: bool
+
+
+class RunStatus(Strict):
+    run: Run
+    latest_weight_version: int
+    services: list[ServiceStatus]
+
+
+class Ok(Strict):
+    ok: bool = True
+    message: str = ""

@@ -1,0 +1,251 @@
+"""All coordinator state, in Redis. Each mutation is one transaction or script, so replicas and a
+restarted coordinator see one truth. Timestamps come from Redis's clock, not the replica's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+
+import redis.asyncio as aioredis
+
+from services.dcs.models import (
+    GroupMember, Heartbeat, NodeInfo, NodeRegistration, PublishedWeights, Run, RunConfig, SyncGroup,
+    SyncGroupRequest, SyncReport, WeightMetadata,
+)
+
+
+class Conflict(Exception):
+    """-> HTTP 409"""
+
+
+class Missing(Exception):
+    """-> HTTP 404"""
+
+
+# Publish version V only if it is newer than the latest: versions are monotonic across replicas.
+_PUBLISH = """
+local latest = tonumber(redis.call('GET', KEYS[1]) or '0')
+local v = tonumber(ARGV[1])
+if v <= latest then return latest end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('ZADD', KEYS[3], v, ARGV[1])
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('PUBLISH', KEYS[4], 'weights')
+return -1
+"""
+
+
+class RedisState:
+    def __init__(self, redis_url: str, prefix: str, node_lease_s: float):
+        self.redis = aioredis.from_url(redis_url, decode_responses=True)
+        self.k = prefix
+        self.node_lease_s = node_lease_s
+        self.events_channel = f"{prefix}:events"
+        self._publish = self.redis.register_script(_PUBLISH)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def now(self) -> float:
+        seconds, micros = await self.redis.time()
+        return seconds + micros / 1e6
+
+    async def _notify(self, topic: str) -> None:
+        await self.redis.publish(self.events_channel, topic)
+
+    # ------------------------------------------------------------ nodes
+
+    async def register(self, reg: NodeRegistration) -> NodeInfo:
+        node_id = uuid.uuid4().hex[:16]
+        now = await self.now()
+        record = {**reg.model_dump(), "node_id": node_id, "registered_at": now}
+        beat = {"ts": now, "step": None, "weight_version": None, "paused_seq": 0, "error": None}
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(f"{self.k}:nodes", node_id, json.dumps(record))
+            pipe.hset(f"{self.k}:beats", node_id, json.dumps(beat))
+            pipe.publish(self.events_channel, "topology")
+            await pipe.execute()
+        return self._node(record, beat, now)
+
+    def _node(self, record: dict, beat: dict, now: float) -> NodeInfo:
+        return NodeInfo(**record, last_heartbeat=beat["ts"], alive=now - beat["ts"] <= self.node_lease_s,
+                        step=beat.get("step"), weight_version=beat.get("weight_version"),
+                        paused_seq=beat.get("paused_seq") or 0, error=beat.get("error"))
+
+    async def heartbeat(self, node_id: str, hb: Heartbeat) -> NodeInfo:
+        if not await self.redis.hexists(f"{self.k}:nodes", node_id):
+            raise Missing(f"node {node_id} is not registered (re-register after a coordinator reset)")
+        now = await self.now()
+        beat = {"ts": now, **hb.model_dump()}
+        await self.redis.hset(f"{self.k}:beats", node_id, json.dumps(beat))
+        record = json.loads(await self.redis.hget(f"{self.k}:nodes", node_id))
+        return self._node(record, beat, now)
+
+    async def unregister(self, node_id: str) -> bool:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(f"{self.k}:nodes", node_id)
+            pipe.hdel(f"{self.k}:beats", node_id)
+            pipe.publish(self.events_channel, "topology")
+            removed, _, _ = await pipe.execute()
+        return bool(removed)
+
+    async def nodes(self) -> list[NodeInfo]:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(f"{self.k}:nodes")
+            pipe.hgetall(f"{self.k}:beats")
+            records, beats = await pipe.execute()
+        now = await self.now()
+        out = []
+        for node_id, text in records.items():
+            beat = json.loads(beats.get(node_id) or '{"ts": 0}')
+            out.append(self._node(json.loads(text), beat, now))
+        return sorted(out, key=lambda n: (n.role, n.rank, n.node_id))
+
+    async def node(self, node_id: str) -> NodeInfo:
+        for n in await self.nodes():
+            if n.node_id == node_id:
+                return n
+        raise Missing(f"node {node_id} is not registered")
+
+    # ------------------------------------------------------------ weights
+
+    async def publish(self, meta: WeightMetadata) -> PublishedWeights:
+        published = PublishedWeights(**meta.model_dump(), published_at=await self.now())
+        latest = await self._publish(
+            keys=[f"{self.k}:weights:latest", f"{self.k}:weights:{meta.version}", f"{self.k}:weights:versions",
+                  self.events_channel],
+            args=[meta.version, published.model_dump_json()])
+        if int(latest) >= 0:
+            raise Conflict(f"version {meta.version} is not newer than the latest published version {latest}")
+        return published
+
+    async def latest_version(self) -> int:
+        return int(await self.redis.get(f"{self.k}:weights:latest") or 0)
+
+    async def weights(self, version: int) -> PublishedWeights:
+        text = await self.redis.get(f"{self.k}:weights:{version}")
+        if text is None:
+            raise Missing(f"weight version {version} is unknown or was collected")
+        return PublishedWeights.model_validate_json(text)
+
+    async def set_cursor(self, role: str, version: int) -> dict[str, int]:
+        """A receiver role says it has loaded `version`. Metadata older than every role's cursor (and
+        not the latest) is collected; a role can only move its own cursor, and only forward."""
+        latest = await self.latest_version()
+        if version > latest:
+            raise Conflict(f"version {version} was never published (latest is {latest})")
+        cursors_key = f"{self.k}:cursors"
+        current = int(await self.redis.hget(cursors_key, role) or 0)
+        if version < current:
+            raise Conflict(f"role {role} already consumed version {current}; cursors only move forward")
+        await self.redis.hset(cursors_key, role, version)
+        cursors = {r: int(v) for r, v in (await self.redis.hgetall(cursors_key)).items()}
+        floor = min(cursors.values())
+        stale = await self.redis.zrangebyscore(f"{self.k}:weights:versions", "-inf", f"({min(floor, latest)}")
+        if stale:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.delete(*[f"{self.k}:weights:{v}" for v in stale])
+                pipe.zrem(f"{self.k}:weights:versions", *stale)
+                await pipe.execute()
+        return cursors
+
+    async def cursors(self) -> dict[str, int]:
+        return {r: int(v) for r, v in (await self.redis.hgetall(f"{self.k}:cursors")).items()}
+
+    # ------------------------------------------------------------ sync groups
+
+    async def sync_group(self, req: SyncGroupRequest) -> SyncGroup:
+        """The group for the current live membership; the same group while membership is unchanged."""
+        nodes = {n.node_id: n for n in await self.nodes()}
+        source = nodes.get(req.source_node)
+        if source is None or not source.alive:
+            raise Missing(f"source node {req.source_node} is not a live registered node")
+        receivers = [n for n in nodes.values() if n.alive and n.role in req.receiver_roles
+                     and n.node_id != source.node_id and n.run_id == source.run_id]
+        members = [GroupMember(node_id=source.node_id, role=source.role, rank=0, ranks=1)]
+        next_rank = 1
+        for n in sorted(receivers, key=lambda n: (n.role, n.rank, n.node_id)):
+            width = max(1, int(n.parallel.get("tp", 1)))  # an engine joins as rank_offset + tp_rank
+            members.append(GroupMember(node_id=n.node_id, role=n.role, rank=next_rank, ranks=width))
+            next_rank += width
+        key = hashlib.sha256(json.dumps([req.master_address, req.master_port, req.backend,
+                                         [m.model_dump() for m in members]]).encode()).hexdigest()
+        current_key = f"{self.k}:group:{source.run_id}"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(current_key)
+                    current = await pipe.get(current_key)
+                    if current:
+                        stored = json.loads(current)
+                        if stored["key"] == key:
+                            return SyncGroup(**stored["group"])
+                    generation = int(await pipe.incr(f"{self.k}:group_generation"))
+                    group = SyncGroup(name=f"sluice-sync-{source.run_id}-{generation}", generation=generation,
+                                      master_address=req.master_address, master_port=req.master_port,
+                                      world_size=next_rank, backend=req.backend, members=members)
+                    pipe.multi()
+                    pipe.set(current_key, json.dumps({"key": key, "group": group.model_dump()}))
+                    pipe.publish(self.events_channel, "groups")
+                    await pipe.execute()
+                    return group
+                except aioredis.WatchError:
+                    continue
+
+    async def current_group(self, run_id: str) -> SyncGroup:
+        text = await self.redis.get(f"{self.k}:group:{run_id}")
+        if text is None:
+            raise Missing(f"run {run_id} has no sync group yet")
+        return SyncGroup(**json.loads(text)["group"])
+
+    async def report_sync(self, report: SyncReport) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(f"{self.k}:syncs", report.model_dump_json())
+            pipe.ltrim(f"{self.k}:syncs", 0, 999)
+            await pipe.execute()
+
+    async def sync_reports(self, limit: int) -> list[SyncReport]:
+        return [SyncReport.model_validate_json(t) for t in await self.redis.lrange(f"{self.k}:syncs", 0, limit - 1)]
+
+    # ------------------------------------------------------------ runs
+
+    async def create_run(self, config: RunConfig) -> Run:
+        run = Run(run_id=config.name, config=config, desired_state="running", pause_seq=0,
+                  created_at=await self.now())
+        if not await self.redis.hsetnx(f"{self.k}:runs", run.run_id, run.model_dump_json()):
+            raise Conflict(f"run {run.run_id} exists")
+        await self._notify("runs")
+        return run
+
+    async def run(self, run_id: str) -> Run:
+        text = await self.redis.hget(f"{self.k}:runs", run_id)
+        if text is None:
+            raise Missing(f"run {run_id} does not exist")
+        return Run.model_validate_json(text)
+
+    async def runs(self) -> list[Run]:
+        return [Run.model_validate_json(t) for _, t in sorted((await self.redis.hgetall(f"{self.k}:runs")).items())]
+
+    async def set_desired(self, run_id: str, desired: str) -> Run:
+        """Pause bumps pause_seq (a new request every service must acknowledge); resume clears it."""
+        key = f"{self.k}:runs"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    text = await pipe.hget(key, run_id)
+                    if text is None:
+                        raise Missing(f"run {run_id} does not exist")
+                    run = Run.model_validate_json(text)
+                    if run.desired_state != desired:
+                        run.desired_state = desired
+                        if desired == "paused":
+                            run.pause_seq += 1
+                    pipe.multi()
+                    pipe.hset(key, run_id, run.model_dump_json())
+                    pipe.publish(self.events_channel, "runs")
+                    await pipe.execute()
+                    return run
+                except aioredis.WatchError:
+                    continue
