@@ -30,7 +30,11 @@ SYNC_BYTES = Counter("sluice_dcs_sync_bytes_total", "bytes moved by reported wei
 SYNC_FAILURES = Counter("sluice_dcs_sync_failures_total", "weight syncs reported as failed")
 LATEST_VERSION = Gauge("sluice_dcs_latest_weight_version", "newest published weight version")
 
-Name = Path(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
+
+
+def _name():
+    """A path parameter holding a node id or run name (a fresh FieldInfo per use)."""
+    return Path(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
 
 
 def build_app(config: DCSConfig, state: RedisState, events: RedisEvents) -> FastAPI:
@@ -93,7 +97,7 @@ def build_app(config: DCSConfig, state: RedisState, events: RedisEvents) -> Fast
 
     @app.post("/v1/nodes/{node_id}/heartbeat", response_model=HeartbeatReply, tags=["nodes"],
               responses={404: {"model": Ok}})
-    async def heartbeat(hb: Heartbeat, node_id: str = Name):
+    async def heartbeat(hb: Heartbeat, node_id: str = _name()):
         node = await state.heartbeat(node_id, hb)
         try:
             run = await state.run(node.run_id)
@@ -103,11 +107,11 @@ def build_app(config: DCSConfig, state: RedisState, events: RedisEvents) -> Fast
         return HeartbeatReply(desired_state=desired, pause_seq=seq, lease_s=config.node_lease_s)
 
     @app.delete("/v1/nodes/{node_id}", response_model=Ok, tags=["nodes"])
-    async def unregister(node_id: str = Name):
+    async def unregister(node_id: str = _name()):
         return Ok(ok=await state.unregister(node_id))
 
     @app.get("/v1/nodes/{node_id}", response_model=NodeInfo, tags=["nodes"], responses={404: {"model": Ok}})
-    async def node(node_id: str = Name):
+    async def node(node_id: str = _name()):
         return await state.node(node_id)
 
     @app.get("/v1/topology", response_model=Topology, tags=["nodes"])
@@ -174,7 +178,7 @@ def build_app(config: DCSConfig, state: RedisState, events: RedisEvents) -> Fast
         return await state.sync_group(req)
 
     @app.get("/v1/sync-groups/{run_id}", response_model=SyncGroup, tags=["sync"], responses={404: {"model": Ok}})
-    async def current_group(run_id: str = Name):
+    async def current_group(run_id: str = _name()):
         return await state.current_group(run_id)
 
     @app.post("/v1/syncs", response_model=Ok, tags=["sync"])
@@ -204,20 +208,20 @@ def build_app(config: DCSConfig, state: RedisState, events: RedisEvents) -> Fast
         return await state.runs()
 
     @app.get("/v1/runs/{run_id}", response_model=Run, tags=["runs"], responses={404: {"model": Ok}})
-    async def run(run_id: str = Name):
+    async def run(run_id: str = _name()):
         return await state.run(run_id)
 
     @app.post("/v1/runs/{run_id}/pause", response_model=Run, tags=["runs"], responses={404: {"model": Ok}})
-    async def pause(run_id: str = Name):
+    async def pause(run_id: str = _name()):
         """Ask every service of the run to pause at its next safe point (they acknowledge by heartbeat)."""
         return await state.set_desired(run_id, "paused")
 
     @app.post("/v1/runs/{run_id}/resume", response_model=Run, tags=["runs"], responses={404: {"model": Ok}})
-    async def resume(run_id: str = Name):
+    async def resume(run_id: str = _name()):
         return await state.set_desired(run_id, "running")
 
     @app.get("/v1/runs/{run_id}/status", response_model=RunStatus, tags=["runs"], responses={404: {"model": Ok}})
-    async def status(run_id: str = Name):
+    async def status(run_id: str = _name()):
         run = await state.run(run_id)
         services = []
         for n in await state.nodes():

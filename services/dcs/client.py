@@ -84,6 +84,12 @@ class DCSClient:
         return Cursors.model_validate_json(
             self._call("PUT", f"/v1/weights/cursors/{role}", CursorUpdate(version=version)).content).cursors
 
+    def cursors(self) -> dict[str, int]:
+        return Cursors.model_validate_json(self._call("GET", "/v1/weights-cursors").content).cursors
+
+    def cursors_of(self, role: str) -> int:
+        return self.cursors().get(role, 0)
+
     # ------------------------------------------------------------ sync groups
 
     def sync_group(self, request: SyncGroupRequest) -> SyncGroup:

@@ -130,8 +130,9 @@ class RedisState:
         return PublishedWeights.model_validate_json(text)
 
     async def set_cursor(self, role: str, version: int) -> dict[str, int]:
-        """A receiver role says it has loaded `version`. Metadata older than every role's cursor (and
-        not the latest) is collected; a role can only move its own cursor, and only forward."""
+        """A receiver role says it has loaded `version` (0 at start declares the role). Metadata older
+        than every declared role's cursor (and never the latest) is collected, so no role can clear
+        what another still needs; a role moves only its own cursor, and only forward."""
         latest = await self.latest_version()
         if version > latest:
             raise Conflict(f"version {version} was never published (latest is {latest})")

@@ -1,0 +1,193 @@
+"""The DCS coordinator as a real process over a real Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from services.dcs.client import DCSClient, DCSError
+from services.dcs.local import LocalDCS
+from services.dcs.models import (
+    Heartbeat, NodeRegistration, RunConfig, SyncGroupRequest, SyncReport, WeightMetadata, WeightTensor,
+)
+
+
+@pytest.fixture(scope="module")
+def dcs(tmp_path_factory):
+    with LocalDCS(log_dir=str(tmp_path_factory.mktemp("dcs")), args=("--node-lease-s", "1.0")) as d:
+        yield d
+
+
+@pytest.fixture
+def client(dcs):
+    with DCSClient(dcs.url) as c:
+        yield c
+
+
+def _meta(version: int) -> WeightMetadata:
+    return WeightMetadata(version=version, bucket_bytes=[64], tensors=[
+        WeightTensor(name="model.embed_tokens.weight", dtype="float32", shape=[4, 4], bucket=0, offset=0, nbytes=64)])
+
+
+def _node(c: DCSClient, role: str, run_id: str, **kw):
+    return c.register(NodeRegistration(role=role, host="127.0.0.1", run_id=run_id, **kw))
+
+
+def test_nodes_heartbeat_and_die_after_their_lease(client, uniq):
+    run = uniq("run")
+    a = _node(client, "engine", run, rank=0, parallel={"tp": 2}, ports={"http": 30000})
+    b = _node(client, "actor_fwd", run)
+    roles = client.topology().roles
+    assert a.node_id in [n.node_id for n in roles["engine"]] and roles["engine"][0].parallel == {"tp": 2}
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # keep a alive, let b's lease lapse
+        client.heartbeat(a.node_id, Heartbeat(step=3, weight_version=2))
+        time.sleep(0.2)
+    nodes = {n.node_id: n for ns in client.topology().roles.values() for n in ns}
+    assert nodes[a.node_id].alive and nodes[a.node_id].step == 3
+    assert not nodes[b.node_id].alive
+    assert client.unregister(b.node_id) is True
+    with pytest.raises(DCSError) as err:
+        client.heartbeat(b.node_id, Heartbeat())
+    assert err.value.status == 404 and b.node_id in err.value.detail
+
+
+def test_weight_versions_are_monotonic_and_long_poll_wakes(client):
+    base = client.next_weights(0, 0)
+    start = base.version if base else 0
+    client.publish_weights(_meta(start + 1))
+    with pytest.raises(DCSError) as err:
+        client.publish_weights(_meta(start + 1))
+    assert err.value.status == 409
+    got = {}
+
+    def waiter():
+        with DCSClient(client._http.base_url) as c:
+            t0 = time.monotonic()
+            got["w"] = c.next_weights(start + 1, wait_s=20)
+            got["s"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.3)
+    client.publish_weights(_meta(start + 2))
+    thread.join(10)
+    assert got["w"].version == start + 2 and got["s"] < 5
+    assert client.next_weights(start + 2, wait_s=0.3) is None
+    assert client.latest_weights().version == start + 2
+
+
+def test_each_receiver_role_has_its_own_cursor(client):
+    latest = client.latest_weights().version if client.next_weights(0, 0) else 0
+    for v in range(latest + 1, latest + 4):
+        client.publish_weights(_meta(v))
+    top = latest + 3
+    client.set_cursor("reference", client.cursors_of("reference"))  # a role declares itself at start
+    client.set_cursor("engine", top)
+    assert client.weights(latest + 1).version == latest + 1  # reference has not consumed it: kept
+    cursors = client.set_cursor("reference", latest + 2)
+    assert cursors["engine"] == top and cursors["reference"] == latest + 2
+    with pytest.raises(DCSError) as err:
+        client.weights(latest + 1)  # now below every role's cursor: collected
+    assert err.value.status == 404
+    assert client.weights(latest + 2).version == latest + 2
+    with pytest.raises(DCSError) as err:
+        client.set_cursor("reference", latest + 1)  # a role cannot move backwards
+    assert err.value.status == 409
+    with pytest.raises(DCSError) as err:
+        client.set_cursor("engine", top + 10)
+    assert err.value.status == 409
+
+
+def test_sync_group_reused_until_membership_changes(client, uniq):
+    run = uniq("run")
+    trainer = _node(client, "trainer", run, master_port=29500)
+    e1 = _node(client, "engine", run, parallel={"tp": 2})
+    e2 = _node(client, "engine", run, rank=1)
+    req = SyncGroupRequest(source_node=trainer.node_id, master_address="127.0.0.1", master_port=29500)
+    g1 = client.sync_group(req)
+    assert g1.world_size == 4 and [m.rank for m in g1.members] == [0, 1, 3]
+    assert client.sync_group(req) == g1
+    assert client.current_group(run) == g1
+    client.unregister(e2.node_id)  # membership change -> a new group
+    g2 = client.sync_group(req)
+    assert g2.generation > g1.generation and g2.name != g1.name and g2.world_size == 3
+    assert [m.node_id for m in g2.members] == [trainer.node_id, e1.node_id]
+    client.report_sync(SyncReport(version=1, group=g2.name, node_id=trainer.node_id, ok=True,
+                                  seconds={"broadcast": 0.1, "total": 0.2}, bytes=1000))
+    assert client.sync_reports(1)[0].group == g2.name
+
+
+def test_pause_resume_round_trip_with_acks(client, uniq):
+    run_id = uniq("run")
+    client.create_run(RunConfig(name=run_id, model="/models/tiny", max_staleness=1))
+    with pytest.raises(DCSError) as err:
+        client.create_run(RunConfig(name=run_id, model="/models/tiny"))
+    assert err.value.status == 409
+    nodes = [_node(client, role, run_id) for role in ("trainer", "rollout")]
+    for n in nodes:
+        assert client.heartbeat(n.node_id, Heartbeat(step=5)).desired_state == "running"
+    run = client.pause(run_id)
+    assert run.desired_state == "paused" and run.pause_seq == 1
+    reply = client.heartbeat(nodes[0].node_id, Heartbeat(step=5, paused_seq=reply_seq(client, nodes[0])))
+    assert reply.desired_state == "paused"
+    status = {s.node_id: s for s in client.status(run_id).services}
+    assert status[nodes[0].node_id].state == "paused" and status[nodes[0].node_id].pause_acknowledged
+    assert status[nodes[1].node_id].state == "pausing" and not status[nodes[1].node_id].pause_acknowledged
+    client.heartbeat(nodes[1].node_id, Heartbeat(step=6, weight_version=3, paused_seq=1))
+    status = {s.node_id: s for s in client.status(run_id).services}
+    assert all(s.state == "paused" for s in status.values())
+    assert status[nodes[1].node_id].weight_version == 3
+    assert client.resume(run_id).desired_state == "running"
+    assert all(s.state == "running" for s in client.status(run_id).services)
+    assert client.pause(run_id).pause_seq == 2  # a new pause needs new acks
+    assert all(s.state == "pausing" for s in client.status(run_id).services)
+
+
+def reply_seq(client, node) -> int:
+    return client.heartbeat(node.node_id, Heartbeat()).pause_seq
+
+
+def test_bad_input_is_4xx_and_changes_nothing(dcs, client):
+    before = client.topology()
+    with httpx.Client(base_url=dcs.url) as http:
+        assert http.post("/v1/nodes", json={"role": "Bad Role!", "host": "h"}).status_code == 422
+        assert http.post("/v1/nodes", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
+        r = http.post("/v1/runs", json={"name": "x", "model": "/m", "mode": "colocate", "max_staleness": 2})
+        assert r.status_code == 422 and "colocate" in r.text
+        bad = _meta(10**6).model_dump()
+        bad["tensors"][0]["nbytes"] = 10**9
+        assert http.post("/v1/weights", json=bad).status_code == 422
+        assert http.get("/v1/runs/nope/status").status_code == 404
+    assert client.topology() == before
+
+
+def test_coordinator_restart_loses_nothing(tmp_path):
+    with LocalDCS(log_dir=str(tmp_path)) as d, DCSClient(d.url) as c:
+        node = _node(c, "trainer", "r")
+        c.create_run(RunConfig(name="r", model="/m"))
+        c.publish_weights(_meta(7))
+        c.pause("r")
+        d.proc.kill()
+        d.start()
+        assert c.latest_weights().version == 7
+        assert c.run("r").desired_state == "paused"
+        assert c.heartbeat(node.node_id, Heartbeat(paused_seq=1)).pause_seq == 1
+        assert [s.state for s in c.status("r").services] == ["paused"]
+
+
+def test_token_required_on_every_endpoint_but_health(tmp_path):
+    with LocalDCS(log_dir=str(tmp_path), token="s3cret") as d:
+        with httpx.Client(base_url=d.url) as http:
+            for path in ("/openapi.json", "/docs", "/metrics", "/v1/topology", "/v1/weights/latest", "/v1/runs"):
+                assert http.get(path).status_code == 401, path
+            assert http.post("/v1/nodes", json={"role": "trainer", "host": "h"}).status_code == 401
+            assert http.get("/healthz").status_code == 200 and http.get("/readyz").status_code == 200
+            assert http.get("/v1/topology", headers={"authorization": "Bearer wrong"}).status_code == 401
+        with DCSClient(d.url, token="s3cret") as c:
+            assert c.topology().roles == {}
+        assert d.proc.stop() == 0  # SIGTERM: clean exit
+        assert '"msg": "dcs stopped"' in d.proc.log_tail()
