@@ -75,6 +75,7 @@ class WeightMetadata(Strict):
     tensors: list[WeightTensor] = Field(min_length=1)
     bucket_bytes: list[int] = Field(min_length=1, description="size of each flat bucket, in order")
     publisher: str | None = None
+    sync_group: "SyncGroup | None" = Field(None, description="the group this version is broadcast in")
 
     @model_validator(mode="after")
     def _layout_fits(self) -> "WeightMetadata":
@@ -109,6 +110,7 @@ class SyncGroupRequest(Strict):
     master_port: int = Field(ge=1, le=65535)
     receiver_roles: list[str] = Field(default_factory=lambda: ["engine", "actor_fwd", "reference"])
     backend: Literal["gloo", "nccl"] = "gloo"
+    new_group: bool = Field(False, description="a new group even if membership is unchanged (the last sync failed)")
 
 
 class GroupMember(Strict):
@@ -193,3 +195,7 @@ class RunStatus(Strict):
 class Ok(Strict):
     ok: bool = True
     message: str = ""
+
+
+WeightMetadata.model_rebuild()
+PublishedWeights.model_rebuild()

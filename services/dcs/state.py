@@ -170,7 +170,8 @@ class RedisState:
             width = max(1, int(n.parallel.get("tp", 1)))  # an engine joins as rank_offset + tp_rank
             members.append(GroupMember(node_id=n.node_id, role=n.role, rank=next_rank, ranks=width))
             next_rank += width
-        key = hashlib.sha256(json.dumps([req.master_address, req.master_port, req.backend,
+        # the port is not part of the identity: a reused group keeps the port it was created with
+        key = hashlib.sha256(json.dumps([req.master_address, req.backend,
                                          [m.model_dump() for m in members]]).encode()).hexdigest()
         current_key = f"{self.k}:group:{source.run_id}"
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -178,7 +179,7 @@ class RedisState:
                 try:
                     await pipe.watch(current_key)
                     current = await pipe.get(current_key)
-                    if current:
+                    if current and not req.new_group:
                         stored = json.loads(current)
                         if stored["key"] == key:
                             return SyncGroup(**stored["group"])

@@ -1,0 +1,59 @@
+"""Flat buckets of named tensors: how weights travel in a sync.
+
+Tensors are laid out in order into uint8 buckets of at most `bucket_bytes` (a tensor larger than that
+gets a bucket of its own), each at an 8-byte-aligned offset. Receivers allocate the same buckets from
+the published metadata and view the tensors out of them without copying."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from services.dcs.models import WeightTensor
+
+_ALIGN = 8
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+                torch.float64: "float64", torch.int64: "int64", torch.int32: "int32", torch.int16: "int16",
+                torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool"}
+TORCH_DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
+
+
+def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int) -> tuple[list[WeightTensor], list[int]]:
+    entries: list[WeightTensor] = []
+    sizes: list[int] = []
+    used = 0
+    for name, tensor in named:
+        if tensor.dtype not in _DTYPE_NAMES:
+            raise ValueError(f"{name}: dtype {tensor.dtype} cannot be synced")
+        nbytes = tensor.numel() * tensor.element_size()
+        start = -(-used // _ALIGN) * _ALIGN
+        if not sizes or (start + nbytes > bucket_bytes and used > 0):
+            sizes.append(0)
+            start = 0
+        entries.append(WeightTensor(name=name, dtype=_DTYPE_NAMES[tensor.dtype], shape=list(tensor.shape),
+                                    bucket=len(sizes) - 1, offset=start, nbytes=nbytes))
+        used = start + nbytes
+        sizes[-1] = used
+    return entries, sizes
+
+
+def pack(bucket: int, entries: Sequence[WeightTensor], size: int, tensors: dict[str, torch.Tensor],
+         device: torch.device | str = "cpu") -> torch.Tensor:
+    """One flat uint8 bucket holding copies of its tensors."""
+    flat = torch.empty(size, dtype=torch.uint8, device=device)
+    for e in entries:
+        if e.bucket == bucket and e.nbytes:
+            src = tensors[e.name].detach().contiguous().reshape(-1).view(torch.uint8)
+            flat[e.offset:e.offset + e.nbytes].copy_(src)
+    return flat
+
+
+def unpack(bucket: int, entries: Sequence[WeightTensor], flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Views of the bucket's tensors (no copy)."""
+    out = {}
+    for e in entries:
+        if e.bucket == bucket:
+            dtype = TORCH_DTYPES[e.dtype]
+            out[e.name] = flat[e.offset:e.offset + e.nbytes].view(dtype).reshape(e.shape)
+    return out

@@ -1,0 +1,106 @@
+"""A receiver's side of a weight sync (actor_fwd, reference, the built-in engine's loader).
+
+Receive version V into fresh buffers and hand back the complete set of tensors only when every
+bucket arrived: the caller swaps them into its model afterwards, so a failed sync leaves the old
+weights serving. Groups are reused while DCS keeps the same group; a failure drops the group."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import torch
+
+from services.dcs.client import DCSClient
+from services.dcs.models import PublishedWeights, SyncReport
+from services.dcs.sync.groups import BroadcastGroup
+from services.dcs.sync.layout import unpack
+
+log = logging.getLogger(__name__)
+
+
+class NotInGroup(RuntimeError):
+    """This node is not a member of the version's sync group (it joined later): wait for the next."""
+
+
+class WeightReceiver:
+    def __init__(self, dcs: DCSClient, node_id: str, role: str, timeout_s: float = 60.0, device: str = "cpu"):
+        self.dcs = dcs
+        self.node_id = node_id
+        self.role = role
+        self.timeout_s = timeout_s
+        self.device = device
+        self._group: BroadcastGroup | None = None
+        self.version = 0
+
+    def close(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+
+    def declare(self) -> None:
+        """Tell DCS this role consumes weights (its cursor holds metadata until it has read it)."""
+        self.dcs.set_cursor(self.role, self.dcs.cursors().get(self.role, 0))
+
+    def next(self, wait_s: float) -> PublishedWeights | None:
+        return self.dcs.next_weights(self.version, wait_s)
+
+    def receive(self, published: PublishedWeights,
+                on_bucket: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
+        """All tensors of `published`, or an exception (and nothing changed)."""
+        spec = published.sync_group
+        me = next((m for m in (spec.members if spec else []) if m.node_id == self.node_id), None)
+        if me is None:
+            raise NotInGroup(f"node {self.node_id} is not in the sync group of version {published.version}")
+        t0 = time.perf_counter()
+        seconds: dict[str, float] = {}
+        try:
+            if self._group is None or self._group.name != spec.name:
+                self.close()
+                self._group = BroadcastGroup.open(spec.name, spec.backend, spec.master_address, spec.master_port,
+                                                  me.rank, spec.world_size, self.timeout_s)
+            seconds["metadata"] = time.perf_counter() - t0
+            tensors: dict[str, torch.Tensor] = {}
+            start = time.perf_counter()
+            for k, size in enumerate(published.bucket_bytes):
+                flat = torch.empty(size, dtype=torch.uint8, device=self.device)
+                self._group.broadcast(flat, 0)
+                tensors.update(unpack(k, published.tensors, flat))
+                if on_bucket:
+                    on_bucket(k)
+            seconds["broadcast"] = time.perf_counter() - start
+        except Exception as exc:
+            self.close()
+            seconds["total"] = time.perf_counter() - t0
+            self._report(published, False, f"{type(exc).__name__}: {exc}", seconds)
+            raise
+        self.version = published.version
+        seconds["total"] = time.perf_counter() - t0
+        self._report(published, True, None, seconds)
+        return tensors
+
+    def loaded(self, version: int, load_seconds: float = 0.0) -> None:
+        """After the caller swapped the tensors in: advance this role's cursor."""
+        self.dcs.set_cursor(self.role, version)
+
+    def _report(self, published: PublishedWeights, ok: bool, error: str | None, seconds: dict) -> None:
+        try:
+            self.dcs.report_sync(SyncReport(version=published.version, group=published.sync_group.name,
+                                            node_id=self.node_id, ok=ok, error=error, seconds=seconds,
+                                            bytes=sum(published.bucket_bytes)))
+        except Exception as exc:
+            log.warning("could not report sync", extra={"error": str(exc)})
+
+
+def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Swap received tensors into a model: every name must exist with the same shape and dtype,
+    checked before anything is copied, so a mismatch changes nothing."""
+    params = dict(model.named_parameters()) | dict(model.named_buffers())
+    for name, t in tensors.items():
+        p = params.get(name)
+        if p is None or p.shape != t.shape or p.dtype != t.dtype:
+            raise ValueError(f"received {name} {tuple(t.shape)} {t.dtype} does not match the model")
+    with torch.no_grad():
+        for name, t in tensors.items():
+            params[name].copy_(t)

@@ -1,0 +1,130 @@
+"""A trainer or a receiver of weight syncs, as its own process, for the sync tests.
+
+    python -m tests.dcs.sync_worker trainer --dcs URL --run-id R --versions 3 --receivers 2 --out F
+    python -m tests.dcs.sync_worker receiver --dcs URL --run-id R --until 3 --out F [--die-at V:K]
+
+Each writes JSON lines to --out: what it published or received, with a SHA-256 of every tensor's
+bytes (bit-identity is checked by comparing digests)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
+
+import torch
+
+from services.dcs.client import DCSClient
+from services.dcs.models import Heartbeat, NodeRegistration
+from services.dcs.sync.publisher import SyncFailed, WeightPublisher
+from services.dcs.sync.receiver import NotInGroup, WeightReceiver
+
+torch.set_num_threads(1)
+SHAPES = {"model.embed_tokens.weight": (256, 64), "model.layers.0.self_attn.q_proj.weight": (64, 64),
+          "model.layers.0.mlp.up_proj.weight": (128, 64), "model.layers.0.input_layernorm.weight": (64,),
+          "lm_head.weight": (256, 64)}
+
+
+def weights(version: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(version)
+    return {name: torch.randn(shape, generator=g).to(dtype) for name, shape in SHAPES.items()}
+
+
+def digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def heartbeats(dcs_url: str, node_id: str, state: dict) -> None:
+    with DCSClient(dcs_url) as dcs:
+        while True:
+            try:
+                dcs.heartbeat(node_id, Heartbeat(weight_version=state.get("version", 0)))
+            except Exception:
+                pass
+            time.sleep(0.2)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("role", choices=["trainer", "receiver"])
+    p.add_argument("--dcs", required=True)
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--versions", type=int, default=2)
+    p.add_argument("--receivers", type=int, default=2)
+    p.add_argument("--until", type=int, default=2)
+    p.add_argument("--die-at", default="", help="V:K -> SIGKILL itself after bucket K of version V")
+    p.add_argument("--timeout-s", type=float, default=3.0)
+    p.add_argument("--bucket-bytes", type=int, default=40_000)
+    p.add_argument("--retry-after-s", type=float, default=2.0)
+    args = p.parse_args()
+    dtype = getattr(torch, args.dtype)
+    out = open(args.out, "a", buffering=1)
+    dcs = DCSClient(args.dcs)
+    role = "trainer" if args.role == "trainer" else "engine"
+    node = dcs.register(NodeRegistration(role=role, host="127.0.0.1", run_id=args.run_id))
+    state = {"version": 0}
+    threading.Thread(target=heartbeats, args=(args.dcs, node.node_id, state), daemon=True).start()
+
+    if args.role == "trainer":
+        while sum(n.alive for n in dcs.topology().roles.get("engine", []) if n.run_id == args.run_id) < args.receivers:
+            time.sleep(0.05)
+        publisher = WeightPublisher(dcs, node.node_id, "127.0.0.1", bucket_bytes=args.bucket_bytes,
+                                    timeout_s=args.timeout_s, receiver_roles=["engine"])
+        for version in range(1, args.versions + 1):
+            tensors = weights(version, dtype)
+            try:
+                res = publisher.publish(tensors.items(), version)
+                out.write(json.dumps({"event": "published", "version": version, "digest": digest(tensors),
+                                      "world_size": res.world_size, "seconds": res.seconds}) + "\n")
+            except SyncFailed as exc:
+                out.write(json.dumps({"event": "failed", "version": version, "error": exc.result.error,
+                                      "seconds": exc.result.seconds}) + "\n")
+                time.sleep(args.retry_after_s)  # let the dead member's lease lapse
+            time.sleep(0.3)  # receivers see each version
+        publisher.close()
+        return
+
+    die_version, die_bucket = (int(x) for x in args.die_at.split(":")) if args.die_at else (-1, -1)
+    receiver = WeightReceiver(dcs, node.node_id, "engine", timeout_s=args.timeout_s)
+    receiver.declare()
+    current = weights(0, dtype)  # the weights "serving" before any sync
+    out.write(json.dumps({"event": "ready", "digest": digest(current)}) + "\n")
+    while receiver.version < args.until:
+        published = receiver.next(wait_s=5)
+        if published is None:
+            continue
+
+        def maybe_die(k: int, version=published.version):
+            if version == die_version and k == die_bucket:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        try:
+            tensors = receiver.receive(published, on_bucket=maybe_die)
+        except NotInGroup:
+            receiver.version = published.version
+            continue
+        except Exception as exc:
+            out.write(json.dumps({"event": "failed", "version": published.version, "error": str(exc),
+                                  "serving": digest(current)}) + "\n")
+            receiver.version = published.version  # that version is gone; wait for the next
+            continue
+        current = {k: v.clone() for k, v in tensors.items()}  # the swap: only after every bucket arrived
+        state["version"] = published.version
+        receiver.loaded(published.version)
+        dcs.heartbeat(node.node_id, Heartbeat(weight_version=published.version))  # report it at once
+        out.write(json.dumps({"event": "received", "version": published.version, "digest": digest(current)}) + "\n")
+    receiver.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Weight sync end to end: DCS, a trainer and receivers, each its own process, over real gloo groups."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from services.dcs.client import DCSClient
+from services.dcs.local import LocalDCS
+from services.runtime.processes import ChildProcess
+
+
+def _events(path) -> list[dict]:
+    return [json.loads(line) for line in open(path)] if path.exists() else []
+
+
+def _worker(tmp_path, name, *args) -> ChildProcess:
+    return ChildProcess(name, [sys.executable, "-m", "tests.dcs.sync_worker", *args],
+                        str(tmp_path / f"{name}.log"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_trainer_and_two_receivers_get_bit_identical_tensors(tmp_path, dtype):
+    with LocalDCS(log_dir=str(tmp_path)) as dcs:
+        common = ["--dcs", dcs.url, "--run-id", "r", "--dtype", dtype]
+        receivers = [_worker(tmp_path, f"recv{i}", "receiver", *common, "--until", "2",
+                             "--out", str(tmp_path / f"recv{i}.jsonl")) for i in range(2)]
+        trainer = _worker(tmp_path, "trainer", "trainer", *common, "--versions", "2",
+                          "--out", str(tmp_path / "trainer.jsonl"))
+        assert trainer.proc.wait(120) == 0, trainer.log_tail()
+        for r in receivers:
+            assert r.proc.wait(60) == 0, r.log_tail()
+        published = {e["version"]: e for e in _events(tmp_path / "trainer.jsonl") if e["event"] == "published"}
+        assert sorted(published) == [1, 2] and published[1]["world_size"] == 3
+        assert set(published[1]["seconds"]) >= {"metadata", "pack", "broadcast", "total"}
+        for i in range(2):
+            got = {e["version"]: e["digest"] for e in _events(tmp_path / f"recv{i}.jsonl") if e["event"] == "received"}
+            assert got == {v: published[v]["digest"] for v in (1, 2)}
+        with DCSClient(dcs.url) as c:
+            assert c.latest_weights().version == 2
+            engines = c.topology().roles["engine"]
+            assert all(n.weight_version == 2 for n in engines)  # versions visible in status
+            reports = c.sync_reports(20)
+            assert any(r.ok and r.bytes > 0 and "broadcast" in r.seconds for r in reports)
+
+
+def test_receiver_killed_mid_sync_fails_it_on_time_and_the_next_sync_succeeds(tmp_path):
+    with LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "1.0")) as dcs:
+        common = ["--dcs", dcs.url, "--run-id", "k", "--timeout-s", "3"]
+        survivor = _worker(tmp_path, "survivor", "receiver", *common, "--until", "3",
+                           "--out", str(tmp_path / "survivor.jsonl"))
+        doomed = _worker(tmp_path, "doomed", "receiver", *common, "--until", "3", "--die-at", "2:1",
+                         "--out", str(tmp_path / "doomed.jsonl"))
+        trainer = _worker(tmp_path, "trainer", "trainer", *common, "--versions", "3", "--retry-after-s", "2",
+                          "--out", str(tmp_path / "trainer.jsonl"))
+        assert trainer.proc.wait(120) == 0, trainer.log_tail()
+        assert survivor.proc.wait(60) == 0, survivor.log_tail()
+        assert doomed.proc.wait(10) == -9  # it really died mid-sync
+        events = {e["version"]: e for e in _events(tmp_path / "trainer.jsonl")}
+        assert events[1]["event"] == "published" and events[1]["world_size"] == 3
+        assert events[2]["event"] == "failed"
+        assert events[2]["seconds"]["total"] < 3 + 2.0  # within the deadline (plus slack for start-up)
+        assert events[3]["event"] == "published" and events[3]["world_size"] == 2  # the dead member dropped
+        seen = _events(tmp_path / "survivor.jsonl")
+        received = {e["version"]: e["digest"] for e in seen if e["event"] == "received"}
+        assert received == {1: events[1]["digest"], 3: events[3]["digest"]}
+        failed = [e for e in seen if e["event"] == "failed"]
+        assert [e["version"] for e in failed] == [2]
+        assert failed[0]["serving"] == events[1]["digest"]  # the old weights kept serving
