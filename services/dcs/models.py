@@ -76,6 +76,8 @@ class WeightMetadata(Strict):
     bucket_bytes: list[int] = Field(min_length=1, description="size of each flat bucket, in order")
     publisher: str | None = None
     sync_group: "SyncGroup | None" = Field(None, description="the group this version is broadcast in")
+    transfer: Literal["flat_buckets", "per_tensor"] = Field(
+        "flat_buckets", description="one broadcast per bucket, or one per tensor in list order (SGLang engines)")
 
     @model_validator(mode="after")
     def _layout_fits(self) -> "WeightMetadata":

@@ -40,8 +40,8 @@ def test_trainer_and_two_receivers_get_bit_identical_tensors(tmp_path, dtype):
             assert got == {v: published[v]["digest"] for v in (1, 2)}
         with DCSClient(dcs.url) as c:
             assert c.latest_weights().version == 2
-            engines = c.topology().roles["engine"]
-            assert all(n.weight_version == 2 for n in engines)  # versions visible in status
+            receivers_seen = c.topology().roles["actor_fwd"]
+            assert all(n.weight_version == 2 for n in receivers_seen)  # versions visible in status
             reports = c.sync_reports(20)
             assert any(r.ok and r.bytes > 0 and "broadcast" in r.seconds for r in reports)
 

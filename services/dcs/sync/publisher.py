@@ -4,6 +4,12 @@
                publish the metadata (with the group) so receivers start joining
     pack     : copy tensors into flat bucket k+1 on a worker thread ...
     broadcast: ... while bucket k is broadcast (rank 0 is the only source)
+
+Rollout engines in the group are driven through the SGLang protocol (SGLANG_PROTOCOL.md): pause,
+init the update group once per group, per bucket an /update_weights_from_distributed call naming the
+bucket's tensors while the same tensors are broadcast one by one in the same order, and
+/continue_generation always, in a finally. With engines present the whole group uses that per-tensor
+transfer; without them one broadcast per flat bucket.
 Every phase has a deadline; a failure closes the group (the next sync asks for a new one, without
 members that died) and is reported to DCS. The result carries per-phase seconds and bytes."""
 
@@ -22,6 +28,7 @@ from services.dcs.client import DCSClient
 from services.dcs.models import SyncGroupRequest, SyncReport, WeightMetadata
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import pack, plan_buckets
+from services.rollout.sglang_client import PauseMode, SGLangClient
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +59,7 @@ def _free_port(host: str) -> int:
 class WeightPublisher:
     def __init__(self, dcs: DCSClient, node_id: str, master_address: str, bucket_bytes: int = 64 << 20,
                  timeout_s: float = 60.0, receiver_roles: Iterable[str] = ("engine", "actor_fwd", "reference"),
-                 backend: str = "gloo"):
+                 backend: str = "gloo", engine_role: str = "engine", pause_mode: PauseMode = "abort"):
         self.dcs = dcs
         self.node_id = node_id
         self.master_address = master_address
@@ -60,15 +67,36 @@ class WeightPublisher:
         self.timeout_s = timeout_s
         self.receiver_roles = list(receiver_roles)
         self.backend = backend
+        self.engine_role = engine_role
+        self.pause_mode = pause_mode
+        self._engines: dict[str, SGLangClient] = {}  # node id -> client, for the current group
         self._group: BroadcastGroup | None = None
+        self._current_engines: list = []
         self._failed = False
         self._packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-pack")
+        self._http = ThreadPoolExecutor(max_workers=16, thread_name_prefix="engine-http")
 
     def close(self) -> None:
-        if self._group is not None:
-            self._group.close()
-            self._group = None
+        self._drop_group()
         self._packer.shutdown(wait=False)
+        self._http.shutdown(wait=False)
+
+    def _drop_group(self) -> None:
+        if self._group is not None:
+            self._group.close()  # a group that saw a failure is not reused
+            self._group = None
+        for engine in self._engines.values():
+            engine.close()
+        self._engines = {}
+
+    def _engine_members(self, spec) -> list:
+        return [m for m in spec.members if m.role == self.engine_role]
+
+    def _each_engine(self, call) -> None:
+        """Run call(member, client) for every engine concurrently; raise the first failure."""
+        futures = [self._http.submit(call, m, self._engines[m.node_id]) for m in self._current_engines]
+        for f in futures:
+            f.result()
 
     def publish(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncResult:
         named = list(named)
@@ -82,22 +110,31 @@ class WeightPublisher:
                 master_port=_free_port(self.master_address),  # used only if DCS makes a new group
                 receiver_roles=self.receiver_roles, backend=self.backend, new_group=self._failed))
             result.group, result.world_size = group_spec.name, group_spec.world_size
+            self._current_engines = self._engine_members(group_spec)
+            transfer = "per_tensor" if self._current_engines else "flat_buckets"
             self.dcs.publish_weights(WeightMetadata(version=version, tensors=entries, bucket_bytes=sizes,
-                                                    publisher=self.node_id, sync_group=group_spec))
+                                                    publisher=self.node_id, sync_group=group_spec,
+                                                    transfer=transfer))
             result.seconds["metadata"] = time.perf_counter() - t0
-            if self._group is None or self._group.name != group_spec.name:
-                if self._group is not None:
-                    self._group.close()
-                self._group = BroadcastGroup.open(group_spec.name, self.backend, group_spec.master_address,
-                                                  group_spec.master_port, 0, group_spec.world_size, self.timeout_s)
-            self._failed = False
-            self._broadcast(entries, sizes, dict(named), result)
+            paused = False
+            try:
+                if self._current_engines:
+                    self._connect_engines(group_spec)
+                    self._each_engine(lambda m, e: e.pause(self.pause_mode))
+                    paused = True
+                if self._group is None or self._group.name != group_spec.name:
+                    self._open_group(group_spec)
+                self._each_engine(lambda m, e: e.begin_weight_update())
+                self._failed = False
+                self._broadcast(entries, sizes, dict(named), result, transfer, str(version))
+                self._each_engine(lambda m, e: e.end_weight_update())
+            finally:
+                if paused:  # always resume generation, whatever happened
+                    self._each_engine(lambda m, e: e.continue_generation())
             result.ok = True
         except Exception as exc:
             self._failed = True
-            if self._group is not None:
-                self._group.close()  # a group that saw a failure is not reused
-                self._group = None
+            self._drop_group()
             result.error = f"{type(exc).__name__}: {exc}"
         result.seconds["total"] = time.perf_counter() - t0
         self._report(result)
@@ -105,7 +142,30 @@ class WeightPublisher:
             raise SyncFailed(result)
         return result
 
-    def _broadcast(self, entries, sizes, tensors, result: SyncResult) -> None:
+    def _connect_engines(self, spec) -> None:
+        nodes = {n.node_id: n for ns in self.dcs.topology().roles.values() for n in ns}
+        for m in self._current_engines:
+            if m.node_id not in self._engines:
+                node = nodes[m.node_id]
+                port = node.ports.get("http")
+                if port is None:
+                    raise RuntimeError(f"engine node {m.node_id} registered no 'http' port")
+                self._engines[m.node_id] = SGLangClient(f"http://{node.host}:{port}", timeout_s=self.timeout_s)
+
+    def _open_group(self, spec) -> None:
+        """Engines join through /init_weights_update_group, which blocks until everyone joined, so
+        their calls run while this process joins as rank 0."""
+        if self._group is not None:
+            self._group.close()
+        joins = [self._http.submit(self._engines[m.node_id].init_weights_update_group, spec.master_address,
+                                   spec.master_port, m.rank, spec.world_size, spec.name, spec.backend,
+                                   self.timeout_s) for m in self._current_engines]
+        self._group = BroadcastGroup.open(spec.name, self.backend, spec.master_address, spec.master_port, 0,
+                                          spec.world_size, self.timeout_s)
+        for join in joins:
+            join.result(timeout=self.timeout_s)
+
+    def _broadcast(self, entries, sizes, tensors, result: SyncResult, transfer: str, version: str) -> None:
         pack_s = 0.0
 
         def timed_pack(k: int):
@@ -121,7 +181,20 @@ class WeightPublisher:
             if k + 1 < len(sizes):
                 pending = self._packer.submit(timed_pack, k + 1)  # overlaps the broadcast below
             start = time.perf_counter()
-            self._group.broadcast(flat, 0)
+            if transfer == "flat_buckets":
+                self._group.broadcast(flat, 0)
+            else:
+                bucket = [e for e in entries if e.bucket == k]
+                # the engines' HTTP calls return only after loading: send them first, then broadcast
+                calls = [self._http.submit(self._engines[m.node_id].update_weights_from_distributed,
+                                           [e.name for e in bucket], [e.dtype for e in bucket],
+                                           [e.shape for e in bucket], self._group.name, version,
+                                           self.pause_mode != "in_place", self.timeout_s)
+                         for m in self._current_engines]
+                for e in bucket:
+                    self._group.broadcast(flat[e.offset:e.offset + e.nbytes], 0)
+                for call in calls:
+                    call.result(timeout=self.timeout_s)
             broadcast_s += time.perf_counter() - start
         result.seconds["pack"] = pack_s
         result.seconds["broadcast"] = broadcast_s

@@ -65,7 +65,12 @@ class WeightReceiver:
             start = time.perf_counter()
             for k, size in enumerate(published.bucket_bytes):
                 flat = torch.empty(size, dtype=torch.uint8, device=self.device)
-                self._group.broadcast(flat, 0)
+                if published.transfer == "flat_buckets":
+                    self._group.broadcast(flat, 0)
+                else:  # one broadcast per tensor, in list order, straight into its place in the bucket
+                    for e in published.tensors:
+                        if e.bucket == k:
+                            self._group.broadcast(flat[e.offset:e.offset + e.nbytes], 0)
                 tensors.update(unpack(k, published.tensors, flat))
                 if on_bucket:
                     on_bucket(k)

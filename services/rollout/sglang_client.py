@@ -1,0 +1,149 @@
+"""SGLangClient: the only code that knows the SGLang HTTP protocol (../shared/SGLANG_PROTOCOL.md).
+
+One class drives a real SGLang server and Sluice's built-in engine alike. It copes with the release
+differences that matter here:
+  * 0.5.5  /pause_generation takes no body (and always aborts); versions from /get_weight_version
+  * 0.5.6+ /pause_generation {"mode": ...}; /weight_version
+  * 0.5.23 weight updates sit between /begin_weight_update and /end_weight_update; the version is
+           read from /model_info
+Differences are discovered by asking (404 / 4xx on the newer form), once, and remembered."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal, Sequence
+
+import httpx
+
+PauseMode = Literal["abort", "in_place", "retract"]
+
+
+class SGLangError(RuntimeError):
+    def __init__(self, endpoint: str, status: int, message: str):
+        super().__init__(f"{endpoint}: HTTP {status}: {message}")
+        self.endpoint = endpoint
+        self.status = status
+        self.message = message
+
+
+class SGLangClient:
+    def __init__(self, base_url: str, timeout_s: float = 60.0, api_key: str | None = None):
+        self.base_url = base_url.rstrip("/")
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        self._pause_takes_mode: bool | None = None
+        self._needs_begin_end: bool | None = None
+        self._version_endpoint: str | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _post(self, endpoint: str, body: dict | None = None, timeout: float | None = None) -> httpx.Response:
+        kwargs = {"json": body} if body is not None else {}
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        return self._http.post(endpoint, **kwargs)
+
+    @staticmethod
+    def _check(endpoint: str, response: httpx.Response) -> dict:
+        try:
+            data = response.json() if response.content else {}
+        except ValueError:
+            data = {"message": response.text}
+        if response.status_code >= 400 or (isinstance(data, dict) and data.get("success") is False):
+            message = data.get("message") if isinstance(data, dict) else None
+            if message is None and isinstance(data, dict) and isinstance(data.get("error"), dict):
+                message = data["error"].get("message")
+            raise SGLangError(endpoint, response.status_code, message or response.text[:500])
+        return data if isinstance(data, dict) else {"data": data}
+
+    # ------------------------------------------------------------ liveness and versions
+
+    def health(self) -> bool:
+        """Alive (a paused SGLang answers 503 on /health after 20 s: still alive, so only connection
+        failures count as dead)."""
+        try:
+            return self._http.get("/health", timeout=5).status_code in (200, 503)
+        except httpx.HTTPError:
+            return False
+
+    def weight_version(self) -> str:
+        if self._version_endpoint is None:
+            for endpoint in ("/weight_version", "/get_weight_version", "/model_info"):
+                response = self._http.get(endpoint)
+                if response.status_code == 200 and "weight_version" in response.json():
+                    self._version_endpoint = endpoint
+                    return str(response.json()["weight_version"])
+            raise SGLangError("weight_version", 404, "no endpoint reports weight_version")
+        return str(self._check(self._version_endpoint, self._http.get(self._version_endpoint))["weight_version"])
+
+    def model_info(self) -> dict:
+        for endpoint in ("/model_info", "/get_model_info"):
+            response = self._http.get(endpoint)
+            if response.status_code == 200:
+                return response.json()
+        raise SGLangError("model_info", 404, "no model_info endpoint")
+
+    # ------------------------------------------------------------ generation control
+
+    def pause(self, mode: PauseMode = "abort") -> None:
+        if self._pause_takes_mode is not False:
+            response = self._post("/pause_generation", {"mode": mode})
+            if response.status_code < 400:
+                self._pause_takes_mode = True
+                return
+            if self._pause_takes_mode is True or response.status_code not in (400, 404, 405, 422):
+                self._check("/pause_generation", response)
+            self._pause_takes_mode = False  # 0.5.5: no body, always aborts
+        self._check("/pause_generation", self._post("/pause_generation"))
+
+    def continue_generation(self) -> None:
+        self._check("/continue_generation", self._post("/continue_generation", {}))
+
+    def flush_cache(self, deadline_s: float = 30.0) -> None:
+        """400 while requests run: retried until the deadline."""
+        end = time.monotonic() + deadline_s
+        while True:
+            response = self._post("/flush_cache")
+            if response.status_code < 400:
+                return
+            if time.monotonic() > end:
+                self._check("/flush_cache", response)
+            time.sleep(0.2)
+
+    # ------------------------------------------------------------ weight updates
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str, backend: str = "gloo", timeout: float | None = None) -> None:
+        """Blocks until every member joined: call it concurrently with the trainer's own join."""
+        self._check("/init_weights_update_group", self._post("/init_weights_update_group", {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend}, timeout=timeout))
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        self._check("/destroy_weights_update_group",
+                    self._post("/destroy_weights_update_group", {"group_name": group_name}))
+
+    def begin_weight_update(self) -> None:
+        """0.5.23 wants updates bracketed; older releases have no such endpoint (404: remembered)."""
+        if self._needs_begin_end is False:
+            return
+        response = self._post("/begin_weight_update", {})
+        if response.status_code == 404:
+            self._needs_begin_end = False
+            return
+        self._check("/begin_weight_update", response)
+        self._needs_begin_end = True
+
+    def end_weight_update(self) -> None:
+        if self._needs_begin_end:
+            self._check("/end_weight_update", self._post("/end_weight_update", {}))
+
+    def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                        shapes: Sequence[Sequence[int]], group_name: str, weight_version: str | None,
+                                        flush_cache: bool = True, timeout: float | None = None) -> None:
+        """Returns after the engine received (one broadcast per tensor, in this order) and loaded them."""
+        self._check("/update_weights_from_distributed", self._post("/update_weights_from_distributed", {
+            "names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+            "group_name": group_name, "flush_cache": flush_cache, "abort_all_requests": False,
+            "weight_version": weight_version}, timeout=timeout))
