@@ -27,7 +27,7 @@ import torch
 from services.dcs.client import DCSClient
 from services.dcs.models import SyncGroupRequest, SyncReport, WeightMetadata
 from services.dcs.sync.groups import BroadcastGroup
-from services.dcs.sync.layout import pack, plan_buckets
+from services.dcs.sync.layout import TORCH_DTYPES, pack, plan_buckets
 from services.rollout.sglang_client import PauseMode, SGLangClient
 
 log = logging.getLogger(__name__)
@@ -191,8 +191,8 @@ class WeightPublisher:
                                            [e.shape for e in bucket], self._group.name, version,
                                            self.pause_mode != "in_place", self.timeout_s)
                          for m in self._current_engines]
-                for e in bucket:
-                    self._group.broadcast(flat[e.offset:e.offset + e.nbytes], 0)
+                for e in bucket:  # typed, as the engine allocates it (NCCL matches dtype and count)
+                    self._group.broadcast(flat[e.offset:e.offset + e.nbytes].view(TORCH_DTYPES[e.dtype]), 0)
                 for call in calls:
                     call.result(timeout=self.timeout_s)
             broadcast_s += time.perf_counter() - start

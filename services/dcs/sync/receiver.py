@@ -15,7 +15,7 @@ import torch
 from services.dcs.client import DCSClient
 from services.dcs.models import PublishedWeights, SyncReport
 from services.dcs.sync.groups import BroadcastGroup
-from services.dcs.sync.layout import unpack
+from services.dcs.sync.layout import TORCH_DTYPES, unpack
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class WeightReceiver:
                 else:  # one broadcast per tensor, in list order, straight into its place in the bucket
                     for e in published.tensors:
                         if e.bucket == k:
-                            self._group.broadcast(flat[e.offset:e.offset + e.nbytes], 0)
+                            self._group.broadcast(flat[e.offset:e.offset + e.nbytes].view(TORCH_DTYPES[e.dtype]), 0)
                 tensors.update(unpack(k, published.tensors, flat))
                 if on_bucket:
                     on_bucket(k)
