@@ -118,9 +118,10 @@ def main() -> None:
                                   "serving": digest(current)}) + "\n")
             receiver.version = published.version  # that version is gone; wait for the next
             continue
+        start = time.perf_counter()
         current = {k: v.clone() for k, v in tensors.items()}  # the swap: only after every bucket arrived
         state["version"] = published.version
-        receiver.loaded(published.version)
+        receiver.loaded(published, time.perf_counter() - start)
         dcs.heartbeat(node.node_id, Heartbeat(weight_version=published.version))  # report it at once
         out.write(json.dumps({"event": "received", "version": published.version, "digest": digest(current)}) + "\n")
     receiver.close()

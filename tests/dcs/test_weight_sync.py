@@ -44,6 +44,7 @@ def test_trainer_and_two_receivers_get_bit_identical_tensors(tmp_path, dtype):
             assert all(n.weight_version == 2 for n in receivers_seen)  # versions visible in status
             reports = c.sync_reports(20)
             assert any(r.ok and r.bytes > 0 and "broadcast" in r.seconds for r in reports)
+            assert any("load" in r.seconds for r in reports)  # receivers report the load phase too
 
 
 def test_receiver_killed_mid_sync_fails_it_on_time_and_the_next_sync_succeeds(tmp_path):

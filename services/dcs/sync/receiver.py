@@ -85,9 +85,11 @@ class WeightReceiver:
         self._report(published, True, None, seconds)
         return tensors
 
-    def loaded(self, version: int, load_seconds: float = 0.0) -> None:
-        """After the caller swapped the tensors in: advance this role's cursor."""
-        self.dcs.set_cursor(self.role, version)
+    def loaded(self, published: PublishedWeights, load_seconds: float) -> None:
+        """After the caller swapped the tensors in (taking load_seconds): advance this role's cursor
+        and report the load phase."""
+        self.dcs.set_cursor(self.role, published.version)
+        self._report(published, True, None, {"load": load_seconds})
 
     def _report(self, published: PublishedWeights, ok: bool, error: str | None, seconds: dict) -> None:
         try:
