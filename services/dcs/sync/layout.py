@@ -39,9 +39,9 @@ def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int) -
 
 
 def pack(bucket: int, entries: Sequence[WeightTensor], size: int, tensors: dict[str, torch.Tensor],
-         device: torch.device | str = "cpu") -> torch.Tensor:
-    """One flat uint8 bucket holding copies of its tensors."""
-    flat = torch.empty(size, dtype=torch.uint8, device=device)
+         device: torch.device | str = "cpu", out: torch.Tensor | None = None) -> torch.Tensor:
+    """One flat uint8 bucket holding copies of its tensors (written into `out` when given)."""
+    flat = out if out is not None else torch.empty(size, dtype=torch.uint8, device=device)
     for e in entries:
         if e.bucket == bucket and e.nbytes:
             src = tensors[e.name].detach().contiguous().reshape(-1).view(torch.uint8)

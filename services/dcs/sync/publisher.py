@@ -72,6 +72,7 @@ class WeightPublisher:
         self._engines: dict[str, SGLangClient] = {}  # node id -> client, for the current group
         self._group: BroadcastGroup | None = None
         self._current_engines: list = []
+        self._staging: list[torch.Tensor] = []
         self._failed = False
         self._packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-pack")
         self._http = ThreadPoolExecutor(max_workers=16, thread_name_prefix="engine-http")
@@ -168,9 +169,15 @@ class WeightPublisher:
     def _broadcast(self, entries, sizes, tensors, result: SyncResult, transfer: str, version: str) -> None:
         pack_s = 0.0
 
+        # two staging buffers, reused across syncs: bucket k+1 is packed into one while bucket k is
+        # broadcast from the other (fresh memory each time costs a page fault per page)
+        need = max(sizes)
+        if len(self._staging) != 2 or self._staging[0].numel() < need:
+            self._staging = [torch.empty(need, dtype=torch.uint8) for _ in range(2)]
+
         def timed_pack(k: int):
             start = time.perf_counter()
-            flat = pack(k, entries, sizes[k], tensors)
+            flat = pack(k, entries, sizes[k], tensors, out=self._staging[k % 2][:sizes[k]])
             return flat, time.perf_counter() - start
 
         broadcast_s = 0.0

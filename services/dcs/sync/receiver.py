@@ -25,8 +25,13 @@ class NotInGroup(RuntimeError):
 
 
 class WeightReceiver:
+    """Receives into its own bucket buffers, reused from sync to sync (fresh memory each time costs a
+    page fault per page): the tensors `receive` returns are views that stay valid until the next
+    `receive`; load them into the model (load_into) or copy them before that."""
+
     def __init__(self, dcs: DCSClient, node_id: str, role: str, timeout_s: float = 60.0, device: str = "cpu"):
         self.dcs = dcs
+        self._buffers: list[torch.Tensor] = []
         self.node_id = node_id
         self.role = role
         self.timeout_s = timeout_s
@@ -63,8 +68,9 @@ class WeightReceiver:
             seconds["metadata"] = time.perf_counter() - t0
             tensors: dict[str, torch.Tensor] = {}
             start = time.perf_counter()
+            self._ensure_buffers(published.bucket_bytes)
             for k, size in enumerate(published.bucket_bytes):
-                flat = torch.empty(size, dtype=torch.uint8, device=self.device)
+                flat = self._buffers[k][:size]
                 if published.transfer == "flat_buckets":
                     self._group.broadcast(flat, 0)
                 else:  # one broadcast per tensor, in list order, straight into its place in the bucket
@@ -85,17 +91,22 @@ class WeightReceiver:
         self._report(published, True, None, seconds)
         return tensors
 
+    def _ensure_buffers(self, sizes) -> None:
+        if len(self._buffers) != len(sizes) or any(b.numel() < n for b, n in zip(self._buffers, sizes)):
+            self._buffers = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in sizes]
+
     def loaded(self, published: PublishedWeights, load_seconds: float) -> None:
         """After the caller swapped the tensors in (taking load_seconds): advance this role's cursor
         and report the load phase."""
         self.dcs.set_cursor(self.role, published.version)
-        self._report(published, True, None, {"load": load_seconds})
+        self._report(published, True, None, {"load": load_seconds}, nbytes=0)  # the bytes were counted
 
-    def _report(self, published: PublishedWeights, ok: bool, error: str | None, seconds: dict) -> None:
+    def _report(self, published: PublishedWeights, ok: bool, error: str | None, seconds: dict,
+                nbytes: int | None = None) -> None:
         try:
             self.dcs.report_sync(SyncReport(version=published.version, group=published.sync_group.name,
                                             node_id=self.node_id, ok=ok, error=error, seconds=seconds,
-                                            bytes=sum(published.bucket_bytes)))
+                                            bytes=sum(published.bucket_bytes) if nbytes is None else nbytes))
         except Exception as exc:
             log.warning("could not report sync", extra={"error": str(exc)})
 
