@@ -34,6 +34,20 @@ def _commands():
     return {"tq-controller": controller, "tq-shard": shard, "dcs": dcs, "demo": demo}
 
 
+def service_config(command: str):
+    """The config model of a service command (flags and env vars come from it)."""
+    if command == "tq-controller":
+        from services.transferqueue.controller.config import ControllerConfig
+        return ControllerConfig
+    if command == "tq-shard":
+        from services.transferqueue.shard.config import ShardConfig
+        return ShardConfig
+    if command == "dcs":
+        from services.dcs.config import DCSConfig
+        return DCSConfig
+    raise KeyError(f"{command} is not a service command")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = _commands()
