@@ -3,6 +3,7 @@
     sluice tq-controller [flags]   TransferQueue controller (gRPC, metadata in Redis)
     sluice tq-shard [flags]        TransferQueue storage shard (gRPC, Arrow in memory)
     sluice dcs [flags]             control plane: nodes, weight versions, sync groups, run control (HTTP)
+    sluice init-model DIR [flags]  write a random HF causal LM + offline tokenizer (tests, demo)
     sluice demo [flags]            the main job on one machine (see `sluice demo --help`)
 
 Every service command takes --help; flags also come from environment variables (listed there).
@@ -27,11 +28,16 @@ def _commands():
         from services.dcs.main import main
         return main(argv)
 
+    def init_model(argv):
+        from services.model.init_model import main
+        return main(argv)
+
     def demo(argv):
         from services.demo import main
         return main(argv)
 
-    return {"tq-controller": controller, "tq-shard": shard, "dcs": dcs, "demo": demo}
+    return {"tq-controller": controller, "tq-shard": shard, "dcs": dcs, "init-model": init_model,
+            "demo": demo}
 
 
 def service_config(command: str):
