@@ -3,6 +3,7 @@
     sluice tq-controller [flags]   TransferQueue controller (gRPC, metadata in Redis)
     sluice tq-shard [flags]        TransferQueue storage shard (gRPC, Arrow in memory)
     sluice dcs [flags]             control plane: nodes, weight versions, sync groups, run control (HTTP)
+    sluice engine --model DIR      built-in rollout engine speaking SGLang's HTTP protocol
     sluice init-model DIR [flags]  write a random HF causal LM + offline tokenizer (tests, demo)
     sluice demo [flags]            the main job on one machine (see `sluice demo --help`)
 
@@ -28,6 +29,10 @@ def _commands():
         from services.dcs.main import main
         return main(argv)
 
+    def engine(argv):
+        from services.rollout.engine.main import main
+        return main(argv)
+
     def init_model(argv):
         from services.model.init_model import main
         return main(argv)
@@ -36,7 +41,7 @@ def _commands():
         from services.demo import main
         return main(argv)
 
-    return {"tq-controller": controller, "tq-shard": shard, "dcs": dcs, "init-model": init_model,
+    return {"tq-controller": controller, "tq-shard": shard, "dcs": dcs, "engine": engine, "init-model": init_model,
             "demo": demo}
 
 
@@ -51,6 +56,9 @@ def service_config(command: str):
     if command == "dcs":
         from services.dcs.config import DCSConfig
         return DCSConfig
+    if command == "engine":
+        from services.rollout.engine.config import EngineConfig
+        return EngineConfig
     raise KeyError(f"{command} is not a service command")
 
 

@@ -1,0 +1,20 @@
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class EngineConfig(BaseSettings):
+    """`sluice engine`: the built-in rollout engine: a Hugging Face causal LM served over SGLang's
+    HTTP protocol (generate, pause modes, distributed weight updates), continuous batching on CPU or
+    one GPU."""
+
+    model_config = SettingsConfigDict(env_prefix="SLUICE_ENGINE_")
+
+    model: str = Field(..., description="local Hugging Face model directory")
+    host: str = Field("0.0.0.0", description="address to bind")
+    port: int = Field(30000, description="HTTP port (also /metrics)")
+    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="weights dtype")
+    device: str = Field("cpu", description="cpu or cuda[:N]")
+    max_running: int = Field(64, ge=1, description="sequences decoded together")
+    max_step_tokens: int = Field(4096, ge=1, description="prefill tokens admitted per step")
+    weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
+    log_level: str = Field("info", description="debug|info|warning|error")

@@ -1,0 +1,318 @@
+"""The built-in engine's HTTP server: SGLang's protocol (../shared/SGLANG_PROTOCOL.md) over the
+continuous-batching Scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from pydantic import ValidationError
+
+from services.dcs.sync.groups import BroadcastGroup
+from services.dcs.sync.layout import TORCH_DTYPES
+from services.dcs.sync.receiver import load_into
+from services.model.loading import load_causal_lm
+from services.model.ragged_decoder import RaggedDecoder
+from services.rollout.engine.config import EngineConfig
+from services.rollout.engine.sampling import SamplingParams
+from services.rollout.engine.scheduler import Scheduler, Sequence, new_rid
+
+log = logging.getLogger(__name__)
+TOKENS_OUT = Counter("sluice_engine_generated_tokens_total", "tokens generated")
+REQUESTS = Counter("sluice_engine_requests_total", "generate requests", ["finish"])
+
+
+def _error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def _control_result(message: str, ok: bool = True) -> JSONResponse:
+    return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
+
+
+class Engine:
+    """Model, scheduler and weight-update state of one server."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model, self.tokenizer = load_causal_lm(config.model, config.dtype, config.device)
+        self.scheduler = Scheduler(RaggedDecoder(self.model), self.tokenizer, config.max_running,
+                                   config.max_step_tokens)
+        self.groups: dict[str, BroadcastGroup] = {}
+        self.staged: dict[str, torch.Tensor] = {}
+        self.staged_version: str | None = None
+
+    # engine thread -----------------------------------------------------------------------------
+    def receive(self, body: dict) -> str:
+        group = self.groups.get(body["group_name"])
+        if group is None:
+            raise ValueError(f"no weight update group {body['group_name']!r}; call /init_weights_update_group")
+        try:
+            for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
+                tensor = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=self.config.device)
+                group.broadcast(tensor, 0)
+                self.staged[name] = tensor
+        except Exception:
+            self.staged.clear()  # nothing of a failed update is ever loaded
+            self.staged_version = None
+            raise
+        self.staged_version = body.get("weight_version") or self.staged_version
+        if not self.scheduler.paused:
+            return self.apply()
+        return "staged"
+
+    def apply(self) -> str:
+        """Load every staged tensor at once (called between steps), then set the version."""
+        if not self.staged:
+            return "nothing staged"
+        load_into(self.model, self.staged)
+        count = len(self.staged)
+        self.staged = {}
+        if self.staged_version is not None:
+            self.scheduler.weight_version = str(self.staged_version)
+        self.staged_version = None
+        return f"loaded {count} tensors"
+
+
+def build_app(engine: Engine) -> FastAPI:
+    app = FastAPI(title="Sluice engine (SGLang protocol)")
+    sched = engine.scheduler
+
+    async def run_control(fn):
+        done = sched.control(fn)
+        await asyncio.get_running_loop().run_in_executor(None, done.wait)
+        if done.error is not None:
+            raise done.error
+        return done.result
+
+    # ------------------------------------------------------------ generate
+
+    def parse(body: dict):
+        """-> list of (prompt ids, SamplingParams, rid) expanded for n."""
+        if not isinstance(body, dict):
+            raise ValueError("body must be a JSON object")
+        has_text, has_ids = body.get("text") is not None, body.get("input_ids") is not None
+        if has_text == has_ids:
+            raise ValueError("give exactly one of text or input_ids")
+        single = isinstance(body.get("text"), str) or (has_ids and body["input_ids"] and isinstance(body["input_ids"][0], int))
+        if has_text:
+            texts = [body["text"]] if single else body["text"]
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise ValueError("text must be a string or a list of strings")
+            prompts = [engine.tokenizer(t).input_ids for t in texts]
+        else:
+            prompts = [body["input_ids"]] if single else body["input_ids"]
+            if not isinstance(prompts, list) or not all(isinstance(p, list) and all(isinstance(i, int) for i in p)
+                                                        for p in prompts):
+                raise ValueError("input_ids must be a list of ints or a list of lists of ints")
+        vocab = engine.model.config.vocab_size
+        for p in prompts:
+            if not p:
+                raise ValueError("empty input")
+            if any(i < 0 or i >= vocab for i in p):
+                raise ValueError(f"input_ids must be in [0, {vocab})")
+        raw = body.get("sampling_params") or {}
+        raws = raw if isinstance(raw, list) else [raw] * len(prompts)
+        if len(raws) != len(prompts):
+            raise ValueError("one sampling_params per input, or a single one")
+        params = [SamplingParams.model_validate(r) for r in raws]
+        rids = body.get("rid")
+        rids = [rids] if isinstance(rids, str) else (rids or [new_rid() for _ in prompts])
+        if len(rids) != len(prompts):
+            raise ValueError("one rid per input")
+        out = []
+        for prompt, p, rid in zip(prompts, params, rids):
+            for i in range(p.n):
+                seed = None if p.sampling_seed is None else p.sampling_seed + i
+                out.append((prompt, p, rid if p.n == 1 else f"{rid}-{i}", seed))
+        return out, single and params[0].n == 1
+
+    def meta(seq: Sequence, with_logprobs: bool) -> dict:
+        m = {"id": seq.rid, "finish_reason": seq.finish_reason, "prompt_tokens": len(seq.prompt),
+             "completion_tokens": len(seq.output), "cached_tokens": 0, "weight_version": sched.weight_version}
+        if len(seq.spans) > 1:
+            m["weight_versions"] = seq.spans
+        if with_logprobs:
+            m["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(seq.logprobs, seq.output)]
+        return m
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        try:
+            body = await request.json()
+            items, single = parse(body)
+        except (ValueError, ValidationError, json.JSONDecodeError) as exc:
+            return _error(str(exc))
+        loop = asyncio.get_running_loop()
+        with_logprobs = bool(body.get("return_logprob"))
+        queues = []
+        seqs = []
+        for prompt, params, rid, seed in items:
+            q: asyncio.Queue = asyncio.Queue()
+            gen = torch.Generator().manual_seed(seed) if seed is not None else None
+
+            def notify(seq, q=q):
+                loop.call_soon_threadsafe(q.put_nowait, (len(seq.output), seq.finished))
+
+            seq = Sequence(rid=rid, prompt=list(prompt), params=params, on_update=notify, generator=gen)
+            seqs.append(seq)
+            queues.append(q)
+            sched.submit(seq)
+
+        def result(seq: Sequence) -> dict:
+            text = seq.text
+            return {"text": text, "output_ids": list(seq.output), "meta_info": meta(seq, with_logprobs)}
+
+        if body.get("stream"):
+            async def events():
+                sent = [0] * len(seqs)
+                try:
+                    pending = set(range(len(seqs)))
+                    while pending:
+                        for i in list(pending):
+                            n, finished = await queues[i].get()
+                            seq = seqs[i]
+                            chunk = result(seq)
+                            chunk["output_ids"] = seq.output[sent[i]:]
+                            sent[i] = len(seq.output)
+                            chunk["index"] = i
+                            yield f"data: {json.dumps(chunk)}\n\n"
+                            if seq.finished:
+                                pending.discard(i)
+                    yield "data: [DONE]\n\n"
+                finally:  # client went away: abort what is left
+                    for seq in seqs:
+                        if not seq.finished:
+                            sched.control(lambda rid=seq.rid: sched.abort(rid))
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        try:
+            for seq, q in zip(seqs, queues):
+                while not seq.finished:
+                    await q.get()
+        except asyncio.CancelledError:
+            for seq in seqs:
+                sched.control(lambda rid=seq.rid: sched.abort(rid))
+            raise
+        for seq in seqs:
+            REQUESTS.labels(seq.finish_reason["type"]).inc()
+            TOKENS_OUT.inc(len(seq.output))
+        results = [result(s) for s in seqs]
+        return results[0] if single else results
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        body = await request.json() if await request.body() else {}
+        prefix = None if body.get("abort_all") else body.get("rid")
+        if prefix is not None or body.get("abort_all"):
+            await run_control(lambda: sched.abort(prefix))
+        return Response(status_code=200)
+
+    # ------------------------------------------------------------ pause / continue / cache
+
+    @app.post("/pause_generation")
+    async def pause(request: Request):
+        body = await request.json() if await request.body() else {}
+        mode = body.get("mode", "abort")
+        if mode not in ("abort", "in_place", "retract"):
+            return _error(f"unknown pause mode {mode!r}")
+        await run_control(lambda: sched.pause(mode))
+        return {"message": f"paused ({mode})", "status": "ok"}
+
+    @app.post("/continue_generation")
+    async def cont():
+        def resume():
+            engine.apply()  # weights staged while paused go live before anything runs again
+            sched.resume()
+        await run_control(resume)
+        return {"message": "continued", "status": "ok"}
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        if sched.busy():
+            return _control_result("cannot flush the cache while requests are running or waiting", ok=False)
+        return _control_result("cache flushed")
+
+    # ------------------------------------------------------------ weights
+
+    @app.post("/init_weights_update_group")
+    async def init_group(body: dict):
+        try:
+            group = await asyncio.get_running_loop().run_in_executor(None, lambda: BroadcastGroup.open(
+                body.get("group_name", "weight_update_group"), body.get("backend", "gloo"), body["master_address"],
+                int(body["master_port"]), int(body["rank_offset"]), int(body["world_size"]),
+                engine.config.weight_sync_timeout_s))
+        except Exception as exc:
+            return _control_result(f"failed to join the weight update group: {exc}", ok=False)
+        engine.groups[group.name] = group
+        return _control_result(f"joined {group.name} as rank {group.rank}")
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_group(body: dict):
+        group = engine.groups.pop(body.get("group_name", "weight_update_group"), None)
+        if group is None:
+            return _control_result("no such group", ok=False)
+        group.close()
+        return _control_result("destroyed")
+
+    @app.post("/update_weights_from_distributed")
+    async def update(body: dict):
+        if body.get("flush_cache", True) and sched.frozen:
+            return _control_result("flush_cache is not allowed while in_place-paused requests hold KV; "
+                                   "send flush_cache: false", ok=False)
+        try:
+            message = await run_control(lambda: engine.receive(body))
+        except Exception as exc:
+            return _control_result(f"update failed; the previous weights keep serving: {exc}", ok=False)
+        return _control_result(message)
+
+    @app.get("/get_weight_version")
+    @app.get("/weight_version")
+    async def weight_version():
+        return {"weight_version": sched.weight_version}
+
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def model_info():
+        return {"model_path": engine.config.model, "tokenizer_path": engine.config.model, "is_generation": True,
+                "weight_version": sched.weight_version}
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class _Server(uvicorn.Server):
+    def capture_signals(self):
+        import contextlib
+        return contextlib.nullcontext()
+
+
+async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
+    torch.set_num_threads(1)
+    engine = await asyncio.get_running_loop().run_in_executor(None, Engine, config)
+    engine.scheduler.start()
+    server = _Server(uvicorn.Config(build_app(engine), host=config.host, port=config.port, log_config=None,
+                                    access_log=False, lifespan="off"))
+    serving = asyncio.create_task(server.serve())
+    log.info("engine serving", extra={"port": config.port, "model": config.model})
+    try:
+        await asyncio.wait([serving, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        server.should_exit = True
+        await asyncio.gather(serving, return_exceptions=True)
+        engine.scheduler.stop()
+        log.info("engine stopped")
