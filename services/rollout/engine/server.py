@@ -113,6 +113,8 @@ def build_app(engine: Engine) -> FastAPI:
                                                         for p in prompts):
                 raise ValueError("input_ids must be a list of ints or a list of lists of ints")
         vocab = engine.model.config.vocab_size
+        if not prompts:
+            raise ValueError("empty input")
         for p in prompts:
             if not p:
                 raise ValueError("empty input")

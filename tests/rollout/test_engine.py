@@ -1,0 +1,171 @@
+"""The built-in engine, as its own process, against the model's own teacher-forced forward."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from services.model.loading import load_causal_lm
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    return load_causal_lm(tiny_model_dir)[0]
+
+
+def _teacher_forced(model, prompt: list[int], output: list[int]) -> list[float]:
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+    return [float(logprobs[len(prompt) - 1 + i, t]) for i, t in enumerate(output)]
+
+
+def _gen(url: str, **body) -> dict | list:
+    r = httpx.post(url + "/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_logprobs_equal_teacher_forcing_with_requests_joining_mid_flight(engine, reference):
+    prompts = [[5, 17, 300, 2, 9], [44, 9], [100, 200, 300, 400, 500, 600, 700], [3]]
+    results = {}
+
+    def run(i, delay):
+        time.sleep(delay)  # later requests join while earlier ones decode
+        params = {"max_new_tokens": 24, "temperature": 0 if i % 2 else 1.0, "sampling_seed": i, "ignore_eos": True}
+        results[i] = _gen(engine, input_ids=prompts[i], sampling_params=params, return_logprob=True)
+
+    threads = [threading.Thread(target=run, args=(i, 0.05 * i)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, p in enumerate(prompts):
+        out = results[i]
+        lps = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
+        assert [x[1] for x in out["meta_info"]["output_token_logprobs"]] == out["output_ids"]
+        ref = _teacher_forced(reference, p, out["output_ids"])
+        assert max(abs(a - b) for a, b in zip(lps, ref)) < 1e-5
+        assert out["meta_info"]["completion_tokens"] == 24 and out["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_greedy_equals_transformers_generate(engine, reference, tiny_model_dir):
+    prompt = [12, 34, 56, 78]
+    out = _gen(engine, input_ids=prompt, sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True})
+    ref = reference.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, len(prompt):].tolist()
+    assert out["output_ids"] == ref
+
+
+def test_same_seed_same_samples_and_n(engine):
+    body = dict(text="What is 3 + 4?", sampling_params={"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 42,
+                                                         "n": 3, "ignore_eos": True})
+    a, b = _gen(engine, **body), _gen(engine, **body)
+    assert [x["output_ids"] for x in a] == [x["output_ids"] for x in b]
+    assert len({tuple(x["output_ids"]) for x in a}) > 1  # the n children differ
+
+
+def test_stop_conditions_and_streaming(engine):
+    out = _gen(engine, input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 30, "temperature": 0, "ignore_eos": True})
+    third = out["output_ids"][2]
+    stopped = _gen(engine, input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 30, "temperature": 0,
+                                                                  "ignore_eos": True, "stop_token_ids": [third]})
+    assert stopped["output_ids"] == out["output_ids"][:3]
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": third}
+    with httpx.stream("POST", engine + "/generate", json={"input_ids": [1, 2, 3], "stream": True,
+                      "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}}, timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert sum((c["output_ids"] for c in chunks), []) == out["output_ids"][:5]  # only new ids per event
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+@pytest.mark.parametrize("body", [
+    {"text": "a", "input_ids": [1]},
+    {"input_ids": []},
+    {"text": "a", "sampling_params": {"max_new_tokens": -1}},
+    {"text": "a", "sampling_params": {"temperature": "hot"}},
+    {"text": "a", "sampling_params": {"bogus_key": 1}},
+    {"input_ids": [10 ** 9]},
+])
+def test_bad_requests_get_400_and_the_server_keeps_serving(engine, body):
+    r = httpx.post(engine + "/generate", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["message"]
+    assert httpx.get(engine + "/health").status_code == 200
+
+
+class _Streaming:
+    """A streaming generate on a thread; `started` is set once the first tokens arrived, so a test
+    acts while the request is certainly decoding (no timing guesses)."""
+
+    def __init__(self, url: str, **body):
+        self.started = threading.Event()
+        self.chunks: list[dict] = []
+        self.thread = threading.Thread(target=self._run, args=(url, body))
+        self.thread.start()
+
+    def _run(self, url, body):
+        with httpx.stream("POST", url + "/generate", json={**body, "stream": True}, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    self.chunks.append(json.loads(line[6:]))
+                    self.started.set()
+
+    def result(self) -> tuple[list[int], dict]:
+        self.thread.join(120)
+        ids = sum((c["output_ids"] for c in self.chunks), [])
+        return ids, self.chunks[-1]["meta_info"]
+
+
+LONG = {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True}
+
+
+def test_pause_modes_under_load(engine):
+    # abort: in-flight requests end at once with partial output
+    req = _Streaming(engine, input_ids=[7, 8, 9], sampling_params=LONG)
+    assert req.started.wait(30)
+    assert httpx.post(engine + "/pause_generation", json={"mode": "abort"}).status_code == 200
+    ids, meta = req.result()
+    assert meta["finish_reason"]["type"] == "abort" and 0 < len(ids) < 1500
+    # while paused, a new request is held open
+    held = {}
+    h = threading.Thread(target=lambda: held.update(r=_gen(engine, input_ids=[1], sampling_params={
+        "max_new_tokens": 3, "temperature": 0})))
+    h.start()
+    time.sleep(0.5)
+    assert h.is_alive() and "r" not in held
+    assert httpx.post(engine + "/continue_generation", json={}).status_code == 200
+    h.join(30)
+    assert held["r"]["meta_info"]["completion_tokens"] >= 1
+    # in_place and retract: the request survives the pause and finishes whole, same tokens as unpaused
+    body = {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}
+    full = _gen(engine, input_ids=[7, 8, 9], sampling_params=body)
+    for mode in ("in_place", "retract"):
+        req = _Streaming(engine, input_ids=[7, 8, 9], sampling_params=body)
+        assert req.started.wait(30)
+        assert httpx.post(engine + "/pause_generation", json={"mode": mode}).status_code == 200
+        time.sleep(0.2)
+        assert req.thread.is_alive()
+        assert httpx.post(engine + "/flush_cache").status_code == 400  # busy
+        assert httpx.post(engine + "/continue_generation", json={}).status_code == 200
+        ids, meta = req.result()
+        assert ids == full["output_ids"], mode
+        assert meta["finish_reason"]["type"] == "length"
+    assert httpx.post(engine + "/flush_cache").status_code == 200
+
+
+def test_abort_request_by_rid_prefix(engine):
+    req = _Streaming(engine, input_ids=[4, 5], rid="job-7", sampling_params={**LONG, "temperature": 1.0})
+    other = _Streaming(engine, input_ids=[4, 5], rid="keep-1", sampling_params={**LONG, "max_new_tokens": 200})
+    assert req.started.wait(30) and other.started.wait(30)
+    httpx.post(engine + "/abort_request", json={"rid": "job"})
+    ids, meta = req.result()
+    assert meta["finish_reason"]["type"] == "abort" and meta["id"] == "job-7"
+    ids, meta = other.result()
+    assert meta["finish_reason"]["type"] == "length" and len(ids) == 200  # unmatched prefix: untouched
