@@ -1,0 +1,55 @@
+"""A weight update through DCS reaches the built-in engine: outputs and weight_version change; a
+failed update leaves the old weights serving."""
+
+from __future__ import annotations
+
+import httpx
+import torch
+
+from services.dcs.client import DCSClient
+from services.dcs.local import LocalDCS
+from services.dcs.models import NodeRegistration
+from services.dcs.sync.publisher import SyncFailed, WeightPublisher
+from services.model.init_model import init_model
+from services.model.loading import load_causal_lm
+from services.rollout.sglang_client import SGLangClient
+from tests.rollout.conftest import start_engine
+
+
+def _greedy(url: str, prompt: list[int]) -> list[int]:
+    r = httpx.post(url + "/generate", json={"input_ids": prompt, "sampling_params": {
+        "max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}, timeout=60)
+    return r.json()["output_ids"]
+
+
+def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights(tiny_model_dir, tmp_path):
+    other_dir = init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99)
+    other = load_causal_lm(other_dir)[0]
+    prompt = [11, 22, 33]
+    expected = other.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)[0, 3:].tolist()
+    proc, url = start_engine(tiny_model_dir, tmp_path, "--weight-sync-timeout-s", "3")
+    try:
+        before = _greedy(url, prompt)
+        assert before != expected
+        with LocalDCS(log_dir=str(tmp_path)) as local, DCSClient(local.url) as dcs:
+            port = int(url.rsplit(":", 1)[1])
+            dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": port}, run_id="w"))
+            trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="w"))
+            publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", bucket_bytes=100_000, timeout_s=20,
+                                        receiver_roles=["engine"], pause_mode="in_place")
+            result = publisher.publish(other.state_dict().items(), 1)
+            assert result.ok
+            assert _greedy(url, prompt) == expected
+            assert SGLangClient(url).weight_version() == "1"
+            # a failed update: the engine is told to receive, nobody sends; it times out
+            group = result.group
+            r = httpx.post(url + "/update_weights_from_distributed", json={
+                "names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [list(other.lm_head.weight.shape)],
+                "group_name": group, "flush_cache": True, "weight_version": "2"}, timeout=60)
+            assert r.status_code == 400 and "previous weights keep serving" in r.json()["message"]
+            assert _greedy(url, prompt) == expected
+            assert SGLangClient(url).weight_version() == "1"
+            publisher.close()
+    finally:
+        proc.stop()
