@@ -179,14 +179,18 @@ def build_app(engine: Engine) -> FastAPI:
                     pending = set(range(len(seqs)))
                     while pending:
                         for i in list(pending):
-                            n, finished = await queues[i].get()
+                            await queues[i].get()
                             seq = seqs[i]
+                            # read `finished` before the chunk: if it finishes after, another update
+                            # follows, so the last event always carries the finish reason
+                            done = seq.finished
                             chunk = result(seq)
-                            chunk["output_ids"] = seq.output[sent[i]:]
-                            sent[i] = len(seq.output)
+                            upto = len(chunk["output_ids"])
+                            chunk["output_ids"] = chunk["output_ids"][sent[i]:]
+                            sent[i] = upto
                             chunk["index"] = i
                             yield f"data: {json.dumps(chunk)}\n\n"
-                            if seq.finished:
+                            if done:
                                 pending.discard(i)
                     yield "data: [DONE]\n\n"
                 finally:  # client went away: abort what is left
