@@ -18,14 +18,29 @@ import torch.nn.functional as F
 
 @dataclass
 class KVCache:
-    """One sequence's keys and values per layer: [kv_heads, length, head_dim]."""
+    """One sequence's keys and values per layer: [kv_heads, capacity, head_dim], filled up to
+    `length`. Capacity doubles when it runs out, so appending a token is O(1) amortised."""
 
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
+    length: int = 0
 
-    @property
-    def length(self) -> int:
-        return self.keys[0].shape[1] if self.keys else 0
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [kv_heads, n, head_dim] at positions start..start+n-1; return the filled views."""
+        end = start + k.shape[1]
+        if layer == len(self.keys):
+            capacity = max(16, 2 * end)
+            self.keys.append(k.new_empty(k.shape[0], capacity, k.shape[2]))
+            self.values.append(v.new_empty(v.shape[0], capacity, v.shape[2]))
+        elif end > self.keys[layer].shape[1]:
+            capacity = 2 * end
+            for store in (self.keys, self.values):
+                grown = store[layer].new_empty(store[layer].shape[0], capacity, store[layer].shape[2])
+                grown[:, :start] = store[layer][:, :start]
+                store[layer] = grown
+        self.keys[layer][:, start:end] = k
+        self.values[layer][:, start:end] = v
+        return self.keys[layer][:, :end], self.values[layer][:, :end]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -70,20 +85,14 @@ class RaggedDecoder:
             outputs = []
             offset = 0
             for i, n in enumerate(lengths):
-                cache = caches[i]
-                k_new, v_new = k[0, :, offset:offset + n], v[0, :, offset:offset + n]
-                if li < len(cache.keys):
-                    cache.keys[li] = torch.cat([cache.keys[li], k_new], dim=1)
-                    cache.values[li] = torch.cat([cache.values[li], v_new], dim=1)
-                else:
-                    cache.keys.append(k_new.contiguous())
-                    cache.values.append(v_new.contiguous())
-                outputs.append(self._attend(q[:, :, offset:offset + n], cache.keys[li], cache.values[li],
-                                            starts[i]))
+                keys, values = caches[i].write(li, starts[i], k[0, :, offset:offset + n], v[0, :, offset:offset + n])
+                outputs.append(self._attend(q[:, :, offset:offset + n], keys, values, starts[i]))
                 offset += n
             o = torch.cat(outputs, dim=2).transpose(1, 2).reshape(1, total, self.heads * self.head_dim)
             hidden = residual + attn.o_proj(o)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        for cache, start, n in zip(caches, starts, lengths):
+            cache.length = start + n
         hidden = self.inner.norm(hidden)[0]
         ends = torch.tensor(lengths).cumsum(0)
         if all_logits:
@@ -94,11 +103,10 @@ class RaggedDecoder:
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
         """q [1, H, n, d] (positions past..past+n-1) against the whole cache [KV, past+n, d]."""
-        groups = self.heads // self.kv_heads
-        k = keys.repeat_interleave(groups, dim=0).unsqueeze(0)
-        v = values.repeat_interleave(groups, dim=0).unsqueeze(0)
+        k, v = keys.unsqueeze(0), values.unsqueeze(0)  # grouped-query heads shared, not copied
+        gqa = self.heads != self.kv_heads
         n, total = q.shape[2], keys.shape[1]
         if n == 1:
-            return F.scaled_dot_product_attention(q, k, v)
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
         mask = torch.arange(total)[None, :] <= (past + torch.arange(n))[:, None]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
