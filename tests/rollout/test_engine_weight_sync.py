@@ -51,5 +51,7 @@ def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights
             assert _greedy(url, prompt) == expected
             assert SGLangClient(url).weight_version() == "1"
             publisher.close()
+        assert proc.stop() == 0  # SIGTERM: clean exit
+        assert '"msg": "engine stopped"' in proc.log_tail()
     finally:
         proc.stop()

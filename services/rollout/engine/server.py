@@ -9,7 +9,6 @@ import logging
 import threading
 
 import torch
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
@@ -23,6 +22,7 @@ from services.model.ragged_decoder import RaggedDecoder
 from services.rollout.engine.config import EngineConfig
 from services.rollout.engine.sampling import SamplingParams
 from services.rollout.engine.scheduler import Scheduler, Sequence, new_rid
+from services.runtime.http_service import serve_http
 
 log = logging.getLogger(__name__)
 TOKENS_OUT = Counter("sluice_engine_generated_tokens_total", "tokens generated")
@@ -301,24 +301,13 @@ def build_app(engine: Engine) -> FastAPI:
     return app
 
 
-class _Server(uvicorn.Server):
-    def capture_signals(self):
-        import contextlib
-        return contextlib.nullcontext()
-
-
 async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
     torch.set_num_threads(1)
     engine = await asyncio.get_running_loop().run_in_executor(None, Engine, config)
     engine.scheduler.start()
-    server = _Server(uvicorn.Config(build_app(engine), host=config.host, port=config.port, log_config=None,
-                                    access_log=False, lifespan="off"))
-    serving = asyncio.create_task(server.serve())
     log.info("engine serving", extra={"port": config.port, "model": config.model})
     try:
-        await asyncio.wait([serving, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        await serve_http(build_app(engine), config.host, config.port, stop)
     finally:
-        server.should_exit = True
-        await asyncio.gather(serving, return_exceptions=True)
         engine.scheduler.stop()
         log.info("engine stopped")

@@ -1,0 +1,27 @@
+"""Serve an ASGI app with uvicorn until the service's stop event (SIGTERM/SIGINT) is set."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import uvicorn
+
+
+class _Server(uvicorn.Server):
+    def capture_signals(self):
+        # the service's own handler (runtime.shutdown) decides when to stop
+        return contextlib.nullcontext()
+
+
+async def serve_http(app, host: str, port: int, stop: asyncio.Event) -> None:
+    """Returns once `stop` is set (or the server exits) and in-flight requests have finished."""
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off"))
+    serving = asyncio.create_task(server.serve())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        server.should_exit = True
+        stopping.cancel()
+        await asyncio.gather(serving, stopping, return_exceptions=True)
