@@ -53,7 +53,7 @@ def test_image_pins_cpu_torch_before_the_project():
     assert text.index("torch==2.13.0") < text.index("pip install .")
 
 
-@pytest.mark.parametrize("command", ["tq-controller", "tq-shard", "dcs"])
+@pytest.mark.parametrize("command", ["tq-controller", "tq-shard", "dcs", "engine"])
 def test_help_lists_every_flag(command, capsys):
     from services.cli import main
 
