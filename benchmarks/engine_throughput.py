@@ -26,6 +26,9 @@ weights have near-ties, and left padding changes float32 rounding, so this is in
 With --profile, the engine's scheduler runs in this process (no HTTP) under cProfile on the same
 workload, and the top functions by cumulative and own time are added to the JSON.
 
+--quick is a smoke test of the harness: on the 0.08M-parameter tiny model every step is Python
+overhead, so its ratio says nothing about the target.
+
 Usage: python benchmarks/engine_throughput.py [--quick] [--reps 5] [--profile] [--model-dir DIR]
 """
 
@@ -192,7 +195,7 @@ def hf_bucketed_round(model, workload: list[dict], pad_id: int) -> dict:
 def summarize(runs: list[dict], useful_tokens: int, computed_tokens: int | None = None) -> dict:
     walls = [r["wall_s"] for r in runs]
     median = statistics.median(walls)
-    # latency percentiles of the repetition with the median wall time
+    # latency percentiles are those of the repetition with the median wall time
     mid = runs[sorted(range(len(runs)), key=lambda i: walls[i])[len(runs) // 2]]
     out = {"wall_s": round(median, 3), "useful_tokens_per_s": round(useful_tokens / median, 1),
            "latency": percentiles(mid["latencies_s"]), "runs_wall_s": [round(w, 3) for w in walls]}
@@ -257,9 +260,10 @@ def profile_engine(model, tokenizer, workload: list[dict], top: int = 25) -> dic
         stats.sort_stats(sort)
         rows = []
         for func in stats.fcn_list[:top]:
-            cc, nc, tt, ct, _ = stats.stats[func]
-            rows.append({"function": f"{os.path.relpath(func[0]) if func[0].startswith('/') else func[0]}:"
-                                     f"{func[1]}({func[2]})", "calls": nc, "own_s": round(tt, 3), "cum_s": round(ct, 3)})
+            _, calls, own, cum, _ = stats.stats[func]
+            where = os.path.relpath(func[0]) if func[0].startswith("/") else func[0]
+            rows.append({"function": f"{where}:{func[1]}({func[2]})", "calls": calls, "own_s": round(own, 3),
+                         "cum_s": round(cum, 3)})
         return rows
 
     useful = sum(r["max_new_tokens"] for r in workload)
@@ -300,7 +304,8 @@ def run_benchmark(args) -> dict:
         for rep in range(reps + 1):
             tag = "warm-up" if rep == 0 else f"rep {rep}/{reps}"
             e = engine_round(url, proc.proc.pid, workload)
-            log(f"{tag}: engine {e['wall_s']:.2f}s ({useful / e['wall_s']:.0f} tok/s, engine cpu {e['engine_cpu_s']:.2f}s)")
+            log(f"{tag}: engine {e['wall_s']:.2f}s ({useful / e['wall_s']:.0f} tok/s, "
+                f"engine cpu {e['engine_cpu_s']:.2f}s)")
             b = hf_batched_round(model, workload, pad_id)
             log(f"{tag}: hf batched {b['wall_s']:.2f}s ({useful / b['wall_s']:.0f} useful tok/s)")
             k = hf_bucketed_round(model, workload, pad_id) if not args.no_bucketed else None
@@ -354,7 +359,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smoke run: 16 prompts, tiny preset, outputs up to 128")
     p.add_argument("--reps", type=int, default=None, help="timed repetitions (default 5; 2 with --quick)")
     p.add_argument("--prompts", type=int, default=None, help="number of requests (default 64; 16 with --quick)")
-    p.add_argument("--preset", choices=["tiny", "small"], default=None, help="model preset (default small; tiny with --quick)")
+    p.add_argument("--preset", choices=["tiny", "small"], default=None,
+                   help="model preset (default small; tiny with --quick)")
     p.add_argument("--model-dir", default=None, help="use this model directory instead of writing a fresh one")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--no-bucketed", action="store_true", help="skip the per-length-bucket transformers variant")

@@ -169,3 +169,14 @@ def test_abort_request_by_rid_prefix(engine):
     assert meta["finish_reason"]["type"] == "abort" and meta["id"] == "job-7"
     ids, meta = other.result()
     assert meta["finish_reason"]["type"] == "length" and len(ids) == 200  # unmatched prefix: untouched
+
+
+def test_stop_strings_cut_the_text(engine):
+    out = _gen(engine, input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 30, "temperature": 0, "ignore_eos": True})
+    text = out["text"]
+    assert text
+    needle = text[len(text) // 2: len(text) // 2 + 2]
+    cut = _gen(engine, input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 30, "temperature": 0,
+                                                              "ignore_eos": True, "stop": [needle]})
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": needle}
+    assert needle not in cut["text"] and text.startswith(cut["text"])

@@ -164,13 +164,15 @@ class Scheduler:
 
     def _check_finished(self, seq: Sequence, token: int) -> None:
         p = seq.params
-        seq.text = self.tokenizer.decode(seq.output, skip_special_tokens=True)
+        stops = p.stop_strings()
+        if stops:  # decoding every step costs O(n) per token: only when stop strings need it
+            seq.text = self.tokenizer.decode(seq.output, skip_special_tokens=True)
         if len(seq.output) >= p.min_new_tokens:
             if not p.ignore_eos and token in self.eos_ids:
                 return self._finish(seq, {"type": "stop", "matched": token})
             if p.stop_token_ids and token in p.stop_token_ids:
                 return self._finish(seq, {"type": "stop", "matched": token})
-            for stop in p.stop_strings():
+            for stop in stops:
                 at = seq.text.find(stop)
                 if stop and at >= 0:
                     seq.text = seq.text[:at]
@@ -179,6 +181,8 @@ class Scheduler:
             self._finish(seq, {"type": "length", "length": p.max_new_tokens})
 
     def _finish(self, seq: Sequence, reason: dict) -> None:
+        if not isinstance(reason.get("matched"), str):  # a stop string already cut the text
+            seq.text = self.tokenizer.decode(seq.output, skip_special_tokens=True)
         seq.finish_reason = reason
         seq.cache = None
         seq.on_update(seq)

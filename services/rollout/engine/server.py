@@ -169,8 +169,9 @@ def build_app(engine: Engine) -> FastAPI:
             sched.submit(seq)
 
         def result(seq: Sequence) -> dict:
-            text = seq.text
-            return {"text": text, "output_ids": list(seq.output), "meta_info": meta(seq, with_logprobs)}
+            ids = list(seq.output)
+            text = seq.text if seq.finished else engine.tokenizer.decode(ids, skip_special_tokens=True)
+            return {"text": text, "output_ids": ids, "meta_info": meta(seq, with_logprobs)}
 
         if body.get("stream"):
             async def events():
