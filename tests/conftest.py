@@ -7,6 +7,7 @@ import os
 import urllib.request
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
