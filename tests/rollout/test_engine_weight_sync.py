@@ -42,14 +42,23 @@ def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights
             assert result.ok
             assert _greedy(url, prompt) == expected
             assert SGLangClient(url).weight_version() == "1"
+            # a request running across an in-place update reports the spans of both versions
+            from tests.rollout.test_engine import LONG, _Streaming
+            crossing = _Streaming(url, input_ids=prompt, sampling_params=LONG)  # 1500 tokens: still running when the sync pauses it
+            assert crossing.started.wait(30)
+            assert publisher.publish(other.state_dict().items(), 2).ok
+            ids, meta = crossing.result()
+            spans = meta["weight_versions"]
+            assert [s["version"] for s in spans] == ["1", "2"]
+            assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == len(ids)
             # a failed update: the engine is told to receive, nobody sends; it times out
             group = result.group
             r = httpx.post(url + "/update_weights_from_distributed", json={
                 "names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [list(other.lm_head.weight.shape)],
-                "group_name": group, "flush_cache": True, "weight_version": "2"}, timeout=60)
+                "group_name": group, "flush_cache": True, "weight_version": "3"}, timeout=60)
             assert r.status_code == 400 and "previous weights keep serving" in r.json()["message"]
             assert _greedy(url, prompt) == expected
-            assert SGLangClient(url).weight_version() == "1"
+            assert SGLangClient(url).weight_version() == "2"
             publisher.close()
         assert proc.stop() == 0  # SIGTERM: clean exit
         assert '"msg": "engine stopped"' in proc.log_tail()
