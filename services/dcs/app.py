@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import time
 
 from fastapi import FastAPI, Path, Query, Request, Response
 from fastapi.responses import JSONResponse

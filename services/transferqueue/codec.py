@@ -23,7 +23,7 @@ import torch
 
 from services.transferqueue.errors import TQError
 from services.transferqueue.pb import transferqueue_pb2 as pb
-from services.transferqueue.wire_format import DTYPE_META, WIRE_TYPES, from_ipc, to_ipc  # noqa: F401 (re-exported)
+from services.transferqueue.wire_format import DTYPE_META, WIRE_TYPES
 
 _TORCH = {"int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
           "uint8": torch.uint8, "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,

@@ -9,7 +9,7 @@ import torch
 from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
 from services.dcs.models import NodeRegistration
-from services.dcs.sync.publisher import SyncFailed, WeightPublisher
+from services.dcs.sync.publisher import WeightPublisher
 from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
 from services.rollout.sglang_client import SGLangClient

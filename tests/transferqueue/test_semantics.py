@@ -6,7 +6,6 @@ import threading
 import time
 
 import grpc
-import numpy as np
 import pytest
 import torch
 

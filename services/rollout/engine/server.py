@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 
 import torch
 from fastapi import FastAPI, Request

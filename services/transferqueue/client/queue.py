@@ -21,7 +21,8 @@ import numpy as np
 from services.transferqueue.client.controller_client import ControllerClient
 from services.transferqueue.client.placement import Placement, merge_in_order, select
 from services.transferqueue.client.shard_client import ShardClient
-from services.transferqueue.codec import Backing, Batch, decode_table, encode_columns, from_ipc, to_ipc
+from services.transferqueue.codec import Backing, Batch, decode_table, encode_columns
+from services.transferqueue.wire_format import from_ipc, to_ipc
 from services.transferqueue.errors import TQError
 
 # slack on top of a claim's long-poll wait for the RPC deadline
