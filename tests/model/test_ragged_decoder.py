@@ -46,3 +46,20 @@ def test_greedy_decoding_equals_transformers_generate(model):
         ref = model.generate(p.unsqueeze(0), max_new_tokens=6, do_sample=False, eos_token_id=None,
                              pad_token_id=0)[0, len(p):]
         assert o == ref.tolist()
+
+
+def test_many_sequences_decoding_together_match_one_by_one(model):
+    """One-token steps of sequences with different cache lengths are attended in one padded call."""
+    dec = RaggedDecoder(model)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g) for n in (2, 7, 4, 11, 1)]
+    together = [KVCache() for _ in prompts]
+    alone = [KVCache() for _ in prompts]
+    dec.forward(prompts, together)
+    for p, c in zip(prompts, alone):
+        dec.forward([p], [c])
+    step = [torch.tensor([int(t)]) for t in torch.randint(0, model.config.vocab_size, (5,), generator=g)]
+    batched = dec.forward(step, together)
+    for s, c, b in zip(step, alone, batched):
+        single = dec.forward([s], [c])[0]
+        assert torch.allclose(b, single, atol=1e-5, rtol=0)
