@@ -3,10 +3,14 @@ it answer with a 5xx."""
 
 from __future__ import annotations
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from services.dcs.local import LocalDCS
+
+
+pytestmark = pytest.mark.slow  # several processes end to end; ./dev test runs it
 
 
 def test_no_input_causes_a_server_error(tmp_path):

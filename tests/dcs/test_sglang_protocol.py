@@ -19,6 +19,9 @@ from services.runtime.processes import ChildProcess, free_port, http_ok
 from tests.dcs.sync_worker import digest, weights
 
 
+pytestmark = pytest.mark.slow  # several processes end to end; ./dev test runs it
+
+
 def _engine(tmp_path, dcs_url, run_id, release, *extra) -> tuple[ChildProcess, str]:
     port = free_port()
     proc = ChildProcess(f"engine-{release}", [sys.executable, "-m", "tests.dcs.sglang_receiver", "--port", str(port),

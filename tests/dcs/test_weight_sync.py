@@ -12,6 +12,9 @@ from services.dcs.local import LocalDCS
 from services.runtime.processes import ChildProcess
 
 
+pytestmark = pytest.mark.slow  # several processes end to end; ./dev test runs it
+
+
 def _events(path) -> list[dict]:
     return [json.loads(line) for line in open(path)] if path.exists() else []
 

@@ -4,6 +4,7 @@ failed update leaves the old weights serving."""
 from __future__ import annotations
 
 import httpx
+import pytest
 import torch
 
 from services.dcs.client import DCSClient
@@ -14,6 +15,9 @@ from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
 from services.rollout.sglang_client import SGLangClient
 from tests.rollout.conftest import start_engine
+
+
+pytestmark = pytest.mark.slow  # several processes end to end; ./dev test runs it
 
 
 def _greedy(url: str, prompt: list[int]) -> list[int]:
