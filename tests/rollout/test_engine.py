@@ -180,3 +180,22 @@ def test_stop_strings_cut_the_text(engine):
                                                               "ignore_eos": True, "stop": [needle]})
     assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": needle}
     assert needle not in cut["text"] and text.startswith(cut["text"])
+
+
+def test_prompt_and_top_logprobs(engine, reference):
+    prompt = [9, 8, 7, 6, 5]
+    out = _gen(engine, input_ids=prompt, return_logprob=True, logprob_start_len=0, top_logprobs_num=3,
+               sampling_params={"max_new_tokens": 4, "temperature": 0, "ignore_eos": True})
+    meta = out["meta_info"]
+    with torch.no_grad():
+        logprobs = torch.log_softmax(reference(torch.tensor([prompt + out["output_ids"]])).logits[0], dim=-1)
+    inputs = meta["input_token_logprobs"]
+    assert [x[1] for x in inputs] == prompt and inputs[0][0] is None
+    for i in range(1, len(prompt)):
+        assert abs(inputs[i][0] - float(logprobs[i - 1, prompt[i]])) < 1e-5
+    for step, top in enumerate(meta["output_top_logprobs"]):
+        ref = torch.topk(logprobs[len(prompt) - 1 + step], 3)
+        assert [t[1] for t in top] == ref.indices.tolist()
+        assert top[0][1] == out["output_ids"][step]  # greedy picks the top token
+    assert "input_token_logprobs" not in _gen(engine, input_ids=prompt, return_logprob=True, sampling_params={
+        "max_new_tokens": 1})["meta_info"]

@@ -41,15 +41,14 @@ class SamplingParams(BaseModel):
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
-           banned: list[int] = ()) -> tuple[int, float]:
-    """-> (token id, its log-prob under the raw distribution)."""
+           banned: list[int] = ()) -> tuple[int, torch.Tensor]:
+    """-> (token id, the raw distribution's log-probs over the vocabulary)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     scores = logits.float().clone()
     if banned:
         scores[list(banned)] = float("-inf")
     if params.temperature < GREEDY_BELOW:
-        token = int(scores.argmax())
-        return token, float(logprobs[token])
+        return int(scores.argmax()), logprobs
     scores = scores / params.temperature
     if params.top_k > 0 and params.top_k < scores.numel():
         kth = torch.topk(scores, params.top_k).values[-1]
@@ -63,5 +62,4 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         cut = cumulative - sorted_probs > params.top_p  # keep the smallest prefix reaching top_p
         sorted_probs[cut] = 0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    token = int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
-    return token, float(logprobs[token])
+    return int(torch.multinomial(probs / probs.sum(), 1, generator=generator)), logprobs

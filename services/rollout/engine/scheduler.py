@@ -33,6 +33,10 @@ class Sequence:
     generator: torch.Generator | None = None
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs_num: int = 0
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    logprob_start_len: int = -1            # >= 0: report prompt log-probs from this position
+    input_logprobs: list[float | None] | None = None
     spans: list[dict] = field(default_factory=list)
     cache: KVCache | None = None
     finish_reason: dict | None = None
@@ -146,21 +150,40 @@ class Scheduler:
         if not self.running:
             return
         batch = self.running
+        # prompt log-probs need every position's logits, once, on the sequence's first prefill
+        wants_prompt = [s.logprob_start_len >= 0 and s.input_logprobs is None for s in batch]
         logits = self.decoder.forward([torch.tensor(s.pending(), dtype=torch.long) for s in batch],
-                                      [s.cache for s in batch])
+                                      [s.cache for s in batch], all_logits=any(wants_prompt))
+        if any(wants_prompt):
+            for seq, rows, wanted in zip(batch, logits, wants_prompt):
+                if wanted:
+                    self._prompt_logprobs(seq, rows)
+            logits = [rows[-1] for rows in logits]
         self.steps += 1
         for seq, row in zip(batch, logits):
             if seq.params.max_new_tokens == 0:
                 self._finish(seq, {"type": "length", "length": 0})
                 continue
             banned = list(self.eos_ids) if len(seq.output) < seq.params.min_new_tokens else []
-            token, logprob = sample(row, seq.params, seq.generator, banned)
+            token, logprobs = sample(row, seq.params, seq.generator, banned)
             seq.output.append(token)
-            seq.logprobs.append(logprob)
+            seq.logprobs.append(float(logprobs[token]))
+            if seq.top_logprobs_num:
+                top = torch.topk(logprobs, seq.top_logprobs_num)
+                seq.top_logprobs.append(list(zip(top.values.tolist(), top.indices.tolist())))
             seq.note_version(self.weight_version)
             self._check_finished(seq, token)
             seq.on_update(seq)
         self.running = [s for s in self.running if not s.finished]
+
+    @staticmethod
+    def _prompt_logprobs(seq: Sequence, rows: torch.Tensor) -> None:
+        """log p(prompt[i] | prompt[:i]) for i >= logprob_start_len; the first token has none."""
+        logprobs = torch.log_softmax(rows.float(), dim=-1)
+        out: list[float | None] = []
+        for i in range(seq.logprob_start_len, len(seq.prompt)):
+            out.append(None if i == 0 else float(logprobs[i - 1, seq.prompt[i]]))
+        seq.input_logprobs = out
 
     def _check_finished(self, seq: Sequence, token: int) -> None:
         p = seq.params

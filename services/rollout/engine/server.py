@@ -142,6 +142,11 @@ def build_app(engine: Engine) -> FastAPI:
             m["weight_versions"] = seq.spans
         if with_logprobs:
             m["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(seq.logprobs, seq.output)]
+            if seq.top_logprobs_num:
+                m["output_top_logprobs"] = [[[lp, tok, None] for lp, tok in step] for step in seq.top_logprobs]
+            if seq.input_logprobs is not None:
+                start = seq.logprob_start_len
+                m["input_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(seq.input_logprobs, seq.prompt[start:])]
         return m
 
     @app.post("/generate")
@@ -153,6 +158,13 @@ def build_app(engine: Engine) -> FastAPI:
             return _error(str(exc))
         loop = asyncio.get_running_loop()
         with_logprobs = bool(body.get("return_logprob"))
+        try:
+            top_n = int(body.get("top_logprobs_num") or 0)
+            start_len = int(body.get("logprob_start_len", -1))
+        except (TypeError, ValueError):
+            return _error("top_logprobs_num and logprob_start_len must be integers")
+        if top_n < 0 or top_n > engine.model.config.vocab_size or start_len < -1:
+            return _error("top_logprobs_num must be in [0, vocab] and logprob_start_len >= -1")
         queues = []
         seqs = []
         for prompt, params, rid, seed in items:
@@ -162,7 +174,9 @@ def build_app(engine: Engine) -> FastAPI:
             def notify(seq, q=q):
                 loop.call_soon_threadsafe(q.put_nowait, (len(seq.output), seq.finished))
 
-            seq = Sequence(rid=rid, prompt=list(prompt), params=params, on_update=notify, generator=gen)
+            seq = Sequence(rid=rid, prompt=list(prompt), params=params, on_update=notify, generator=gen,
+                           top_logprobs_num=top_n if with_logprobs else 0,
+                           logprob_start_len=min(start_len, len(prompt) - 1) if with_logprobs else -1)
             seqs.append(seq)
             queues.append(q)
             sched.submit(seq)
