@@ -63,3 +63,17 @@ def test_many_sequences_decoding_together_match_one_by_one(model):
     for s, c, b in zip(step, alone, batched):
         single = dec.forward([s], [c])[0]
         assert torch.allclose(b, single, atol=1e-5, rtol=0)
+
+
+def test_bfloat16_matches_the_hf_forward_in_bfloat16(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    bf16 = type(model).from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    dec = RaggedDecoder(bf16)
+    s = torch.tensor([5, 17, 300, 2, 9, 44])
+    cache = KVCache()
+    mine = torch.cat([dec.forward([s[:3]], [cache], all_logits=True)[0],
+                      dec.forward([s[3:]], [cache], all_logits=True)[0]])
+    with torch.no_grad():
+        ref = bf16(s.unsqueeze(0)).logits[0]
+    assert mine.dtype == torch.bfloat16
+    assert torch.allclose(mine.float(), ref.float(), atol=2e-2, rtol=0)
