@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -20,34 +21,40 @@ RPC_SECONDS = Histogram("sluice_tq_rpc_seconds", "TransferQueue RPC handling tim
                         buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
 
 
+@contextlib.asynccontextmanager
+async def rpc_scope(server: str, method: str, context: grpc.aio.ServicerContext):
+    """Around one RPC, unary or streaming: TQError -> its status code, Redis down -> UNAVAILABLE,
+    anything else -> INTERNAL (logged; the server keeps serving); counted and timed either way."""
+    start = time.perf_counter()
+    code = grpc.StatusCode.OK
+    try:
+        yield
+    except TQError as exc:
+        code = exc.code
+        await context.abort(exc.code, exc.message)
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        code = grpc.StatusCode.UNAVAILABLE
+        await context.abort(code, f"{method}: metadata store unreachable: {exc}")
+    except grpc.aio.AbortError:
+        code = context.code() or grpc.StatusCode.UNKNOWN
+        raise
+    except Exception as exc:
+        code = grpc.StatusCode.INTERNAL
+        log.exception("rpc failed", extra={"method": method})
+        await context.abort(code, f"{method}: {type(exc).__name__}: {exc}")
+    finally:
+        RPC_TOTAL.labels(server, method, code.name).inc()
+        RPC_SECONDS.labels(server, method).observe(time.perf_counter() - start)
+
+
 def unary_handler(server: str):
-    """Wrap an async unary servicer method: TQError -> its status code; anything else -> INTERNAL, logged."""
+    """Wrap an async unary servicer method in rpc_scope."""
 
     def wrap(fn):
-        method = fn.__name__
-
         @functools.wraps(fn)
         async def handler(self, request, context: grpc.aio.ServicerContext):
-            start = time.perf_counter()
-            code = grpc.StatusCode.OK
-            try:
+            async with rpc_scope(server, fn.__name__, context):
                 return await fn(self, request, context)
-            except TQError as exc:
-                code = exc.code
-                await context.abort(exc.code, exc.message)
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                code = grpc.StatusCode.UNAVAILABLE
-                await context.abort(code, f"{method}: metadata store unreachable: {exc}")
-            except grpc.aio.AbortError:
-                code = context.code() or grpc.StatusCode.UNKNOWN
-                raise
-            except Exception as exc:  # a bug or an unreachable dependency: say so, keep serving
-                code = grpc.StatusCode.INTERNAL
-                log.exception("rpc failed", extra={"method": method})
-                await context.abort(grpc.StatusCode.INTERNAL, f"{method}: {type(exc).__name__}: {exc}")
-            finally:
-                RPC_TOTAL.labels(server, method, code.name).inc()
-                RPC_SECONDS.labels(server, method).observe(time.perf_counter() - start)
 
         return handler
 

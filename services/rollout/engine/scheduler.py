@@ -40,7 +40,6 @@ class Sequence:
     spans: list[dict] = field(default_factory=list)
     cache: KVCache | None = None
     finish_reason: dict | None = None
-    cached_tokens: int = 0
     text: str = ""
 
     @property
@@ -76,7 +75,6 @@ class Scheduler:
         self._controls: deque = deque()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
-        self.steps = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -159,7 +157,6 @@ class Scheduler:
                 if wanted:
                     self._prompt_logprobs(seq, rows)
             logits = [rows[-1] for rows in logits]
-        self.steps += 1
         for seq, row in zip(batch, logits):
             if seq.params.max_new_tokens == 0:
                 self._finish(seq, {"type": "length", "length": 0})

@@ -160,10 +160,10 @@ class TransferQueue(_QueueBase):
 
     # ------------------------------------------------------------ placement
 
-    def _placement(self, partition: str, info=None, refresh: bool = False) -> Placement:
+    def _placement(self, partition: str, info=None) -> Placement:
         if info is not None:
             self._placements[partition] = Placement.of(info)
-        elif refresh or partition not in self._placements:
+        elif partition not in self._placements:
             self._placements[partition] = Placement.of(self.controller.get_partition(partition))
         placement = self._placements[partition]
         if any(s not in self._shard_addresses for s in placement.shard_ids):

@@ -21,7 +21,7 @@ from services.transferqueue.data_chunks import data_only, encode_chunk
 from services.transferqueue.errors import TQError, check_name
 from services.transferqueue.pb import transferqueue_pb2 as pb
 from services.transferqueue.pb import transferqueue_pb2_grpc as pb_grpc
-from services.transferqueue.rpc import RPC_SECONDS, RPC_TOTAL, unary_handler
+from services.transferqueue.rpc import rpc_scope, unary_handler
 from services.transferqueue.shard.config import ShardConfig
 from services.transferqueue.shard.store import ShardStore
 
@@ -52,9 +52,7 @@ class ShardServicer(pb_grpc.StorageShardServicer):
         STORED_ROWS.set(self.store.rows)
 
     async def Put(self, request_iterator, context):
-        start = time.perf_counter()
-        code = grpc.StatusCode.OK
-        try:
+        async with rpc_scope(SERVER, "Put", context):
             buf, header = None, None
             pos = 0
             async for raw in request_iterator:  # raw PutChunk bytes (see data_chunks)
@@ -87,24 +85,10 @@ class ShardServicer(pb_grpc.StorageShardServicer):
             BYTES_IN.inc(pos)
             self._gauges()
             return pb.PutResponse(rows=len(header.rows), bytes=nbytes)
-        except TQError as exc:
-            code = exc.code
-            await context.abort(exc.code, exc.message)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            code = grpc.StatusCode.INTERNAL
-            log.exception("put failed")
-            await context.abort(code, f"Put: {type(exc).__name__}: {exc}")
-        finally:
-            RPC_TOTAL.labels(SERVER, "Put", code.name).inc()
-            RPC_SECONDS.labels(SERVER, "Put").observe(time.perf_counter() - start)
 
     async def Get(self, request, context):
         """Yields serialized DataChunk messages (see data_chunks)."""
-        start = time.perf_counter()
-        code = grpc.StatusCode.OK
-        try:
+        async with rpc_scope(SERVER, "Get", context):
             check_name("partition", request.partition)
             if not request.fields:
                 raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "name the fields to read")
@@ -119,18 +103,6 @@ class ShardServicer(pb_grpc.StorageShardServicer):
             yield encode_chunk(view[:step], pb.DataChunk(total_bytes=total).SerializeToString())
             for offset in range(step, total, step):
                 yield encode_chunk(view[offset:offset + step])
-        except TQError as exc:
-            code = exc.code
-            await context.abort(exc.code, exc.message)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            code = grpc.StatusCode.INTERNAL
-            log.exception("get failed")
-            await context.abort(code, f"Get: {type(exc).__name__}: {exc}")
-        finally:
-            RPC_TOTAL.labels(SERVER, "Get", code.name).inc()
-            RPC_SECONDS.labels(SERVER, "Get").observe(time.perf_counter() - start)
 
     @unary_handler(SERVER)
     async def Delete(self, request, context):
