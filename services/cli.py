@@ -4,6 +4,10 @@
     sluice tq-shard [flags]        TransferQueue storage shard (gRPC, Arrow in memory)
     sluice dcs [flags]             control plane: nodes, weight versions, sync groups, run control (HTTP)
     sluice engine --model DIR      built-in rollout engine speaking SGLang's HTTP protocol
+    sluice rollout [flags]         rollout role: prompts -> engines -> rewards -> TQ train_<step>
+    sluice forward --role R        forward role: actor_fwd or reference log-probs
+    sluice advantage [flags]       advantage role: advantages and returns per prompt group
+    sluice trainer [flags]         trainer role: actor (or --role critic) updates, weight publishing
     sluice init-model DIR [flags]  write a random HF causal LM + offline tokenizer (tests, demo)
     sluice demo [flags]            the main job on one machine (see `sluice demo --help`)
 
@@ -33,6 +37,22 @@ def _commands():
         from services.rollout.engine.main import main
         return main(argv)
 
+    def rollout(argv):
+        from services.rollout.main import main
+        return main(argv)
+
+    def forward(argv):
+        from services.forward.main import main
+        return main(argv)
+
+    def advantage(argv):
+        from services.advantage.main import main
+        return main(argv)
+
+    def trainer(argv):
+        from services.trainer.main import main
+        return main(argv)
+
     def init_model(argv):
         from services.model.init_model import main
         return main(argv)
@@ -41,7 +61,8 @@ def _commands():
         from services.demo import main
         return main(argv)
 
-    return {"tq-controller": controller, "tq-shard": shard, "dcs": dcs, "engine": engine, "init-model": init_model,
+    return {"tq-controller": controller, "tq-shard": shard, "dcs": dcs, "engine": engine, "rollout": rollout,
+            "forward": forward, "advantage": advantage, "trainer": trainer, "init-model": init_model,
             "demo": demo}
 
 
@@ -59,6 +80,18 @@ def service_config(command: str):
     if command == "engine":
         from services.rollout.engine.config import EngineConfig
         return EngineConfig
+    if command == "rollout":
+        from services.rollout.config import RolloutConfig
+        return RolloutConfig
+    if command == "forward":
+        from services.forward.config import ForwardConfig
+        return ForwardConfig
+    if command == "advantage":
+        from services.advantage.config import AdvantageConfig
+        return AdvantageConfig
+    if command == "trainer":
+        from services.trainer.config import TrainerConfig
+        return TrainerConfig
     raise KeyError(f"{command} is not a service command")
 
 

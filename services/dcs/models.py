@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.dcs.run_config import RunConfig
+
 Name = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
 TorchDType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 NodeState = Literal["running", "pausing", "paused", "dead"]
@@ -143,30 +145,6 @@ class SyncReport(Strict):
 
 
 # ------------------------------------------------------------------ runs
-
-
-class RunConfig(Strict):
-    """What a run is; validated when it is created."""
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
-    model: str = Field(min_length=1, max_length=1024, description="local model directory")
-    mode: Literal["fully_async", "colocate"] = "fully_async"
-    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"] = "grpo"
-    max_staleness: int = Field(1, ge=0, le=64)
-    n_samples_per_prompt: int = Field(8, ge=1, le=4096)
-    rollout_batch_size: int = Field(32, ge=1, description="prompt groups per step")
-    global_batch_size: int = Field(256, ge=1, description="samples per optimizer step")
-    micro_batch_size: int = Field(8, ge=1)
-    num_steps: int = Field(100, ge=1)
-    ref_update_interval: int = Field(0, ge=0, description="reference receives every Nth version; 0 = never")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "RunConfig":
-        if self.mode == "colocate" and self.max_staleness != 0:
-            raise ValueError("colocate mode is synchronous: max_staleness must be 0")
-        if self.global_batch_size % self.micro_batch_size:
-            raise ValueError("global_batch_size must be a multiple of micro_batch_size")
-        return self
 
 
 class Run(Strict):

@@ -11,6 +11,7 @@ Differences are discovered by asking (404 / 4xx on the newer form), once, and re
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 import httpx
@@ -26,17 +27,35 @@ class SGLangError(RuntimeError):
         self.message = message
 
 
+@dataclass
+class Generation:
+    """One sample's output from /generate, as the rollout needs it."""
+
+    output_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str                 # stop | length | abort
+    spans: list[tuple[str, int, int]] = field(default_factory=list)  # (weight version, start, end) over output ids
+
+
 class SGLangClient:
     def __init__(self, base_url: str, timeout_s: float = 60.0, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = headers
+        self._timeout_s = timeout_s
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        self._ahttp: httpx.AsyncClient | None = None  # generation is async (many requests in flight)
         self._pause_takes_mode: bool | None = None
         self._needs_begin_end: bool | None = None
         self._version_endpoint: str | None = None
 
     def close(self) -> None:
         self._http.close()
+
+    async def aclose(self) -> None:
+        if self._ahttp is not None:
+            await self._ahttp.aclose()
+            self._ahttp = None
 
     def _post(self, endpoint: str, body: dict | None = None, timeout: float | None = None) -> httpx.Response:
         kwargs = {"json": body} if body is not None else {}
@@ -83,6 +102,29 @@ class SGLangClient:
             if response.status_code == 200:
                 return response.json()
         raise SGLangError("model_info", 404, "no model_info endpoint")
+
+    # ------------------------------------------------------------ generation
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: dict, rid: str | None = None) -> Generation:
+        """One sample with output-token log-probs. A request aborted by a pause comes back with its
+        partial output and finish_reason "abort" (the caller resubmits the continuation)."""
+        if self._ahttp is None:
+            self._ahttp = httpx.AsyncClient(base_url=self.base_url, headers=self._headers,
+                                            timeout=httpx.Timeout(self._timeout_s, read=None))
+        body = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True}
+        if rid is not None:
+            body["rid"] = rid
+        data = self._check("/generate", await self._ahttp.post("/generate", json=body))
+        meta = data.get("meta_info") or {}
+        output_ids = [int(t) for t in data.get("output_ids") or []]
+        log_probs = [float(entry[0]) for entry in meta.get("output_token_logprobs") or []]
+        if len(log_probs) != len(output_ids):
+            raise SGLangError("/generate", 200, f"{len(output_ids)} output ids but {len(log_probs)} log-probs")
+        reason = (meta.get("finish_reason") or {}).get("type", "length")
+        spans = [(str(s["version"]), int(s["start"]), int(s["end"])) for s in meta.get("weight_versions") or []]
+        if not spans and output_ids:
+            spans = [(str(meta.get("weight_version", "default")), 0, len(output_ids))]
+        return Generation(output_ids, log_probs, reason, spans)
 
     # ------------------------------------------------------------ generation control
 

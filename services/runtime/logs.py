@@ -39,3 +39,6 @@ def configure_logging(service: str, level: str = "info") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.Formatter.converter = time.gmtime
+    # every HTTP call the clients make (heartbeats, long polls) would be a line at info
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, root.level))

@@ -122,3 +122,25 @@ def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, t in tensors.items():
             params[name].copy_(t)
+
+
+def follow_weights(receiver: WeightReceiver, model: torch.nn.Module, wait_s: float) -> int | None:
+    """Receive the next published version (waiting up to wait_s) into `model`: the version loaded,
+    or None. A version whose group does not include this node is skipped; a failed sync keeps the
+    old weights (logged) and moves on, since that version's broadcast is over."""
+    published = receiver.next(wait_s)
+    if published is None:
+        return None
+    try:
+        tensors = receiver.receive(published)
+    except NotInGroup:
+        receiver.version = published.version
+        return None
+    except Exception as exc:
+        receiver.version = published.version
+        log.error("weight sync failed; the old weights stay", extra={"version": published.version, "error": str(exc)})
+        return None
+    start = time.perf_counter()
+    load_into(model, tensors)
+    receiver.loaded(published, time.perf_counter() - start)
+    return published.version

@@ -1,0 +1,1 @@
+"""The advantage role (CPU): advantages and returns for whole prompt groups."""

@@ -1,0 +1,133 @@
+"""The advantage role's loop:
+
+    for step N from where the trainer is:
+        wait for train_N (colocate: the whole batch)
+        until train_N is complete for this task:
+            claim whole groups that have every field the estimator needs
+            -> compute_advantages(...) (services/algorithms/advantages.py) -> put advantages, returns -> ack
+
+Batch-level normalisation (REINFORCE++ and PPO whitening) is over the groups claimed together: a
+whole step in colocate mode, whatever is ready (at most max_groups_per_batch) in fully-async mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import redis
+import torch
+from prometheus_client import Counter, Gauge
+
+from services.algorithms.advantages import compute_advantages
+from services.algorithms.policy_loss import kl_estimate
+from services.advantage.config import AdvantageConfig
+from services.dcs.client import DCSClient
+from services.dcs.membership import RunMembership
+from services.dcs.models import NodeRegistration
+from services.dcs.run_config import RunConfig
+from services.run_state.partitions import partition_name
+from services.run_state.run_config_wait import wait_for_run
+from services.run_state.step_partitions import StepPartitions
+from services.runtime.role_service import RoleStatus, serve_role
+from services.transferqueue.client.queue import TransferQueue
+from services.transferqueue.codec import Batch
+
+log = logging.getLogger(__name__)
+ROWS = Counter("sluice_advantage_rows_total", "samples whose advantages were written")
+ADV_ABS = Gauge("sluice_advantage_abs_mean", "mean |advantage| of the last batch")
+TASK = "advantage"
+
+
+def required_fields(run: RunConfig) -> list[str]:
+    fields = ["reward", "response_length", "loss_mask"]
+    if run.algorithm.kl_in_reward and run.algorithm.kl_coef > 0:
+        fields += ["ref_log_probs", "log_probs" if run.uses_actor_fwd else "rollout_log_probs"]
+    if run.uses_critic:
+        fields.append("values")
+    return fields
+
+
+def advantages_of(batch: Batch, run: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] advantages and returns for the rows of `batch` (whole groups, in row order)."""
+    algo = run.algorithm
+    masks = batch["loss_mask"]
+    width = max(1, max(len(m) for m in masks))
+    mask = torch.zeros(len(masks), width)
+    for i, m in enumerate(masks):
+        mask[i, :len(m)] = m
+
+    def padded(name: str) -> torch.Tensor:
+        out = torch.zeros(len(masks), width)
+        for i, v in enumerate(batch[name]):
+            out[i, :len(v)] = v
+        return out
+
+    kl = None
+    if algo.kl_in_reward and algo.kl_coef > 0:
+        policy = padded("log_probs" if run.uses_actor_fwd else "rollout_log_probs")
+        kl = kl_estimate(policy, padded("ref_log_probs"), algo.kl_kind) * mask
+    values = padded("values") if run.uses_critic else None
+    return compute_advantages(algo.estimator, batch["reward"].float(), mask, run.n_samples_per_prompt,
+                              values=values, kl=kl, kl_coef=algo.kl_coef if kl is not None else 0.0,
+                              gamma=algo.gamma, lam=algo.lam)
+
+
+class AdvantageService:
+    def __init__(self, config: AdvantageConfig, status: RoleStatus):
+        self.config = config
+        self.status = status
+
+    def run_loop(self, halt: threading.Event) -> None:
+        c = self.config
+        dcs = DCSClient(c.dcs_url, token=c.auth_token or None)
+        run = wait_for_run(dcs, c.run_id, halt)
+        if run is None:
+            return
+        tq = TransferQueue(c.tq_controller, token=c.auth_token or None)
+        steps = StepPartitions(tq, redis.Redis.from_url(c.redis_url, decode_responses=True), c.run_id, run)
+        membership = RunMembership(dcs, NodeRegistration(role="advantage", host=c.advertise_host,
+                                                         ports={"http": c.port}, run_id=c.run_id))
+        n = run.n_samples_per_prompt
+        batch_rows = (c.max_groups_per_batch or run.rollout_batch_size) * n
+        tq.register_task(TASK, required_fields(run), group_size=n)
+        self.status.ready = True
+        try:
+            step = steps.first_step()
+            while step < run.num_steps and not halt.is_set():
+                membership.safe_point(halt)
+                if steps.wait_for(step, halt):
+                    self._consume(tq, partition_name(step), run, batch_rows, halt)
+                    membership.progress(step=step)
+                step += 1
+        finally:
+            membership.close()
+            tq.close()
+            dcs.close()
+
+    def _consume(self, tq: TransferQueue, partition: str, run: RunConfig, batch_rows: int, halt) -> None:
+        while not halt.is_set():
+            # min_rows: answer as soon as one group is ready, but take whatever else is ready too
+            batch = tq.claim(partition, TASK, batch_rows, wait_s=1.0, min_rows=run.n_samples_per_prompt,
+                             lease_s=self.config.lease_s)
+            if not batch.rows:
+                if batch.complete:
+                    return
+                continue
+            advantages, returns = advantages_of(batch, run)
+            lengths = [len(m) for m in batch["loss_mask"]]
+            tq.put(partition, {"advantages": [advantages[i, :n].contiguous() for i, n in enumerate(lengths)],
+                               "returns": [returns[i, :n].contiguous() for i, n in enumerate(lengths)]},
+                   rows=batch.rows)
+            tq.ack(batch)
+            ROWS.inc(len(batch.rows))
+            total = sum(lengths)
+            ADV_ABS.set(float(advantages.abs().sum()) / max(1, total))
+            self.status.update(partition=partition, rows_done=self.status.fields.get("rows_done", 0) + len(batch.rows))
+
+
+async def serve(config: AdvantageConfig, stop: asyncio.Event) -> None:
+    torch.set_num_threads(1)
+    status = RoleStatus("advantage")
+    await serve_role(config, stop, status, loop=AdvantageService(config, status).run_loop)

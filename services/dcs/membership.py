@@ -1,0 +1,89 @@
+"""A service's membership in a run: registered with the coordinator, heartbeating on a thread,
+following the run's desired state (pause/resume) at the safe points its loop offers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from services.dcs.client import DCSClient, DCSError
+from services.dcs.models import Heartbeat, NodeRegistration
+
+log = logging.getLogger(__name__)
+
+
+class RunMembership:
+    """Register `registration`, heartbeat every `interval_s`, and pause at `safe_point()` while the
+    run is paused (acknowledging the pause request so `status` shows it reached a safe point)."""
+
+    def __init__(self, dcs: DCSClient, registration: NodeRegistration, interval_s: float = 1.0):
+        self.dcs = dcs
+        self.registration = registration
+        self.interval_s = interval_s
+        self.node_id = dcs.register(registration).node_id
+        self.step: int | None = None
+        self.weight_version: int | None = None
+        self.error: str | None = None
+        self._desired = "running"
+        self._pause_seq = 0
+        self._acked_seq = 0
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._beat_once()
+        self._thread = threading.Thread(target=self._beat_loop, name=f"heartbeat-{registration.role}", daemon=True)
+        self._thread.start()
+
+    @property
+    def paused(self) -> bool:
+        return self._desired == "paused"
+
+    def progress(self, step: int | None = None, weight_version: int | None = None) -> None:
+        if step is not None:
+            self.step = step
+        if weight_version is not None:
+            self.weight_version = weight_version
+
+    def safe_point(self, stop: threading.Event | None = None) -> None:
+        """Return at once while running; while paused, acknowledge and block until resumed (or stop)."""
+        if not self.paused:
+            return
+        with self._changed:
+            self._acked_seq = self._pause_seq
+        self._beat_once()
+        log.info("paused at a safe point", extra={"pause_seq": self._pause_seq})
+        with self._changed:
+            while self.paused and not (stop and stop.is_set()) and not self._stop.is_set():
+                self._changed.wait(0.2)
+        log.info("resumed")
+
+    def _beat_once(self) -> None:
+        try:
+            reply = self.dcs.heartbeat(self.node_id, Heartbeat(step=self.step, weight_version=self.weight_version,
+                                                               paused_seq=self._acked_seq, error=self.error))
+        except DCSError as exc:
+            if exc.status == 404:  # the coordinator forgot us (lease lapsed): register again
+                self.node_id = self.dcs.register(self.registration).node_id
+                log.warning("re-registered with the coordinator", extra={"node_id": self.node_id})
+                return
+            raise
+        with self._changed:
+            self._desired, self._pause_seq = reply.desired_state, reply.pause_seq
+            if reply.desired_state == "running":
+                self._acked_seq = 0
+            self._changed.notify_all()
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._beat_once()
+            except Exception as exc:  # the coordinator may be restarting: keep trying
+                log.warning("heartbeat failed", extra={"error": str(exc)})
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            self.dcs.unregister(self.node_id)
+        except Exception as exc:
+            log.warning("could not unregister", extra={"error": str(exc)})

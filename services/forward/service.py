@@ -1,0 +1,117 @@
+"""The forward role's loop, one step at a time:
+
+    for step N from where the trainer is:
+        wait for train_N (colocate: for the whole batch)
+        actor_fwd: first take weight versions until it holds the one step N is trained with
+        until train_N is complete for this role:
+            take any newly published weights (reference: only versions it is a member for)
+            claim a micro batch -> log-probs of the responses -> put log_probs | ref_log_probs -> ack
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import redis
+import torch
+from prometheus_client import Counter, Gauge
+
+from services.dcs.client import DCSClient
+from services.dcs.membership import RunMembership
+from services.dcs.models import NodeRegistration
+from services.dcs.sync.receiver import WeightReceiver, follow_weights
+from services.forward.config import ForwardConfig
+from services.model.loading import load_causal_lm
+from services.model.response_batch import ResponseBatch, response_log_probs
+from services.run_state.partitions import SAMPLE_FIELDS, partition_name
+from services.run_state.run_config_wait import wait_for_run
+from services.run_state.step_partitions import StepPartitions
+from services.runtime.role_service import RoleStatus, serve_role
+from services.transferqueue.client.queue import TransferQueue
+
+log = logging.getLogger(__name__)
+ROWS = Counter("sluice_forward_rows_total", "samples whose log-probs were written")
+TOKENS = Counter("sluice_forward_tokens_total", "tokens run through the model")
+VERSION = Gauge("sluice_forward_weight_version", "weight version held")
+
+OUTPUT_FIELD = {"actor_fwd": "log_probs", "reference": "ref_log_probs"}
+
+
+class ForwardService:
+    def __init__(self, config: ForwardConfig, status: RoleStatus):
+        self.config = config
+        self.status = status
+        self.role = config.role
+        self.field = OUTPUT_FIELD[config.role]
+
+    def run_loop(self, halt: threading.Event) -> None:
+        c = self.config
+        dcs = DCSClient(c.dcs_url, token=c.auth_token or None)
+        run = wait_for_run(dcs, c.run_id, halt)
+        if run is None:
+            return
+        self.run = run
+        torch.manual_seed(run.optim.seed)
+        self.model, _ = load_causal_lm(run.model, c.dtype, c.device)
+        tq = TransferQueue(c.tq_controller, token=c.auth_token or None)
+        rds = redis.Redis.from_url(c.redis_url, decode_responses=True)
+        steps = StepPartitions(tq, rds, c.run_id, run)
+        membership = RunMembership(dcs, NodeRegistration(role=self.role, host=c.advertise_host,
+                                                         ports={"http": c.port}, device=c.device, run_id=c.run_id))
+        receives = self.role == "actor_fwd" or run.ref_update_interval > 0
+        receiver = WeightReceiver(dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device)
+        if receives:
+            receiver.declare()
+            receiver.version = dcs.cursors_of(self.role)  # a restarted node waits for the next version
+        micro = c.micro_batch_size or run.micro_batch_size
+        n = run.n_samples_per_prompt
+        micro = max(n, micro - micro % n)  # claims come in whole groups
+        tq.register_task(self.role, SAMPLE_FIELDS, group_size=n)
+        self.status.ready = True
+        try:
+            step = steps.first_step()
+            while step < run.num_steps and not halt.is_set():
+                membership.safe_point(halt)
+                if not steps.wait_for(step, halt):
+                    step += 1
+                    continue
+                if self.role == "actor_fwd":  # log-probs of step N come from the weights step N trains with
+                    needed = step + steps.trainer_progress().version_offset
+                    while receiver.version < needed and not halt.is_set() and steps.info(step) is not None:
+                        follow_weights(receiver, self.model, wait_s=1.0)
+                self._consume(tq, partition_name(step), micro, receiver if receives else None, membership, halt)
+                step += 1
+        finally:
+            receiver.close()
+            membership.close()
+            tq.close()
+            dcs.close()
+
+    def _consume(self, tq: TransferQueue, partition: str, micro: int, receiver, membership, halt) -> None:
+        while not halt.is_set():
+            if receiver is not None:
+                follow_weights(receiver, self.model, wait_s=0)
+                VERSION.set(receiver.version)
+                membership.progress(weight_version=receiver.version)
+            batch = tq.claim(partition, self.role, micro, wait_s=1.0, lease_s=self.config.lease_s)
+            if not batch.rows:
+                if batch.complete:
+                    return
+                continue
+            rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
+            log_probs = response_log_probs(self.model, rb.to_device(self.config.device),
+                                           self.run.rollout.temperature).cpu()
+            tq.put(partition, {self.field: rb.to_ragged(log_probs)}, rows=batch.rows)
+            tq.ack(batch)
+            ROWS.inc(len(batch.rows))
+            TOKENS.inc(int(rb.attention_mask.sum()))
+            self.status.update(partition=partition, rows_done=self.status.fields.get("rows_done", 0) + len(batch.rows))
+
+
+async def serve(config: ForwardConfig, stop: asyncio.Event) -> None:
+    torch.set_num_threads(1)
+    status = RoleStatus(config.role)
+    await serve_role(config, stop, status, loop=ForwardService(config, status).run_loop)

@@ -1,0 +1,122 @@
+"""A whole run on one machine: a private Redis, TransferQueue (controller + shard), the coordinator,
+built-in engines and every role the run needs, each its own process, stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import redis
+
+from services.dcs.client import DCSClient
+from services.dcs.local import LocalDCS
+from services.dcs.run_config import RunConfig
+from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
+from services.runtime.processes import ChildProcess, free_port, http_ok, sluice_argv, start_redis
+from services.transferqueue.local_stack import LocalTransferQueue
+
+
+class LocalRun:
+    def __init__(self, run: RunConfig, log_dir: str | None = None, engines: int = 1, token: str = "",
+                 checkpoint_dir: str | None = None, engine_args: tuple[str, ...] = ()):
+        self.run = run
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-run-")
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.token = token
+        self.checkpoint_dir = checkpoint_dir
+        self.procs: dict[str, ChildProcess] = {}
+        self.role_argv: dict[str, list[str]] = {}
+        self.redis_proc = self.tq = self.dcs = None
+        try:
+            self.redis_proc, self.redis_url = start_redis(log_dir=self.log_dir)
+            self.tq = LocalTransferQueue(token=token, redis_url=self.redis_url, log_dir=self.log_dir)
+            self.dcs = LocalDCS(redis_url=self.redis_url, token=token, log_dir=self.log_dir)
+            self.engine_urls = [self._start_engine(i, engine_args) for i in range(engines)]
+            with self.dcs_client() as dcs:
+                dcs.create_run(run)
+            self._start_roles()
+        except BaseException:
+            self.stop()
+            raise
+
+    def dcs_client(self) -> DCSClient:
+        return DCSClient(self.dcs.url, token=self.token or None)
+
+    def redis_client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url, decode_responses=True)
+
+    def _start_engine(self, i: int, args) -> str:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = ChildProcess(f"engine-{i}", sluice_argv("engine", "--model", self.run.model, "--host", "127.0.0.1",
+                                                       "--port", str(port), *args),
+                            os.path.join(self.log_dir, f"engine-{i}.log"), env={"HF_HUB_OFFLINE": "1"})
+        self.procs[f"engine-{i}"] = proc
+        proc.wait_until(lambda: http_ok(url + "/health"), 120)
+        return url
+
+    def _common(self) -> list[str]:
+        auth = ["--auth-token", self.token] if self.token else []
+        return ["--run-id", self.run.name, "--dcs-url", self.dcs.url, "--tq-controller", self.tq.controller_address,
+                "--redis-url", self.redis_url, "--host", "127.0.0.1", *auth]
+
+    def _start_roles(self) -> None:
+        ckpt = ["--checkpoint-dir", self.checkpoint_dir] if self.checkpoint_dir else []
+        roles = {"trainer": ["trainer", *ckpt], "rollout": ["rollout", "--engine-url", ",".join(self.engine_urls)],
+                 "advantage": ["advantage"]}
+        if self.run.uses_critic:
+            roles["critic"] = ["trainer", "--role", "critic", *ckpt]
+        if self.run.uses_actor_fwd:
+            roles["actor_fwd"] = ["forward", "--role", "actor_fwd"]
+        if self.run.uses_reference:
+            roles["reference"] = ["forward", "--role", "reference"]
+        for name, argv in roles.items():
+            self.role_argv[name] = argv
+            self.start_role(name)
+
+    def start_role(self, name: str) -> ChildProcess:
+        port = free_port()
+        proc = ChildProcess(name, sluice_argv(*self.role_argv[name], *self._common(), "--port", str(port)),
+                            os.path.join(self.log_dir, f"{name}.log"), env={"HF_HUB_OFFLINE": "1"})
+        proc.status_url = f"http://127.0.0.1:{port}"
+        self.procs[name] = proc
+        proc.wait_until(lambda: http_ok(proc.status_url + "/healthz"), 60)
+        return proc
+
+    def progress(self) -> TrainerProgress:
+        with self.redis_client() as r:
+            return read_progress(r, self.run.name)
+
+    def trained_steps(self) -> dict[int, dict]:
+        with self.redis_client() as r:
+            return trained_steps(r, self.run.name)
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if not proc.alive():
+                raise RuntimeError(f"{name} exited with {proc.proc.returncode}; log: {proc.log_tail()}")
+
+    def wait_for_step(self, next_step: int, timeout_s: float) -> TrainerProgress:
+        """Until the trainer has finished steps < next_step; a role that dies fails it at once."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            progress = self.progress()
+            if progress.next_step >= next_step:
+                return progress
+            self.check_alive()
+            time.sleep(0.2)
+        raise TimeoutError(f"trainer at {self.progress()} after {timeout_s}s; logs in {self.log_dir}")
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+        for part in (self.dcs, self.tq, self.redis_proc):
+            if part is not None:
+                part.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,25 @@
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.role_service import RoleSettings
+
+
+class RolloutConfig(RoleSettings):
+    """`sluice rollout`: takes prompts, generates n_samples_per_prompt responses per prompt through the
+    engines (built-in or SGLang; requests balanced across them), scores them and writes whole groups
+    to TransferQueue partition train_<step>, admitting new groups continuously up to the run's
+    staleness bound. What to generate (prompts, reward, sampling) is the run's config on the coordinator."""
+
+    model_config = SettingsConfigDict(env_prefix="SLUICE_ROLLOUT_")
+
+    engine_url: str = Field("http://127.0.0.1:30000", description="comma-separated engine base URLs (SGLang protocol)")
+    engine_api_key: str = Field("", description="bearer token for the engines, if they need one")
+    register_engines: bool = Field(True, description="register the engines with the coordinator (so the trainer "
+                                                     "updates their weights); off when they register themselves")
+    port: int = Field(7400, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
+    request_timeout_s: float = Field(600.0, gt=0, description="deadline of one generate request")
+    version_poll_s: float = Field(0.25, gt=0, description="how often engine weight versions are read")
+
+    @property
+    def engine_urls(self) -> list[str]:
+        return [u.strip() for u in self.engine_url.split(",") if u.strip()]

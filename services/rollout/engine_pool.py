@@ -1,0 +1,115 @@
+"""The rollout's engines: requests balanced across them (least in flight), their weight versions
+polled, and partial rollout: a sample whose request was aborted by a weight update (pause mode
+abort) is resubmitted as prompt + partial output under the new weights, keeping the version spans
+of every part."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import httpx
+
+from services.rollout.admission import parse_version
+from services.rollout.sglang_client import SGLangClient, SGLangError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SampleOutput:
+    output_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    spans: list[tuple[int, int, int]] = field(default_factory=list)  # (version, start, end) over output ids
+    finish_reason: str = "length"
+    resubmits: int = 0
+
+    @property
+    def begin_version(self) -> int:
+        return self.spans[0][0] if self.spans else 0
+
+    def token_versions(self) -> list[int]:
+        out: list[int] = []
+        for version, start, end in self.spans:
+            out.extend([version] * (end - start))
+        return out
+
+    def append(self, output_ids: Sequence[int], log_probs: Sequence[float], spans) -> None:
+        base = len(self.output_ids)
+        self.output_ids.extend(output_ids)
+        self.log_probs.extend(log_probs)
+        for version, start, end in spans:
+            version = parse_version(version)
+            if self.spans and self.spans[-1][0] == version and self.spans[-1][2] == base + start:
+                self.spans[-1] = (version, self.spans[-1][1], base + end)
+            else:
+                self.spans.append((version, base + start, base + end))
+
+
+class EnginePool:
+    def __init__(self, urls: Sequence[str], timeout_s: float = 600.0, api_key: str | None = None,
+                 max_resubmits: int = 64, max_connect_retries: int = 30):
+        if not urls:
+            raise ValueError("the rollout needs at least one engine URL")
+        self.urls = list(urls)
+        self.engines = [SGLangClient(u, timeout_s=timeout_s, api_key=api_key) for u in self.urls]
+        self.in_flight = [0] * len(self.engines)
+        self.versions = [0] * len(self.engines)
+        self.max_resubmits = max_resubmits
+        self.max_connect_retries = max_connect_retries
+        self.requests = 0
+        self.resubmits = 0
+
+    @property
+    def min_version(self) -> int:
+        return min(self.versions)
+
+    async def refresh_versions(self) -> int:
+        async def one(i: int) -> None:
+            try:
+                self.versions[i] = parse_version(await asyncio.to_thread(self.engines[i].weight_version))
+            except (httpx.HTTPError, SGLangError) as exc:
+                log.warning("engine version unavailable", extra={"engine": self.urls[i], "error": str(exc)})
+        await asyncio.gather(*(one(i) for i in range(len(self.engines))))
+        return self.min_version
+
+    def _pick(self) -> int:
+        return min(range(len(self.engines)), key=lambda i: self.in_flight[i])
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: dict, max_new_tokens: int, rid: str) -> SampleOutput:
+        sample = SampleOutput()
+        failures = 0
+        while True:
+            remaining = max_new_tokens - len(sample.output_ids)
+            i = self._pick()
+            self.in_flight[i] += 1
+            self.requests += 1
+            try:
+                g = await self.engines[i].generate(list(prompt_ids) + sample.output_ids,
+                                                   {**sampling, "max_new_tokens": remaining}, rid=rid)
+            except httpx.HTTPError as exc:  # engine restarting or unreachable: try again (maybe elsewhere)
+                failures += 1
+                if failures > self.max_connect_retries:
+                    raise
+                log.warning("engine request failed; retrying", extra={"engine": self.urls[i], "error": str(exc)})
+                await asyncio.sleep(min(5.0, 0.2 * failures))
+                continue
+            finally:
+                self.in_flight[i] -= 1
+            sample.append(g.output_ids, g.log_probs, g.spans)
+            sample.finish_reason = g.finish_reason
+            if g.finish_reason != "abort" or len(sample.output_ids) >= max_new_tokens:
+                if sample.finish_reason == "abort":
+                    sample.finish_reason = "length"
+                return sample
+            sample.resubmits += 1
+            self.resubmits += 1
+            if sample.resubmits > self.max_resubmits:
+                raise RuntimeError(f"request {rid} was aborted {sample.resubmits} times")
+
+    async def aclose(self) -> None:
+        for engine in self.engines:
+            await engine.aclose()
+            engine.close()

@@ -1,0 +1,271 @@
+"""The rollout role's loop: admit prompt groups up to the staleness bound, generate, score, write.
+
+    recover()                 the ledger + what open partitions already hold -> positions still to do
+    loop:
+        admit group at `position` while may_admit(...)  (services/rollout/admission.py)
+            generate n samples (engine pool; aborted requests resume under new weights)
+            score them (reward function), put the whole group into train_<step>, mark it written
+            the step's last group seals its partition
+        otherwise wait for a group to finish or the engines' weight version to move
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import redis.asyncio as aioredis
+import torch
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.dcs.client import DCSClient
+from services.dcs.membership import RunMembership
+from services.dcs.models import NodeRegistration
+from services.dcs.run_config import RunConfig
+from services.rollout.admission import may_admit
+from services.rollout.config import RolloutConfig
+from services.rollout.engine_pool import EnginePool, SampleOutput
+from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
+from services.rollout.rewards import build_reward
+from services.run_state.partitions import partition_name, step_of
+from services.run_state.prompt_ledger import PromptLedger
+from services.run_state.trainer_progress import aread_progress
+from services.runtime.role_service import RoleStatus, serve_role
+from services.run_state.run_config_wait import wait_for_run
+from services.transferqueue.client.queue import AsyncTransferQueue
+
+log = logging.getLogger(__name__)
+GROUPS = Counter("sluice_rollout_groups_total", "prompt groups written to TransferQueue")
+SAMPLES_TOKENS = Counter("sluice_rollout_response_tokens_total", "response tokens generated")
+RESUBMITS = Counter("sluice_rollout_resubmits_total", "requests resumed after a weight update aborted them")
+IN_FLIGHT = Gauge("sluice_rollout_groups_in_flight", "prompt groups generating")
+BLOCKED = Counter("sluice_rollout_admission_blocked_seconds_total", "time the staleness bound held admission")
+REWARD = Histogram("sluice_rollout_reward", "sample rewards", buckets=(-1, 0, 0.25, 0.5, 0.75, 1, 2))
+RECOVER_TASK = "rollout_recover"
+
+
+class RolloutService:
+    def __init__(self, config: RolloutConfig, status: RoleStatus):
+        self.config = config
+        self.status = status
+        self.dcs = DCSClient(config.dcs_url, token=config.auth_token or None)
+        self.memberships: list[RunMembership] = []
+
+    # ------------------------------------------------------------------ setup
+
+    def _setup(self, run: RunConfig) -> None:
+        from transformers import AutoTokenizer
+
+        self.run = run
+        r = run.rollout
+        self.tokenizer = AutoTokenizer.from_pretrained(run.model, local_files_only=True)
+        self.source = open_prompt_source(r.prompts, r.prompt_field, r.shuffle_seed)
+        spec = r.reward
+        if spec is None:
+            task = r.prompts.removeprefix("demo:")
+            if not r.prompts.startswith("demo:") or task not in DEMO_TASKS:
+                raise ValueError("rollout.reward is required unless prompts is a demo task")
+            spec = DEMO_TASKS[task].reward
+        self.reward = build_reward(spec, label_field=r.label_field, timeout_s=r.reward_timeout_s,
+                                   retries=r.reward_retries, token=self.config.auth_token or None)
+        self.pool = EnginePool(self.config.engine_urls, timeout_s=self.config.request_timeout_s,
+                               api_key=self.config.engine_api_key or None)
+        self.tq = AsyncTransferQueue(self.config.tq_controller, token=self.config.auth_token or None)
+        self.redis = aioredis.from_url(self.config.redis_url, decode_responses=True)
+        self.ledger = PromptLedger(self.redis, self.config.run_id)
+        self.groups_per_step = run.rollout_batch_size
+        self.total_groups = run.num_steps * run.rollout_batch_size
+        self.cap = r.max_groups_in_flight or 2 * run.rollout_batch_size
+        self.sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
+        self._partitions: set[int] = set()
+
+    def _register(self) -> None:
+        reg = NodeRegistration(role="rollout", host=self.config.advertise_host, ports={"http": self.config.port},
+                               run_id=self.config.run_id)
+        self.memberships.append(RunMembership(self.dcs, reg))
+        if self.config.register_engines:
+            import httpx
+            for rank, url in enumerate(self.config.engine_urls):
+                u = httpx.URL(url)
+                self.memberships.append(RunMembership(self.dcs, NodeRegistration(
+                    role="engine", rank=rank, host=u.host, ports={"http": u.port or 80}, run_id=self.config.run_id)))
+
+    def encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str) and not self.run.rollout.apply_chat_template:
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run_loop(self, stop: asyncio.Event) -> None:
+        run = await asyncio.to_thread(wait_for_run, self.dcs, self.config.run_id, stop)
+        if run is None:
+            return
+        self._setup(run)
+        await asyncio.to_thread(self._register)
+        try:
+            await self.tq.register_task(RECOVER_TASK, ["prompt_position"], group_size=run.n_samples_per_prompt)
+            todo = await self.recover()
+            self.status.ready = True
+            poller = asyncio.create_task(self._poll_versions(stop))
+            try:
+                await self.generate(todo, stop)
+            finally:
+                poller.cancel()
+        finally:
+            await self._close()
+
+    async def generate(self, todo, stop: asyncio.Event) -> None:
+        pending: set[asyncio.Task] = set()
+        position = next(todo, None)
+        blocked_since = None
+        while not stop.is_set():
+            if self.memberships and self.memberships[0].paused:  # stop admitting; ack once drained
+                if pending:
+                    await asyncio.wait(pending)
+                    self._reap(pending)
+                    continue
+                await asyncio.to_thread(self.memberships[0].safe_point)
+                continue
+            if position is None or position >= self.total_groups:
+                if not pending:
+                    break
+            elif len(pending) < self.cap and await self._admissible(position):
+                if blocked_since is not None:
+                    BLOCKED.inc(time.monotonic() - blocked_since)
+                    blocked_since = None
+                pending.add(asyncio.create_task(self.group(position)))
+                IN_FLIGHT.set(len(pending))
+                position = next(todo, None)
+                continue
+            elif blocked_since is None:
+                blocked_since = time.monotonic()
+            if pending:
+                done, _ = await asyncio.wait(pending, timeout=self.config.version_poll_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                self._reap(pending)
+            else:
+                await asyncio.sleep(self.config.version_poll_s)
+        if pending:  # stopping: let what is generating finish, so nothing admitted is lost
+            await asyncio.wait(pending)
+            self._reap(pending)
+
+    def _reap(self, pending: set[asyncio.Task]) -> None:
+        for task in [t for t in pending if t.done()]:
+            pending.discard(task)
+            task.result()  # a failed group takes the service down (restart-safe: it is regenerated)
+        IN_FLIGHT.set(len(pending))
+
+    async def _admissible(self, position: int) -> bool:
+        progress = await aread_progress(self.redis, self.config.run_id)
+        return may_admit(position, self.run.max_staleness, self.pool.min_version, progress.version_offset,
+                         self.groups_per_step)
+
+    async def _poll_versions(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            version = await self.pool.refresh_versions()
+            for m in self.memberships:
+                m.progress(weight_version=version)
+            self.status.update(engine_version=version, requests=self.pool.requests, resubmits=self.pool.resubmits)
+            await asyncio.sleep(self.config.version_poll_s)
+
+    # ------------------------------------------------------------------ one group
+
+    async def group(self, position: int) -> None:
+        run = self.run
+        step = position // self.groups_per_step
+        record = self.source.record(position)
+        prompt_ids = self.encode(record.prompt)
+        await self._ensure_partition(step)
+        samples = await asyncio.gather(*(
+            self.pool.generate(prompt_ids, {**self.sampling, "sampling_seed": run.optim.seed * 1_000_003 + position * 4099 + k},
+                               run.rollout.max_new_tokens, rid=f"{self.config.run_id}-{position}-{k}")
+            for k in range(run.n_samples_per_prompt)))
+        texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
+        rewards = await asyncio.gather(*(self.reward.score(record, t) for t in texts))
+        await self.tq.put(partition_name(step), self.columns(record, prompt_ids, samples, rewards, step))
+        written = await self.ledger.mark_written(position, step)
+        if written >= self.groups_per_step:
+            await self.tq.seal_partition(partition_name(step))
+            log.info("step written", extra={"step": step})
+        GROUPS.inc()
+        for s, r in zip(samples, rewards):
+            SAMPLES_TOKENS.inc(len(s.output_ids))
+            RESUBMITS.inc(s.resubmits)
+            REWARD.observe(r)
+        self.status.update(last_position=position, step=step)
+        for m in self.memberships[:1]:
+            m.progress(step=step)
+
+    @staticmethod
+    def columns(record: PromptRecord, prompt_ids: list[int], samples: list[SampleOutput], rewards: list[float],
+                step: int) -> dict:
+        n = len(samples)
+        prompt = torch.tensor(prompt_ids, dtype=torch.int64)
+        return {
+            "tokens": [torch.cat([prompt, torch.tensor(s.output_ids, dtype=torch.int64)]) for s in samples],
+            "prompt_length": torch.full((n,), len(prompt_ids), dtype=torch.int64),
+            "response_length": torch.tensor([len(s.output_ids) for s in samples], dtype=torch.int64),
+            "loss_mask": [torch.ones(len(s.output_ids), dtype=torch.float32) for s in samples],
+            "rollout_log_probs": [torch.tensor(s.log_probs, dtype=torch.float32) for s in samples],
+            "reward": torch.tensor(rewards, dtype=torch.float32),
+            "weight_version": torch.tensor([s.begin_version for s in samples], dtype=torch.int64),
+            "token_weight_versions": [torch.tensor(s.token_versions(), dtype=torch.int64) for s in samples],
+            "prompt_position": torch.full((n,), record.position, dtype=torch.int64),
+            "sample_index": torch.arange(n, dtype=torch.int64),
+            "step": torch.full((n,), step, dtype=torch.int64),
+        }
+
+    async def _ensure_partition(self, step: int) -> None:
+        if step not in self._partitions:
+            await self.tq.create_partition(partition_name(step), group_size=self.run.n_samples_per_prompt,
+                                           exist_ok=True)
+            self._partitions.add(step)
+
+    # ------------------------------------------------------------------ restart
+
+    async def recover(self):
+        """Positions still to generate, in order. Groups already in open partitions count as written
+        even if the ledger missed them (a crash between the put and the mark)."""
+        for info in await self.tq.list_partitions("train_"):
+            step = step_of(info.name)
+            if step is None or info.allocated_rows == 0:
+                continue
+            batch = await self.tq.claim(info.name, RECOVER_TASK, batch_size=max(info.allocated_rows, 1))
+            if batch.rows:
+                await self.tq.release(batch)
+                for position in sorted({int(p) for p in batch.columns["prompt_position"]}):
+                    await self.ledger.mark_written(position, step)
+            if not info.sealed and await self.ledger.groups_written(step) >= self.groups_per_step:
+                await self.tq.seal_partition(info.name)
+        frontier, written = await self.ledger.load()
+        log.info("rollout position", extra={"frontier": frontier, "written_beyond": len(written)})
+
+        def positions():
+            p = frontier
+            while True:
+                if p not in written:
+                    yield p
+                p += 1
+        return positions()
+
+    async def _close(self) -> None:
+        for m in self.memberships:
+            await asyncio.to_thread(m.close)
+        for closer in (self.pool.aclose(), self.reward.aclose(), self.tq.close(), self.redis.aclose()):
+            try:
+                await closer
+            except Exception as exc:
+                log.warning("close failed", extra={"error": str(exc)})
+        self.dcs.close()
+
+
+async def serve(config: RolloutConfig, stop: asyncio.Event) -> None:
+    torch.set_num_threads(1)
+    status = RoleStatus("rollout")
+    await serve_role(config, stop, status, aloop=RolloutService(config, status).run_loop)

@@ -1,0 +1,36 @@
+"""Roles read the run's configuration from the coordinator; they may start before it is submitted."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from services.dcs.client import DCSClient, DCSError
+from services.dcs.run_config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def wait_for_run(dcs: DCSClient, run_id: str, stop=None, poll_s: float = 1.0) -> RunConfig | None:
+    """The run's config once it exists (None if `stop` is set first). Connection errors are retried:
+    the coordinator may come up after this service."""
+    announced = False
+    while stop is None or not stop.is_set():
+        try:
+            return dcs.run(run_id).config
+        except DCSError as exc:
+            if exc.status != 404:
+                raise
+            if not announced:
+                log.info("waiting for the run to be created", extra={"run_id": run_id})
+                announced = True
+        except OSError as exc:
+            log.warning("coordinator unreachable", extra={"error": str(exc)})
+        except Exception as exc:  # httpx transport errors
+            if type(exc).__module__.startswith("httpx"):
+                log.warning("coordinator unreachable", extra={"error": str(exc)})
+            else:
+                raise
+        time.sleep(poll_s)
+    return None

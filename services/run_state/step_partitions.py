@@ -1,0 +1,53 @@
+"""How a consuming role walks the steps: start where the trainer is, wait for train_<N> to appear,
+skip steps the trainer has already finished (their partitions are cleared), and in colocate mode
+wait for the whole batch before starting (no overlap with rollout)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import redis
+
+from services.dcs.run_config import RunConfig
+from services.run_state.partitions import partition_name
+from services.run_state.trainer_progress import read_progress
+from services.transferqueue.client.queue import TransferQueue
+from services.transferqueue.errors import TQError
+
+
+class StepPartitions:
+    def __init__(self, tq: TransferQueue, redis_client: redis.Redis, run_id: str, run: RunConfig,
+                 poll_s: float = 0.2):
+        self.tq = tq
+        self.redis = redis_client
+        self.run_id = run_id
+        self.run = run
+        self.poll_s = poll_s
+
+    def trainer_progress(self):
+        return read_progress(self.redis, self.run_id)
+
+    def first_step(self) -> int:
+        return self.trainer_progress().next_step
+
+    def info(self, step: int):
+        try:
+            return self.tq.partition(partition_name(step))
+        except TQError as exc:
+            if exc.code == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+
+    def wait_for(self, step: int, halt: threading.Event) -> bool:
+        """True once train_<step> exists (and, in colocate mode, is sealed: the whole batch is
+        written); False if the trainer is already past it or `halt` is set."""
+        while not halt.is_set():
+            if self.trainer_progress().next_step > step:
+                return False
+            info = self.info(step)
+            if info is not None and (info.sealed or self.run.mode != "colocate"):
+                return True
+            halt.wait(self.poll_s)
+        return False

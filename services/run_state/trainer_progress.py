@@ -1,0 +1,51 @@
+"""The trainer's progress as other roles see it: the next step it will train and the weight version
+it trains that step with. Normally version == next_step; a trainer resumed from a checkpoint older
+than the newest published version republishes under a new number, and the rollout's admission
+control uses the difference (see services/rollout/admission.py)."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+import redis.asyncio as aioredis
+from pydantic import BaseModel
+
+from services.run_state import run_key
+
+
+class TrainerProgress(BaseModel):
+    next_step: int = 0
+    version: int = 0
+
+    @property
+    def version_offset(self) -> int:
+        return self.version - self.next_step
+
+
+def _key(run_id: str) -> str:
+    return run_key(run_id, "trainer", "progress")
+
+
+def read_progress(client: redis.Redis, run_id: str) -> TrainerProgress:
+    text = client.get(_key(run_id))
+    return TrainerProgress.model_validate_json(text) if text else TrainerProgress()
+
+
+async def aread_progress(client: aioredis.Redis, run_id: str) -> TrainerProgress:
+    text = await client.get(_key(run_id))
+    return TrainerProgress.model_validate_json(text) if text else TrainerProgress()
+
+
+def write_progress(client: redis.Redis, run_id: str, progress: TrainerProgress) -> None:
+    client.set(_key(run_id), progress.model_dump_json())
+
+
+def record_trained(client: redis.Redis, run_id: str, step: int, sample_ids: list[str], metrics: dict) -> None:
+    """The audit record of a finished step: which samples it trained and its metrics."""
+    client.hset(run_key(run_id, "trainer", "steps"), str(step),
+                json.dumps({"samples": sample_ids, "metrics": metrics}))
+
+
+def trained_steps(client: redis.Redis, run_id: str) -> dict[int, dict]:
+    return {int(k): json.loads(v) for k, v in client.hgetall(run_key(run_id, "trainer", "steps")).items()}

@@ -1,0 +1,105 @@
+"""One optimizer step of the actor over a global batch of samples, split into micro batches.
+
+The loss terms are services/algorithms/policy_loss.py; the aggregation totals (tokens, sequences)
+are those of the whole global batch, so the accumulated gradient equals one pass over it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from services.algorithms.policy_loss import PolicyLossConfig, entropy_from_logits, policy_loss
+from services.dcs.run_config import RunConfig
+from services.model.response_batch import ResponseBatch, response_logits, token_log_probs
+from services.transferqueue.codec import Batch
+
+
+def actor_fields(run: RunConfig) -> list[str]:
+    fields = ["tokens", "prompt_length", "response_length", "loss_mask", "rollout_log_probs", "advantages",
+              "reward", "weight_version", "prompt_position", "sample_index"]
+    if run.uses_actor_fwd:
+        fields.append("log_probs")
+    if run.uses_reference and not run.algorithm.kl_in_reward:
+        fields.append("ref_log_probs")
+    return fields
+
+
+def loss_config(run: RunConfig) -> PolicyLossConfig:
+    a = run.algorithm
+    kl_loss = a.kl_coef if (a.kl_coef > 0 and not a.kl_in_reward) else 0.0
+    return PolicyLossConfig(eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high, dual_clip_c=a.dual_clip_c,
+                            tis_clip=a.tis_clip, loss_agg=a.loss_agg, kl_loss_coef=kl_loss, kl_loss_kind=a.kl_kind,
+                            entropy_coef=a.entropy_coef)
+
+
+def pad(values, width: int) -> torch.Tensor:
+    out = torch.zeros(len(values), width)
+    for i, v in enumerate(values):
+        out[i, :len(v)] = v
+    return out
+
+
+@dataclass
+class StepMetrics:
+    """Sums over micro batches, token-weighted where the metric is per token."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    tokens: float = 0.0
+    loss: float = 0.0
+    grad_norm: float = 0.0
+
+    def add(self, metrics: dict, tokens: float) -> None:
+        for name, value in metrics.items():
+            if name in ("tokens", "ratio_max"):
+                continue
+            self.sums[name] = self.sums.get(name, 0.0) + float(value) * tokens
+        self.sums["ratio_max"] = max(self.sums.get("ratio_max", 0.0), float(metrics.get("ratio_max", 0.0)))
+        self.tokens += tokens
+
+    def means(self) -> dict[str, float]:
+        out = {k: (v if k == "ratio_max" else v / max(self.tokens, 1.0)) for k, v in self.sums.items()}
+        out.update(loss=self.loss, grad_norm=self.grad_norm, tokens=self.tokens)
+        return out
+
+
+def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size: int, device: str = "cpu") -> StepMetrics:
+    cfg = loss_config(run)
+    temperature = run.rollout.temperature
+    masks = batch["loss_mask"]
+    total_tokens = float(sum(float(m.sum()) for m in masks))
+    total_seqs = float(len(masks))
+    metrics = StepMetrics()
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    for start in range(0, len(batch.rows), micro_batch_size):
+        sl = slice(start, start + micro_batch_size)
+        rb = ResponseBatch.build(batch["tokens"][sl], batch["prompt_length"][sl], batch["response_length"][sl])
+        rb = rb.to_device(device)
+        width = rb.mask.shape[1]
+        mask = pad(masks[sl], width).to(device)
+        rollout = pad(batch["rollout_log_probs"][sl], width).to(device)
+        old = pad(batch["log_probs"][sl], width).to(device) if run.uses_actor_fwd else rollout
+        ref = pad(batch["ref_log_probs"][sl], width).to(device) if cfg.kl_loss_coef > 0 else None
+        advantages = pad(batch["advantages"][sl], width).to(device)
+        logits = response_logits(model, rb, temperature)
+        log_probs = token_log_probs(logits, rb.response_ids)
+        entropy = entropy_from_logits(logits if cfg.entropy_coef > 0 else logits.detach())
+        loss, m = policy_loss(log_probs, old, advantages, mask, cfg,
+                              rollout_log_probs=rollout if run.uses_actor_fwd else None, ref_log_probs=ref,
+                              entropy=entropy, total_tokens=total_tokens, total_seqs=total_seqs)
+        loss.backward()
+        tokens = float(mask.sum())
+        with torch.no_grad():  # how far the trainer's policy is from the one that sampled (before this update)
+            diff = (log_probs.detach() - rollout) * mask
+            m = {**m, "rollout_logprob_abs_diff": diff.abs().sum() / max(tokens, 1.0),
+                 "rollout_kl_k3": ((torch.exp(-diff) - 1 + diff) * mask).sum() / max(tokens, 1.0)}
+        metrics.add(m, tokens)
+        metrics.loss += float(loss.detach())
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), run.optim.grad_clip)
+    metrics.grad_norm = float(norm)
+    if math.isfinite(metrics.grad_norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return metrics

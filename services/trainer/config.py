@@ -1,0 +1,24 @@
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.role_service import RoleSettings
+
+
+class TrainerConfig(RoleSettings):
+    """`sluice trainer` (torch backend): streams actor_train batches of train_<step> from TransferQueue
+    while the partition fills, takes num_iters_per_train_update optimizer steps per step (PPO-style
+    clipped loss, KL, entropy, decoupled PPO / truncated IS), publishes the new weights through the
+    coordinator, clears the partition and checkpoints on the run's interval; resumes from the latest
+    checkpoint on start. `--role critic` trains the PPO value model and writes `values` instead."""
+
+    model_config = SettingsConfigDict(env_prefix="SLUICE_TRAINER_")
+
+    role: str = Field("actor", pattern="^(actor|critic)$", description="actor or critic")
+    port: int = Field(7430, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
+    checkpoint_dir: str = Field("", description="where checkpoints go and are resumed from; empty = none")
+    device: str = Field("cpu", description="cpu or cuda[:N]")
+    master_address: str = Field("127.0.0.1", description="address receivers reach this trainer's broadcast group at")
+    bucket_mb: int = Field(64, ge=1, description="weight-sync bucket size (MiB)")
+    weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
+    lease_s: float = Field(300.0, gt=0, description="claim lease: rows return to the queue if this node dies")
+    clear_wait_s: float = Field(600.0, gt=0, description="how long to wait for every task to consume a step")

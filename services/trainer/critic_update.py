@@ -1,0 +1,53 @@
+"""The PPO critic: a value head on the policy's backbone (transformers' *ForTokenClassification with
+one label, initialised from the run's model). V at response token t is read at the position that
+predicts token t, like the log-probs (services/model/response_batch.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from services.algorithms.policy_loss import value_loss
+from services.dcs.run_config import RunConfig
+from services.model.response_batch import ResponseBatch
+from services.trainer.actor_update import StepMetrics, pad
+from services.transferqueue.codec import Batch
+
+CRITIC_VALUE_FIELDS = ["tokens", "prompt_length", "response_length"]
+CRITIC_TRAIN_FIELDS = ["tokens", "prompt_length", "response_length", "loss_mask", "values", "returns"]
+
+
+def load_critic(directory: str, dtype=torch.float32):
+    from transformers import AutoModelForTokenClassification
+
+    return AutoModelForTokenClassification.from_pretrained(directory, num_labels=1, dtype=dtype,
+                                                           local_files_only=True)
+
+
+def response_values(critic, rb: ResponseBatch) -> torch.Tensor:
+    out = critic(input_ids=rb.input_ids, attention_mask=rb.attention_mask)
+    return rb.gather_response(out.logits)[..., 0].float()
+
+
+def critic_step(critic, optimizer, batch: Batch, run: RunConfig, micro_batch_size: int, device: str = "cpu") -> StepMetrics:
+    masks = batch["loss_mask"]
+    total_tokens = float(sum(float(m.sum()) for m in masks))
+    metrics = StepMetrics()
+    critic.train()
+    optimizer.zero_grad(set_to_none=True)
+    for start in range(0, len(batch.rows), micro_batch_size):
+        sl = slice(start, start + micro_batch_size)
+        rb = ResponseBatch.build(batch["tokens"][sl], batch["prompt_length"][sl], batch["response_length"][sl])
+        rb = rb.to_device(device)
+        width = rb.mask.shape[1]
+        mask = pad(masks[sl], width).to(device)
+        values = response_values(critic, rb)
+        loss, m = value_loss(values, pad(batch["values"][sl], width).to(device), pad(batch["returns"][sl], width).to(device),
+                             mask, clip=run.algorithm.value_clip, loss_agg=run.algorithm.loss_agg,
+                             total_tokens=total_tokens, total_seqs=float(len(masks)))
+        loss.backward()
+        metrics.add(m, float(mask.sum()))
+        metrics.loss += float(loss.detach())
+    metrics.grad_norm = float(torch.nn.utils.clip_grad_norm_(critic.parameters(), run.optim.grad_clip))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return metrics

@@ -1,0 +1,346 @@
+"""The trainer role's loops.
+
+Actor, one step N at a time (N from the checkpoint / progress, see resume()):
+
+    wait for train_N (colocate: the whole batch)
+    repeat num_iters_per_train_update times:
+        claim a global batch of actor_train rows (waiting while the partition fills)
+        check each sample's staleness (version now - version its generation began under)
+        micro batches -> PPO-style loss -> backward; clip; optimizer step; ack the rows
+    version += 1; checkpoint if due (before publishing, so a resume never goes backwards)
+    publish the weights through DCS (engines, actor_fwd, reference on its interval)
+    wait until every task consumed train_N, clear it; record progress (next step, version)
+
+Critic (PPO): per step, write `values` for every row, then train on `returns` once the
+advantage role has written them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+
+import redis
+import torch
+from prometheus_client import Gauge, Histogram
+
+from services.dcs.client import DCSClient, DCSError
+from services.dcs.membership import RunMembership
+from services.dcs.models import NodeRegistration
+from services.dcs.run_config import RunConfig
+from services.dcs.sync.publisher import SyncFailed, WeightPublisher
+from services.model.loading import load_causal_lm
+from services.model.response_batch import ResponseBatch
+from services.run_state.partitions import partition_name, sample_id
+from services.run_state.run_config_wait import wait_for_run
+from services.run_state.step_partitions import StepPartitions
+from services.run_state.trainer_progress import TrainerProgress, read_progress, record_trained, write_progress
+from services.runtime.role_service import RoleStatus, serve_role
+from services.trainer.actor_update import StepMetrics, actor_fields, actor_step
+from services.trainer.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
+from services.trainer.config import TrainerConfig
+from services.trainer.critic_update import (CRITIC_TRAIN_FIELDS, CRITIC_VALUE_FIELDS, critic_step, load_critic,
+                                            response_values)
+from services.transferqueue.client.queue import TransferQueue
+from services.transferqueue.codec import Batch
+
+log = logging.getLogger(__name__)
+ACTOR_TASK = "actor_train"
+CRITIC_VALUES_TASK, CRITIC_TRAIN_TASK = "critic_values", "critic_train"
+STEP_GAUGES = {name: Gauge(f"sluice_trainer_{name}", help_text) for name, help_text in {
+    "loss": "loss of the last step", "clip_fraction": "PPO clip fraction", "kl": "KL to the reference",
+    "entropy": "policy entropy", "grad_norm": "gradient norm before clipping", "reward_mean": "mean reward",
+    "rollout_logprob_abs_diff": "mean |train - rollout| log-prob of the same tokens",
+    "tokens_per_s": "trained tokens per second of compute", "wait_s": "seconds waiting for data in the last step",
+    "step": "last finished step", "weight_version": "weight version published"}.items()}
+STALENESS = Histogram("sluice_trainer_sample_staleness", "versions between a sample's generation and its training",
+                      buckets=(0, 1, 2, 3, 4, 8, 16))
+
+
+def expected_tasks(run: RunConfig) -> list[str]:
+    """Every task that must consume a partition before it is cleared."""
+    tasks = [ACTOR_TASK, "advantage"]
+    if run.uses_actor_fwd:
+        tasks.append("actor_fwd")
+    if run.uses_reference:
+        tasks.append("reference")
+    if run.uses_critic:
+        tasks += [CRITIC_VALUES_TASK, CRITIC_TRAIN_TASK]
+    return tasks
+
+
+def claim_global_batch(tq: TransferQueue, partition: str, task: str, rows: int, lease_s: float,
+                       halt: threading.Event) -> Batch | None:
+    """Exactly `rows` rows (whole groups), waiting while the partition fills; None if halted or the
+    partition ran out."""
+    while not halt.is_set():
+        ready = tq.wait_ready(partition, task, rows, wait_s=2.0)
+        if ready.ready_rows >= rows:
+            batch = tq.claim(partition, task, rows, lease_s=lease_s)
+            if len(batch.rows) == rows:
+                return batch
+            if batch.rows:
+                tq.release(batch)
+        elif ready.partition_complete:
+            return None
+    return None
+
+
+class ActorTrainer:
+    def __init__(self, config: TrainerConfig, status: RoleStatus):
+        self.config = config
+        self.status = status
+
+    def run_loop(self, halt: threading.Event) -> None:
+        c = self.config
+        self.dcs = DCSClient(c.dcs_url, token=c.auth_token or None)
+        run = wait_for_run(self.dcs, c.run_id, halt)
+        if run is None:
+            return
+        self.run = run
+        torch.manual_seed(run.optim.seed)
+        self.redis = redis.Redis.from_url(c.redis_url, decode_responses=True)
+        self.tq = TransferQueue(c.tq_controller, token=c.auth_token or None)
+        self.steps = StepPartitions(self.tq, self.redis, c.run_id, run)
+        ckpt = latest_checkpoint(c.checkpoint_dir, "actor") if c.checkpoint_dir else None
+        self.model, _ = load_causal_lm(ckpt.path if ckpt else run.model, "float32", c.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=run.optim.lr, betas=run.optim.betas,
+                                           weight_decay=run.optim.weight_decay)
+        if ckpt:
+            load_optimizer_state(ckpt.path, self.optimizer)
+        self.membership = RunMembership(self.dcs, NodeRegistration(role="trainer", host=c.advertise_host,
+                                                                   ports={"http": c.port}, device=c.device,
+                                                                   run_id=c.run_id))
+        self.publisher = WeightPublisher(self.dcs, self.membership.node_id, c.master_address,
+                                         bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s)
+        self.tq.register_task(ACTOR_TASK, actor_fields(run), group_size=run.n_samples_per_prompt)
+        try:
+            step, version = self.resume(ckpt)
+            self.status.ready = True
+            while step < run.num_steps and not halt.is_set():
+                self.membership.safe_point(halt)
+                if not self.steps.wait_for(step, halt):
+                    continue
+                trained = self.train_step(step, version, halt)
+                if trained is None:  # halted mid-step: the rows go back to the queue on restart
+                    return
+                ids, metrics = trained
+                version += 1
+                if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
+                    save_checkpoint(c.checkpoint_dir, "actor", self.model, self.optimizer, run.model, step + 1, version)
+                version = self.publish(version)
+                self.clear(step)
+                metrics["weight_version"] = version
+                write_progress(self.redis, c.run_id, TrainerProgress(next_step=step + 1, version=version))
+                record_trained(self.redis, c.run_id, step, ids, metrics)
+                self.report(step, metrics)
+                step += 1
+        finally:
+            self.publisher.close()
+            self.membership.close()
+            self.tq.close()
+            self.dcs.close()
+
+    # ------------------------------------------------------------------ one step
+
+    def train_step(self, step: int, version: int, halt: threading.Event):
+        run, c = self.run, self.config
+        partition = partition_name(step)
+        ids: list[str] = []
+        totals = StepMetrics()
+        staleness = collections.Counter()
+        rewards: list[float] = []
+        wait_s = compute_s = 0.0
+        iteration_metrics = []
+        for _ in range(run.num_iters_per_train_update):
+            t0 = time.perf_counter()
+            batch = claim_global_batch(self.tq, partition, ACTOR_TASK, run.global_batch_size, c.lease_s, halt)
+            wait_s += time.perf_counter() - t0
+            if batch is None:
+                if halt.is_set():
+                    return None
+                raise RuntimeError(f"{partition} ran out of rows before {run.rows_per_step} were trained")
+            for s in (version - batch["weight_version"]).tolist():
+                staleness[int(s)] += 1
+                STALENESS.observe(s)
+            rewards.extend(batch["reward"].tolist())
+            t1 = time.perf_counter()
+            m = actor_step(self.model, self.optimizer, batch, run, run.micro_batch_size, c.device)
+            compute_s += time.perf_counter() - t1
+            self.tq.ack(batch)
+            iteration_metrics.append(m)
+            totals.tokens += m.tokens
+            ids.extend(sample_id(int(p), int(k)) for p, k in zip(batch["prompt_position"], batch["sample_index"]))
+        means = [m.means() for m in iteration_metrics]
+        metrics = {k: sum(x[k] for x in means if k in x) / len(means) for k in means[0] if k not in ("tokens",)}
+        violations = sum(n for s, n in staleness.items() if s > run.max_staleness)
+        if violations:
+            log.warning("samples exceeded max_staleness", extra={"step": step, "count": violations})
+        metrics.update(reward_mean=sum(rewards) / len(rewards), tokens=totals.tokens, wait_s=wait_s,
+                       tokens_per_s=totals.tokens / max(compute_s, 1e-9), staleness={str(k): v for k, v in
+                                                                                     sorted(staleness.items())},
+                       staleness_max=max(staleness), staleness_violations=violations, version_trained=version)
+        return ids, metrics
+
+    def report(self, step: int, metrics: dict) -> None:
+        for name, gauge in STEP_GAUGES.items():
+            value = step if name == "step" else metrics.get(name)
+            if isinstance(value, (int, float)):
+                gauge.set(value)
+        self.membership.progress(step=step, weight_version=metrics["weight_version"])
+        self.status.update(step=step, weight_version=metrics["weight_version"], last_metrics=metrics)
+        log.info("step finished", extra={"step": step, "metrics": metrics})
+
+    # ------------------------------------------------------------------ weights and partitions
+
+    def receiver_roles(self, version: int) -> list[str]:
+        roles = ["engine"]
+        if self.run.uses_actor_fwd:
+            roles.append("actor_fwd")
+        if self.run.uses_reference and self.run.ref_update_interval and version % self.run.ref_update_interval == 0:
+            roles.append("reference")
+        return roles
+
+    def publish(self, version: int, attempts: int = 3) -> int:
+        """Publish the current weights as `version`; a failed sync is retried under the next number
+        (a version number is never reused). Returns the version published."""
+        for attempt in range(attempts):
+            self.publisher.receiver_roles = self.receiver_roles(version)
+            try:
+                result = self.publisher.publish(((n, p.detach()) for n, p in self.model.named_parameters()), version)
+                log.info("weights published", extra={"version": version, "seconds": result.seconds})
+                return version
+            except SyncFailed as exc:
+                log.warning("weight sync failed", extra={"version": version, "attempt": attempt, "error": str(exc)})
+                version += 1
+        raise RuntimeError(f"weight sync failed {attempts} times")
+
+    def clear(self, step: int) -> None:
+        """Clear train_<step> once every task of the run has consumed all of it."""
+        partition = partition_name(step)
+        deadline = time.monotonic() + self.config.clear_wait_s
+        tasks = expected_tasks(self.run)
+        while True:
+            info = self.steps.info(step)
+            if info is None:
+                return
+            consumed = {t.task: t.consumed for t in info.tasks}
+            if info.sealed and all(consumed.get(t, 0) >= info.rows for t in tasks):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{partition} not consumed by every task in time: {consumed} of {info.rows}")
+            time.sleep(0.1)
+        self.tq.clear_partition(partition)
+
+    # ------------------------------------------------------------------ restart
+
+    def latest_published(self) -> int:
+        try:
+            return self.dcs.latest_weights().version
+        except DCSError as exc:
+            if exc.status == 404:
+                return 0
+            raise
+
+    def resume(self, ckpt) -> tuple[int, int]:
+        """(next step, version) to continue from. The checkpoint holds the weights; the progress record
+        says how far the previous process got. Steps it finished after the checkpoint are lost with its
+        weights (their partitions are cleared) and are not retrained; steps the checkpoint covers but the
+        progress does not are finished here. The step in progress is retrained from its first row."""
+        progress = read_progress(self.redis, self.config.run_id)
+        step, version = (ckpt.next_step, ckpt.version) if ckpt else (0, 0)
+        if progress.next_step > step:
+            log.warning("steps after the checkpoint were lost with the process that trained them",
+                        extra={"from": step, "to": progress.next_step})
+            step = progress.next_step
+        for covered in range(progress.next_step, step):
+            if self.steps.info(covered) is not None:
+                self.clear(covered)
+        latest = self.latest_published()
+        if latest > version:
+            version = self.publish(latest + 1)  # renumber: receivers hold newer weights than ours
+        elif latest < version:
+            version = self.publish(version)  # checkpointed but not yet published
+        if self.steps.info(step) is not None:
+            self.tq.reset_task(partition_name(step), ACTOR_TASK)
+        write_progress(self.redis, self.config.run_id, TrainerProgress(next_step=step, version=version))
+        log.info("trainer position", extra={"next_step": step, "version": version,
+                                            "checkpoint": ckpt.path if ckpt else None})
+        return step, version
+
+
+class CriticTrainer:
+    def __init__(self, config: TrainerConfig, status: RoleStatus):
+        self.config = config
+        self.status = status
+
+    def run_loop(self, halt: threading.Event) -> None:
+        c = self.config
+        dcs = DCSClient(c.dcs_url, token=c.auth_token or None)
+        run = wait_for_run(dcs, c.run_id, halt)
+        if run is None:
+            return
+        torch.manual_seed(run.optim.seed)
+        tq = TransferQueue(c.tq_controller, token=c.auth_token or None)
+        steps = StepPartitions(tq, redis.Redis.from_url(c.redis_url, decode_responses=True), c.run_id, run)
+        ckpt = latest_checkpoint(c.checkpoint_dir, "critic") if c.checkpoint_dir else None
+        critic = load_critic(ckpt.path if ckpt else run.model).to(c.device)
+        optimizer = torch.optim.AdamW(critic.parameters(), lr=run.optim.critic_lr, betas=run.optim.betas,
+                                      weight_decay=run.optim.weight_decay)
+        if ckpt:
+            load_optimizer_state(ckpt.path, optimizer)
+        membership = RunMembership(dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
+                                                         device=c.device, run_id=c.run_id))
+        n = run.n_samples_per_prompt
+        tq.register_task(CRITIC_VALUES_TASK, CRITIC_VALUE_FIELDS, group_size=n)
+        tq.register_task(CRITIC_TRAIN_TASK, CRITIC_TRAIN_FIELDS, group_size=n)
+        self.status.ready = True
+        try:
+            step = steps.first_step()
+            while step < run.num_steps and not halt.is_set():
+                membership.safe_point(halt)
+                if steps.wait_for(step, halt):
+                    partition = partition_name(step)
+                    self.write_values(tq, critic, partition, run, halt)
+                    for _ in range(run.num_iters_per_train_update):
+                        batch = claim_global_batch(tq, partition, CRITIC_TRAIN_TASK, run.global_batch_size,
+                                                   c.lease_s, halt)
+                        if batch is None:
+                            break
+                        m = critic_step(critic, optimizer, batch, run, run.micro_batch_size, c.device)
+                        tq.ack(batch)
+                        self.status.update(step=step, value_loss=m.loss)
+                    if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
+                        save_checkpoint(c.checkpoint_dir, "critic", critic, optimizer, None, step + 1, 0)
+                    membership.progress(step=step)
+                step += 1
+        finally:
+            membership.close()
+            tq.close()
+            dcs.close()
+
+    def write_values(self, tq: TransferQueue, critic, partition: str, run: RunConfig, halt) -> None:
+        while not halt.is_set():
+            batch = tq.claim(partition, CRITIC_VALUES_TASK, run.micro_batch_size // run.n_samples_per_prompt
+                             * run.n_samples_per_prompt or run.n_samples_per_prompt, wait_s=1.0,
+                             lease_s=self.config.lease_s)
+            if not batch.rows:
+                if batch.complete:
+                    return
+                continue
+            rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
+            with torch.no_grad():
+                critic.eval()
+                values = response_values(critic, rb.to_device(self.config.device)).cpu() * rb.mask
+            tq.put(partition, {"values": rb.to_ragged(values)}, rows=batch.rows)
+            tq.ack(batch)
+
+
+async def serve(config: TrainerConfig, stop: asyncio.Event) -> None:
+    torch.set_num_threads(1)
+    status = RoleStatus("trainer" if config.role == "actor" else "critic")
+    trainer = ActorTrainer(config, status) if config.role == "actor" else CriticTrainer(config, status)
+    await serve_role(config, stop, status, loop=trainer.run_loop)
