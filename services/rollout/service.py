@@ -115,6 +115,10 @@ class RolloutService:
             poller = asyncio.create_task(self._poll_versions(stop))
             try:
                 await self.generate(todo, stop)
+                # keep the engines registered (so they receive the last weights) until training is done
+                while not stop.is_set() and (await aread_progress(self.redis, self.config.run_id)).next_step < run.num_steps:
+                    self.status.update(state="generated everything; waiting for the trainer")
+                    await asyncio.sleep(self.config.version_poll_s)
             finally:
                 poller.cancel()
         finally:

@@ -251,6 +251,8 @@ class ActorTrainer:
         weights (their partitions are cleared) and are not retrained; steps the checkpoint covers but the
         progress does not are finished here. The step in progress is retrained from its first row."""
         progress = read_progress(self.redis, self.config.run_id)
+        if progress.next_step > 0 or ckpt:
+            self.publisher.resume_engines()  # a predecessor killed mid-sync may have left them paused
         step, version = (ckpt.next_step, ckpt.version) if ckpt else (0, 0)
         if progress.next_step > step:
             log.warning("steps after the checkpoint were lost with the process that trained them",

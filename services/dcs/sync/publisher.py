@@ -143,6 +143,24 @@ class WeightPublisher:
             raise SyncFailed(result)
         return result
 
+    def resume_engines(self) -> int:
+        """Send /continue_generation to every live engine: a publisher that died between pausing the
+        engines and resuming them (in its `finally`) leaves them paused. Returns how many answered."""
+        resumed = 0
+        for node in self.dcs.topology().roles.get(self.engine_role, []):
+            port = node.ports.get("http")
+            if not node.alive or port is None:
+                continue
+            engine = SGLangClient(f"http://{node.host}:{port}", timeout_s=self.timeout_s)
+            try:
+                engine.continue_generation()
+                resumed += 1
+            except Exception as exc:
+                log.warning("could not resume engine", extra={"node_id": node.node_id, "error": str(exc)})
+            finally:
+                engine.close()
+        return resumed
+
     def _connect_engines(self, spec) -> None:
         nodes = {n.node_id: n for ns in self.dcs.topology().roles.values() for n in ns}
         for m in self._current_engines:

@@ -1,0 +1,112 @@
+"""Whole runs: every service its own process (real Redis, TransferQueue, coordinator, built-in engines,
+rollout, forward roles, advantage, trainer and critic) on a tiny model and a demo task."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import httpx
+import pytest
+
+from services.dcs.run_config import RunConfig
+from services.launch.local_run import LocalRun
+from services.model.init_model import init_model
+from services.transferqueue.client.queue import TransferQueue
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return init_model(str(tmp_path_factory.mktemp("tiny")), preset="tiny", arch="qwen2", seed=7)
+
+
+def finite_numbers(metrics: dict) -> list:
+    return [v for v in metrics.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def assert_run_complete(lr: LocalRun, run: RunConfig) -> dict[int, dict]:
+    steps = lr.trained_steps()
+    assert sorted(steps) == list(range(run.num_steps))
+    # every sample of every prompt position trained exactly once: none skipped, none repeated
+    trained = [i for rec in steps.values() for i in rec["samples"]]
+    expected = {f"{p}:{k}" for p in range(run.num_steps * run.rollout_batch_size)
+                for k in range(run.n_samples_per_prompt)}
+    assert len(trained) == len(set(trained)) and set(trained) == expected
+    for step, rec in steps.items():
+        m = rec["metrics"]
+        assert len(rec["samples"]) == run.rows_per_step
+        # staleness bound: trained at version <= the version generation began under + max_staleness
+        assert max(int(s) for s in m["staleness"]) <= run.max_staleness and m["staleness_violations"] == 0
+        assert all(math.isfinite(v) for v in finite_numbers(m)), m
+        assert m["tokens"] > 0
+    versions = [steps[s]["metrics"]["weight_version"] for s in sorted(steps)]
+    assert versions == sorted(set(versions)) and lr.progress().version == versions[-1]
+    # every partition was consumed by every task and cleared (the trainer clears only then)
+    with TransferQueue(lr.tq.controller_address) as tq:
+        assert tq.list_partitions("train_") == []
+    # every engine serves the last published weights
+    for url in lr.engine_urls:
+        assert httpx.get(url + "/weight_version").json()["weight_version"] == str(versions[-1])
+    return steps
+
+
+def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
+    run = RunConfig(name="async", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
+                    global_batch_size=4, micro_batch_size=2, num_steps=4,
+                    algorithm={"decoupled": True, "tis_clip": 2.0, "kl_coef": 0.01, "entropy_coef": 0.001},
+                    rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), engines=2) as lr:
+        assert set(lr.procs) >= {"trainer", "rollout", "advantage", "actor_fwd", "reference"}
+        lr.wait_for_step(run.num_steps, 400)
+        steps = assert_run_complete(lr, run)
+        assert [steps[s]["metrics"]["weight_version"] for s in range(4)] == [1, 2, 3, 4]
+        # the run overlapped: samples one version old were trained (max_staleness 1 was used)
+        assert any("1" in steps[s]["metrics"]["staleness"] for s in steps)
+        assert all("kl" in steps[s]["metrics"] and "tis_weight_mean" in steps[s]["metrics"] for s in steps)
+        # both engines generated (requests balanced across them)
+        for url in lr.engine_urls:
+            assert "sluice_engine_requests_total" in httpx.get(url + "/metrics").text
+            counts = [line for line in httpx.get(url + "/metrics").text.splitlines()
+                      if line.startswith("sluice_engine_requests_total{")]
+            assert sum(float(line.split()[-1]) for line in counts) > 0
+        status = httpx.get(lr.procs["rollout"].status_url + "/status").json()
+        assert status["ready"] and status["state"] == "finished"
+
+
+def test_colocate_ppo_with_critic_and_kl_reward(model_dir, tmp_path):
+    run = RunConfig(name="colocate", model=model_dir, mode="colocate", max_staleness=0, n_samples_per_prompt=4,
+                    rollout_batch_size=2, global_batch_size=8, micro_batch_size=4, num_steps=3,
+                    algorithm={"estimator": "ppo", "kl_coef": 0.01, "kl_in_reward": True, "lam": 0.95},
+                    rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
+    with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
+        assert set(lr.procs) >= {"trainer", "critic", "rollout", "advantage", "reference"}
+        lr.wait_for_step(run.num_steps, 400)
+        steps = assert_run_complete(lr, run)
+        assert all(steps[s]["metrics"]["staleness"] == {"0": run.rows_per_step} for s in steps)
+
+
+def test_trainer_killed_after_a_checkpoint_resumes_without_training_anything_twice(model_dir, tmp_path):
+    run = RunConfig(name="restart", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
+                    global_batch_size=4, micro_batch_size=4, num_steps=5, checkpoint_interval=1,
+                    rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
+    ckpt = tmp_path / "ckpt"
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), checkpoint_dir=str(ckpt),
+                  engine_args=("--weight-sync-timeout-s", "20")) as lr:
+        lr.wait_for_step(2, 300)
+        lr.procs["trainer"].kill()  # SIGKILL: no clean shutdown
+        killed_at = lr.progress()
+        assert os.path.isdir(ckpt / "actor")
+        lr.start_role("trainer")
+        lr.wait_for_step(run.num_steps, 400)
+        assert_run_complete(lr, run)
+        log = (tmp_path / "logs" / "trainer.log").read_text()
+        positions = [json.loads(line) for line in log.splitlines() if '"trainer position"' in line]
+        assert len(positions) == 2 and positions[1]["checkpoint"] is not None
+        assert positions[1]["next_step"] >= killed_at.next_step - 1
+        latest = sorted(os.listdir(ckpt / "actor"))[-1]
+        assert latest == f"step_{run.num_steps:08d}"
+        from transformers import AutoModelForCausalLM
+        AutoModelForCausalLM.from_pretrained(str(ckpt / "actor" / latest), local_files_only=True)
