@@ -29,7 +29,8 @@ from services.dcs.models import NodeRegistration
 from services.dcs.run_config import RunConfig
 from services.run_state.partitions import partition_name
 from services.run_state.run_config_wait import wait_for_run
-from services.run_state.step_partitions import StepPartitions
+from services.run_state.step_partitions import StepPartitions, partition_gone
+from services.transferqueue.errors import TQError
 from services.runtime.role_service import RoleStatus, serve_role
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.codec import Batch
@@ -97,8 +98,8 @@ class AdvantageService:
             step = steps.first_step()
             while step < run.num_steps and not halt.is_set():
                 membership.safe_point(halt)
-                if steps.wait_for(step, halt):
-                    self._consume(tq, partition_name(step), run, batch_rows, halt)
+                if steps.wait_for(step, halt, lambda: membership.safe_point(halt)):
+                    self._consume(tq, partition_name(step), run, batch_rows, membership, halt)
                     membership.progress(step=step)
                 step += 1
         finally:
@@ -106,11 +107,17 @@ class AdvantageService:
             tq.close()
             dcs.close()
 
-    def _consume(self, tq: TransferQueue, partition: str, run: RunConfig, batch_rows: int, halt) -> None:
+    def _consume(self, tq: TransferQueue, partition: str, run: RunConfig, batch_rows: int, membership, halt) -> None:
         while not halt.is_set():
+            membership.safe_point(halt)
             # min_rows: answer as soon as one group is ready, but take whatever else is ready too
-            batch = tq.claim(partition, TASK, batch_rows, wait_s=1.0, min_rows=run.n_samples_per_prompt,
-                             lease_s=self.config.lease_s)
+            try:
+                batch = tq.claim(partition, TASK, batch_rows, wait_s=1.0, min_rows=run.n_samples_per_prompt,
+                                 lease_s=self.config.lease_s)
+            except TQError as exc:
+                if partition_gone(exc):
+                    return
+                raise
             if not batch.rows:
                 if batch.complete:
                     return

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
+from typing import Callable
 
 from services.dcs.client import DCSClient, DCSError
 from services.dcs.models import Heartbeat, NodeRegistration
@@ -44,17 +44,28 @@ class RunMembership:
         if weight_version is not None:
             self.weight_version = weight_version
 
-    def safe_point(self, stop: threading.Event | None = None) -> None:
-        """Return at once while running; while paused, acknowledge and block until resumed (or stop)."""
-        if not self.paused:
-            return
+    def acknowledge_pause(self) -> None:
+        """Report that this node reached a safe point for the current pause request (no blocking)."""
         with self._changed:
+            if not self.paused or self._acked_seq == self._pause_seq:
+                return
             self._acked_seq = self._pause_seq
         self._beat_once()
+
+    def safe_point(self, stop: threading.Event | None = None, while_paused: Callable[[], None] | None = None) -> None:
+        """Return at once while running; while paused, acknowledge and block until resumed (or stop).
+        `while_paused` runs repeatedly meanwhile (a weight receiver keeps taking part in syncs the
+        trainer started before it paused; it should wait briefly itself)."""
+        if not self.paused:
+            return
+        self.acknowledge_pause()
         log.info("paused at a safe point", extra={"pause_seq": self._pause_seq})
-        with self._changed:
-            while self.paused and not (stop and stop.is_set()) and not self._stop.is_set():
-                self._changed.wait(0.2)
+        while self.paused and not (stop and stop.is_set()) and not self._stop.is_set():
+            if while_paused is not None:
+                while_paused()
+            else:
+                with self._changed:
+                    self._changed.wait(0.2)
         log.info("resumed")
 
     def _beat_once(self) -> None:

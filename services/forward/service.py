@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 
 import redis
 import torch
@@ -28,7 +27,8 @@ from services.model.loading import load_causal_lm
 from services.model.response_batch import ResponseBatch, response_log_probs
 from services.run_state.partitions import SAMPLE_FIELDS, partition_name
 from services.run_state.run_config_wait import wait_for_run
-from services.run_state.step_partitions import StepPartitions
+from services.run_state.step_partitions import StepPartitions, partition_gone
+from services.transferqueue.errors import TQError
 from services.runtime.role_service import RoleStatus, serve_role
 from services.transferqueue.client.queue import TransferQueue
 
@@ -63,6 +63,7 @@ class ForwardService:
                                                          ports={"http": c.port}, device=c.device, run_id=c.run_id))
         receives = self.role == "actor_fwd" or run.ref_update_interval > 0
         receiver = WeightReceiver(dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device)
+        pause = self._pause_point(membership, receiver if receives else None, halt)
         if receives:
             receiver.declare()
             receiver.version = dcs.cursors_of(self.role)  # a restarted node waits for the next version
@@ -75,14 +76,15 @@ class ForwardService:
             step = steps.first_step()
             while step < run.num_steps and not halt.is_set():
                 membership.safe_point(halt)
-                if not steps.wait_for(step, halt):
+                if not steps.wait_for(step, halt, pause):
                     step += 1
                     continue
                 if self.role == "actor_fwd":  # log-probs of step N come from the weights step N trains with
                     needed = step + steps.trainer_progress().version_offset
                     while receiver.version < needed and not halt.is_set() and steps.info(step) is not None:
+                        pause()
                         follow_weights(receiver, self.model, wait_s=1.0)
-                self._consume(tq, partition_name(step), micro, receiver if receives else None, membership, halt)
+                self._consume(tq, partition_name(step), micro, receiver if receives else None, membership, pause, halt)
                 step += 1
         finally:
             receiver.close()
@@ -90,13 +92,27 @@ class ForwardService:
             tq.close()
             dcs.close()
 
-    def _consume(self, tq: TransferQueue, partition: str, micro: int, receiver, membership, halt) -> None:
+    def _pause_point(self, membership: RunMembership, receiver, halt):
+        """A pause safe point that keeps receiving weights: a sync the trainer began before it paused
+        needs every receiver."""
+        def keep_receiving() -> None:
+            if receiver is None or follow_weights(receiver, self.model, wait_s=0.5) is None:
+                halt.wait(0.05)
+        return lambda: membership.safe_point(halt, keep_receiving)
+
+    def _consume(self, tq: TransferQueue, partition: str, micro: int, receiver, membership, pause, halt) -> None:
         while not halt.is_set():
+            pause()
             if receiver is not None:
                 follow_weights(receiver, self.model, wait_s=0)
                 VERSION.set(receiver.version)
                 membership.progress(weight_version=receiver.version)
-            batch = tq.claim(partition, self.role, micro, wait_s=1.0, lease_s=self.config.lease_s)
+            try:
+                batch = tq.claim(partition, self.role, micro, wait_s=1.0, lease_s=self.config.lease_s)
+            except TQError as exc:
+                if partition_gone(exc):
+                    return
+                raise
             if not batch.rows:
                 if batch.complete:
                     return

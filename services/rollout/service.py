@@ -86,6 +86,12 @@ class RolloutService:
         self.memberships.append(RunMembership(self.dcs, reg))
         if self.config.register_engines:
             import httpx
+            endpoints = {(httpx.URL(u).host, httpx.URL(u).port or 80) for u in self.config.engine_urls}
+            for node in self.dcs.topology().roles.get("engine", []):
+                # a rollout that died left its registrations of these engines: take them over, or the
+                # next weight sync would count each engine twice
+                if (node.host, node.ports.get("http")) in endpoints and node.run_id == self.config.run_id:
+                    self.dcs.unregister(node.node_id)
             for rank, url in enumerate(self.config.engine_urls):
                 u = httpx.URL(url)
                 self.memberships.append(RunMembership(self.dcs, NodeRegistration(
@@ -134,7 +140,11 @@ class RolloutService:
                     await asyncio.wait(pending)
                     self._reap(pending)
                     continue
-                await asyncio.to_thread(self.memberships[0].safe_point)
+                def engines_idle_too() -> None:  # each engine's membership learns of the pause on its own beat
+                    for engine_membership in self.memberships[1:]:
+                        engine_membership.acknowledge_pause()
+                    time.sleep(0.2)
+                await asyncio.to_thread(self.memberships[0].safe_point, None, engines_idle_too)
                 continue
             if position is None or position >= self.total_groups:
                 if not pending:

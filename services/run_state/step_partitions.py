@@ -5,7 +5,7 @@ wait for the whole batch before starting (no overlap with rollout)."""
 from __future__ import annotations
 
 import threading
-import time
+from typing import Callable
 
 import grpc
 import redis
@@ -15,6 +15,12 @@ from services.run_state.partitions import partition_name
 from services.run_state.trainer_progress import read_progress
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.errors import TQError
+
+
+def partition_gone(exc: Exception) -> bool:
+    """The partition was cleared: the trainer clears one only after every task consumed all of it,
+    so a consumer that sees this is done with it (it just had not observed `complete` yet)."""
+    return isinstance(exc, TQError) and exc.code == grpc.StatusCode.NOT_FOUND
 
 
 class StepPartitions:
@@ -40,10 +46,12 @@ class StepPartitions:
                 return None
             raise
 
-    def wait_for(self, step: int, halt: threading.Event) -> bool:
+    def wait_for(self, step: int, halt: threading.Event, idle: Callable[[], None] = lambda: None) -> bool:
         """True once train_<step> exists (and, in colocate mode, is sealed: the whole batch is
-        written); False if the trainer is already past it or `halt` is set."""
+        written); False if the trainer is already past it or `halt` is set. `idle` runs on every
+        poll (a pause safe point: waiting here holds nothing)."""
         while not halt.is_set():
+            idle()
             if self.trainer_progress().next_step > step:
                 return False
             info = self.info(step)

@@ -22,6 +22,7 @@ import collections
 import logging
 import threading
 import time
+from typing import Callable
 
 import redis
 import torch
@@ -36,7 +37,8 @@ from services.model.loading import load_causal_lm
 from services.model.response_batch import ResponseBatch
 from services.run_state.partitions import partition_name, sample_id
 from services.run_state.run_config_wait import wait_for_run
-from services.run_state.step_partitions import StepPartitions
+from services.run_state.step_partitions import StepPartitions, partition_gone
+from services.transferqueue.errors import TQError
 from services.run_state.trainer_progress import TrainerProgress, read_progress, record_trained, write_progress
 from services.runtime.role_service import RoleStatus, serve_role
 from services.trainer.actor_update import StepMetrics, actor_fields, actor_step
@@ -73,11 +75,17 @@ def expected_tasks(run: RunConfig) -> list[str]:
 
 
 def claim_global_batch(tq: TransferQueue, partition: str, task: str, rows: int, lease_s: float,
-                       halt: threading.Event) -> Batch | None:
+                       halt: threading.Event, idle: Callable[[], None] = lambda: None) -> Batch | None:
     """Exactly `rows` rows (whole groups), waiting while the partition fills; None if halted or the
-    partition ran out."""
+    partition ran out. `idle` runs between polls (a pause safe point)."""
     while not halt.is_set():
-        ready = tq.wait_ready(partition, task, rows, wait_s=2.0)
+        idle()
+        try:
+            ready = tq.wait_ready(partition, task, rows, wait_s=2.0)
+        except TQError as exc:
+            if partition_gone(exc):
+                return None
+            raise
         if ready.ready_rows >= rows:
             batch = tq.claim(partition, task, rows, lease_s=lease_s)
             if len(batch.rows) == rows:
@@ -122,7 +130,7 @@ class ActorTrainer:
             self.status.ready = True
             while step < run.num_steps and not halt.is_set():
                 self.membership.safe_point(halt)
-                if not self.steps.wait_for(step, halt):
+                if not self.steps.wait_for(step, halt, lambda: self.membership.safe_point(halt)):
                     continue
                 trained = self.train_step(step, version, halt)
                 if trained is None:  # halted mid-step: the rows go back to the queue on restart
@@ -156,8 +164,10 @@ class ActorTrainer:
         wait_s = compute_s = 0.0
         iteration_metrics = []
         for _ in range(run.num_iters_per_train_update):
+            self.membership.safe_point(halt)
             t0 = time.perf_counter()
-            batch = claim_global_batch(self.tq, partition, ACTOR_TASK, run.global_batch_size, c.lease_s, halt)
+            batch = claim_global_batch(self.tq, partition, ACTOR_TASK, run.global_batch_size, c.lease_s, halt,
+                                       lambda: self.membership.safe_point(halt))
             wait_s += time.perf_counter() - t0
             if batch is None:
                 if halt.is_set():
@@ -304,12 +314,12 @@ class CriticTrainer:
             step = steps.first_step()
             while step < run.num_steps and not halt.is_set():
                 membership.safe_point(halt)
-                if steps.wait_for(step, halt):
+                if steps.wait_for(step, halt, lambda: membership.safe_point(halt)):
                     partition = partition_name(step)
-                    self.write_values(tq, critic, partition, run, halt)
+                    self.write_values(tq, critic, partition, run, membership, halt)
                     for _ in range(run.num_iters_per_train_update):
                         batch = claim_global_batch(tq, partition, CRITIC_TRAIN_TASK, run.global_batch_size,
-                                                   c.lease_s, halt)
+                                                   c.lease_s, halt, lambda: membership.safe_point(halt))
                         if batch is None:
                             break
                         m = critic_step(critic, optimizer, batch, run, run.micro_batch_size, c.device)
@@ -324,11 +334,17 @@ class CriticTrainer:
             tq.close()
             dcs.close()
 
-    def write_values(self, tq: TransferQueue, critic, partition: str, run: RunConfig, halt) -> None:
+    def write_values(self, tq: TransferQueue, critic, partition: str, run: RunConfig, membership, halt) -> None:
         while not halt.is_set():
-            batch = tq.claim(partition, CRITIC_VALUES_TASK, run.micro_batch_size // run.n_samples_per_prompt
-                             * run.n_samples_per_prompt or run.n_samples_per_prompt, wait_s=1.0,
-                             lease_s=self.config.lease_s)
+            membership.safe_point(halt)
+            try:
+                batch = tq.claim(partition, CRITIC_VALUES_TASK, run.micro_batch_size // run.n_samples_per_prompt
+                                 * run.n_samples_per_prompt or run.n_samples_per_prompt, wait_s=1.0,
+                                 lease_s=self.config.lease_s)
+            except TQError as exc:
+                if partition_gone(exc):
+                    return
+                raise
             if not batch.rows:
                 if batch.complete:
                     return

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 import httpx
 import pytest
@@ -60,6 +61,21 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
                     rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
     with LocalRun(run, log_dir=str(tmp_path / "logs"), engines=2) as lr:
         assert set(lr.procs) >= {"trainer", "rollout", "advantage", "actor_fwd", "reference"}
+        lr.wait_for_step(1, 300)
+        # pause over REST: every service (and both engines) reaches a safe point and acknowledges; nothing moves
+        with lr.dcs_client() as dcs:
+            dcs.pause(run.name)
+            deadline = time.monotonic() + 120
+            while not all(s.pause_acknowledged for s in dcs.status(run.name).services if s.state != "dead"):
+                assert time.monotonic() < deadline, dcs.status(run.name)
+                time.sleep(0.2)
+            status = dcs.status(run.name)
+            roles = {s.role for s in status.services if s.pause_acknowledged}
+            assert roles >= {"trainer", "rollout", "engine", "advantage", "actor_fwd", "reference"}, status.services
+            paused_at = lr.progress()
+            time.sleep(3)
+            assert lr.progress() == paused_at
+            dcs.resume(run.name)
         lr.wait_for_step(run.num_steps, 400)
         steps = assert_run_complete(lr, run)
         assert [steps[s]["metrics"]["weight_version"] for s in range(4)] == [1, 2, 3, 4]
