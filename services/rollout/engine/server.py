@@ -10,7 +10,7 @@ import logging
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 from pydantic import ValidationError
 
 from services.dcs.sync.groups import BroadcastGroup
@@ -25,6 +25,8 @@ from services.runtime.http_service import serve_http
 
 log = logging.getLogger(__name__)
 TOKENS_OUT = Counter("sluice_engine_generated_tokens_total", "tokens generated")
+RUNNING = Gauge("sluice_engine_running_requests", "sequences decoding (running or frozen by an in_place pause)")
+WAITING = Gauge("sluice_engine_waiting_requests", "sequences queued for admission")
 REQUESTS = Counter("sluice_engine_requests_total", "generate requests", ["finish"])
 
 
@@ -46,6 +48,8 @@ class Engine:
                                    config.max_step_tokens)
         self.groups: dict[str, BroadcastGroup] = {}
         self.staged: dict[str, torch.Tensor] = {}
+        RUNNING.set_function(lambda: len(self.scheduler.running) + len(self.scheduler.frozen))
+        WAITING.set_function(lambda: len(self.scheduler.waiting))
         self.staged_version: str | None = None
 
     # engine thread -----------------------------------------------------------------------------
