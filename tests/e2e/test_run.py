@@ -104,9 +104,9 @@ def test_colocate_ppo_with_critic_and_kl_reward(model_dir, tmp_path):
         assert all(steps[s]["metrics"]["staleness"] == {"0": run.rows_per_step} for s in steps)
 
 
-def test_trainer_killed_after_a_checkpoint_resumes_without_training_anything_twice(model_dir, tmp_path):
+def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating(model_dir, tmp_path):
     run = RunConfig(name="restart", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=4, micro_batch_size=4, num_steps=5, checkpoint_interval=1,
+                    global_batch_size=4, micro_batch_size=4, num_steps=6, checkpoint_interval=1,
                     rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
     ckpt = tmp_path / "ckpt"
     with LocalRun(run, log_dir=str(tmp_path / "logs"), checkpoint_dir=str(ckpt),
@@ -116,6 +116,9 @@ def test_trainer_killed_after_a_checkpoint_resumes_without_training_anything_twi
         killed_at = lr.progress()
         assert os.path.isdir(ckpt / "actor")
         lr.start_role("trainer")
+        lr.wait_for_step(3, 300)
+        lr.procs["rollout"].kill()  # its in-flight groups are lost; no prompt may be skipped or repeated
+        lr.start_role("rollout")
         lr.wait_for_step(run.num_steps, 400)
         assert_run_complete(lr, run)
         log = (tmp_path / "logs" / "trainer.log").read_text()
