@@ -75,7 +75,7 @@ class ForwardService:
         try:
             step = steps.first_step()
             while step < run.num_steps and not halt.is_set():
-                membership.safe_point(halt)
+                pause()
                 if not steps.wait_for(step, halt, pause):
                     step += 1
                     continue
@@ -86,6 +86,10 @@ class ForwardService:
                         follow_weights(receiver, self.model, wait_s=1.0)
                 self._consume(tq, partition_name(step), micro, receiver if receives else None, membership, pause, halt)
                 step += 1
+            # the run's last versions still go to every receiver: keep taking them until training is done
+            while receives and not halt.is_set() and steps.trainer_progress().next_step < run.num_steps:
+                pause()
+                follow_weights(receiver, self.model, wait_s=1.0)
         finally:
             receiver.close()
             membership.close()

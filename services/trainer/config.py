@@ -20,5 +20,8 @@ class TrainerConfig(RoleSettings):
     master_address: str = Field("127.0.0.1", description="address receivers reach this trainer's broadcast group at")
     bucket_mb: int = Field(64, ge=1, description="weight-sync bucket size (MiB)")
     weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
+    pause_mode: str = Field("abort", pattern="^(abort|in_place|retract)$", description=(
+        "how engines pause for a weight update: abort (requests resume as partial rollouts), in_place "
+        "(frozen with their KV cache), retract (requeued, KV recomputed)"))
     lease_s: float = Field(300.0, gt=0, description="claim lease: rows return to the queue if this node dies")
     clear_wait_s: float = Field(600.0, gt=0, description="how long to wait for every task to consume a step")

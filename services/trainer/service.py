@@ -123,7 +123,8 @@ class ActorTrainer:
                                                                    ports={"http": c.port}, device=c.device,
                                                                    run_id=c.run_id))
         self.publisher = WeightPublisher(self.dcs, self.membership.node_id, c.master_address,
-                                         bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s)
+                                         bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
+                                         pause_mode=c.pause_mode)
         self.tq.register_task(ACTOR_TASK, actor_fields(run), group_size=run.n_samples_per_prompt)
         try:
             step, version = self.resume(ckpt)

@@ -56,7 +56,7 @@ def assert_run_complete(lr: LocalRun, run: RunConfig) -> dict[int, dict]:
 
 def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
     run = RunConfig(name="async", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=4, micro_batch_size=2, num_steps=4,
+                    global_batch_size=4, micro_batch_size=2, num_steps=4, ref_update_interval=2,
                     algorithm={"decoupled": True, "tis_clip": 2.0, "kl_coef": 0.01, "entropy_coef": 0.001},
                     rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
     with LocalRun(run, log_dir=str(tmp_path / "logs"), engines=2) as lr:
@@ -88,6 +88,13 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
             counts = [line for line in httpx.get(url + "/metrics").text.splitlines()
                       if line.startswith("sluice_engine_requests_total{")]
             assert sum(float(line.split()[-1]) for line in counts) > 0
+        with lr.dcs_client() as dcs:  # actor_fwd took every version, the reference every second one
+            cursors = dcs.cursors()
+            assert cursors["actor_fwd"] == 4 and cursors["reference"] == 4
+            loads = [(r.node_id, r.version) for r in dcs.sync_reports(200) if "load" in r.seconds]
+        topology = {n.node_id: n.role for ns in lr.dcs_client().topology().roles.values() for n in ns}
+        assert sorted(v for node, v in loads if topology.get(node) == "reference") == [2, 4]
+        assert sorted(v for node, v in loads if topology.get(node) == "actor_fwd") == [1, 2, 3, 4]
         status = httpx.get(lr.procs["rollout"].status_url + "/status").json()
         assert status["ready"] and status["state"] == "finished"
 
