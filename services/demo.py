@@ -1,103 +1,89 @@
-"""`sluice demo`: the main job on one machine.
+"""`sluice demo`: a whole RL run on this machine, every service its own process.
 
-For now (the data plane): start a private Redis, a TransferQueue controller and storage shards as
-separate processes, stream one partition through while it is being written (a producer thread puts
-groups of samples like a rollout would; a StreamingDataLoader consumes micro-batches as they become
-ready), check that every sample arrived exactly once and byte-exact, and print throughput as JSON.
+Writes a tiny random model (or uses --model), starts a private Redis, TransferQueue, the coordinator,
+built-in engines and the roles the run needs (services/launch/local_run.py), submits the run, prints
+one JSON line per finished step and a JSON summary, and checks that every sample was trained exactly
+once within the staleness bound. Ctrl-C stops everything.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import threading
+import tempfile
 import time
 
-import torch
+from services.dcs.run_config import RunConfig
+from services.launch.local_run import LocalRun
+from services.model.init_model import init_model
 
-from services.transferqueue.client.dataloader import StreamingDataLoader, StreamingDataset
-from services.transferqueue.client.queue import TransferQueue
-from services.transferqueue.local_stack import LocalTransferQueue
-
-
-def _producer(tq: TransferQueue, partition: str, samples: int, seq_len: int, put_rows: int, errors: list) -> None:
-    try:
-        for start in range(0, samples, put_rows):
-            n = min(put_rows, samples - start)
-            ids = torch.arange(start, start + n, dtype=torch.int64)
-            tq.put(partition, {
-                "sample_id": ids,
-                "input_ids": ids[:, None] * seq_len + torch.arange(seq_len)[None, :],
-                "log_probs": torch.full((n, seq_len), -1.0) / (ids[:, None] + 1),
-            })
-        tq.seal_partition(partition)
-    except Exception as exc:  # surfaced by the main thread
-        errors.append(exc)
+_SHOWN = ("weight_version", "reward_mean", "loss", "clip_fraction", "entropy", "grad_norm", "staleness",
+          "rollout_logprob_abs_diff", "tokens_per_s", "wait_s")
 
 
-def run(args) -> dict:
-    torch.set_num_threads(1)
-    with LocalTransferQueue(shards=args.shards) as stack:
-        with TransferQueue(stack.controller_address) as tq:
-            partition = "demo_0"
-            tq.create_partition(partition, group_size=args.group_size)
-            tq.register_task("demo_train", ["sample_id", "input_ids", "log_probs"], group_size=args.group_size)
-            errors: list = []
-            start = time.perf_counter()
-            producer = threading.Thread(target=_producer, daemon=True,
-                                        args=(tq, partition, args.samples, args.seq_len, args.put_rows, errors))
-            producer.start()
-            loader = StreamingDataLoader(StreamingDataset(stack.controller_address, partition, "demo_train",
-                                                          args.micro_batch, poll_s=2.0))
-            seen = torch.zeros(args.samples, dtype=torch.int64)
-            batches = 0
-            first_batch_s = None
-            for batch in loader:
-                if first_batch_s is None:
-                    first_batch_s = time.perf_counter() - start
-                ids = batch["sample_id"]
-                expected = ids[:, None] * args.seq_len + torch.arange(args.seq_len)[None, :]
-                if not torch.equal(batch["input_ids"], expected):
-                    raise RuntimeError(f"input_ids of samples {ids.tolist()[:4]}... came back altered")
-                seen[ids] += 1
-                batches += 1
-            elapsed = time.perf_counter() - start
-            producer.join()
-            if errors:
-                raise errors[0]
-            info = tq.partition(partition)
-            tq.clear_partition(partition)
-    if not bool((seen == 1).all()):
-        raise RuntimeError(f"samples seen other than once: {int((seen != 1).sum())}")
-    payload = args.samples * args.seq_len * (8 + 4) + args.samples * 8
-    return {
-        "samples": args.samples,
-        "micro_batches": batches,
-        "payload_mb": round(payload / 1e6, 2),
-        "seconds": round(elapsed, 3),
-        "end_to_end_mb_per_s": round(payload / 1e6 / elapsed, 1),
-        "samples_per_s": round(args.samples / elapsed, 1),
-        "first_batch_after_s": round(first_batch_s or 0.0, 3),
-        "every_sample_once": True,
-        "consumed_by_task": {t.task: t.consumed for t in info.tasks},
-    }
+def build_run(args, model_dir: str) -> RunConfig:
+    rows = args.groups_per_step * args.n_samples
+    return RunConfig(name="demo", model=model_dir, mode=args.mode,
+                     max_staleness=0 if args.mode == "colocate" else args.max_staleness,
+                     n_samples_per_prompt=args.n_samples, rollout_batch_size=args.groups_per_step,
+                     global_batch_size=rows, micro_batch_size=min(rows, 8) if rows % min(rows, 8) == 0 else rows,
+                     num_steps=args.steps, checkpoint_interval=args.checkpoint_interval,
+                     algorithm={"estimator": args.estimator}, rollout={"prompts": args.prompts,
+                                                                      "max_new_tokens": args.max_new_tokens},
+                     optim={"lr": args.lr})
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sluice demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--put-rows", type=int, default=256, help="rows per producer put")
-    parser.add_argument("--micro-batch", type=int, default=128, help="rows per consumer micro-batch")
-    parser.add_argument("--group-size", type=int, default=8, help="samples per prompt group")
-    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=4, help="training steps")
+    parser.add_argument("--mode", choices=["fully_async", "colocate"], default="fully_async")
+    parser.add_argument("--max-staleness", type=int, default=1, help="versions rollout may run ahead (fully_async)")
+    parser.add_argument("--estimator", default="grpo",
+                        choices=["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"])
+    parser.add_argument("--prompts", default="demo:letters", help="demo:<task>, a .jsonl or a .parquet file")
+    parser.add_argument("--groups-per-step", type=int, default=4, help="prompt groups per step")
+    parser.add_argument("--n-samples", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--engines", type=int, default=1, help="built-in engine processes")
+    parser.add_argument("--model", default="", help="a local HF model directory; default: a new tiny random model")
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "small"], help="size of the random model")
+    parser.add_argument("--workdir", default="", help="where model, logs and checkpoints go (default: a temp dir)")
+    parser.add_argument("--checkpoint-interval", type=int, default=0, help="checkpoint every N steps; 0 = never")
+    parser.add_argument("--timeout-s", type=float, default=1800)
     args = parser.parse_args(argv)
-    if args.put_rows % args.group_size or args.micro_batch % args.group_size:
-        parser.error("--put-rows and --micro-batch must be multiples of --group-size")
-    print(json.dumps(run(args), indent=2))
-    return 0
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="sluice-demo-")
+    os.makedirs(workdir, exist_ok=True)
+    model_dir = args.model or init_model(os.path.join(workdir, "model"), preset=args.preset)
+    run = build_run(args, model_dir)
+    started = time.monotonic()
+    print(json.dumps({"event": "starting", "workdir": workdir, "logs": os.path.join(workdir, "logs")}), flush=True)
+    with LocalRun(run, log_dir=os.path.join(workdir, "logs"), engines=args.engines,
+                  checkpoint_dir=os.path.join(workdir, "checkpoints") if args.checkpoint_interval else None) as local:
+        print(json.dumps({"event": "running", "startup_s": round(time.monotonic() - started, 1),
+                          "services": sorted(local.procs)}), flush=True)
+        t0 = time.monotonic()
+        shown = 0
+        while shown < run.num_steps:
+            local.wait_for_step(shown + 1, args.timeout_s)
+            steps = local.trained_steps()
+            while shown in steps:
+                m = steps[shown]["metrics"]
+                print(json.dumps({"step": shown, **{k: m[k] for k in _SHOWN if k in m}}), flush=True)
+                shown += 1
+        wall = time.monotonic() - t0
+        steps = local.trained_steps()
+    samples = [s for rec in steps.values() for s in rec["samples"]]
+    stale = max(int(k) for rec in steps.values() for k in rec["metrics"]["staleness"])
+    summary = {"event": "finished", "steps": run.num_steps, "samples": len(samples), "wall_s": round(wall, 2),
+               "samples_per_s": round(len(samples) / wall, 2), "max_staleness_seen": stale,
+               "every_sample_once": len(samples) == len(set(samples)) == run.num_steps * run.rows_per_step}
+    print(json.dumps(summary), flush=True)
+    return 0 if summary["every_sample_once"] and stale <= run.max_staleness else 1
 
 
 if __name__ == "__main__":

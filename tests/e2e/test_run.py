@@ -136,3 +136,15 @@ def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating
         assert latest == f"step_{run.num_steps:08d}"
         from transformers import AutoModelForCausalLM
         AutoModelForCausalLM.from_pretrained(str(ckpt / "actor" / latest), local_files_only=True)
+
+
+def test_sluice_demo_runs_a_whole_training_run(tmp_path):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "services.cli", "demo", "--steps", "2", "--groups-per-step", "2",
+                          "--max-new-tokens", "8", "--workdir", str(tmp_path)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [x["step"] for x in lines if "step" in x] == [0, 1]
+    assert lines[-1]["event"] == "finished" and lines[-1]["every_sample_once"] and lines[-1]["samples"] == 16
