@@ -21,6 +21,7 @@ class RunMembership:
         self.dcs = dcs
         self.registration = registration
         self.interval_s = interval_s
+        self.replace_previous(dcs, registration)
         self.node_id = dcs.register(registration).node_id
         self.step: int | None = None
         self.weight_version: int | None = None
@@ -33,6 +34,21 @@ class RunMembership:
         self._beat_once()
         self._thread = threading.Thread(target=self._beat_loop, name=f"heartbeat-{registration.role}", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def replace_previous(dcs: DCSClient, registration: NodeRegistration) -> int:
+        """Unregister earlier incarnations of this node (same run, role, rank, host and ports): a process
+        that was killed stays 'alive' until its lease lapses, and a weight sync in that window would wait
+        for it. Returns how many were removed."""
+        removed = 0
+        for node in dcs.topology().roles.get(registration.role, []):
+            if (node.run_id, node.rank, node.host, node.ports) == (registration.run_id, registration.rank,
+                                                                   registration.host, registration.ports):
+                dcs.unregister(node.node_id)
+                removed += 1
+        if removed:
+            log.info("replaced an earlier registration of this node", extra={"role": registration.role})
+        return removed
 
     @property
     def paused(self) -> bool:

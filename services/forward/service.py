@@ -24,6 +24,7 @@ from services.dcs.models import NodeRegistration
 from services.dcs.sync.receiver import WeightReceiver, follow_weights
 from services.forward.config import ForwardConfig
 from services.model.loading import load_causal_lm
+from services.trainer.checkpoint import latest_checkpoint
 from services.model.response_batch import ResponseBatch, response_log_probs
 from services.run_state.partitions import SAMPLE_FIELDS, partition_name
 from services.run_state.run_config_wait import wait_for_run
@@ -67,6 +68,8 @@ class ForwardService:
         if receives:
             receiver.declare()
             receiver.version = dcs.cursors_of(self.role)  # a restarted node waits for the next version
+            if receiver.version > 0 and self.role == "actor_fwd":
+                self._catch_up(receiver.version)
         micro = c.micro_batch_size or run.micro_batch_size
         n = run.n_samples_per_prompt
         micro = max(n, micro - micro % n)  # claims come in whole groups
@@ -95,6 +98,17 @@ class ForwardService:
             membership.close()
             tq.close()
             dcs.close()
+
+    def _catch_up(self, version: int) -> None:
+        """A restarted actor_fwd missed the broadcasts of versions <= `version`: load that version from
+        the trainer's checkpoint if there is one (checkpoints are written before they are published)."""
+        ckpt = latest_checkpoint(self.config.checkpoint_dir, "actor") if self.config.checkpoint_dir else None
+        if ckpt is not None and ckpt.version == version:
+            self.model, _ = load_causal_lm(ckpt.path, self.config.dtype, self.config.device)
+            log.info("loaded the published weights from a checkpoint", extra={"version": version, "path": ckpt.path})
+        else:
+            log.warning("restarted without the published weights: log-probs use the initial weights until the "
+                        "next version arrives", extra={"version": version})
 
     def _pause_point(self, membership: RunMembership, receiver, halt):
         """A pause safe point that keeps receiving weights: a sync the trainer began before it paused

@@ -19,7 +19,8 @@ from services.transferqueue.local_stack import LocalTransferQueue
 
 class LocalRun:
     def __init__(self, run: RunConfig, log_dir: str | None = None, engines: int = 1, token: str = "",
-                 checkpoint_dir: str | None = None, engine_args: tuple[str, ...] = ()):
+                 checkpoint_dir: str | None = None, engine_args: tuple[str, ...] = (),
+                 role_args: dict[str, list[str]] | None = None):
         self.run = run
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-run-")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -27,6 +28,8 @@ class LocalRun:
         self.checkpoint_dir = checkpoint_dir
         self.procs: dict[str, ChildProcess] = {}
         self.role_argv: dict[str, list[str]] = {}
+        self.role_args = role_args or {}
+        self.role_ports: dict[str, int] = {}  # a restarted role keeps its port, as under compose or k8s
         self.redis_proc = self.tq = self.dcs = None
         try:
             self.redis_proc, self.redis_url = start_redis(log_dir=self.log_dir)
@@ -68,15 +71,15 @@ class LocalRun:
         if self.run.uses_critic:
             roles["critic"] = ["trainer", "--role", "critic", *ckpt]
         if self.run.uses_actor_fwd:
-            roles["actor_fwd"] = ["forward", "--role", "actor_fwd"]
+            roles["actor_fwd"] = ["forward", "--role", "actor_fwd", *ckpt]
         if self.run.uses_reference:
             roles["reference"] = ["forward", "--role", "reference"]
         for name, argv in roles.items():
-            self.role_argv[name] = argv
+            self.role_argv[name] = argv + list(self.role_args.get(name, []))
             self.start_role(name)
 
     def start_role(self, name: str) -> ChildProcess:
-        port = free_port()
+        port = self.role_ports.setdefault(name, free_port())
         proc = ChildProcess(name, sluice_argv(*self.role_argv[name], *self._common(), "--port", str(port)),
                             os.path.join(self.log_dir, f"{name}.log"), env={"HF_HUB_OFFLINE": "1"})
         proc.status_url = f"http://127.0.0.1:{port}"

@@ -86,12 +86,7 @@ class RolloutService:
         self.memberships.append(RunMembership(self.dcs, reg))
         if self.config.register_engines:
             import httpx
-            endpoints = {(httpx.URL(u).host, httpx.URL(u).port or 80) for u in self.config.engine_urls}
-            for node in self.dcs.topology().roles.get("engine", []):
-                # a rollout that died left its registrations of these engines: take them over, or the
-                # next weight sync would count each engine twice
-                if (node.host, node.ports.get("http")) in endpoints and node.run_id == self.config.run_id:
-                    self.dcs.unregister(node.node_id)
+            # (a rollout that died left registrations of these engines: RunMembership takes them over)
             for rank, url in enumerate(self.config.engine_urls):
                 u = httpx.URL(url)
                 self.memberships.append(RunMembership(self.dcs, NodeRegistration(

@@ -113,11 +113,12 @@ def test_colocate_ppo_with_critic_and_kl_reward(model_dir, tmp_path):
 
 def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating(model_dir, tmp_path):
     run = RunConfig(name="restart", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=4, micro_batch_size=4, num_steps=6, checkpoint_interval=1,
-                    rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
+                    global_batch_size=4, micro_batch_size=4, num_steps=7, checkpoint_interval=1,
+                    algorithm={"decoupled": True}, rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
     ckpt = tmp_path / "ckpt"
     with LocalRun(run, log_dir=str(tmp_path / "logs"), checkpoint_dir=str(ckpt),
-                  engine_args=("--weight-sync-timeout-s", "20")) as lr:
+                  engine_args=("--weight-sync-timeout-s", "20"),
+                  role_args={"actor_fwd": ["--lease-s", "3"], "trainer": ["--weight-sync-timeout-s", "20"]}) as lr:
         lr.wait_for_step(2, 300)
         lr.procs["trainer"].kill()  # SIGKILL: no clean shutdown
         killed_at = lr.progress()
@@ -126,7 +127,12 @@ def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating
         lr.wait_for_step(3, 300)
         lr.procs["rollout"].kill()  # its in-flight groups are lost; no prompt may be skipped or repeated
         lr.start_role("rollout")
+        lr.wait_for_step(5, 300)
+        lr.procs["actor_fwd"].kill()  # its claimed rows return when the lease lapses
+        lr.start_role("actor_fwd")
         lr.wait_for_step(run.num_steps, 400)
+        forward_log = (tmp_path / "logs" / "actor_fwd.log").read_text()
+        assert "loaded the published weights from a checkpoint" in forward_log
         assert_run_complete(lr, run)
         log = (tmp_path / "logs" / "trainer.log").read_text()
         positions = [json.loads(line) for line in log.splitlines() if '"trainer position"' in line]
