@@ -11,6 +11,6 @@ class AdvantageConfig(RoleSettings):
 
     model_config = SettingsConfigDict(env_prefix="SLUICE_ADVANTAGE_")
 
-    port: int = Field(7420, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
+    port: int = Field(7520, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
     max_groups_per_batch: int = Field(0, ge=0, description="groups computed together; 0 = a whole step's worth")
     lease_s: float = Field(60.0, gt=0, description="claim lease: rows return to the queue if this node dies")

@@ -16,21 +16,18 @@ import asyncio
 import logging
 import threading
 
-import redis
 import torch
 from prometheus_client import Counter, Gauge
 
 from services.algorithms.advantages import compute_advantages
 from services.algorithms.policy_loss import kl_estimate
 from services.advantage.config import AdvantageConfig
-from services.dcs.client import DCSClient
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.dcs.run_config import RunConfig
 from services.run_state.partitions import partition_name
-from services.run_state.run_config_wait import wait_for_run
-from services.run_state.step_partitions import StepPartitions, partition_gone
-from services.transferqueue.errors import TQError
+from services.run_state.connections import RunConnections
+from services.run_state.step_partitions import claim_or_done
 from services.runtime.role_service import RoleStatus, serve_role
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.codec import Batch
@@ -82,18 +79,16 @@ class AdvantageService:
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
-        dcs = DCSClient(c.dcs_url, token=c.auth_token or None)
-        run = wait_for_run(dcs, c.run_id, halt)
-        if run is None:
+        conn = RunConnections.open(c, halt)
+        if conn is None:
             return
-        tq = TransferQueue(c.tq_controller, token=c.auth_token or None)
-        steps = StepPartitions(tq, redis.Redis.from_url(c.redis_url, decode_responses=True), c.run_id, run)
-        membership = RunMembership(dcs, NodeRegistration(role="advantage", host=c.advertise_host,
+        run, tq, steps = conn.run, conn.tq, conn.steps
+        membership = RunMembership(conn.dcs, NodeRegistration(role="advantage", host=c.advertise_host,
                                                          ports={"http": c.port}, run_id=c.run_id))
         n = run.n_samples_per_prompt
         batch_rows = (c.max_groups_per_batch or run.rollout_batch_size) * n
         tq.register_task(TASK, required_fields(run), group_size=n)
-        self.status.ready = True
+        self.status.running()
         try:
             step = steps.first_step()
             while step < run.num_steps and not halt.is_set():
@@ -104,23 +99,17 @@ class AdvantageService:
                 step += 1
         finally:
             membership.close()
-            tq.close()
-            dcs.close()
+            conn.close()
 
     def _consume(self, tq: TransferQueue, partition: str, run: RunConfig, batch_rows: int, membership, halt) -> None:
         while not halt.is_set():
             membership.safe_point(halt)
             # min_rows: answer as soon as one group is ready, but take whatever else is ready too
-            try:
-                batch = tq.claim(partition, TASK, batch_rows, wait_s=1.0, min_rows=run.n_samples_per_prompt,
-                                 lease_s=self.config.lease_s)
-            except TQError as exc:
-                if partition_gone(exc):
-                    return
-                raise
+            batch = claim_or_done(tq, partition, TASK, batch_rows, self.config.lease_s,
+                                  min_rows=run.n_samples_per_prompt)
+            if batch is None:
+                return
             if not batch.rows:
-                if batch.complete:
-                    return
                 continue
             advantages, returns = advantages_of(batch, run)
             lengths = [len(m) for m in batch["loss_mask"]]

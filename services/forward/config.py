@@ -13,7 +13,7 @@ class ForwardConfig(RoleSettings):
     model_config = SettingsConfigDict(env_prefix="SLUICE_FORWARD_")
 
     role: str = Field("actor_fwd", pattern="^(actor_fwd|reference)$", description="actor_fwd or reference")
-    port: int = Field(7410, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
+    port: int = Field(7510, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
     micro_batch_size: int = Field(0, ge=0, description="samples per forward pass; 0 = the run's micro_batch_size")
     device: str = Field("cpu", description="cpu or cuda[:N]")
     dtype: str = Field("float32", pattern="^(float32|bfloat16)$")

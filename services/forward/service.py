@@ -14,11 +14,9 @@ import asyncio
 import logging
 import threading
 
-import redis
 import torch
 from prometheus_client import Counter, Gauge
 
-from services.dcs.client import DCSClient
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.dcs.sync.receiver import WeightReceiver, follow_weights
@@ -27,9 +25,8 @@ from services.model.loading import load_causal_lm
 from services.trainer.checkpoint import latest_checkpoint
 from services.model.response_batch import ResponseBatch, response_log_probs
 from services.run_state.partitions import SAMPLE_FIELDS, partition_name
-from services.run_state.run_config_wait import wait_for_run
-from services.run_state.step_partitions import StepPartitions, partition_gone
-from services.transferqueue.errors import TQError
+from services.run_state.connections import RunConnections
+from services.run_state.step_partitions import claim_or_done
 from services.runtime.role_service import RoleStatus, serve_role
 from services.transferqueue.client.queue import TransferQueue
 
@@ -50,36 +47,45 @@ class ForwardService:
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
-        dcs = DCSClient(c.dcs_url, token=c.auth_token or None)
-        run = wait_for_run(dcs, c.run_id, halt)
-        if run is None:
+        conn = RunConnections.open(c, halt)
+        if conn is None:
             return
-        self.run = run
+        self.run = run = conn.run
+        tq, steps = conn.tq, conn.steps
+        if not (run.uses_actor_fwd if self.role == "actor_fwd" else run.uses_reference):
+            # claiming rows nobody reads would only race the trainer's clearing of each partition
+            self.status.idle(f"run {run.name} does not use {self.role}")
+            log.info("this run does not use this role; idle", extra={"role": self.role})
+            conn.close()
+            halt.wait()
+            return
         torch.manual_seed(run.optim.seed)
         self.model, _ = load_causal_lm(run.model, c.dtype, c.device)
-        tq = TransferQueue(c.tq_controller, token=c.auth_token or None)
-        rds = redis.Redis.from_url(c.redis_url, decode_responses=True)
-        steps = StepPartitions(tq, rds, c.run_id, run)
-        membership = RunMembership(dcs, NodeRegistration(role=self.role, host=c.advertise_host,
-                                                         ports={"http": c.port}, device=c.device, run_id=c.run_id))
+        membership = RunMembership(conn.dcs, NodeRegistration(role=self.role, host=c.advertise_host,
+                                                              ports={"http": c.port}, device=c.device, run_id=c.run_id))
         receives = self.role == "actor_fwd" or run.ref_update_interval > 0
-        receiver = WeightReceiver(dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device)
+        receiver = WeightReceiver(conn.dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device)
         pause = self._pause_point(membership, receiver if receives else None, halt)
+
+        def keep_up() -> None:  # while waiting for a partition: pause point, and take weights meanwhile
+            pause()
+            if receives:
+                follow_weights(receiver, self.model, wait_s=0.2)
         if receives:
             receiver.declare()
-            receiver.version = dcs.cursors_of(self.role)  # a restarted node waits for the next version
+            receiver.version = conn.dcs.cursors_of(self.role)  # a restarted node waits for the next version
             if receiver.version > 0 and self.role == "actor_fwd":
                 self._catch_up(receiver.version)
         micro = c.micro_batch_size or run.micro_batch_size
         n = run.n_samples_per_prompt
         micro = max(n, micro - micro % n)  # claims come in whole groups
         tq.register_task(self.role, SAMPLE_FIELDS, group_size=n)
-        self.status.ready = True
+        self.status.running()
         try:
             step = steps.first_step()
             while step < run.num_steps and not halt.is_set():
                 pause()
-                if not steps.wait_for(step, halt, pause):
+                if not steps.wait_for(step, halt, keep_up):
                     step += 1
                     continue
                 if self.role == "actor_fwd":  # log-probs of step N come from the weights step N trains with
@@ -96,8 +102,7 @@ class ForwardService:
         finally:
             receiver.close()
             membership.close()
-            tq.close()
-            dcs.close()
+            conn.close()
 
     def _catch_up(self, version: int) -> None:
         """A restarted actor_fwd missed the broadcasts of versions <= `version`: load that version from
@@ -125,15 +130,10 @@ class ForwardService:
                 follow_weights(receiver, self.model, wait_s=0)
                 VERSION.set(receiver.version)
                 membership.progress(weight_version=receiver.version)
-            try:
-                batch = tq.claim(partition, self.role, micro, wait_s=1.0, lease_s=self.config.lease_s)
-            except TQError as exc:
-                if partition_gone(exc):
-                    return
-                raise
+            batch = claim_or_done(tq, partition, self.role, micro, self.config.lease_s)
+            if batch is None:
+                return
             if not batch.rows:
-                if batch.complete:
-                    return
                 continue
             rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
             log_probs = response_log_probs(self.model, rb.to_device(self.config.device),

@@ -16,7 +16,7 @@ class RolloutConfig(RoleSettings):
     engine_api_key: str = Field("", description="bearer token for the engines, if they need one")
     register_engines: bool = Field(True, description="register the engines with the coordinator (so the trainer "
                                                      "updates their weights); off when they register themselves")
-    port: int = Field(7400, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
+    port: int = Field(7500, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
     request_timeout_s: float = Field(600.0, gt=0, description="deadline of one generate request")
     version_poll_s: float = Field(0.25, gt=0, description="how often engine weight versions are read")
 

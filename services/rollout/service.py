@@ -112,7 +112,7 @@ class RolloutService:
         try:
             await self.tq.register_task(RECOVER_TASK, ["prompt_position"], group_size=run.n_samples_per_prompt)
             todo = await self.recover()
-            self.status.ready = True
+            self.status.running()
             poller = asyncio.create_task(self._poll_versions(stop))
             try:
                 await self.generate(todo, stop)

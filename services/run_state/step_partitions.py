@@ -59,3 +59,18 @@ class StepPartitions:
                 return True
             halt.wait(self.poll_s)
         return False
+
+
+def claim_or_done(tq: TransferQueue, partition: str, task: str, rows: int, lease_s: float, wait_s: float = 1.0,
+                  min_rows: int = 0):
+    """The next batch of `task` rows (empty if none became ready within wait_s), or None once the
+    partition is done for the task (sealed and consumed, or already cleared)."""
+    try:
+        batch = tq.claim(partition, task, rows, wait_s=wait_s, lease_s=lease_s, min_rows=min_rows)
+    except TQError as exc:
+        if partition_gone(exc):
+            return None
+        raise
+    if not batch.rows and batch.complete:
+        return None
+    return batch

@@ -25,7 +25,7 @@ class RoleSettings(BaseSettings):
 
     run_id: str = Field("default", description="the run (created on the coordinator) this service works for")
     dcs_url: str = Field("http://127.0.0.1:7300", description="coordinator base URL")
-    tq_controller: str = Field("127.0.0.1:7100", description="TransferQueue controller host:port")
+    tq_controller: str = Field("127.0.0.1:7400", description="TransferQueue controller host:port")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis for run state (ledger, progress)")
     auth_token: str = Field("", description="bearer token for the coordinator and TransferQueue")
     host: str = Field("0.0.0.0", description="address of the health/status/metrics endpoint")
@@ -42,6 +42,15 @@ class RoleStatus:
         self.ready = False
         self.fields: dict[str, Any] = {"state": "starting"}
         self._lock = threading.Lock()
+
+    def running(self) -> None:
+        self.ready = True
+        self.update(state="running")
+
+    def idle(self, why: str) -> None:
+        """Ready, but this run has nothing for it to do."""
+        self.ready = True
+        self.update(state="idle", reason=why)
 
     def update(self, **fields: Any) -> None:
         with self._lock:

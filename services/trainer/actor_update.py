@@ -41,6 +41,15 @@ def pad(values, width: int) -> torch.Tensor:
     return out
 
 
+def micro_batches(batch: Batch, micro_batch_size: int, device: str):
+    """(slice, ResponseBatch, loss mask [B, T]) for each micro batch of a global batch."""
+    for start in range(0, len(batch.rows), micro_batch_size):
+        sl = slice(start, start + micro_batch_size)
+        rb = ResponseBatch.build(batch["tokens"][sl], batch["prompt_length"][sl], batch["response_length"][sl])
+        rb = rb.to_device(device)
+        yield sl, rb, pad(batch["loss_mask"][sl], rb.mask.shape[1]).to(device)
+
+
 @dataclass
 class StepMetrics:
     """Sums over micro batches, token-weighted where the metric is per token."""
@@ -73,12 +82,8 @@ def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size:
     metrics = StepMetrics()
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    for start in range(0, len(batch.rows), micro_batch_size):
-        sl = slice(start, start + micro_batch_size)
-        rb = ResponseBatch.build(batch["tokens"][sl], batch["prompt_length"][sl], batch["response_length"][sl])
-        rb = rb.to_device(device)
+    for sl, rb, mask in micro_batches(batch, micro_batch_size, device):
         width = rb.mask.shape[1]
-        mask = pad(masks[sl], width).to(device)
         rollout = pad(batch["rollout_log_probs"][sl], width).to(device)
         old = pad(batch["log_probs"][sl], width).to(device) if run.uses_actor_fwd else rollout
         ref = pad(batch["ref_log_probs"][sl], width).to(device) if cfg.kl_loss_coef > 0 else None

@@ -14,7 +14,7 @@ class TrainerConfig(RoleSettings):
     model_config = SettingsConfigDict(env_prefix="SLUICE_TRAINER_")
 
     role: str = Field("actor", pattern="^(actor|critic)$", description="actor or critic")
-    port: int = Field(7430, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
+    port: int = Field(7530, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
     checkpoint_dir: str = Field("", description="where checkpoints go and are resumed from; empty = none")
     device: str = Field("cpu", description="cpu or cuda[:N]")
     master_address: str = Field("127.0.0.1", description="address receivers reach this trainer's broadcast group at")

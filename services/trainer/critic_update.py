@@ -9,7 +9,7 @@ import torch
 from services.algorithms.policy_loss import value_loss
 from services.dcs.run_config import RunConfig
 from services.model.response_batch import ResponseBatch
-from services.trainer.actor_update import StepMetrics, pad
+from services.trainer.actor_update import StepMetrics, micro_batches, pad
 from services.transferqueue.codec import Batch
 
 CRITIC_VALUE_FIELDS = ["tokens", "prompt_length", "response_length"]
@@ -34,12 +34,8 @@ def critic_step(critic, optimizer, batch: Batch, run: RunConfig, micro_batch_siz
     metrics = StepMetrics()
     critic.train()
     optimizer.zero_grad(set_to_none=True)
-    for start in range(0, len(batch.rows), micro_batch_size):
-        sl = slice(start, start + micro_batch_size)
-        rb = ResponseBatch.build(batch["tokens"][sl], batch["prompt_length"][sl], batch["response_length"][sl])
-        rb = rb.to_device(device)
+    for sl, rb, mask in micro_batches(batch, micro_batch_size, device):
         width = rb.mask.shape[1]
-        mask = pad(masks[sl], width).to(device)
         values = response_values(critic, rb)
         loss, m = value_loss(values, pad(batch["values"][sl], width).to(device), pad(batch["returns"][sl], width).to(device),
                              mask, clip=run.algorithm.value_clip, loss_agg=run.algorithm.loss_agg,

@@ -24,11 +24,10 @@ import threading
 import time
 from typing import Callable
 
-import redis
 import torch
 from prometheus_client import Gauge, Histogram
 
-from services.dcs.client import DCSClient, DCSError
+from services.dcs.client import DCSError
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.dcs.run_config import RunConfig
@@ -36,8 +35,8 @@ from services.dcs.sync.publisher import SyncFailed, WeightPublisher
 from services.model.loading import load_causal_lm
 from services.model.response_batch import ResponseBatch
 from services.run_state.partitions import partition_name, sample_id
-from services.run_state.run_config_wait import wait_for_run
-from services.run_state.step_partitions import StepPartitions, partition_gone
+from services.run_state.connections import RunConnections
+from services.run_state.step_partitions import claim_or_done, partition_gone
 from services.transferqueue.errors import TQError
 from services.run_state.trainer_progress import TrainerProgress, read_progress, record_trained, write_progress
 from services.runtime.role_service import RoleStatus, serve_role
@@ -104,15 +103,12 @@ class ActorTrainer:
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
-        self.dcs = DCSClient(c.dcs_url, token=c.auth_token or None)
-        run = wait_for_run(self.dcs, c.run_id, halt)
-        if run is None:
+        conn = RunConnections.open(c, halt)
+        if conn is None:
             return
-        self.run = run
+        self.dcs, self.run, self.tq, self.redis, self.steps = conn.dcs, conn.run, conn.tq, conn.redis, conn.steps
+        run = self.run
         torch.manual_seed(run.optim.seed)
-        self.redis = redis.Redis.from_url(c.redis_url, decode_responses=True)
-        self.tq = TransferQueue(c.tq_controller, token=c.auth_token or None)
-        self.steps = StepPartitions(self.tq, self.redis, c.run_id, run)
         ckpt = latest_checkpoint(c.checkpoint_dir, "actor") if c.checkpoint_dir else None
         self.model, _ = load_causal_lm(ckpt.path if ckpt else run.model, "float32", c.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=run.optim.lr, betas=run.optim.betas,
@@ -128,7 +124,7 @@ class ActorTrainer:
         self.tq.register_task(ACTOR_TASK, actor_fields(run), group_size=run.n_samples_per_prompt)
         try:
             step, version = self.resume(ckpt)
-            self.status.ready = True
+            self.status.running()
             while step < run.num_steps and not halt.is_set():
                 self.membership.safe_point(halt)
                 if not self.steps.wait_for(step, halt, lambda: self.membership.safe_point(halt)):
@@ -150,8 +146,7 @@ class ActorTrainer:
         finally:
             self.publisher.close()
             self.membership.close()
-            self.tq.close()
-            self.dcs.close()
+            conn.close()
 
     # ------------------------------------------------------------------ one step
 
@@ -292,25 +287,29 @@ class CriticTrainer:
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
-        dcs = DCSClient(c.dcs_url, token=c.auth_token or None)
-        run = wait_for_run(dcs, c.run_id, halt)
-        if run is None:
+        conn = RunConnections.open(c, halt)
+        if conn is None:
+            return
+        run, tq, steps = conn.run, conn.tq, conn.steps
+        if not run.uses_critic:
+            self.status.idle(f"run {run.name} does not use a critic (estimator {run.algorithm.estimator})")
+            log.info("this run does not use a critic; idle")
+            conn.close()
+            halt.wait()
             return
         torch.manual_seed(run.optim.seed)
-        tq = TransferQueue(c.tq_controller, token=c.auth_token or None)
-        steps = StepPartitions(tq, redis.Redis.from_url(c.redis_url, decode_responses=True), c.run_id, run)
         ckpt = latest_checkpoint(c.checkpoint_dir, "critic") if c.checkpoint_dir else None
         critic = load_critic(ckpt.path if ckpt else run.model).to(c.device)
         optimizer = torch.optim.AdamW(critic.parameters(), lr=run.optim.critic_lr, betas=run.optim.betas,
                                       weight_decay=run.optim.weight_decay)
         if ckpt:
             load_optimizer_state(ckpt.path, optimizer)
-        membership = RunMembership(dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
+        membership = RunMembership(conn.dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
                                                          device=c.device, run_id=c.run_id))
         n = run.n_samples_per_prompt
         tq.register_task(CRITIC_VALUES_TASK, CRITIC_VALUE_FIELDS, group_size=n)
         tq.register_task(CRITIC_TRAIN_TASK, CRITIC_TRAIN_FIELDS, group_size=n)
-        self.status.ready = True
+        self.status.running()
         try:
             step = steps.first_step()
             while step < run.num_steps and not halt.is_set():
@@ -332,23 +331,17 @@ class CriticTrainer:
                 step += 1
         finally:
             membership.close()
-            tq.close()
-            dcs.close()
+            conn.close()
 
     def write_values(self, tq: TransferQueue, critic, partition: str, run: RunConfig, membership, halt) -> None:
         while not halt.is_set():
             membership.safe_point(halt)
-            try:
-                batch = tq.claim(partition, CRITIC_VALUES_TASK, run.micro_batch_size // run.n_samples_per_prompt
-                                 * run.n_samples_per_prompt or run.n_samples_per_prompt, wait_s=1.0,
-                                 lease_s=self.config.lease_s)
-            except TQError as exc:
-                if partition_gone(exc):
-                    return
-                raise
+            n = run.n_samples_per_prompt
+            batch = claim_or_done(tq, partition, CRITIC_VALUES_TASK, max(n, run.micro_batch_size // n * n),
+                                  self.config.lease_s)
+            if batch is None:
+                return
             if not batch.rows:
-                if batch.complete:
-                    return
                 continue
             rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
             with torch.no_grad():

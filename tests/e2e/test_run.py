@@ -102,10 +102,11 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
 def test_colocate_ppo_with_critic_and_kl_reward(model_dir, tmp_path):
     run = RunConfig(name="colocate", model=model_dir, mode="colocate", max_staleness=0, n_samples_per_prompt=4,
                     rollout_batch_size=2, global_batch_size=8, micro_batch_size=4, num_steps=3,
-                    algorithm={"estimator": "ppo", "kl_coef": 0.01, "kl_in_reward": True, "lam": 0.95},
+                    algorithm={"estimator": "ppo", "kl_coef": 0.01, "kl_in_reward": True, "lam": 0.95,
+                               "decoupled": True},
                     rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
     with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
-        assert set(lr.procs) >= {"trainer", "critic", "rollout", "advantage", "reference"}
+        assert set(lr.procs) >= {"trainer", "critic", "rollout", "advantage", "reference", "actor_fwd"}
         lr.wait_for_step(run.num_steps, 400)
         steps = assert_run_complete(lr, run)
         assert all(steps[s]["metrics"]["staleness"] == {"0": run.rows_per_step} for s in steps)

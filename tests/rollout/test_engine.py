@@ -18,10 +18,10 @@ def reference(tiny_model_dir):
     return load_causal_lm(tiny_model_dir)[0]
 
 
-def _teacher_forced(model, prompt: list[int], output: list[int]) -> list[float]:
+def _teacher_forced(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> list[float]:
     ids = torch.tensor([prompt + output])
     with torch.no_grad():
-        logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+        logprobs = torch.log_softmax(model(ids).logits[0].float() / temperature, dim=-1)
     return [float(logprobs[len(prompt) - 1 + i, t]) for i, t in enumerate(output)]
 
 
@@ -31,13 +31,16 @@ def _gen(url: str, **body) -> dict | list:
     return r.json()
 
 
+TEMPERATURES = [1.0, 0, 0.7, 0]
+
+
 def test_logprobs_equal_teacher_forcing_with_requests_joining_mid_flight(engine, reference):
     prompts = [[5, 17, 300, 2, 9], [44, 9], [100, 200, 300, 400, 500, 600, 700], [3]]
     results = {}
 
     def run(i, delay):
         time.sleep(delay)  # later requests join while earlier ones decode
-        params = {"max_new_tokens": 24, "temperature": 0 if i % 2 else 1.0, "sampling_seed": i, "ignore_eos": True}
+        params = {"max_new_tokens": 24, "temperature": TEMPERATURES[i], "sampling_seed": i, "ignore_eos": True}
         results[i] = _gen(engine, input_ids=prompts[i], sampling_params=params, return_logprob=True)
 
     threads = [threading.Thread(target=run, args=(i, 0.05 * i)) for i in range(len(prompts))]
@@ -49,7 +52,8 @@ def test_logprobs_equal_teacher_forcing_with_requests_joining_mid_flight(engine,
         out = results[i]
         lps = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
         assert [x[1] for x in out["meta_info"]["output_token_logprobs"]] == out["output_ids"]
-        ref = _teacher_forced(reference, p, out["output_ids"])
+        # sampled: log-probs of the temperature-scaled distribution; greedy: of the raw logits
+        ref = _teacher_forced(reference, p, out["output_ids"], TEMPERATURES[i] or 1.0)
         assert max(abs(a - b) for a, b in zip(lps, ref)) < 1e-5
         assert out["meta_info"]["completion_tokens"] == 24 and out["meta_info"]["finish_reason"]["type"] == "length"
 

@@ -42,14 +42,19 @@ class SamplingParams(BaseModel):
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
            banned: list[int] = ()) -> tuple[int, torch.Tensor]:
-    """-> (token id, the raw distribution's log-probs over the vocabulary)."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    """-> (token id, log-probs over the vocabulary of the temperature-scaled distribution,
+    log_softmax(logits / T), before top-k/top-p/min-p truncation; raw logits when greedy). This is what
+    SGLang reports and what a trainer recomputes from logits / T."""
     scores = logits.float().clone()
-    if banned:
-        scores[list(banned)] = float("-inf")
     if params.temperature < GREEDY_BELOW:
+        logprobs = torch.log_softmax(scores, dim=-1)
+        if banned:
+            scores[list(banned)] = float("-inf")
         return int(scores.argmax()), logprobs
     scores = scores / params.temperature
+    logprobs = torch.log_softmax(scores, dim=-1)
+    if banned:
+        scores[list(banned)] = float("-inf")
     if params.top_k > 0 and params.top_k < scores.numel():
         kth = torch.topk(scores, params.top_k).values[-1]
         scores[scores < kth] = float("-inf")

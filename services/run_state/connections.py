@@ -1,0 +1,43 @@
+"""What a (thread-based) role connects to before its loop starts: the coordinator (and through it the
+run's config), TransferQueue, Redis run state, and the step walker over train_<N>."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import redis
+
+from services.dcs.client import DCSClient
+from services.dcs.run_config import RunConfig
+from services.run_state.run_config_wait import wait_for_run
+from services.run_state.step_partitions import StepPartitions
+from services.runtime.role_service import RoleSettings
+from services.transferqueue.client.queue import TransferQueue
+
+
+@dataclass
+class RunConnections:
+    dcs: DCSClient
+    run: RunConfig
+    tq: TransferQueue
+    redis: redis.Redis
+    steps: StepPartitions
+
+    @classmethod
+    def open(cls, config: RoleSettings, halt: threading.Event) -> "RunConnections | None":
+        """None if halted before the run was created."""
+        token = config.auth_token or None
+        dcs = DCSClient(config.dcs_url, token=token)
+        run = wait_for_run(dcs, config.run_id, halt)
+        if run is None:
+            dcs.close()
+            return None
+        tq = TransferQueue(config.tq_controller, token=token)
+        client = redis.Redis.from_url(config.redis_url, decode_responses=True)
+        return cls(dcs, run, tq, client, StepPartitions(tq, client, config.run_id, run))
+
+    def close(self) -> None:
+        self.tq.close()
+        self.redis.close()
+        self.dcs.close()
