@@ -1,8 +1,7 @@
 """What a run is: the configuration every role reads from the coordinator (`GET /v1/runs/{id}`), so
 rollout, forward, advantage and trainer agree on batch sizes, staleness and the algorithm.
 
-Submitted once (`POST /v1/runs`, or `sluice` from a YAML file) and validated here; services only
-read it. Role-local, operational settings (addresses, ports, checkpoint directory) are each
+Submitted once (`POST /v1/runs`) and validated here; services only read it. Role-local, operational settings (addresses, ports, checkpoint directory) are each
 service's own flags."""
 
 from __future__ import annotations
@@ -83,6 +82,13 @@ class RunConfig(_Strict):
     algorithm: AlgorithmSettings = Field(default_factory=AlgorithmSettings)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     optim: OptimSettings = Field(default_factory=OptimSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _colocate_is_on_policy(cls, data):
+        if isinstance(data, dict) and data.get("mode") == "colocate" and "max_staleness" not in data:
+            data = {**data, "max_staleness": 0}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":

@@ -16,7 +16,7 @@ class ForwardConfig(RoleSettings):
     port: int = Field(7510, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
     micro_batch_size: int = Field(0, ge=0, description="samples per forward pass; 0 = the run's micro_batch_size")
     device: str = Field("cpu", description="cpu or cuda[:N]")
-    dtype: str = Field("float32", pattern="^(float32|bfloat16)$")
+    dtype: str = Field("float32", pattern="^(float32|bfloat16)$", description="weights dtype (log-probs are float32)")
     weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
     checkpoint_dir: str = Field("", description=(
         "the trainer's checkpoint directory, if shared: a restarted actor_fwd loads the checkpoint of the "

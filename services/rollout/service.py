@@ -40,7 +40,8 @@ GROUPS = Counter("sluice_rollout_groups_total", "prompt groups written to Transf
 SAMPLES_TOKENS = Counter("sluice_rollout_response_tokens_total", "response tokens generated")
 RESUBMITS = Counter("sluice_rollout_resubmits_total", "requests resumed after a weight update aborted them")
 IN_FLIGHT = Gauge("sluice_rollout_groups_in_flight", "prompt groups generating")
-BLOCKED = Counter("sluice_rollout_admission_blocked_seconds_total", "time the staleness bound held admission")
+BLOCKED = Counter("sluice_rollout_admission_blocked_seconds_total",
+                  "time admission was held (by the staleness bound or the in-flight cap)")
 REWARD = Histogram("sluice_rollout_reward", "sample rewards", buckets=(-1, 0, 0.25, 0.5, 0.75, 1, 2))
 RECOVER_TASK = "rollout_recover"
 
@@ -68,7 +69,7 @@ class RolloutService:
                 raise ValueError("rollout.reward is required unless prompts is a demo task")
             spec = DEMO_TASKS[task].reward
         self.reward = build_reward(spec, label_field=r.label_field, timeout_s=r.reward_timeout_s,
-                                   retries=r.reward_retries, token=self.config.auth_token or None)
+                                   retries=r.reward_retries, token=self.config.reward_token or None)
         self.pool = EnginePool(self.config.engine_urls, timeout_s=self.config.request_timeout_s,
                                api_key=self.config.engine_api_key or None)
         self.tq = AsyncTransferQueue(self.config.tq_controller, token=self.config.auth_token or None)
