@@ -27,7 +27,7 @@ from services.dcs.models import NodeRegistration
 from services.dcs.run_config import RunConfig
 from services.run_state.partitions import partition_name
 from services.run_state.connections import RunConnections
-from services.run_state.step_partitions import claim_or_done
+from services.run_state.step_partitions import claim_or_done, put_once
 from services.runtime.role_service import RoleStatus, serve_role
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.codec import Batch
@@ -113,9 +113,9 @@ class AdvantageService:
                 continue
             advantages, returns = advantages_of(batch, run)
             lengths = [len(m) for m in batch["loss_mask"]]
-            tq.put(partition, {"advantages": [advantages[i, :n].contiguous() for i, n in enumerate(lengths)],
-                               "returns": [returns[i, :n].contiguous() for i, n in enumerate(lengths)]},
-                   rows=batch.rows)
+            put_once(tq, partition, {"advantages": [advantages[i, :n].contiguous() for i, n in enumerate(lengths)],
+                                     "returns": [returns[i, :n].contiguous() for i, n in enumerate(lengths)]},
+                     batch.rows, run.n_samples_per_prompt)
             tq.ack(batch)
             ROWS.inc(len(batch.rows))
             total = sum(lengths)

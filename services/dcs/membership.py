@@ -31,6 +31,7 @@ class RunMembership:
         self._acked_seq = 0
         self._changed = threading.Condition()
         self._stop = threading.Event()
+        self.suspended = False  # set while the node is unreachable: the coordinator then sees it dead
         self._beat_once()
         self._thread = threading.Thread(target=self._beat_loop, name=f"heartbeat-{registration.role}", daemon=True)
         self._thread.start()
@@ -102,6 +103,8 @@ class RunMembership:
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if self.suspended:
+                continue
             try:
                 self._beat_once()
             except Exception as exc:  # the coordinator may be restarting: keep trying

@@ -22,11 +22,11 @@ from services.dcs.models import NodeRegistration
 from services.dcs.sync.receiver import WeightReceiver, follow_weights
 from services.forward.config import ForwardConfig
 from services.model.loading import load_causal_lm
-from services.trainer.checkpoint import latest_checkpoint
+from services.trainer.checkpoint import checkpoints
 from services.model.response_batch import ResponseBatch, response_log_probs
 from services.run_state.partitions import SAMPLE_FIELDS, partition_name
 from services.run_state.connections import RunConnections
-from services.run_state.step_partitions import claim_or_done
+from services.run_state.step_partitions import claim_or_done, put_once
 from services.runtime.role_service import RoleStatus, serve_role
 from services.transferqueue.client.queue import TransferQueue
 
@@ -105,12 +105,14 @@ class ForwardService:
             conn.close()
 
     def _catch_up(self, version: int) -> None:
-        """A restarted actor_fwd missed the broadcasts of versions <= `version`: load that version from
-        the trainer's checkpoint if there is one (checkpoints are written before they are published)."""
-        ckpt = latest_checkpoint(self.config.checkpoint_dir, "actor") if self.config.checkpoint_dir else None
-        if ckpt is not None and ckpt.version == version:
-            self.model, _ = load_causal_lm(ckpt.path, self.config.dtype, self.config.device)
-            log.info("loaded the published weights from a checkpoint", extra={"version": version, "path": ckpt.path})
+        """A restarted actor_fwd missed the broadcasts up to `version` (the last one its role loaded):
+        load that version from the trainer's checkpoints if one of them holds it (checkpoints are
+        written just before their version is published)."""
+        found = [c for c in checkpoints(self.config.checkpoint_dir, "actor") if c.version == version]
+        if found:
+            self.model, _ = load_causal_lm(found[0].path, self.config.dtype, self.config.device)
+            log.info("loaded the published weights from a checkpoint", extra={"version": version,
+                                                                               "path": found[0].path})
         else:
             log.warning("restarted without the published weights: log-probs use the initial weights until the "
                         "next version arrives", extra={"version": version})
@@ -138,7 +140,7 @@ class ForwardService:
             rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
             log_probs = response_log_probs(self.model, rb.to_device(self.config.device),
                                            self.run.rollout.temperature).cpu()
-            tq.put(partition, {self.field: rb.to_ragged(log_probs)}, rows=batch.rows)
+            put_once(tq, partition, {self.field: rb.to_ragged(log_probs)}, batch.rows, self.run.n_samples_per_prompt)
             tq.ack(batch)
             ROWS.inc(len(batch.rows))
             TOKENS.inc(int(rb.attention_mask.sum()))

@@ -35,6 +35,7 @@ class LocalRun:
             self.redis_proc, self.redis_url = start_redis(log_dir=self.log_dir)
             self.tq = LocalTransferQueue(token=token, redis_url=self.redis_url, log_dir=self.log_dir)
             self.dcs = LocalDCS(redis_url=self.redis_url, token=token, log_dir=self.log_dir)
+            self.engine_args = engine_args
             self.engine_urls = [self._start_engine(i, engine_args) for i in range(engines)]
             with self.dcs_client() as dcs:
                 dcs.create_run(run)
@@ -49,8 +50,8 @@ class LocalRun:
     def redis_client(self) -> redis.Redis:
         return redis.Redis.from_url(self.redis_url, decode_responses=True)
 
-    def _start_engine(self, i: int, args) -> str:
-        port = free_port()
+    def _start_engine(self, i: int, args, port: int | None = None) -> str:
+        port = port or free_port()
         url = f"http://127.0.0.1:{port}"
         proc = ChildProcess(f"engine-{i}", sluice_argv("engine", "--model", self.run.model, "--host", "127.0.0.1",
                                                        "--port", str(port), *args),
@@ -58,6 +59,12 @@ class LocalRun:
         self.procs[f"engine-{i}"] = proc
         proc.wait_until(lambda: http_ok(url + "/health"), 120)
         return url
+
+    def restart_engine(self, i: int) -> None:
+        """SIGKILL engine i and start it again on the same port (as a supervisor would)."""
+        self.procs[f"engine-{i}"].kill()
+        port = int(self.engine_urls[i].rsplit(":", 1)[1])
+        self._start_engine(i, self.engine_args, port)
 
     def _common(self) -> list[str]:
         auth = ["--auth-token", self.token] if self.token else []

@@ -57,6 +57,8 @@ class EnginePool:
         self.engines = [SGLangClient(u, timeout_s=timeout_s, api_key=api_key) for u in self.urls]
         self.in_flight = [0] * len(self.engines)
         self.versions = [0] * len(self.engines)
+        self.reachable = [True] * len(self.engines)
+        self.newest = 0  # the newest version any engine has reported: an engine below it is stale
         self.max_resubmits = max_resubmits
         self.max_connect_retries = max_connect_retries
         self.requests = 0
@@ -70,13 +72,20 @@ class EnginePool:
         async def one(i: int) -> None:
             try:
                 self.versions[i] = parse_version(await asyncio.to_thread(self.engines[i].weight_version))
+                self.newest = max(self.newest, self.versions[i])
+                self.reachable[i] = True
             except (httpx.HTTPError, SGLangError) as exc:
-                log.warning("engine version unavailable", extra={"engine": self.urls[i], "error": str(exc)})
+                if self.reachable[i]:
+                    log.warning("engine unreachable", extra={"engine": self.urls[i], "error": str(exc)})
+                self.reachable[i] = False
         await asyncio.gather(*(one(i) for i in range(len(self.engines))))
         return self.min_version
 
-    def _pick(self) -> int:
-        return min(range(len(self.engines)), key=lambda i: self.in_flight[i])
+    def _pick(self) -> int | None:
+        """The least-loaded engine that is reachable and serves the newest weights seen; None if no
+        engine does (one that restarted serves its initial weights until the trainer resends them)."""
+        eligible = [i for i in range(len(self.engines)) if self.reachable[i] and self.versions[i] >= self.newest]
+        return min(eligible, key=lambda i: self.in_flight[i]) if eligible else None
 
     async def generate(self, prompt_ids: Sequence[int], sampling: dict, max_new_tokens: int, rid: str) -> SampleOutput:
         sample = SampleOutput()
@@ -84,6 +93,9 @@ class EnginePool:
         while True:
             remaining = max_new_tokens - len(sample.output_ids)
             i = self._pick()
+            if i is None:
+                await asyncio.sleep(0.2)
+                continue
             self.in_flight[i] += 1
             self.requests += 1
             try:

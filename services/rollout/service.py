@@ -179,8 +179,10 @@ class RolloutService:
     async def _poll_versions(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             version = await self.pool.refresh_versions()
-            for m in self.memberships:
-                m.progress(weight_version=version)
+            self.memberships[0].progress(weight_version=version)
+            for m, engine_version, reachable in zip(self.memberships[1:], self.pool.versions, self.pool.reachable):
+                m.progress(weight_version=engine_version)  # each engine its own
+                m.suspended = not reachable  # a dead engine must drop out of the next weight sync
             self.status.update(engine_version=version, requests=self.pool.requests, resubmits=self.pool.resubmits)
             await asyncio.sleep(self.config.version_poll_s)
 

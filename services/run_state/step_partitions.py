@@ -74,3 +74,23 @@ def claim_or_done(tq: TransferQueue, partition: str, task: str, rows: int, lease
     if not batch.rows and batch.complete:
         return None
     return batch
+
+
+def put_once(tq: TransferQueue, partition: str, columns: dict, rows: list[int], group_size: int) -> None:
+    """Write fields of claimed rows, tolerating rows a previous holder of the claim already wrote
+    (claims are at-least-once: a consumer that died after its put but before its ack leaves rows that
+    come back with the field produced). On such a conflict each group is written on its own and the
+    groups already written are left as they are."""
+    try:
+        tq.put(partition, columns, rows=rows)
+        return
+    except TQError as exc:
+        if exc.code != grpc.StatusCode.ALREADY_EXISTS:
+            raise
+    for start in range(0, len(rows), group_size):
+        part = {name: values[start:start + group_size] for name, values in columns.items()}
+        try:
+            tq.put(partition, part, rows=rows[start:start + group_size])
+        except TQError as exc:
+            if exc.code != grpc.StatusCode.ALREADY_EXISTS:
+                raise

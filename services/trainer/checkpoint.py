@@ -46,20 +46,27 @@ def save_checkpoint(directory: str, role: str, model, optimizer, tokenizer_dir: 
     return final
 
 
-def latest_checkpoint(directory: str, role: str) -> CheckpointState | None:
+def checkpoints(directory: str, role: str) -> list[CheckpointState]:
+    """Complete checkpoints, newest first."""
     root = _root(directory, role)
     if not directory or not os.path.isdir(root):
-        return None
+        return []
+    found = []
     for name in sorted((d for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp")),
                        reverse=True):
         path = os.path.join(root, name)
         try:
             with open(os.path.join(path, "trainer_state.json")) as f:
                 state = json.load(f)
-            return CheckpointState(int(state["next_step"]), int(state["version"]), path)
+            found.append(CheckpointState(int(state["next_step"]), int(state["version"]), path))
         except (OSError, ValueError, KeyError):
-            continue  # incomplete: try the one before
-    return None
+            continue  # incomplete
+    return found
+
+
+def latest_checkpoint(directory: str, role: str) -> CheckpointState | None:
+    found = checkpoints(directory, role)
+    return found[0] if found else None
 
 
 def load_optimizer_state(path: str, optimizer) -> None:

@@ -23,5 +23,8 @@ class TrainerConfig(RoleSettings):
     pause_mode: str = Field("abort", pattern="^(abort|in_place|retract)$", description=(
         "how engines pause for a weight update: abort (requests resume as partial rollouts), in_place "
         "(frozen with their KV cache), retract (requeued, KV recomputed)"))
+    republish_check_s: float = Field(10.0, gt=0, description=(
+        "while waiting for data, how often to check for engines serving older weights than the published "
+        "version (restarted, or missed a publish) and publish again"))
     lease_s: float = Field(300.0, gt=0, description="claim lease: rows return to the queue if this node dies")
     clear_wait_s: float = Field(600.0, gt=0, description="how long to wait for every task to consume a step")

@@ -36,7 +36,7 @@ from services.model.loading import load_causal_lm
 from services.model.response_batch import ResponseBatch
 from services.run_state.partitions import partition_name, sample_id
 from services.run_state.connections import RunConnections
-from services.run_state.step_partitions import claim_or_done, partition_gone
+from services.run_state.step_partitions import claim_or_done, put_once, partition_gone
 from services.transferqueue.errors import TQError
 from services.run_state.trainer_progress import TrainerProgress, read_progress, record_trained, write_progress
 from services.runtime.role_service import RoleStatus, serve_role
@@ -100,6 +100,8 @@ class ActorTrainer:
     def __init__(self, config: TrainerConfig, status: RoleStatus):
         self.config = config
         self.status = status
+        self.version = 0
+        self._last_lag_check = self._published_at = time.monotonic()
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
@@ -123,20 +125,20 @@ class ActorTrainer:
                                          pause_mode=c.pause_mode)
         self.tq.register_task(ACTOR_TASK, actor_fields(run), group_size=run.n_samples_per_prompt)
         try:
-            step, version = self.resume(ckpt)
+            step, self.version = self.resume(ckpt)
             self.status.running()
             while step < run.num_steps and not halt.is_set():
                 self.membership.safe_point(halt)
-                if not self.steps.wait_for(step, halt, lambda: self.membership.safe_point(halt)):
+                if not self.steps.wait_for(step, halt, lambda: self.waiting(step, halt)):
                     continue
-                trained = self.train_step(step, version, halt)
+                trained = self.train_step(step, halt)
                 if trained is None:  # halted mid-step: the rows go back to the queue on restart
                     return
                 ids, metrics = trained
-                version += 1
+                version = self.version + 1
                 if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
                     save_checkpoint(c.checkpoint_dir, "actor", self.model, self.optimizer, run.model, step + 1, version)
-                version = self.publish(version)
+                self.version = version = self.publish(version)
                 self.clear(step)
                 metrics["weight_version"] = version
                 write_progress(self.redis, c.run_id, TrainerProgress(next_step=step + 1, version=version))
@@ -150,7 +152,33 @@ class ActorTrainer:
 
     # ------------------------------------------------------------------ one step
 
-    def train_step(self, step: int, version: int, halt: threading.Event):
+    def waiting(self, step: int, halt: threading.Event) -> None:
+        """Runs while the trainer waits for data: a pause safe point, and every republish_check_s a
+        check that no engine lags behind the published version. An engine that restarted (or missed
+        a publish while its rollout was down) serves old weights and holds back admission of the very
+        samples this step waits for; only a new publish brings it up to date."""
+        self.membership.safe_point(halt)
+        now = time.monotonic()
+        # engine versions reach the coordinator on heartbeats: give a fresh publish time to show
+        if now - self._last_lag_check < self.config.republish_check_s or now - self._published_at < 5.0:
+            return
+        self._last_lag_check = now
+        lagging = [n.node_id for n in self.dcs.topology().roles.get("engine", [])
+                   if n.alive and n.run_id == self.config.run_id and n.weight_version is not None
+                   and n.weight_version < self.version]
+        if lagging:
+            # the same version again, to the engines only: no renumbering, so no sample gets staler
+            log.warning("engines lag behind the published weights; sending them again",
+                        extra={"engines": lagging, "version": self.version})
+            self.publisher.receiver_roles = ["engine"]
+            try:
+                self.publisher.publish(((n, p.detach()) for n, p in self.model.named_parameters()), self.version,
+                                       announce=False)
+                self._published_at = time.monotonic()
+            except SyncFailed as exc:  # tried again at the next check
+                log.warning("resending weights to engines failed", extra={"error": str(exc)})
+
+    def train_step(self, step: int, halt: threading.Event):
         run, c = self.run, self.config
         partition = partition_name(step)
         ids: list[str] = []
@@ -163,12 +191,13 @@ class ActorTrainer:
             self.membership.safe_point(halt)
             t0 = time.perf_counter()
             batch = claim_global_batch(self.tq, partition, ACTOR_TASK, run.global_batch_size, c.lease_s, halt,
-                                       lambda: self.membership.safe_point(halt))
+                                       lambda: self.waiting(step, halt))
             wait_s += time.perf_counter() - t0
             if batch is None:
                 if halt.is_set():
                     return None
                 raise RuntimeError(f"{partition} ran out of rows before {run.rows_per_step} were trained")
+            version = self.version  # the policy these samples are trained at
             for s in (version - batch["weight_version"]).tolist():
                 staleness[int(s)] += 1
                 STALENESS.observe(s)
@@ -210,18 +239,24 @@ class ActorTrainer:
             roles.append("reference")
         return roles
 
-    def publish(self, version: int, attempts: int = 3) -> int:
-        """Publish the current weights as `version`; a failed sync is retried under the next number
-        (a version number is never reused). Returns the version published."""
+    def publish(self, version: int, attempts: int = 5) -> int:
+        """Publish the current weights as `version`. A failed sync is retried (with backoff, so a dead
+        receiver's lease lapses and it leaves the group) under the same number if it failed before the
+        coordinator recorded it, else under the next (a recorded number is never reused). Returns the
+        version published."""
         for attempt in range(attempts):
+            if attempt:  # a receiver that died drops out of the group when its lease lapses
+                time.sleep(min(2.0 ** attempt, 10.0))
             self.publisher.receiver_roles = self.receiver_roles(version)
             try:
                 result = self.publisher.publish(((n, p.detach()) for n, p in self.model.named_parameters()), version)
+                self._published_at = time.monotonic()
                 log.info("weights published", extra={"version": version, "seconds": result.seconds})
                 return version
             except SyncFailed as exc:
                 log.warning("weight sync failed", extra={"version": version, "attempt": attempt, "error": str(exc)})
-                version += 1
+                if exc.result.announced:  # receivers may hold it as done: the retry needs a new number
+                    version += 1
         raise RuntimeError(f"weight sync failed {attempts} times")
 
     def clear(self, step: int) -> None:
@@ -347,7 +382,7 @@ class CriticTrainer:
             with torch.no_grad():
                 critic.eval()
                 values = response_values(critic, rb.to_device(self.config.device)).cpu() * rb.mask
-            tq.put(partition, {"values": rb.to_ragged(values)}, rows=batch.rows)
+            put_once(tq, partition, {"values": rb.to_ragged(values)}, batch.rows, run.n_samples_per_prompt)
             tq.ack(batch)
 
 

@@ -42,6 +42,7 @@ class SyncResult:
     bytes: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    announced: bool = False  # the coordinator recorded the version (receivers may have started on it)
 
 
 class SyncFailed(RuntimeError):
@@ -99,7 +100,10 @@ class WeightPublisher:
         for f in futures:
             f.result()
 
-    def publish(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncResult:
+    def publish(self, named: Iterable[tuple[str, torch.Tensor]], version: int, announce: bool = True) -> SyncResult:
+        """Broadcast `named` as `version` to the current group of receiver roles. announce=False sends an
+        already published version again without recording it with the coordinator: only for engines
+        (driven over HTTP, they do not read the coordinator's metadata), e.g. one that restarted."""
         named = list(named)
         result = SyncResult(version=version, ok=False)
         t0 = time.perf_counter()
@@ -113,16 +117,21 @@ class WeightPublisher:
             result.group, result.world_size = group_spec.name, group_spec.world_size
             self._current_engines = self._engine_members(group_spec)
             transfer = "per_tensor" if self._current_engines else "flat_buckets"
-            self.dcs.publish_weights(WeightMetadata(version=version, tensors=entries, bucket_bytes=sizes,
-                                                    publisher=self.node_id, sync_group=group_spec,
-                                                    transfer=transfer))
-            result.seconds["metadata"] = time.perf_counter() - t0
-            paused = False
+            if not announce and any(m.role != self.engine_role for m in group_spec.members[1:]):
+                raise ValueError("an unannounced publish can only go to engines")
+            paused: list = []
             try:
+                # engines first: one that cannot be paused fails the sync before the version is
+                # announced, so no receiver starts waiting on a broadcast that will not come
                 if self._current_engines:
                     self._connect_engines(group_spec)
-                    self._each_engine(lambda m, e: e.pause(self.pause_mode))
-                    paused = True
+                    self._each_engine(lambda m, e: (e.pause(self.pause_mode), paused.append(e)))
+                if announce:
+                    self.dcs.publish_weights(WeightMetadata(version=version, tensors=entries, bucket_bytes=sizes,
+                                                            publisher=self.node_id, sync_group=group_spec,
+                                                            transfer=transfer))
+                    result.announced = True
+                result.seconds["metadata"] = time.perf_counter() - t0
                 if self._group is None or self._group.name != group_spec.name:
                     self._open_group(group_spec)
                 self._each_engine(lambda m, e: e.begin_weight_update())
@@ -130,8 +139,11 @@ class WeightPublisher:
                 self._broadcast(entries, sizes, dict(named), result, transfer, str(version))
                 self._each_engine(lambda m, e: e.end_weight_update())
             finally:
-                if paused:  # always resume generation, whatever happened
-                    self._each_engine(lambda m, e: e.continue_generation())
+                for engine in paused:  # always resume generation, whatever happened
+                    try:
+                        engine.continue_generation()
+                    except Exception as exc:
+                        log.warning("could not resume an engine", extra={"engine": engine.base_url, "error": str(exc)})
             result.ok = True
         except Exception as exc:
             self._failed = True
