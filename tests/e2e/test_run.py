@@ -74,7 +74,8 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
                 time.sleep(0.2)
             status = dcs.status(run.name)
             roles = {s.role for s in status.services if s.pause_acknowledged}
-            assert roles >= {"trainer", "rollout", "engine", "advantage", "actor_fwd", "reference"}, status.services
+            # (the advantage role may already have finished every step and left: rollout runs ahead)
+            assert roles >= {"trainer", "rollout", "engine", "actor_fwd", "reference"}, status.services
             paused_at = lr.progress()
             time.sleep(3)
             assert lr.progress() == paused_at
