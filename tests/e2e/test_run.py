@@ -77,6 +77,8 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
             # (the advantage role may already have finished every step and left: rollout runs ahead)
             assert roles >= {"trainer", "rollout", "engine", "actor_fwd", "reference"}, status.services
             paused_at = lr.progress()
+            # node id -> role while everyone is registered (roles leave when their work is done)
+            topology = {n.node_id: n.role for ns in dcs.topology().roles.values() for n in ns}
             time.sleep(3)
             assert lr.progress() == paused_at
             dcs.resume(run.name)
@@ -96,7 +98,6 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
             cursors = dcs.cursors()
             assert cursors["actor_fwd"] == 4 and cursors["reference"] == 4
             loads = [(r.node_id, r.version) for r in dcs.sync_reports(200) if "load" in r.seconds]
-        topology = {n.node_id: n.role for ns in lr.dcs_client().topology().roles.values() for n in ns}
         assert sorted(v for node, v in loads if topology.get(node) == "reference") == [2, 4]
         assert sorted(v for node, v in loads if topology.get(node) == "actor_fwd") == [1, 2, 3, 4]
         status = httpx.get(lr.procs["rollout"].status_url + "/status").json()
