@@ -20,7 +20,7 @@ from services.transferqueue.local_stack import LocalTransferQueue
 class LocalRun:
     def __init__(self, run: RunConfig, log_dir: str | None = None, engines: int = 1, token: str = "",
                  checkpoint_dir: str | None = None, engine_args: tuple[str, ...] = (),
-                 role_args: dict[str, list[str]] | None = None):
+                 role_args: dict[str, list[str]] | None = None, trainer_ranks: int = 1):
         self.run = run
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-run-")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -29,6 +29,7 @@ class LocalRun:
         self.procs: dict[str, ChildProcess] = {}
         self.role_argv: dict[str, list[str]] = {}
         self.role_args = role_args or {}
+        self.trainer_ranks = trainer_ranks
         self.role_ports: dict[str, int] = {}  # a restarted role keeps its port, as under compose or k8s
         self.redis_proc = self.tq = self.dcs = None
         try:
@@ -81,6 +82,11 @@ class LocalRun:
             roles["actor_fwd"] = ["forward", "--role", "actor_fwd", *ckpt]
         if self.run.uses_reference:
             roles["reference"] = ["forward", "--role", "reference"]
+        if self.trainer_ranks > 1:  # one process per data-parallel rank; rank 0 hosts the rendezvous
+            dp = ["--dp-size", str(self.trainer_ranks), "--dp-master", f"127.0.0.1:{free_port()}"]
+            roles["trainer"] += [*dp, "--dp-rank", "0"]
+            for r in range(1, self.trainer_ranks):
+                roles[f"trainer-{r}"] = ["trainer", *ckpt, *dp, "--dp-rank", str(r)]
         for name, argv in roles.items():
             self.role_argv[name] = argv + list(self.role_args.get(name, []))
             self.start_role(name)

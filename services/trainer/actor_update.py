@@ -73,12 +73,15 @@ class StepMetrics:
         return out
 
 
-def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size: int, device: str = "cpu") -> StepMetrics:
+def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size: int, device: str = "cpu",
+               totals: tuple[float, float] | None = None, reduce_gradients=None) -> StepMetrics:
+    """One optimizer step over `batch`. With data parallelism `batch` is this rank's share, `totals`
+    the (tokens, sequences) of the whole global batch and `reduce_gradients(params)` sums the ranks'
+    gradients before clipping."""
     cfg = loss_config(run)
     temperature = run.rollout.temperature
     masks = batch["loss_mask"]
-    total_tokens = float(sum(float(m.sum()) for m in masks))
-    total_seqs = float(len(masks))
+    total_tokens, total_seqs = totals or (float(sum(float(m.sum()) for m in masks)), float(len(masks)))
     metrics = StepMetrics()
     model.train()
     optimizer.zero_grad(set_to_none=True)
@@ -102,6 +105,8 @@ def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size:
                  "rollout_kl_k3": ((torch.exp(-diff) - 1 + diff) * mask).sum() / max(tokens, 1.0)}
         metrics.add(m, tokens)
         metrics.loss += float(loss.detach())
+    if reduce_gradients is not None:
+        reduce_gradients([p for p in model.parameters() if p.requires_grad])
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), run.optim.grad_clip)
     metrics.grad_norm = float(norm)
     if math.isfinite(metrics.grad_norm):

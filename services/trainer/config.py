@@ -23,6 +23,10 @@ class TrainerConfig(RoleSettings):
     pause_mode: str = Field("abort", pattern="^(abort|in_place|retract)$", description=(
         "how engines pause for a weight update: abort (requests resume as partial rollouts), in_place "
         "(frozen with their KV cache), retract (requeued, KV recomputed)"))
+    dp_size: int = Field(1, ge=1, description="data-parallel actor ranks (one process each)")
+    dp_rank: int = Field(0, ge=0, description="this process's data-parallel rank; rank 0 leads (claims, "
+                                              "publishes, checkpoints)")
+    dp_master: str = Field("", description="host:port of rank 0's rendezvous for the data-parallel group")
     republish_check_s: float = Field(10.0, gt=0, description=(
         "while waiting for data, how often to check for engines serving older weights than the published "
         "version (restarted, or missed a publish) and publish again"))

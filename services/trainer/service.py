@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import secrets
 import logging
 import threading
 import time
@@ -43,10 +44,10 @@ from services.runtime.role_service import RoleStatus, serve_role
 from services.trainer.actor_update import StepMetrics, actor_fields, actor_step
 from services.trainer.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
 from services.trainer.config import TrainerConfig
+from services.trainer.data_parallel import DataParallel
 from services.trainer.critic_update import (CRITIC_TRAIN_FIELDS, CRITIC_VALUE_FIELDS, critic_step, load_critic,
                                             response_values)
 from services.transferqueue.client.queue import TransferQueue
-from services.transferqueue.codec import Batch
 
 log = logging.getLogger(__name__)
 ACTOR_TASK = "actor_train"
@@ -74,9 +75,10 @@ def expected_tasks(run: RunConfig) -> list[str]:
 
 
 def claim_global_batch(tq: TransferQueue, partition: str, task: str, rows: int, lease_s: float,
-                       halt: threading.Event, idle: Callable[[], None] = lambda: None) -> Batch | None:
-    """Exactly `rows` rows (whole groups), waiting while the partition fills; None if halted or the
-    partition ran out. `idle` runs between polls (a pause safe point)."""
+                       halt: threading.Event, idle: Callable[[], None] = lambda: None, claim_key: str = ""):
+    """Claim exactly `rows` rows (whole groups) without reading them, waiting while the partition fills;
+    None if halted or the partition ran out. `idle` runs between polls (a pause safe point).
+    Data-parallel ranks pass the leader's claim_key to get the same lease."""
     while not halt.is_set():
         idle()
         try:
@@ -86,11 +88,11 @@ def claim_global_batch(tq: TransferQueue, partition: str, task: str, rows: int, 
                 return None
             raise
         if ready.ready_rows >= rows:
-            batch = tq.claim(partition, task, rows, lease_s=lease_s)
-            if len(batch.rows) == rows:
-                return batch
-            if batch.rows:
-                tq.release(batch)
+            claimed = tq.claim_rows(partition, task, rows, lease_s=lease_s, claim_key=claim_key)
+            if len(claimed.rows) == rows:
+                return claimed
+            if claimed.rows:
+                tq.release(claimed.lease_id)
         elif ready.partition_complete:
             return None
     return None
@@ -117,38 +119,65 @@ class ActorTrainer:
                                            weight_decay=run.optim.weight_decay)
         if ckpt:
             load_optimizer_state(ckpt.path, self.optimizer)
-        self.membership = RunMembership(self.dcs, NodeRegistration(role="trainer", host=c.advertise_host,
-                                                                   ports={"http": c.port}, device=c.device,
-                                                                   run_id=c.run_id))
-        self.publisher = WeightPublisher(self.dcs, self.membership.node_id, c.master_address,
-                                         bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
-                                         pause_mode=c.pause_mode)
+        self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master)
+        self.membership = self.publisher = None
+        if self.dp.is_leader:  # the other ranks follow it through the group, not the coordinator
+            self.membership = RunMembership(self.dcs, NodeRegistration(
+                role="trainer", host=c.advertise_host, ports={"http": c.port}, device=c.device, run_id=c.run_id,
+                parallel={"dp": c.dp_size}))
+            self.publisher = WeightPublisher(self.dcs, self.membership.node_id, c.master_address,
+                                             bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
+                                             pause_mode=c.pause_mode)
         self.tq.register_task(ACTOR_TASK, actor_fields(run), group_size=run.n_samples_per_prompt)
         try:
-            step, self.version = self.resume(ckpt)
-            self.status.running()
-            while step < run.num_steps and not halt.is_set():
-                self.membership.safe_point(halt)
-                if not self.steps.wait_for(step, halt, lambda: self.waiting(step, halt)):
-                    continue
-                trained = self.train_step(step, halt)
-                if trained is None:  # halted mid-step: the rows go back to the queue on restart
-                    return
-                ids, metrics = trained
-                version = self.version + 1
-                if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
-                    save_checkpoint(c.checkpoint_dir, "actor", self.model, self.optimizer, run.model, step + 1, version)
-                self.version = version = self.publish(version)
-                self.clear(step)
-                metrics["weight_version"] = version
-                write_progress(self.redis, c.run_id, TrainerProgress(next_step=step + 1, version=version))
-                record_trained(self.redis, c.run_id, step, ids, metrics)
-                self.report(step, metrics)
-                step += 1
+            if self.dp.is_leader:
+                self.lead(ckpt, halt)
+            else:
+                self.follow(halt)
         finally:
-            self.publisher.close()
-            self.membership.close()
+            if self.publisher is not None:
+                self.publisher.close()
+            if self.membership is not None:
+                self.membership.close()
+            self.dp.close()
             conn.close()
+
+    def lead(self, ckpt, halt: threading.Event) -> None:
+        run, c = self.run, self.config
+        step, self.version = self.resume(ckpt)
+        self.status.running()
+        while step < run.num_steps and not halt.is_set():
+            self.membership.safe_point(halt)
+            if not self.steps.wait_for(step, halt, lambda: self.waiting(step, halt)):
+                continue
+            self.dp.share([1, step, self.version])
+            trained = self.train_step(step, halt)
+            if trained is None:  # halted mid-step: the rows go back to the queue on restart
+                return
+            ids, metrics = trained
+            version = self.version + 1
+            if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
+                save_checkpoint(c.checkpoint_dir, "actor", self.model, self.optimizer, run.model, step + 1, version)
+            self.version = version = self.publish(version)
+            self.clear(step)
+            metrics["weight_version"] = version
+            write_progress(self.redis, c.run_id, TrainerProgress(next_step=step + 1, version=version))
+            record_trained(self.redis, c.run_id, step, ids, metrics)
+            self.report(step, metrics)
+            step += 1
+        if not halt.is_set():
+            self.dp.share([0, step, self.version])  # the other ranks are done too
+
+    def follow(self, halt: threading.Event) -> None:
+        """A data-parallel rank other than 0: train each step the leader starts, on its share."""
+        self.status.running()
+        while not halt.is_set():
+            more, step, self.version = self.dp.share([0, 0, 0])
+            if not more:
+                return
+            if self.train_step(step, halt) is None:
+                return
+            self.status.update(step=step)
 
     # ------------------------------------------------------------------ one step
 
@@ -179,36 +208,57 @@ class ActorTrainer:
                 log.warning("resending weights to engines failed", extra={"error": str(exc)})
 
     def train_step(self, step: int, halt: threading.Event):
-        run, c = self.run, self.config
+        """Train step N: num_iters_per_train_update global batches, each split across the ranks.
+        Returns (trained sample ids, metrics) on the leader, (None, None) elsewhere; None if halted."""
+        run, c, dp = self.run, self.config, self.dp
         partition = partition_name(step)
+        n = run.n_samples_per_prompt
         ids: list[str] = []
         totals = StepMetrics()
         staleness = collections.Counter()
         rewards: list[float] = []
         wait_s = compute_s = 0.0
         iteration_metrics = []
-        for _ in range(run.num_iters_per_train_update):
-            self.membership.safe_point(halt)
+        nonce = secrets.randbits(62) if dp.is_leader else 0
+        for it in range(run.num_iters_per_train_update):
             t0 = time.perf_counter()
-            batch = claim_global_batch(self.tq, partition, ACTOR_TASK, run.global_batch_size, c.lease_s, halt,
-                                       lambda: self.waiting(step, halt))
+            if dp.is_leader:
+                self.membership.safe_point(halt)
+                claimed = claim_global_batch(self.tq, partition, ACTOR_TASK, run.global_batch_size, c.lease_s, halt,
+                                             lambda: self.waiting(step, halt), claim_key=f"{nonce}-{it}")
+                if dp.size > 1:
+                    dp.share([1 if claimed else 0, nonce])
+            else:
+                got, nonce = dp.share([0, 0])
+                claimed = self.tq.claim_rows(partition, ACTOR_TASK, run.global_batch_size, lease_s=c.lease_s,
+                                             claim_key=f"{nonce}-{it}") if got else None
             wait_s += time.perf_counter() - t0
-            if batch is None:
-                if halt.is_set():
+            if claimed is None:
+                if halt.is_set() or not dp.is_leader:
                     return None
                 raise RuntimeError(f"{partition} ran out of rows before {run.rows_per_step} were trained")
+            info = self.tq.get(partition, claimed.rows, ["response_length", "prompt_position", "sample_index",
+                                                         "weight_version", "reward"])
+            mine = dp.my_rows(claimed.rows, info["response_length"].tolist(), n)
+            batch = self.tq.get(partition, mine, actor_fields(run))
             version = self.version  # the policy these samples are trained at
-            for s in (version - batch["weight_version"]).tolist():
+            t1 = time.perf_counter()
+            tokens = dp.total(float(sum(float(m.sum()) for m in batch["loss_mask"])))
+            m = actor_step(self.model, self.optimizer, batch, run, run.micro_batch_size, c.device,
+                           totals=(tokens, float(run.global_batch_size)), reduce_gradients=dp.sum_gradients)
+            compute_s += time.perf_counter() - t1
+            if not dp.is_leader:
+                continue
+            self.tq.ack(claimed.lease_id)
+            for s in (version - info["weight_version"]).tolist():
                 staleness[int(s)] += 1
                 STALENESS.observe(s)
-            rewards.extend(batch["reward"].tolist())
-            t1 = time.perf_counter()
-            m = actor_step(self.model, self.optimizer, batch, run, run.micro_batch_size, c.device)
-            compute_s += time.perf_counter() - t1
-            self.tq.ack(batch)
+            rewards.extend(info["reward"].tolist())
             iteration_metrics.append(m)
-            totals.tokens += m.tokens
-            ids.extend(sample_id(int(p), int(k)) for p, k in zip(batch["prompt_position"], batch["sample_index"]))
+            totals.tokens += tokens
+            ids.extend(sample_id(int(p), int(k)) for p, k in zip(info["prompt_position"], info["sample_index"]))
+        if not dp.is_leader:
+            return None, None
         means = [m.means() for m in iteration_metrics]
         metrics = {k: sum(x[k] for x in means if k in x) / len(means) for k in means[0] if k not in ("tokens",)}
         violations = sum(n for s, n in staleness.items() if s > run.max_staleness)
@@ -217,7 +267,8 @@ class ActorTrainer:
         metrics.update(reward_mean=sum(rewards) / len(rewards), tokens=totals.tokens, wait_s=wait_s,
                        tokens_per_s=totals.tokens / max(compute_s, 1e-9), staleness={str(k): v for k, v in
                                                                                      sorted(staleness.items())},
-                       staleness_max=max(staleness), staleness_violations=violations, version_trained=version)
+                       staleness_max=max(staleness), staleness_violations=violations, version_trained=version,
+                       dp_size=dp.size)
         return ids, metrics
 
     def report(self, step: int, metrics: dict) -> None:
@@ -353,12 +404,13 @@ class CriticTrainer:
                     partition = partition_name(step)
                     self.write_values(tq, critic, partition, run, membership, halt)
                     for _ in range(run.num_iters_per_train_update):
-                        batch = claim_global_batch(tq, partition, CRITIC_TRAIN_TASK, run.global_batch_size,
-                                                   c.lease_s, halt, lambda: membership.safe_point(halt))
-                        if batch is None:
+                        claimed = claim_global_batch(tq, partition, CRITIC_TRAIN_TASK, run.global_batch_size,
+                                                     c.lease_s, halt, lambda: membership.safe_point(halt))
+                        if claimed is None:
                             break
+                        batch = tq.get(partition, claimed.rows, CRITIC_TRAIN_FIELDS)
                         m = critic_step(critic, optimizer, batch, run, run.micro_batch_size, c.device)
-                        tq.ack(batch)
+                        tq.ack(claimed.lease_id)
                         self.status.update(step=step, value_loss=m.loss)
                     if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
                         save_checkpoint(c.checkpoint_dir, "critic", critic, optimizer, None, step + 1, 0)

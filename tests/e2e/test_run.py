@@ -104,6 +104,19 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
         assert status["ready"] and status["state"] == "finished"
 
 
+def test_data_parallel_trainer_ranks_share_each_global_batch(model_dir, tmp_path):
+    run = RunConfig(name="dp", model=model_dir, max_staleness=1, n_samples_per_prompt=2, rollout_batch_size=4,
+                    global_batch_size=8, micro_batch_size=2, num_steps=3, rollout={"max_new_tokens": 12},
+                    optim={"lr": 1e-4})
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), trainer_ranks=2) as lr:
+        lr.wait_for_step(run.num_steps, 400)
+        steps = assert_run_complete(lr, run)
+        assert all(steps[s]["metrics"]["dp_size"] == 2 for s in steps)
+        # both ranks trained every step (rank 1 follows rank 0 through the group)
+        status = httpx.get(lr.procs["trainer-1"].status_url + "/status").json()
+        assert status["step"] == run.num_steps - 1
+
+
 def test_colocate_ppo_with_critic_and_kl_reward(model_dir, tmp_path):
     run = RunConfig(name="colocate", model=model_dir, mode="colocate", max_staleness=0, n_samples_per_prompt=4,
                     rollout_batch_size=2, global_batch_size=8, micro_batch_size=4, num_steps=3,

@@ -1,0 +1,75 @@
+"""The actor's data-parallel group: every rank holds the whole model, trains on its share of each
+global batch, and the summed gradients make every rank take the same optimizer step.
+
+Rank 0 leads: it claims each global batch (the other ranks get the same lease through its claim
+key), acks it, publishes weights, checkpoints and clears partitions; decisions reach the other ranks
+as integer tensors over the group (nothing is pickled). Loss totals (tokens, sequences) are those of
+the whole global batch, so summing the ranks' gradients gives exactly the one-process gradient."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from services.transferqueue.client.balance import balanced_split
+
+
+class DataParallel:
+    def __init__(self, rank: int = 0, size: int = 1, master: str = "", backend: str = "gloo",
+                 timeout_s: float = 7200.0):
+        if not 0 <= rank < size:
+            raise ValueError(f"dp rank {rank} is outside a group of {size}")
+        self.rank, self.size = rank, size
+        if size > 1:
+            if not master:
+                raise ValueError("--dp-master host:port is required with --dp-size > 1")
+            # ranks wait on each other while rank 0 waits for data: the timeout bounds a whole step
+            dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=size,
+                                    timeout=timedelta(seconds=timeout_s))
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    def share(self, ints: Sequence[int]) -> list[int]:
+        """Rank 0's values, on every rank."""
+        t = torch.tensor(list(ints), dtype=torch.int64)
+        if self.size > 1:
+            dist.broadcast(t, 0)
+        return t.tolist()
+
+    def total(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        if self.size > 1:
+            dist.all_reduce(t)
+        return float(t)
+
+    def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        if self.size == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1).float() for g in grads])  # one collective, not one per tensor
+        dist.all_reduce(flat)
+        offset = 0
+        for p, g in zip(params, grads):
+            n = g.numel()
+            p.grad = flat[offset:offset + n].view_as(g).to(g.dtype)
+            offset += n
+
+    def my_rows(self, rows: list[int], response_lengths: Sequence[int], group_size: int) -> list[int]:
+        """This rank's whole groups of `rows`, balanced by response tokens (every rank computes the
+        same split)."""
+        groups = [rows[i:i + group_size] for i in range(0, len(rows), group_size)]
+        weights = [float(sum(response_lengths[i:i + group_size])) for i in range(0, len(rows), group_size)]
+        return [r for g in balanced_split(weights, self.size)[self.rank] for r in groups[g]]
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
