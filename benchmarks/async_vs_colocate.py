@@ -51,6 +51,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
+from services.algorithms.advantages import ESTIMATORS
 from services.dcs.run_config import RunConfig  # noqa: E402
 from services.launch.local_run import LocalRun  # noqa: E402
 from services.model.init_model import init_model  # noqa: E402
@@ -346,7 +347,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cooldown", type=int, default=0, help="last steps not counted (default 0)")
     p.add_argument("--max-staleness", type=int, default=1, help="fully_async's staleness bound (default 1)")
     p.add_argument("--estimator", default="grpo",
-                   choices=["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"])
+                   choices=ESTIMATORS)
     p.add_argument("--prompts", default="demo:letters", help="demo:<task>, a .jsonl or a .parquet file")
     p.add_argument("--n-samples", type=int, default=4, help="samples per prompt (default 4)")
     p.add_argument("--groups-per-step", type=int, default=4, help="prompt groups per step (default 4)")

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 
+from services.algorithms.advantages import ESTIMATORS
 from services.dcs.run_config import RunConfig
 from services.launch.local_run import LocalRun
 from services.model.init_model import init_model
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=["fully_async", "colocate"], default="fully_async")
     parser.add_argument("--max-staleness", type=int, default=1, help="versions rollout may run ahead (fully_async)")
     parser.add_argument("--estimator", default="grpo",
-                        choices=["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"])
+                        choices=ESTIMATORS)
     parser.add_argument("--prompts", default="demo:letters", help="demo:<task>, a .jsonl or a .parquet file")
     parser.add_argument("--groups-per-step", type=int, default=4, help="prompt groups per step")
     parser.add_argument("--n-samples", type=int, default=4, help="samples per prompt")
