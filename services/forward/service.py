@@ -74,7 +74,7 @@ class ForwardService:
         if receives:
             receiver.declare()
             receiver.version = conn.dcs.cursors_of(self.role)  # a restarted node waits for the next version
-            if receiver.version > 0 and self.role == "actor_fwd":
+            if receiver.version > 0:
                 self._catch_up(receiver.version)
         micro = c.micro_batch_size or run.micro_batch_size
         n = run.n_samples_per_prompt
@@ -105,7 +105,7 @@ class ForwardService:
             conn.close()
 
     def _catch_up(self, version: int) -> None:
-        """A restarted actor_fwd missed the broadcasts up to `version` (the last one its role loaded):
+        """A restarted receiver missed the broadcasts up to `version` (the last one its role loaded):
         load that version from the trainer's checkpoints if one of them holds it (checkpoints are
         written just before their version is published)."""
         found = [c for c in checkpoints(self.config.checkpoint_dir, "actor") if c.version == version]
