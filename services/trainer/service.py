@@ -52,14 +52,22 @@ from services.transferqueue.client.queue import TransferQueue
 log = logging.getLogger(__name__)
 ACTOR_TASK = "actor_train"
 CRITIC_VALUES_TASK, CRITIC_TRAIN_TASK = "critic_values", "critic_train"
-STEP_GAUGES = {name: Gauge(f"sluice_trainer_{name}", help_text) for name, help_text in {
+ACTOR_GAUGES = {
     "loss": "loss of the last step", "clip_fraction": "PPO clip fraction", "kl": "KL to the reference",
     "entropy": "policy entropy", "grad_norm": "gradient norm before clipping", "reward_mean": "mean reward",
     "rollout_logprob_abs_diff": "mean |train - rollout| log-prob of the same tokens",
     "tokens_per_s": "trained tokens per second of compute", "wait_s": "seconds waiting for data in the last step",
-    "step": "last finished step", "weight_version": "weight version published"}.items()}
-STALENESS = Histogram("sluice_trainer_sample_staleness", "versions between a sample's generation and its training",
-                      buckets=(0, 1, 2, 3, 4, 8, 16))
+    "step": "last finished step", "weight_version": "weight version published"}
+
+
+def _gauges(prefix: str, names: dict[str, str]) -> dict[str, Gauge]:
+    """Created by the role that sets them, so an actor and a critic process each export only their own."""
+    return {name: Gauge(f"{prefix}_{name}", help_text) for name, help_text in names.items()}
+
+
+def _staleness_histogram() -> Histogram:
+    return Histogram("sluice_trainer_sample_staleness", "versions between a sample's generation and its training",
+                     buckets=(0, 1, 2, 3, 4, 8, 16))
 
 
 def expected_tasks(run: RunConfig) -> list[str]:
@@ -104,6 +112,8 @@ class ActorTrainer:
         self.status = status
         self.version = 0
         self._last_lag_check = self._published_at = time.monotonic()
+        self.gauges = _gauges("sluice_trainer", ACTOR_GAUGES)
+        self.staleness = _staleness_histogram()
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
@@ -252,7 +262,7 @@ class ActorTrainer:
             self.tq.ack(claimed.lease_id)
             for s in (version - info["weight_version"]).tolist():
                 staleness[int(s)] += 1
-                STALENESS.observe(s)
+                self.staleness.observe(s)
             rewards.extend(info["reward"].tolist())
             iteration_metrics.append(m)
             totals.tokens += tokens
@@ -272,7 +282,7 @@ class ActorTrainer:
         return ids, metrics
 
     def report(self, step: int, metrics: dict) -> None:
-        for name, gauge in STEP_GAUGES.items():
+        for name, gauge in self.gauges.items():
             value = step if name == "step" else metrics.get(name)
             if isinstance(value, (int, float)):
                 gauge.set(value)
@@ -370,6 +380,10 @@ class CriticTrainer:
     def __init__(self, config: TrainerConfig, status: RoleStatus):
         self.config = config
         self.status = status
+        self.gauges = _gauges("sluice_critic", {"value_loss": "value loss of the last optimizer step",
+                                                "value_clip_fraction": "fraction of tokens whose value was clipped",
+                                                "grad_norm": "gradient norm before clipping",
+                                                "step": "last step trained"})
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
@@ -412,6 +426,11 @@ class CriticTrainer:
                         m = critic_step(critic, optimizer, batch, run, run.micro_batch_size, c.device)
                         tq.ack(claimed.lease_id)
                         self.status.update(step=step, value_loss=m.loss)
+                        means = m.means()
+                        self.gauges["value_loss"].set(m.loss)
+                        self.gauges["value_clip_fraction"].set(means.get("value_clip_fraction", 0.0))
+                        self.gauges["grad_norm"].set(m.grad_norm)
+                        self.gauges["step"].set(step)
                     if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
                         save_checkpoint(c.checkpoint_dir, "critic", critic, optimizer, None, step + 1, 0)
                     membership.progress(step=step)

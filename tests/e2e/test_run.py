@@ -128,6 +128,9 @@ def test_colocate_ppo_with_critic_and_kl_reward(model_dir, tmp_path):
         lr.wait_for_step(run.num_steps, 400)
         steps = assert_run_complete(lr, run)
         assert all(steps[s]["metrics"]["staleness"] == {"0": run.rows_per_step} for s in steps)
+        critic_metrics = httpx.get(lr.procs["critic"].status_url + "/metrics").text
+        assert "sluice_critic_value_loss " in critic_metrics and "sluice_trainer_loss" not in critic_metrics
+        assert "sluice_trainer_loss " in httpx.get(lr.procs["trainer"].status_url + "/metrics").text
 
 
 def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating(model_dir, tmp_path):
