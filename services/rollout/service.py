@@ -120,6 +120,8 @@ class RolloutService:
                 # keep the engines registered (so they receive the last weights) until training is done
                 while not stop.is_set() and (await aread_progress(self.redis, self.config.run_id)).next_step < run.num_steps:
                     self.status.update(state="generated everything; waiting for the trainer")
+                    if self.memberships[0].paused:
+                        await self._paused()
                     await asyncio.sleep(self.config.version_poll_s)
             finally:
                 poller.cancel()
@@ -136,11 +138,7 @@ class RolloutService:
                     await asyncio.wait(pending)
                     self._reap(pending)
                     continue
-                def engines_idle_too() -> None:  # each engine's membership learns of the pause on its own beat
-                    for engine_membership in self.memberships[1:]:
-                        engine_membership.acknowledge_pause()
-                    time.sleep(0.2)
-                await asyncio.to_thread(self.memberships[0].safe_point, None, engines_idle_too)
+                await self._paused()
                 continue
             if position is None or position >= self.total_groups:
                 if not pending:
@@ -164,6 +162,15 @@ class RolloutService:
         if pending:  # stopping: let what is generating finish, so nothing admitted is lost
             await asyncio.wait(pending)
             self._reap(pending)
+
+    async def _paused(self) -> None:
+        """Nothing is generating: acknowledge the pause for the rollout and its engines and wait until
+        the run resumes."""
+        def engines_idle_too() -> None:  # each engine's membership learns of the pause on its own beat
+            for engine_membership in self.memberships[1:]:
+                engine_membership.acknowledge_pause()
+            time.sleep(0.2)
+        await asyncio.to_thread(self.memberships[0].safe_point, None, engines_idle_too)
 
     def _reap(self, pending: set[asyncio.Task]) -> None:
         for task in [t for t in pending if t.done()]:
