@@ -65,8 +65,9 @@ class EnginePool:
         self.resubmits = 0
 
     @property
-    def min_version(self) -> int:
-        return min(self.versions)
+    def serving_version(self) -> int:
+        """The version new requests begin under: only engines at the newest version get them (_pick)."""
+        return self.newest
 
     async def refresh_versions(self) -> int:
         async def one(i: int) -> None:
@@ -79,7 +80,7 @@ class EnginePool:
                     log.warning("engine unreachable", extra={"engine": self.urls[i], "error": str(exc)})
                 self.reachable[i] = False
         await asyncio.gather(*(one(i) for i in range(len(self.engines))))
-        return self.min_version
+        return self.serving_version
 
     def _pick(self) -> int | None:
         """The least-loaded engine that is reachable and serves the newest weights seen; None if no

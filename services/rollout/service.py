@@ -180,7 +180,7 @@ class RolloutService:
 
     async def _admissible(self, position: int) -> bool:
         progress = await aread_progress(self.redis, self.config.run_id)
-        return may_admit(position, self.run.max_staleness, self.pool.min_version, progress.version_offset,
+        return may_admit(position, self.run.max_staleness, self.pool.serving_version, progress.version_offset,
                          self.groups_per_step)
 
     async def _poll_versions(self, stop: asyncio.Event) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import time
 
+import httpx
+
 from services.dcs.client import DCSClient, DCSError
 from services.dcs.run_config import RunConfig
 
@@ -24,12 +26,7 @@ def wait_for_run(dcs: DCSClient, run_id: str, stop=None, poll_s: float = 1.0) ->
             if not announced:
                 log.info("waiting for the run to be created", extra={"run_id": run_id})
                 announced = True
-        except OSError as exc:
+        except (OSError, httpx.TransportError) as exc:  # it may come up after this service
             log.warning("coordinator unreachable", extra={"error": str(exc)})
-        except Exception as exc:  # httpx transport errors
-            if type(exc).__module__.startswith("httpx"):
-                log.warning("coordinator unreachable", extra={"error": str(exc)})
-            else:
-                raise
         time.sleep(poll_s)
     return None

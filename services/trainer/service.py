@@ -247,10 +247,13 @@ class ActorTrainer:
                 if halt.is_set() or not dp.is_leader:
                     return None
                 raise RuntimeError(f"{partition} ran out of rows before {run.rows_per_step} were trained")
-            info = self.tq.get(partition, claimed.rows, ["response_length", "prompt_position", "sample_index",
-                                                         "weight_version", "reward"])
-            mine = dp.my_rows(claimed.rows, info["response_length"].tolist(), n)
-            batch = self.tq.get(partition, mine, actor_fields(run))
+            if dp.size == 1:
+                batch = info = self.tq.get(partition, claimed.rows, actor_fields(run))
+            else:  # the split needs every row's length; the leader's metrics need every row's ids
+                info = self.tq.get(partition, claimed.rows, ["response_length", "prompt_position", "sample_index",
+                                                             "weight_version", "reward"])
+                batch = self.tq.get(partition, dp.my_rows(claimed.rows, info["response_length"].tolist(), n),
+                                    actor_fields(run))
             version = self.version  # the policy these samples are trained at
             t1 = time.perf_counter()
             tokens = dp.total(float(sum(float(m.sum()) for m in batch["loss_mask"])))
