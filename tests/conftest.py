@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import itertools
 import os
+import sys
 import urllib.request
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -19,6 +21,24 @@ from services.transferqueue.local_stack import LocalTransferQueue
 torch.set_num_threads(1)
 
 _names = itertools.count()
+
+
+def pytest_configure(config):
+    """The whole run has a deadline (SLUICE_TEST_DEADLINE_S, default 40 min, well under CI's 90): past it,
+    faulthandler's own C thread (it needs no GIL, so it fires even when the main thread is wedged in C)
+    prints every thread's stack, which names the running test, to the real stderr and exits."""
+    deadline_s = float(os.environ.get("SLUICE_TEST_DEADLINE_S", "2400"))
+    if deadline_s <= 0:
+        return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture:
+        capture.suspend_global_capture(in_=False)
+    try:
+        config._sluice_stderr = os.fdopen(os.dup(2), "w")  # not the capture file, which dies with us
+    finally:
+        if capture:
+            capture.resume_global_capture()
+    faulthandler.dump_traceback_later(deadline_s, exit=True, file=config._sluice_stderr)
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
 """Child processes for running the stack on one machine (the demo, tests, benchmarks): a private
-redis-server and Sluice services, each started as a real process and stopped with SIGTERM."""
+redis-server and Sluice services, each started as a real process and stopped with SIGTERM.
+
+Never `fork()` here: the launchers have gRPC loaded (see services/runtime/reaper.py for why and for how
+children still die with a killed launcher)."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -11,8 +13,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Callable, Sequence
+
+from services.runtime import reaper
 
 
 def free_port() -> int:
@@ -29,26 +34,70 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the process that started it dies (Linux), so a
-    killed demo or test run leaves no services behind."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+class Reaper:
+    """This process's reaper (services/runtime/reaper.py), started on first use: children registered with
+    it are killed when this process dies, however it dies. Thread-safe; one per process."""
+
+    _lock = threading.Lock()
+    _instance: "Reaper | None" = None
+
+    def __init__(self):
+        read_fd, write_fd = os.pipe()  # both close-on-exec: only the reaper gets the read end, as stdin
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-I", reaper.__file__], stdin=read_fd,
+                                         stdout=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            os.close(read_fd)
+        self._pipe = os.fdopen(write_fd, "w", buffering=1)
+        self._write_lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> "Reaper":
+        with cls._lock:
+            if cls._instance is None or cls._instance.proc.poll() is not None:
+                cls._instance = Reaper()
+            return cls._instance
+
+    def _send(self, line: str) -> None:
+        with self._write_lock:
+            try:
+                self._pipe.write(line + "\n")
+            except (BrokenPipeError, ValueError):
+                pass  # the reaper is gone: nothing left to register with
+
+    def register(self, pgid: int) -> None:
+        self._send(f"+{pgid}")
+
+    def forget(self, pgid: int) -> None:
+        self._send(f"-{pgid}")
 
 
 class ChildProcess:
+    """A child in its own session (so signals to our terminal group do not reach it), started without
+    `preexec_fn` (CPython then uses vfork, which runs none of gRPC's fork handlers) and registered with this
+    process's reaper, so it dies with us even when we are SIGKILLed."""
+
     def __init__(self, name: str, argv: Sequence[str], log_path: str | None = None, env: dict | None = None):
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        self._reaper = Reaper.get()
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=child_env(env),
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self._reaper.register(self.proc.pid)
+        self._forgotten = False
+
+    def _forget(self) -> None:
+        if not self._forgotten:
+            self._forgotten = True
+            self._reaper.forget(self.proc.pid)
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        if self.proc.poll() is None:
+            return True
+        self._forget()
+        return False
 
     def wait_until(self, ready: Callable[[], bool], timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -75,6 +124,7 @@ class ChildProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._forget()
         if self._log is not subprocess.DEVNULL:
             self._log.close()
         return self.proc.returncode
@@ -84,6 +134,7 @@ class ChildProcess:
         if self.alive():
             self.proc.kill()
             self.proc.wait()
+        self._forget()
 
 
 def sluice_argv(*args: str) -> list[str]:

@@ -77,3 +77,15 @@ def test_balanced_split_evens_out_weights():
     assert sorted(sum(weights[i] for i in p) for p in parts) == [8, 8]
     assert balanced_split([3, 3, 3], 2) == balanced_split([3, 3, 3], 2)  # deterministic
     assert balanced_split([], 3) == [[], [], []]
+
+
+def test_loader_worker_is_spawned_not_forked(tq_stack, tq, uniq):
+    """num_workers=1 streams from a spawned worker: forking this gRPC-using process could deadlock."""
+    p, task = uniq("p"), uniq("t")
+    tq.create_partition(p)
+    tq.register_task(task, ["sid"])
+    _slow_producer(tq_stack.controller_address, p, 6, 1, 0.0)
+    loader = StreamingDataLoader(StreamingDataset(tq_stack.controller_address, p, task, 2, fields=["sid"]),
+                                 num_workers=1)
+    assert loader.multiprocessing_context.get_start_method() == "spawn"
+    assert sorted(sid for batch in loader for sid in batch["sid"].tolist()) == list(range(6))

@@ -111,10 +111,15 @@ class StreamingDataset(IterableDataset):
 
 
 class StreamingDataLoader(DataLoader):
-    """A DataLoader over a StreamingDataset that yields its micro-batches as they are (batch_size=None)."""
+    """A DataLoader over a StreamingDataset that yields its micro-batches as they are (batch_size=None).
+
+    A worker (num_workers=1) is spawned, never forked: this process has gRPC loaded, and gRPC's fork
+    handlers can deadlock a fork while its threads run."""
 
     def __init__(self, dataset: StreamingDataset, **kwargs):
         kwargs.setdefault("num_workers", 0)
+        if kwargs["num_workers"] > 0:
+            kwargs.setdefault("multiprocessing_context", "spawn")
         super().__init__(dataset, batch_size=None, collate_fn=_identity, **kwargs)
 
 

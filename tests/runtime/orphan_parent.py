@@ -1,0 +1,31 @@
+"""A launcher for the kill -9 test: starts a redis-server and a Python child from a worker thread that then
+exits (PR_SET_PDEATHSIG would kill them right there), prints their pids as JSON, and waits to be killed."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+from services.runtime.processes import ChildProcess, start_redis
+
+
+def main() -> None:
+    started = {}
+
+    def start() -> None:
+        redis, _ = start_redis()
+        sleeper = ChildProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"])
+        started.update(redis=redis.proc.pid, sleeper=sleeper.proc.pid)
+
+    worker = threading.Thread(target=start)
+    worker.start()
+    worker.join()
+    time.sleep(0.5)  # the starting thread is gone; children must still be alive
+    print(json.dumps(started), flush=True)
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    main()
