@@ -73,7 +73,7 @@ class BatchedDecoder:
         cos, sin = self.inner.rotary_emb(probe, positions)  # the model's own RoPE (scaling included)
         self.cos, self.sin = cos[0], sin[0]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def forward(self, slots: list[int], new_tokens: list[list[int]],
                 full_logits: list[bool] | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Append `new_tokens[i]` to the sequence in `slots[i]` and run them.

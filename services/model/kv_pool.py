@@ -73,5 +73,18 @@ class KVPool:
         for slot in dst:
             self.lengths[slot] = length
 
+    def move_down(self, slot: int) -> int:
+        """Move a sequence into the lowest free slot if that is below `slot` (its keys and values are copied):
+        keeps running sequences in consecutive slots, so a decode batch reads a view of the pool."""
+        if not self._free or self._free[0] > slot:
+            return slot
+        target = heapq.heappop(self._free)
+        length = self.lengths[slot]
+        for store in (self.keys, self.values):
+            store[:, target, :, :length] = store[:, slot, :, :length]
+        self.lengths[target] = length
+        self.release(slot)
+        return target
+
     def nbytes(self) -> int:
         return self.keys.numel() * self.keys.element_size() * 2

@@ -14,7 +14,12 @@ class EngineConfig(BaseSettings):
     port: int = Field(30000, description="HTTP port (also /metrics)")
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="weights dtype")
     device: str = Field("cpu", description="cpu or cuda[:N]")
-    max_running: int = Field(64, ge=1, description="sequences decoded together")
-    max_step_tokens: int = Field(4096, ge=1, description="prefill tokens admitted per step")
+    max_running: int = Field(64, ge=1, description="most requests decoded together (KV slots in the pool)")
+    context_length: int = Field(0, ge=0, description="longest prompt + output of one request; 0 = the "
+                                "model's max_position_embeddings, at most 4096")
+    max_total_tokens: int = Field(0, ge=0, description="KV pool size in tokens (slots = this // context "
+                                  "length, at most max_running); 0 = max_running x context length")
+    chunked_prefill_size: int = Field(2048, ge=1, description="prompt tokens prefilled per step, batched "
+                                      "with the decode tokens")
     weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
     log_level: str = Field("info", description="debug|info|warning|error")

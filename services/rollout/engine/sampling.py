@@ -40,31 +40,55 @@ class SamplingParams(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
-           banned: list[int] = ()) -> tuple[int, torch.Tensor]:
-    """-> (token id, log-probs over the vocabulary of the temperature-scaled distribution,
-    log_softmax(logits / T), before top-k/top-p/min-p truncation; raw logits when greedy). This is what
-    SGLang reports and what a trainer recomputes from logits / T."""
-    scores = logits.float().clone()
-    if params.temperature < GREEDY_BELOW:
-        logprobs = torch.log_softmax(scores, dim=-1)
-        if banned:
-            scores[list(banned)] = float("-inf")
-        return int(scores.argmax()), logprobs
-    scores = scores / params.temperature
-    logprobs = torch.log_softmax(scores, dim=-1)
-    if banned:
-        scores[list(banned)] = float("-inf")
-    if params.top_k > 0 and params.top_k < scores.numel():
-        kth = torch.topk(scores, params.top_k).values[-1]
-        scores[scores < kth] = float("-inf")
+def _truncate(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Probabilities after per-row top-k, min-p and top-p (rows whose setting is off are untouched)."""
+    if bool((top_k > 0).any()):
+        k = torch.where(top_k > 0, top_k, scores.shape[-1]).clamp(max=scores.shape[-1])
+        kth = torch.topk(scores, int(k.max()), dim=-1).values.gather(-1, (k - 1)[:, None])
+        scores = scores.masked_fill(scores < kth, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    if params.min_p > 0:
-        probs[probs < params.min_p * probs.max()] = 0
-    if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cumulative = sorted_probs.cumsum(0)
-        cut = cumulative - sorted_probs > params.top_p  # keep the smallest prefix reaching top_p
-        sorted_probs[cut] = 0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    return int(torch.multinomial(probs / probs.sum(), 1, generator=generator)), logprobs
+    if bool((min_p > 0).any()):
+        probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0)
+    if bool((top_p < 1).any()):
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        cut = sorted_probs.cumsum(-1) - sorted_probs > top_p[:, None]  # keep the smallest prefix reaching top_p
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs.masked_fill(cut, 0))
+    return probs
+
+
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+                 banned: list[list[int]]) -> tuple[list[int], torch.Tensor]:
+    """One token per row of `logits` [rows, vocab]: greedy rows take the argmax, the others sample from
+    softmax(logits / T) truncated by their own top-k, min-p and top-p. `banned[i]` (EOS before
+    min_new_tokens) can never be picked. A row with a generator (a request's `sampling_seed`) draws from it
+    alone, so its sample does not depend on the rest of the batch; the others share one batched draw.
+
+    Returns the tokens and, per row, log-probs over the vocabulary of the temperature-scaled distribution,
+    log_softmax(logits / T), before truncation (raw logits when greedy): what SGLang reports and what a
+    trainer recomputes from logits / T."""
+    scores = logits.float()
+    greedy = [p.temperature < GREEDY_BELOW for p in params]
+    temps = torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], device=scores.device)
+    scores = scores / temps[:, None]
+    logprobs = torch.log_softmax(scores, dim=-1)
+    bans = [(i, t) for i, row in enumerate(banned) for t in row]
+    if bans:
+        rows, cols = zip(*bans)
+        at = (torch.tensor(rows, device=scores.device), torch.tensor(cols, device=scores.device))
+        scores = scores.index_put(at, torch.tensor(float("-inf"), device=scores.device))
+    tokens = scores.argmax(dim=-1)
+    sampled = [i for i, g in enumerate(greedy) if not g]
+    if sampled:
+        index = torch.tensor(sampled, device=scores.device)
+        device = scores.device
+        probs = _truncate(scores[index], torch.tensor([params[i].top_k for i in sampled], device=device),
+                          torch.tensor([params[i].top_p for i in sampled], device=device),
+                          torch.tensor([params[i].min_p for i in sampled], device=device))
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+        shared = [k for k, i in enumerate(sampled) if generators[i] is None]
+        if shared:
+            tokens[index[shared]] = torch.multinomial(probs[shared], 1)[:, 0]
+        for k, i in enumerate(sampled):
+            if generators[i] is not None:
+                tokens[i] = torch.multinomial(probs[k], 1, generator=generators[i])[0]
+    return tokens.tolist(), logprobs

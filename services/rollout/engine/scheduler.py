@@ -1,76 +1,47 @@
 """The built-in engine's continuous-batching loop, on its own thread.
 
-Every step runs one ragged forward over all running sequences: newly admitted ones contribute their
-whole pending input (prefill), the others their last token (decode). Requests that arrive while
-others decode join at the next step; finished sequences leave at once. Control operations (pause
-modes, weight loads, cache flushes) run on this thread between steps, so they never race a forward.
+Every step is one batched forward (services/model/batched_decoder.py) over every running request: decoding
+ones contribute their last token, newly admitted ones a chunk of their prompt (at most `chunked_prefill_size`
+prefill tokens a step, shared out in admission order), and then one batched sampling call picks a token for
+every request whose input is complete. Requests that arrive while others decode join at the next step;
+finished ones leave at once and free their KV slot. When every slot is taken new requests wait; nothing is
+dropped. The n samples of one prompt are admitted together: the first prefills the prompt, the others get a
+copy of its KV and sample from the same last-position logits.
+
+Control operations (pause modes, aborts, weight loads) run on this thread between steps, so they never race
+a forward pass.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
-import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from services.model.ragged_decoder import KVCache, RaggedDecoder
-from services.rollout.engine.sampling import SamplingParams, sample
+from services.model.batched_decoder import BatchedDecoder
+from services.model.kv_pool import KVPool
+from services.rollout.engine.request import Generation
+from services.rollout.engine.sampling import sample_batch
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Sequence:
-    rid: str
-    prompt: list[int]
-    params: SamplingParams
-    on_update: Callable[["Sequence"], None]
-    generator: torch.Generator | None = None
-    output: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs_num: int = 0
-    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
-    logprob_start_len: int = -1            # >= 0: report prompt log-probs from this position
-    input_logprobs: list[float | None] | None = None
-    spans: list[dict] = field(default_factory=list)
-    cache: KVCache | None = None
-    finish_reason: dict | None = None
-    text: str = ""
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    def pending(self) -> list[int]:
-        """Tokens not yet in the cache: the whole prompt + output after (re)admission, else the last."""
-        known = self.cache.length if self.cache else 0
-        return (self.prompt + self.output)[known:]
-
-    def note_version(self, version: str) -> None:
-        index = len(self.output) - 1
-        if self.spans and self.spans[-1]["version"] == version:
-            self.spans[-1]["end"] = index + 1
-        else:
-            self.spans.append({"version": version, "start": index, "end": index + 1})
-
-
 class Scheduler:
-    def __init__(self, decoder: RaggedDecoder, tokenizer, max_running: int = 64, max_step_tokens: int = 4096):
+    def __init__(self, decoder: BatchedDecoder, tokenizer, chunked_prefill_size: int = 4096):
         self.decoder = decoder
+        self.pool: KVPool = decoder.pool
         self.tokenizer = tokenizer
         self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-        self.max_running = max_running
-        self.max_step_tokens = max_step_tokens
+        self.chunked_prefill_size = chunked_prefill_size
         self.weight_version = "default"
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        self.frozen: list[Sequence] = []      # in_place pause: kept with their caches
+        self.waiting: deque[Generation] = deque()
+        self.running: list[Generation] = []
+        self.frozen: list[Generation] = []      # in_place pause: kept with their KV slots
         self.paused = False
+        self.steps = 0
         self._cv = threading.Condition()
         self._controls: deque = deque()
         self._stop = False
@@ -87,9 +58,10 @@ class Scheduler:
 
     # ------------------------------------------------------------ called from other threads
 
-    def submit(self, seq: Sequence) -> None:
+    def submit(self, group: list[Generation]) -> None:
+        """One request, or the n samples of one prompt (the leader first)."""
         with self._cv:
-            self.waiting.append(seq)
+            self.waiting.append(group[0])
             self._cv.notify_all()
 
     def control(self, fn: Callable[[], object]) -> "threading.Event":
@@ -123,89 +95,170 @@ class Scheduler:
                     done.error = exc
                 done.set()
             if not self.paused:
-                self._step()
+                try:
+                    self.step()
+                except Exception as exc:  # never leave callers waiting on a dead loop
+                    log.exception("engine step failed; aborting the running requests")
+                    for req in self.running:
+                        if not req.finished:
+                            self._finish(req, {"type": "abort", "message": f"engine error: {exc}"})
+                    self.running = []
 
-    def _admit(self) -> list[Sequence]:
-        budget = self.max_step_tokens - len(self.running)
-        admitted = []
+    def _admit(self) -> None:
+        """Waiting requests into free slots, in arrival order; a leader brings as many siblings as fit."""
         with self._cv:
-            while self.waiting and len(self.running) + len(admitted) < self.max_running:
-                seq = self.waiting[0]
-                need = len(seq.prompt) + len(seq.output)
-                if admitted and need > budget:
-                    break
-                self.waiting.popleft()
-                if seq.finished:  # aborted while waiting
+            while self.waiting and self.pool.free_slots:
+                req = self.waiting.popleft()
+                if not req.finished and len(req.tokens) >= self.pool.slot_len:
+                    self._finish(req, {"type": "length", "length": len(req.output)})
+                if req.finished:  # aborted while waiting
+                    self._requeue_followers(req)
                     continue
-                seq.cache = KVCache()
-                budget -= need
-                admitted.append(seq)
-        return admitted
+                followers = [f for f in req.followers if not f.finished]
+                fit = min(len(followers), self.pool.free_slots - 1)
+                for late in reversed(followers[fit:]):  # no room now: each will prefill on its own
+                    late.leader = None
+                    self.waiting.appendleft(late)
+                req.followers = followers[:fit]
+                for r in [req, *req.followers]:
+                    r.slot = self.pool.allocate()
+                    r.cached = 0
+                    self.running.append(r)
 
-    def _step(self) -> None:
-        self.running.extend(self._admit())
-        self.running = [s for s in self.running if not s.finished]
-        if not self.running:
+    def step(self) -> None:
+        """One forward over every running request, then one batched sample for those whose input is done."""
+        self._admit()
+        batch, chunks = self._plan()
+        if not batch:
             return
-        batch = self.running
-        # prompt log-probs need every position's logits, once, on the sequence's first prefill
-        wants_prompt = [s.logprob_start_len >= 0 and s.input_logprobs is None for s in batch]
-        logits = self.decoder.forward([torch.tensor(s.pending(), dtype=torch.long) for s in batch],
-                                      [s.cache for s in batch], all_logits=any(wants_prompt))
-        if any(wants_prompt):
-            for seq, rows, wanted in zip(batch, logits, wants_prompt):
-                if wanted:
-                    self._prompt_logprobs(seq, rows)
-            logits = [rows[-1] for rows in logits]
-        for seq, row in zip(batch, logits):
-            if seq.params.max_new_tokens == 0:
-                self._finish(seq, {"type": "length", "length": 0})
+        self.steps += 1
+        wants_prompt = [r.logprob_start_len >= 0 and r.input_logprobs is None for r in batch]
+        logits, full = self.decoder.forward([r.slot for r in batch], chunks, wants_prompt)
+        samplers: list[Generation] = []
+        rows: list[int] = []
+        for i, (req, chunk) in enumerate(zip(batch, chunks)):
+            req.cached += len(chunk)
+            if i in full:
+                self._prompt_logprobs(req, full[i])
+            if req.pending():
+                continue  # a prefill chunk: more of the prompt to go
+            for r in self._share_prefix(req):
+                samplers.append(r)
+                rows.append(i)
+        if samplers:
+            self._sample(samplers, logits[rows] if rows != list(range(len(batch))) else logits)
+        self.running = [r for r in self.running if not r.finished]
+        self._compact()
+
+    def _compact(self) -> None:
+        """Fill the slots finished requests left with the highest-slot running ones and keep `running` in slot
+        order: decode batches then read consecutive slots, a view of the pool rather than a gather (which,
+        in a long tail of a few long sequences, copied as many bytes per step as the weights)."""
+        for req in sorted(self.running, key=lambda r: -r.slot):
+            req.slot = self.pool.move_down(req.slot)
+        self.running.sort(key=lambda r: r.slot)
+
+    def _plan(self) -> tuple[list[Generation], list[list[int]]]:
+        """Which requests run this step and with which tokens: every decode, then prefill chunks in
+        admission order up to the prefill budget. A request wanting prompt log-probs prefills whole."""
+        batch, chunks = [], []
+        budget = self.chunked_prefill_size
+        for req in self.running:
+            pending = req.pending()
+            if req.finished or req.awaiting_prefix or not pending:
                 continue
-            banned = list(self.eos_ids) if len(seq.output) < seq.params.min_new_tokens else []
-            token, logprobs = sample(row, seq.params, seq.generator, banned)
-            seq.output.append(token)
-            seq.logprobs.append(float(logprobs[token]))
-            if seq.top_logprobs_num:
-                top = torch.topk(logprobs, seq.top_logprobs_num)
-                seq.top_logprobs.append(list(zip(top.values.tolist(), top.indices.tolist())))
-            seq.note_version(self.weight_version)
-            self._check_finished(seq, token)
-            seq.on_update(seq)
-        self.running = [s for s in self.running if not s.finished]
+            if len(pending) > 1:
+                if budget <= 0 or (req.logprob_start_len >= 0 and len(pending) > budget and batch):
+                    continue
+                if req.logprob_start_len < 0:
+                    pending = pending[:budget]
+                budget -= len(pending)
+            batch.append(req)
+            chunks.append(pending)
+        return batch, chunks
+
+    def _share_prefix(self, req: Generation) -> list[Generation]:
+        """A leader that has just prefilled its prompt hands its KV to its siblings; all sample next."""
+        out = [req]
+        followers = [f for f in req.followers if not f.finished and f.slot is not None]
+        if followers:
+            self.pool.copy_prefix(req.slot, [f.slot for f in followers], req.cached)
+            for f in followers:
+                f.cached, f.leader = req.cached, None
+                f.input_logprobs = req.input_logprobs if f.logprob_start_len >= 0 else None
+            out += followers
+        req.followers = []
+        return out
+
+    def _sample(self, reqs: list[Generation], logits: torch.Tensor) -> None:
+        banned = [list(self.eos_ids) if len(r.output) < r.params.min_new_tokens else [] for r in reqs]
+        tokens, logprobs = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs], banned)
+        chosen = logprobs.gather(-1, torch.tensor(tokens, device=logprobs.device)[:, None])[:, 0].tolist()
+        for k, (req, token) in enumerate(zip(reqs, tokens)):
+            if req.params.max_new_tokens == 0:
+                self._finish(req, {"type": "length", "length": 0})
+                continue
+            req.output.append(token)
+            req.logprobs.append(chosen[k])
+            if req.top_logprobs_num:
+                top = torch.topk(logprobs[k], req.top_logprobs_num)
+                req.top_logprobs.append(list(zip(top.values.tolist(), top.indices.tolist())))
+            req.note_version(self.weight_version)
+            self._check_finished(req, token)
+            req.on_update(req)
 
     @staticmethod
-    def _prompt_logprobs(seq: Sequence, rows: torch.Tensor) -> None:
+    def _prompt_logprobs(req: Generation, rows: torch.Tensor) -> None:
         """log p(prompt[i] | prompt[:i]) for i >= logprob_start_len; the first token has none."""
         logprobs = torch.log_softmax(rows.float(), dim=-1)
         out: list[float | None] = []
-        for i in range(seq.logprob_start_len, len(seq.prompt)):
-            out.append(None if i == 0 else float(logprobs[i - 1, seq.prompt[i]]))
-        seq.input_logprobs = out
+        for i in range(req.logprob_start_len, len(req.prompt)):
+            out.append(None if i == 0 else float(logprobs[i - 1, req.prompt[i]]))
+        req.input_logprobs = out
 
-    def _check_finished(self, seq: Sequence, token: int) -> None:
-        p = seq.params
+    def _check_finished(self, req: Generation, token: int) -> None:
+        p = req.params
         stops = p.stop_strings()
         if stops:  # decoding every step costs O(n) per token: only when stop strings need it
-            seq.text = self.tokenizer.decode(seq.output, skip_special_tokens=True)
-        if len(seq.output) >= p.min_new_tokens:
+            req.text = self.tokenizer.decode(req.output, skip_special_tokens=True)
+        if len(req.output) >= p.min_new_tokens:
             if not p.ignore_eos and token in self.eos_ids:
-                return self._finish(seq, {"type": "stop", "matched": token})
+                return self._finish(req, {"type": "stop", "matched": token})
             if p.stop_token_ids and token in p.stop_token_ids:
-                return self._finish(seq, {"type": "stop", "matched": token})
+                return self._finish(req, {"type": "stop", "matched": token})
             for stop in stops:
-                at = seq.text.find(stop)
+                at = req.text.find(stop)
                 if stop and at >= 0:
-                    seq.text = seq.text[:at]
-                    return self._finish(seq, {"type": "stop", "matched": stop})
-        if len(seq.output) >= p.max_new_tokens:
-            self._finish(seq, {"type": "length", "length": p.max_new_tokens})
+                    req.text = req.text[:at]
+                    return self._finish(req, {"type": "stop", "matched": stop})
+        if len(req.output) >= p.max_new_tokens:
+            self._finish(req, {"type": "length", "length": p.max_new_tokens})
+        elif len(req.tokens) >= self.pool.slot_len:  # the context is full
+            self._finish(req, {"type": "length", "length": len(req.output)})
 
-    def _finish(self, seq: Sequence, reason: dict) -> None:
+    def _finish(self, req: Generation, reason: dict) -> None:
         if not isinstance(reason.get("matched"), str):  # a stop string already cut the text
-            seq.text = self.tokenizer.decode(seq.output, skip_special_tokens=True)
-        seq.finish_reason = reason
-        seq.cache = None
-        seq.on_update(seq)
+            req.text = self.tokenizer.decode(req.output, skip_special_tokens=True)
+        req.finish_reason = reason
+        self._free(req)
+        req.on_update(req)
+
+    def _free(self, req: Generation) -> None:
+        if req.slot is not None:
+            self.pool.release(req.slot)
+            req.slot = None
+        req.cached = 0
+
+    def _requeue_followers(self, leader: Generation) -> None:
+        """Siblings of a leader that left before sharing its prompt go back to the queue on their own."""
+        moved = [f for f in leader.followers if not f.finished]
+        for f in reversed(moved):
+            f.leader = None
+            self._free(f)
+            self.waiting.appendleft(f)
+        leader.followers = []
+        self.running = [r for r in self.running if r not in moved]
+        self.frozen = [r for r in self.frozen if r not in moved]
 
     # ------------------------------------------------------------ controls (engine thread)
 
@@ -213,39 +266,36 @@ class Scheduler:
         """Abort requests whose rid starts with prefix (None = all), with their partial output."""
         count = 0
         with self._cv:
-            pool = list(self.waiting) + self.running + self.frozen
-        for seq in pool:
-            if not seq.finished and (prefix is None or seq.rid.startswith(prefix)):
-                self._finish(seq, {"type": "abort", "message": "aborted"})
+            pool = list(self.waiting) + [f for r in self.waiting for f in r.followers] + self.running + self.frozen
+        for req in pool:
+            if not req.finished and (prefix is None or req.rid.startswith(prefix)):
+                self._finish(req, {"type": "abort", "message": "aborted"})
                 count += 1
-        self.running = [s for s in self.running if not s.finished]
-        self.frozen = [s for s in self.frozen if not s.finished]
+        for req in self.running + self.frozen:
+            if req.finished and req.followers:
+                self._requeue_followers(req)
+        self.running = [r for r in self.running if not r.finished]
+        self.frozen = [r for r in self.frozen if not r.finished]
         return count
 
     def pause(self, mode: str) -> None:
+        if mode not in ("abort", "in_place", "retract"):
+            raise ValueError(f"unknown pause mode {mode!r}")
         self.paused = True
         if mode == "abort":
             self.abort(None)
         elif mode == "in_place":
             self.frozen.extend(self.running)
             self.running = []
-        elif mode == "retract":  # keep generated tokens, drop KV: recomputed under the new weights
+        else:  # retract: keep generated tokens, drop KV; recomputed under the new weights on continue
             with self._cv:
-                for seq in reversed(self.running):
-                    seq.cache = None
-                    self.waiting.appendleft(seq)
+                for req in reversed(self.running):
+                    self._free(req)
+                    if not req.awaiting_prefix:  # siblings waiting for a prefix go back with their leader
+                        self.waiting.appendleft(req)
             self.running = []
-        else:
-            raise ValueError(f"unknown pause mode {mode!r}")
 
     def resume(self) -> None:
         self.running = self.frozen + self.running
         self.frozen = []
         self.paused = False
-
-
-_rid_counter = itertools.count()
-
-
-def new_rid() -> str:
-    return f"req-{int(time.time() * 1000)}-{next(_rid_counter)}"

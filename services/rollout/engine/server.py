@@ -1,4 +1,4 @@
-"""The built-in engine's HTTP server: SGLang's protocol (../shared/SGLANG_PROTOCOL.md) over the
+"""The built-in engine's HTTP server: SGLang's protocol (the subset in docs/engine.md) over the
 continuous-batching Scheduler."""
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from pydantic import ValidationError
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES
 from services.dcs.sync.receiver import load_into
+from services.model.batched_decoder import BatchedDecoder
+from services.model.kv_pool import KVPool
 from services.model.loading import load_causal_lm
-from services.model.ragged_decoder import RaggedDecoder
 from services.rollout.engine.config import EngineConfig
+from services.rollout.engine.request import Generation, group_of, new_rid
 from services.rollout.engine.sampling import SamplingParams
-from services.rollout.engine.scheduler import Scheduler, Sequence, new_rid
+from services.rollout.engine.scheduler import Scheduler
 from services.runtime.http_service import serve_http
 
 log = logging.getLogger(__name__)
@@ -44,8 +46,8 @@ class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.model, self.tokenizer = load_causal_lm(config.model, config.dtype, config.device)
-        self.scheduler = Scheduler(RaggedDecoder(self.model), self.tokenizer, config.max_running,
-                                   config.max_step_tokens)
+        self.pool = make_pool(self.model, config)
+        self.scheduler = Scheduler(BatchedDecoder(self.model, self.pool), self.tokenizer, config.chunked_prefill_size)
         self.groups: dict[str, BroadcastGroup] = {}
         self.staged: dict[str, torch.Tensor] = {}
         RUNNING.set_function(lambda: len(self.scheduler.running) + len(self.scheduler.frozen))
@@ -84,6 +86,21 @@ class Engine:
         return f"loaded {count} tensors"
 
 
+def make_pool(model, config: EngineConfig) -> KVPool:
+    """Slots of `context_length` positions each: as many as `max_total_tokens` holds, at most max_running."""
+    cfg = model.config
+    context = config.context_length or min(cfg.max_position_embeddings, 4096)
+    total = config.max_total_tokens or config.max_running * context
+    slots = min(config.max_running, total // context)
+    if slots < 1:
+        raise ValueError(f"max_total_tokens {total} holds no request of context length {context}")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    pool = KVPool(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, slots, context,
+                  dtype=next(model.parameters()).dtype, device=config.device)
+    log.info("kv pool", extra={"slots": slots, "context_length": context, "mib": pool.nbytes() >> 20})
+    return pool
+
+
 def build_app(engine: Engine) -> FastAPI:
     app = FastAPI(title="Sluice engine (SGLang protocol)")
     sched = engine.scheduler
@@ -98,7 +115,7 @@ def build_app(engine: Engine) -> FastAPI:
     # ------------------------------------------------------------ generate
 
     def parse(body: dict):
-        """-> list of (prompt ids, SamplingParams, rid) expanded for n."""
+        """-> list of (prompt ids, SamplingParams, rid), one per input (n is expanded by group_of)."""
         if not isinstance(body, dict):
             raise ValueError("body must be a JSON object")
         has_text, has_ids = body.get("text") is not None, body.get("input_ids") is not None
@@ -123,6 +140,8 @@ def build_app(engine: Engine) -> FastAPI:
                 raise ValueError("empty input")
             if any(i < 0 or i >= vocab for i in p):
                 raise ValueError(f"input_ids must be in [0, {vocab})")
+            if len(p) >= engine.pool.slot_len:
+                raise ValueError(f"the input is {len(p)} tokens; the context length is {engine.pool.slot_len}")
         raw = body.get("sampling_params") or {}
         raws = raw if isinstance(raw, list) else [raw] * len(prompts)
         if len(raws) != len(prompts):
@@ -132,14 +151,9 @@ def build_app(engine: Engine) -> FastAPI:
         rids = [rids] if isinstance(rids, str) else (rids or [new_rid() for _ in prompts])
         if len(rids) != len(prompts):
             raise ValueError("one rid per input")
-        out = []
-        for prompt, p, rid in zip(prompts, params, rids):
-            for i in range(p.n):
-                seed = None if p.sampling_seed is None else p.sampling_seed + i
-                out.append((prompt, p, rid if p.n == 1 else f"{rid}-{i}", seed))
-        return out, single and params[0].n == 1
+        return list(zip(prompts, params, rids)), single and params[0].n == 1
 
-    def meta(seq: Sequence, with_logprobs: bool) -> dict:
+    def meta(seq: Generation, with_logprobs: bool) -> dict:
         m = {"id": seq.rid, "finish_reason": seq.finish_reason, "prompt_tokens": len(seq.prompt),
              "completion_tokens": len(seq.output), "cached_tokens": 0, "weight_version": sched.weight_version}
         if len(seq.spans) > 1:
@@ -169,23 +183,23 @@ def build_app(engine: Engine) -> FastAPI:
             return _error("top_logprobs_num and logprob_start_len must be integers")
         if top_n < 0 or top_n > engine.model.config.vocab_size or start_len < -1:
             return _error("top_logprobs_num must be in [0, vocab] and logprob_start_len >= -1")
-        queues = []
-        seqs = []
-        for prompt, params, rid, seed in items:
-            q: asyncio.Queue = asyncio.Queue()
-            gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        queues: list[asyncio.Queue] = []
+        seqs: list[Generation] = []
+        for prompt, params, rid in items:
+            def make(rid: str, index: int, prompt=prompt, params=params) -> Generation:
+                q: asyncio.Queue = asyncio.Queue()
+                queues.append(q)
+                seed = None if params.sampling_seed is None else params.sampling_seed + index
+                gen = torch.Generator(engine.config.device).manual_seed(seed) if seed is not None else None
+                return Generation(rid=rid, prompt=list(prompt), params=params, generator=gen,
+                               on_update=lambda r, q=q: loop.call_soon_threadsafe(q.put_nowait, r.finished),
+                               top_logprobs_num=top_n if with_logprobs else 0,
+                               logprob_start_len=min(start_len, len(prompt) - 1) if with_logprobs else -1)
+            group = group_of(list(prompt), params, rid, make)
+            seqs.extend(group)
+            sched.submit(group)
 
-            def notify(seq, q=q):
-                loop.call_soon_threadsafe(q.put_nowait, (len(seq.output), seq.finished))
-
-            seq = Sequence(rid=rid, prompt=list(prompt), params=params, on_update=notify, generator=gen,
-                           top_logprobs_num=top_n if with_logprobs else 0,
-                           logprob_start_len=min(start_len, len(prompt) - 1) if with_logprobs else -1)
-            seqs.append(seq)
-            queues.append(q)
-            sched.submit(seq)
-
-        def result(seq: Sequence) -> dict:
+        def result(seq: Generation) -> dict:
             ids = list(seq.output)
             text = seq.text if seq.finished else engine.tokenizer.decode(ids, skip_special_tokens=True)
             return {"text": text, "output_ids": ids, "meta_info": meta(seq, with_logprobs)}

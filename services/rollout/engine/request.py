@@ -1,0 +1,77 @@
+"""One generation request inside the engine: its prompt, what it has produced, and where its KV lives."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from services.rollout.engine.sampling import SamplingParams
+
+
+@dataclass
+class Generation:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    on_update: Callable[["Generation"], None]
+    generator: torch.Generator | None = None
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs_num: int = 0
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    logprob_start_len: int = -1            # >= 0: report prompt log-probs from this position
+    input_logprobs: list[float | None] | None = None
+    spans: list[dict] = field(default_factory=list)
+    finish_reason: dict | None = None
+    text: str = ""
+    slot: int | None = None                # KV pool slot while admitted
+    cached: int = 0                        # positions of prompt + output whose KV is in the slot
+    # sampling_params.n > 1: the first sample prefills the shared prompt; its siblings wait for the copy
+    followers: list["Generation"] = field(default_factory=list)
+    leader: "Generation | None" = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    def pending(self) -> list[int]:
+        """Tokens not yet in the KV cache: the prompt (+ output after a retract) at first, then the last one."""
+        return self.tokens[self.cached:]
+
+    @property
+    def awaiting_prefix(self) -> bool:
+        return self.leader is not None
+
+    def note_version(self, version: str) -> None:
+        index = len(self.output) - 1
+        if self.spans and self.spans[-1]["version"] == version:
+            self.spans[-1]["end"] = index + 1
+        else:
+            self.spans.append({"version": version, "start": index, "end": index + 1})
+
+
+def group_of(prompt: list[int], params: SamplingParams, rid: str, make: Callable[..., Generation]) -> list[Generation]:
+    """The n samples of one prompt: the first leads (prefills), the others follow (copy its prompt KV).
+    Child rids are `rid-i` when n > 1, as SGLang names them, so an abort by rid prefix reaches them all."""
+    if params.n == 1:
+        return [make(rid=rid, index=0)]
+    group = [make(rid=f"{rid}-{i}", index=i) for i in range(params.n)]
+    group[0].followers = group[1:]
+    for follower in group[1:]:
+        follower.leader = group[0]
+    return group
+
+
+_rid_counter = itertools.count()
+
+
+def new_rid() -> str:
+    return f"req-{int(time.time() * 1000)}-{next(_rid_counter)}"
