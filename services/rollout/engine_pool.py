@@ -89,19 +89,28 @@ class EnginePool:
         return min(eligible, key=lambda i: self.in_flight[i]) if eligible else None
 
     async def generate(self, prompt_ids: Sequence[int], sampling: dict, max_new_tokens: int, rid: str) -> SampleOutput:
-        sample = SampleOutput()
+        return (await self.generate_group(prompt_ids, [sampling], max_new_tokens, [rid]))[0]
+
+    async def generate_group(self, prompt_ids: Sequence[int], samplings: Sequence[dict], max_new_tokens: int,
+                             rids: Sequence[str]) -> list[SampleOutput]:
+        """The samples of one prompt (one sampling dict and rid each) in one request to one engine, which
+        prefills the prompt once. Samples aborted by a weight update go back, together, as prompt + their
+        partial output, until each has its tokens or a natural end."""
+        samples = [SampleOutput() for _ in samplings]
+        todo = list(range(len(samplings)))
         failures = 0
-        while True:
-            remaining = max_new_tokens - len(sample.output_ids)
+        while todo:
             i = self._pick()
             if i is None:
                 await asyncio.sleep(0.2)
                 continue
-            self.in_flight[i] += 1
+            self.in_flight[i] += len(todo)
             self.requests += 1
             try:
-                g = await self.engines[i].generate(list(prompt_ids) + sample.output_ids,
-                                                   {**sampling, "max_new_tokens": remaining}, rid=rid)
+                results = await self.engines[i].generate_batch(
+                    [list(prompt_ids) + samples[k].output_ids for k in todo],
+                    [{**samplings[k], "max_new_tokens": max_new_tokens - len(samples[k].output_ids)} for k in todo],
+                    [rids[k] for k in todo])
             except httpx.HTTPError as exc:  # engine restarting or unreachable: try again (maybe elsewhere)
                 failures += 1
                 if failures > self.max_connect_retries:
@@ -110,17 +119,23 @@ class EnginePool:
                 await asyncio.sleep(min(5.0, 0.2 * failures))
                 continue
             finally:
-                self.in_flight[i] -= 1
-            sample.append(g.output_ids, g.log_probs, g.spans)
-            sample.finish_reason = g.finish_reason
-            if g.finish_reason != "abort" or len(sample.output_ids) >= max_new_tokens:
-                if sample.finish_reason == "abort":
-                    sample.finish_reason = "length"
-                return sample
-            sample.resubmits += 1
-            self.resubmits += 1
-            if sample.resubmits > self.max_resubmits:
-                raise RuntimeError(f"request {rid} was aborted {sample.resubmits} times")
+                self.in_flight[i] -= len(todo)
+            todo = [k for k, g in zip(todo, results) if self._absorb(samples[k], g, max_new_tokens, rids[k])]
+        return samples
+
+    def _absorb(self, sample: SampleOutput, g, max_new_tokens: int, rid: str) -> bool:
+        """Add one response to its sample; True when it was cut short by an abort and must be resubmitted."""
+        sample.append(g.output_ids, g.log_probs, g.spans)
+        sample.finish_reason = g.finish_reason
+        if g.finish_reason != "abort" or len(sample.output_ids) >= max_new_tokens:
+            if sample.finish_reason == "abort":
+                sample.finish_reason = "length"
+            return False
+        sample.resubmits += 1
+        self.resubmits += 1
+        if sample.resubmits > self.max_resubmits:
+            raise RuntimeError(f"request {rid} was aborted {sample.resubmits} times")
+        return True
 
     async def aclose(self) -> None:
         for engine in self.engines:

@@ -201,10 +201,11 @@ class RolloutService:
         record = self.source.record(position)
         prompt_ids = self.encode(record.prompt)
         await self._ensure_partition(step)
-        samples = await asyncio.gather(*(
-            self.pool.generate(prompt_ids, {**self.sampling, "sampling_seed": run.optim.seed * 1_000_003 + position * 4099 + k},
-                               run.rollout.max_new_tokens, rid=f"{self.config.run_id}-{position}-{k}")
-            for k in range(run.n_samples_per_prompt)))
+        n = run.n_samples_per_prompt
+        seed = run.optim.seed * 1_000_003 + position * 4099
+        samples = await self.pool.generate_group(  # one request per group: the prompt is prefilled once
+            prompt_ids, [{**self.sampling, "sampling_seed": seed + k} for k in range(n)], run.rollout.max_new_tokens,
+            [f"{self.config.run_id}-{position}-{k}" for k in range(n)])
         texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
         rewards = await asyncio.gather(*(self.reward.score(record, t) for t in texts))
         await self.tq.put(partition_name(step), self.columns(record, prompt_ids, samples, rewards, step))

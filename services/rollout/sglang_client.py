@@ -1,4 +1,4 @@
-"""SGLangClient: the only code that knows the SGLang HTTP protocol (../shared/SGLANG_PROTOCOL.md).
+"""SGLangClient: the only code that knows the SGLang HTTP protocol (the subset in docs/engine.md).
 
 One class drives a real SGLang server and Sluice's built-in engine alike. It copes with the release
 differences that matter here:
@@ -108,13 +108,27 @@ class SGLangClient:
     async def generate(self, input_ids: Sequence[int], sampling_params: dict, rid: str | None = None) -> Generation:
         """One sample with output-token log-probs. A request aborted by a pause comes back with its
         partial output and finish_reason "abort" (the caller resubmits the continuation)."""
+        return (await self.generate_batch([input_ids], [sampling_params], None if rid is None else [rid]))[0]
+
+    async def generate_batch(self, inputs: Sequence[Sequence[int]], sampling_params: Sequence[dict],
+                             rids: Sequence[str] | None = None) -> list[Generation]:
+        """Several samples in one /generate call (one input, sampling_params and rid each), in input order.
+        Identical inputs, such as the samples of one prompt, share their prefill: the built-in engine copies
+        the prompt's KV, SGLang's radix cache reuses it."""
         if self._ahttp is None:
             self._ahttp = httpx.AsyncClient(base_url=self.base_url, headers=self._headers,
                                             timeout=httpx.Timeout(self._timeout_s, read=None))
-        body = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True}
-        if rid is not None:
-            body["rid"] = rid
-        data = self._check("/generate", await self._ahttp.post("/generate", json=body))
+        body = {"input_ids": [list(x) for x in inputs], "sampling_params": list(sampling_params),
+                "return_logprob": True}
+        if rids is not None:
+            body["rid"] = list(rids)
+        data = self._check("/generate", await self._ahttp.post("/generate", json=body)).get("data")
+        if not isinstance(data, list) or len(data) != len(inputs):
+            raise SGLangError("/generate", 200, f"expected {len(inputs)} results in a list")
+        return [self._generation(item) for item in data]
+
+    @staticmethod
+    def _generation(data: dict) -> Generation:
         meta = data.get("meta_info") or {}
         output_ids = [int(t) for t in data.get("output_ids") or []]
         log_probs = [float(entry[0]) for entry in meta.get("output_token_logprobs") or []]

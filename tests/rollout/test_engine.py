@@ -203,3 +203,25 @@ def test_prompt_and_top_logprobs(engine, reference):
         assert top[0][1] == out["output_ids"][step]  # greedy picks the top token
     assert "input_token_logprobs" not in _gen(engine, input_ids=prompt, return_logprob=True, sampling_params={
         "max_new_tokens": 1})["meta_info"]
+
+
+def test_a_group_in_one_batch_request_prefills_its_prompt_once(engine, reference):
+    """A rollout sends a GRPO group as one batch of the same prompt (one seed and rid each): the prompt is
+    computed once and copied (cached_tokens), and every sample is still exact and reproducible."""
+    prompt = [7, 70, 700, 17, 170]
+    body = dict(input_ids=[prompt] * 4, rid=[f"grp-{k}" for k in range(4)], return_logprob=True,
+                sampling_params=[{"max_new_tokens": 10, "temperature": 1.0, "sampling_seed": 100 + k,
+                                  "ignore_eos": True} for k in range(4)])
+    first, again = _gen(engine, **body), _gen(engine, **body)
+    assert sorted(r["meta_info"]["cached_tokens"] for r in first) == [0, 5, 5, 5]
+    assert [r["meta_info"]["id"] for r in first] == [f"grp-{k}" for k in range(4)]
+    assert [r["output_ids"] for r in first] == [r["output_ids"] for r in again]
+    assert len({tuple(r["output_ids"]) for r in first}) > 1
+    for r in first:
+        lps = [x[0] for x in r["meta_info"]["output_token_logprobs"]]
+        ref = _teacher_forced(reference, prompt, r["output_ids"])
+        assert max(abs(a - b) for a, b in zip(lps, ref)) < 1e-5
+    # sampling_params.n names the children rid-i and shares the prompt the same way
+    n = _gen(engine, input_ids=prompt, rid="nn", sampling_params={"max_new_tokens": 4, "n": 3, "temperature": 1.0})
+    assert [r["meta_info"]["id"] for r in n] == ["nn-0", "nn-1", "nn-2"]
+    assert sorted(r["meta_info"]["cached_tokens"] for r in n) == [0, 5, 5]

@@ -9,7 +9,7 @@ import torch
 from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
 from services.model.loading import load_causal_lm
-from services.rollout.engine.request import Generation, group_of
+from services.rollout.engine.request import Generation, share_prompts
 from services.rollout.engine.sampling import SamplingParams
 from services.rollout.engine.scheduler import Scheduler
 
@@ -36,10 +36,13 @@ def _scheduler(loaded, slots: int = 8, chunk: int = 4096) -> tuple[Scheduler, li
     return sched, forwarded
 
 
-def _group(prompt, rid="r", **params) -> list[Generation]:
+def _group(prompt, rid="r", n=1, **params) -> list[Generation]:
+    """n requests for one prompt, named as the engine names the children of sampling_params.n."""
     p = SamplingParams(**{"temperature": 0, "ignore_eos": True, **params})
-    return group_of(prompt, p, rid, lambda rid, index: Generation(rid=rid, prompt=list(prompt), params=p,
-                                                                  on_update=lambda r: None))
+    reqs = [Generation(rid=rid if n == 1 else f"{rid}-{i}", prompt=list(prompt), params=p, on_update=lambda r: None)
+            for i in range(n)]
+    [group] = share_prompts(reqs)
+    return group
 
 
 def _run(sched: Scheduler, limit: int = 500) -> None:

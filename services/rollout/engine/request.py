@@ -30,6 +30,7 @@ class Generation:
     text: str = ""
     slot: int | None = None                # KV pool slot while admitted
     cached: int = 0                        # positions of prompt + output whose KV is in the slot
+    cached_tokens: int = 0                 # prompt tokens copied from a sibling instead of computed
     # sampling_params.n > 1: the first sample prefills the shared prompt; its siblings wait for the copy
     followers: list["Generation"] = field(default_factory=list)
     leader: "Generation | None" = None
@@ -58,16 +59,18 @@ class Generation:
             self.spans.append({"version": version, "start": index, "end": index + 1})
 
 
-def group_of(prompt: list[int], params: SamplingParams, rid: str, make: Callable[..., Generation]) -> list[Generation]:
-    """The n samples of one prompt: the first leads (prefills), the others follow (copy its prompt KV).
-    Child rids are `rid-i` when n > 1, as SGLang names them, so an abort by rid prefix reaches them all."""
-    if params.n == 1:
-        return [make(rid=rid, index=0)]
-    group = [make(rid=f"{rid}-{i}", index=i) for i in range(params.n)]
-    group[0].followers = group[1:]
-    for follower in group[1:]:
-        follower.leader = group[0]
-    return group
+def share_prompts(requests: list[Generation]) -> list[list[Generation]]:
+    """Requests with the same prompt (the n samples of one, or a batch that repeats it, as a rollout sends
+    a GRPO group) become one group: the first leads (prefills the prompt), the others follow (copy its KV).
+    Returns the groups, each leader first, in order of first appearance."""
+    groups: dict[tuple[int, ...], list[Generation]] = {}
+    for req in requests:
+        groups.setdefault(tuple(req.prompt), []).append(req)
+    for leader, *followers in groups.values():
+        leader.followers = followers
+        for follower in followers:
+            follower.leader = leader
+    return list(groups.values())
 
 
 _rid_counter = itertools.count()

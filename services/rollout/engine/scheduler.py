@@ -184,7 +184,7 @@ class Scheduler:
         if followers:
             self.pool.copy_prefix(req.slot, [f.slot for f in followers], req.cached)
             for f in followers:
-                f.cached, f.leader = req.cached, None
+                f.cached, f.cached_tokens, f.leader = req.cached, req.cached, None
                 f.input_logprobs = req.input_logprobs if f.logprob_start_len >= 0 else None
             out += followers
         req.followers = []

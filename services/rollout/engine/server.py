@@ -20,7 +20,7 @@ from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
 from services.model.loading import load_causal_lm
 from services.rollout.engine.config import EngineConfig
-from services.rollout.engine.request import Generation, group_of, new_rid
+from services.rollout.engine.request import Generation, new_rid, share_prompts
 from services.rollout.engine.sampling import SamplingParams
 from services.rollout.engine.scheduler import Scheduler
 from services.runtime.http_service import serve_http
@@ -155,7 +155,7 @@ def build_app(engine: Engine) -> FastAPI:
 
     def meta(seq: Generation, with_logprobs: bool) -> dict:
         m = {"id": seq.rid, "finish_reason": seq.finish_reason, "prompt_tokens": len(seq.prompt),
-             "completion_tokens": len(seq.output), "cached_tokens": 0, "weight_version": sched.weight_version}
+             "completion_tokens": len(seq.output), "cached_tokens": seq.cached_tokens, "weight_version": sched.weight_version}
         if len(seq.spans) > 1:
             m["weight_versions"] = seq.spans
         if with_logprobs:
@@ -167,6 +167,24 @@ def build_app(engine: Engine) -> FastAPI:
                 m["input_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(seq.input_logprobs, seq.prompt[start:])]
         return m
 
+    def children(items, stream: bool, top_n: int, start_len: int) -> tuple[list[Generation], list[asyncio.Queue]]:
+        """One Generation per sample (n children `rid-i` each, as SGLang names them, so an abort by rid
+        reaches all) and the queue its updates arrive on."""
+        loop = asyncio.get_running_loop()
+        seqs, queues = [], []
+        for prompt, params, rid in items:
+            for index in range(params.n):
+                q: asyncio.Queue = asyncio.Queue()
+                seed = None if params.sampling_seed is None else params.sampling_seed + index
+                seqs.append(Generation(
+                    rid=rid if params.n == 1 else f"{rid}-{index}", prompt=list(prompt), params=params,
+                    generator=torch.Generator(engine.config.device).manual_seed(seed) if seed is not None else None,
+                    # waking the event loop costs the engine thread the GIL: per token only when streaming
+                    on_update=lambda r, q=q: (stream or r.finished) and loop.call_soon_threadsafe(q.put_nowait, 0),
+                    top_logprobs_num=top_n, logprob_start_len=min(start_len, len(prompt) - 1)))
+                queues.append(q)
+        return seqs, queues
+
     @app.post("/generate")
     async def generate(request: Request):
         try:
@@ -174,7 +192,6 @@ def build_app(engine: Engine) -> FastAPI:
             items, single = parse(body)
         except (ValueError, ValidationError, json.JSONDecodeError) as exc:
             return _error(str(exc))
-        loop = asyncio.get_running_loop()
         with_logprobs = bool(body.get("return_logprob"))
         try:
             top_n = int(body.get("top_logprobs_num") or 0)
@@ -183,20 +200,9 @@ def build_app(engine: Engine) -> FastAPI:
             return _error("top_logprobs_num and logprob_start_len must be integers")
         if top_n < 0 or top_n > engine.model.config.vocab_size or start_len < -1:
             return _error("top_logprobs_num must be in [0, vocab] and logprob_start_len >= -1")
-        queues: list[asyncio.Queue] = []
-        seqs: list[Generation] = []
-        for prompt, params, rid in items:
-            def make(rid: str, index: int, prompt=prompt, params=params) -> Generation:
-                q: asyncio.Queue = asyncio.Queue()
-                queues.append(q)
-                seed = None if params.sampling_seed is None else params.sampling_seed + index
-                gen = torch.Generator(engine.config.device).manual_seed(seed) if seed is not None else None
-                return Generation(rid=rid, prompt=list(prompt), params=params, generator=gen,
-                               on_update=lambda r, q=q: loop.call_soon_threadsafe(q.put_nowait, r.finished),
-                               top_logprobs_num=top_n if with_logprobs else 0,
-                               logprob_start_len=min(start_len, len(prompt) - 1) if with_logprobs else -1)
-            group = group_of(list(prompt), params, rid, make)
-            seqs.extend(group)
+        stream = bool(body.get("stream"))
+        seqs, queues = children(items, stream, top_n if with_logprobs else 0, start_len if with_logprobs else -1)
+        for group in share_prompts(seqs):  # one prefill per distinct prompt
             sched.submit(group)
 
         def result(seq: Generation) -> dict:
@@ -204,7 +210,7 @@ def build_app(engine: Engine) -> FastAPI:
             text = seq.text if seq.finished else engine.tokenizer.decode(ids, skip_special_tokens=True)
             return {"text": text, "output_ids": ids, "meta_info": meta(seq, with_logprobs)}
 
-        if body.get("stream"):
+        if stream:
             async def events():
                 sent = [0] * len(seqs)
                 try:
