@@ -44,7 +44,7 @@ class _Group:
     token_rows: torch.Tensor      # [tokens] rows of the flat batch, in group order
     pad_index: tuple | None       # (sequence, offset) of each token in the padded [seqs, longest] layout
     slots: torch.Tensor | slice   # which pool slots (a slice when consecutive: a view, no copy)
-    mask: torch.Tensor            # [seqs, 1, longest * group_heads, key_len] True = attend
+    bias: torch.Tensor            # [seqs * kv_heads, group_heads * longest, key_len]: 0 attend, -inf not
     seqs: int
     longest: int
     key_len: int
@@ -71,7 +71,11 @@ class BatchedDecoder:
         positions = torch.arange(pool.slot_len, device=pool.keys.device)[None]
         probe = torch.zeros(1, 1, cfg.hidden_size, dtype=pool.keys.dtype, device=pool.keys.device)
         cos, sin = self.inner.rotary_emb(probe, positions)  # the model's own RoPE (scaling included)
-        self.cos, self.sin = cos[0], sin[0]
+        # rotate_half(x) * sin == x[..., swap] * signed_sin: one gather instead of two slices, a neg and a cat
+        half = self.head_dim // 2
+        self.swap = torch.cat([torch.arange(half, self.head_dim), torch.arange(half)]).to(probe.device)
+        sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=probe.device, dtype=sin.dtype)
+        self.cos, self.signed_sin = cos[0], sin[0] * sign
 
     @torch.inference_mode()
     def forward(self, slots: list[int], new_tokens: list[list[int]],
@@ -92,7 +96,7 @@ class BatchedDecoder:
         token_slots = torch.tensor([s for s, n in zip(slots, lengths) for _ in range(n)], device=device)
         ends = torch.tensor(lengths).cumsum(0)
         groups = self._groups(slots, starts, lengths, ends.tolist())
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        cos, sin = self.cos[positions][:, None, :], self.signed_sin[positions][:, None, :]
         hidden = F.embedding(ids, self.inner.embed_tokens.weight)
         for index, layer in enumerate(self.layers):
             hidden = self._layer(index, layer, hidden, cos, sin, positions, token_slots, groups)
@@ -115,8 +119,7 @@ class BatchedDecoder:
         qkv = F.linear(x, qkv_w, qkv_b).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
         rotated = self.heads + self.kv_heads  # RoPE on q and k together: one set of ops
         qk = qkv[:, :rotated]
-        half = self.head_dim // 2
-        qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
+        qk = torch.addcmul(qk * cos, qk[..., self.swap], sin)
         q, k, v = qk[:, :self.heads], qk[:, self.heads:], qkv[:, rotated:]
         self.pool.keys[index][token_slots, :, positions] = k
         self.pool.values[index][token_slots, :, positions] = v
@@ -132,24 +135,24 @@ class BatchedDecoder:
         return hidden + F.linear(act(gate) * up, down.weight, down.bias)
 
     def _attend(self, index: int, q: torch.Tensor, group: _Group, scaling: float) -> torch.Tensor:
-        """softmax(q k^T * scaling + mask) v for one group; grouped-query heads share their KV head (a view,
-        not a copy). q: [tokens, heads, head_dim] -> [tokens, heads * head_dim]."""
-        kv, gh, d = self.kv_heads, self.group_heads, self.head_dim
-        keys = self.pool.keys[index][group.slots, :, :group.key_len]
-        values = self.pool.values[index][group.slots, :, :group.key_len]
+        """softmax(q k^T * scaling + bias) v for one group, as two batched matmuls over (sequence, KV head);
+        grouped-query heads share their KV head (a view, not a copy).
+        q: [tokens, heads, head_dim] -> [tokens, heads * head_dim]."""
+        kv, gh, d, n = self.kv_heads, self.group_heads, self.head_dim, group.seqs
+        keys = self.pool.keys[index][group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
+        values = self.pool.values[index][group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
         if group.pad_index is None:  # one token per sequence: the flat rows are the batch
-            padded = q.view(group.seqs, kv, gh, d)
+            padded = q.reshape(n * kv, gh, d)
         else:
-            padded = q.new_zeros(group.seqs, group.longest, self.heads, d)
+            padded = q.new_zeros(n, group.longest, self.heads, d)
             padded[group.pad_index] = q
-            padded = padded.view(group.seqs, group.longest, kv, gh, d).permute(0, 2, 3, 1, 4)
-            padded = padded.reshape(group.seqs, kv, gh * group.longest, d)
-        scores = torch.matmul(padded, keys.transpose(-1, -2)).mul_(scaling)
-        scores.masked_fill_(~group.mask, float("-inf"))
-        attended = torch.matmul(torch.softmax(scores, dim=-1), values)  # [seqs, kv, gh * longest, d]
+            padded = padded.view(n, group.longest, kv, gh, d).permute(0, 2, 3, 1, 4)
+            padded = padded.reshape(n * kv, gh * group.longest, d)
+        scores = torch.baddbmm(group.bias, padded, keys.transpose(1, 2), alpha=scaling)
+        attended = torch.bmm(torch.softmax(scores, dim=-1), values)  # [n * kv, gh * longest, d]
         if group.pad_index is None:
-            return attended.reshape(group.seqs, self.heads * d)
-        attended = attended.view(group.seqs, kv, gh, group.longest, d).permute(0, 3, 1, 2, 4)
+            return attended.view(n, self.heads * d)
+        attended = attended.view(n, kv, gh, group.longest, d).permute(0, 3, 1, 2, 4)
         return attended[group.pad_index].reshape(q.shape[0], self.heads * d)
 
     def _groups(self, slots, starts, lengths, ends) -> list[_Group]:
@@ -171,7 +174,8 @@ class BatchedDecoder:
             start_t = torch.tensor([starts[i] for i in members], device=device)
             query_pos = start_t[:, None] + torch.arange(longest, device=device)[None, :]  # [seqs, longest]
             mask = key_pos[None, None, :] <= query_pos[:, :, None]                          # [seqs, longest, keys]
-            mask = mask[:, None, None].expand(-1, 1, self.group_heads, -1, -1)
+            bias = torch.zeros(mask.shape, dtype=self.pool.keys.dtype, device=device).masked_fill_(~mask, float("-inf"))
+            bias = bias[:, None, None].expand(-1, self.kv_heads, self.group_heads, -1, -1)
             pad_index = None
             if longest > 1:
                 pad_index = (torch.tensor([k for k, i in enumerate(members) for _ in range(lengths[i])], device=device),
@@ -179,6 +183,6 @@ class BatchedDecoder:
             groups.append(_Group(
                 token_rows=torch.tensor(rows, device=device), pad_index=pad_index,
                 slots=slice(first, first + len(members)) if consecutive else torch.tensor(member_slots, device=device),
-                mask=mask.reshape(len(members), 1, self.group_heads * longest, key_len), seqs=len(members),
+                bias=bias.reshape(len(members) * self.kv_heads, self.group_heads * longest, key_len), seqs=len(members),
                 longest=longest, key_len=key_len))
         return groups

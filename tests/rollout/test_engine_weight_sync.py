@@ -48,7 +48,7 @@ def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights
             assert SGLangClient(url).weight_version() == "1"
             # a request running across an in-place update reports the spans of both versions
             from tests.rollout.test_engine import LONG, _Streaming
-            crossing = _Streaming(url, input_ids=prompt, sampling_params=LONG)  # 1500 tokens: still running when the sync pauses it
+            crossing = _Streaming(url, input_ids=prompt, sampling_params=LONG)  # 2000 tokens: still running when the sync pauses it
             assert crossing.started.wait(30)
             assert publisher.publish(other.state_dict().items(), 2).ok
             ids, meta = crossing.result()

@@ -32,6 +32,9 @@ def _running(url: str) -> float:
     return 0.0
 
 
+N = 2040  # long enough (the tiny model's context is 2048) that the update lands mid-request on a fast engine
+
+
 def test_aborted_request_resumes_under_new_weights_with_both_spans(tiny_model_dir, tmp_path):
     torch.set_num_threads(1)
     new_dir = init_model(str(tmp_path / "new"), preset="tiny", arch="qwen2", seed=99)
@@ -49,7 +52,7 @@ def test_aborted_request_resumes_under_new_weights_with_both_spans(tiny_model_di
 
             def generate():
                 result["sample"] = asyncio.run(pool.generate(
-                    prompt, {"temperature": 0, "ignore_eos": True}, max_new_tokens=1500, rid="partial"))
+                    prompt, {"temperature": 0, "ignore_eos": True}, max_new_tokens=N, rid="partial"))
 
             worker = threading.Thread(target=generate)
             worker.start()
@@ -62,14 +65,14 @@ def test_aborted_request_resumes_under_new_weights_with_both_spans(tiny_model_di
             worker.join(120)
             publisher.close()
         sample = result["sample"]
-        assert len(sample.output_ids) == 1500 and sample.resubmits >= 1
+        assert len(sample.output_ids) == N and sample.resubmits >= 1
         assert [v for v, _, _ in sample.spans] == [0, 1]
         cut = sample.spans[0][2]
-        assert sample.spans == [(0, 0, cut), (1, cut, 1500)] and 0 < cut < 1500
-        assert sample.begin_version == 0 and sample.token_versions() == [0] * cut + [1] * (1500 - cut)
+        assert sample.spans == [(0, 0, cut), (1, cut, N)] and 0 < cut < N
+        assert sample.begin_version == 0 and sample.token_versions() == [0] * cut + [1] * (N - cut)
         # each part is greedy and its log-probs are teacher-forced under the weights that produced it
         tokens = torch.tensor(prompt + sample.output_ids)
-        batch = ResponseBatch.build([tokens], [len(prompt)], [1500])
+        batch = ResponseBatch.build([tokens], [len(prompt)], [N])
         old_lp, new_lp = response_log_probs(old_model, batch)[0], response_log_probs(new_model, batch)[0]
         got = torch.tensor(sample.log_probs)
         torch.testing.assert_close(got[:cut], old_lp[:cut], atol=1e-4, rtol=0)

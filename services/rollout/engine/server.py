@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 TOKENS_OUT = Counter("sluice_engine_generated_tokens_total", "tokens generated")
 RUNNING = Gauge("sluice_engine_running_requests", "sequences decoding (running or frozen by an in_place pause)")
 WAITING = Gauge("sluice_engine_waiting_requests", "sequences queued for admission")
+STEPS = Gauge("sluice_engine_steps", "forward steps run since start")
+KV_USED = Gauge("sluice_engine_kv_slots_used", "KV pool slots held by requests")
 REQUESTS = Counter("sluice_engine_requests_total", "generate requests", ["finish"])
 
 
@@ -52,6 +54,8 @@ class Engine:
         self.staged: dict[str, torch.Tensor] = {}
         RUNNING.set_function(lambda: len(self.scheduler.running) + len(self.scheduler.frozen))
         WAITING.set_function(lambda: len(self.scheduler.waiting))
+        STEPS.set_function(lambda: self.scheduler.steps)
+        KV_USED.set_function(lambda: self.pool.slots - self.pool.free_slots)
         self.staged_version: str | None = None
 
     # engine thread -----------------------------------------------------------------------------
@@ -249,7 +253,7 @@ def build_app(engine: Engine) -> FastAPI:
             REQUESTS.labels(seq.finish_reason["type"]).inc()
             TOKENS_OUT.inc(len(seq.output))
         results = [result(s) for s in seqs]
-        return results[0] if single else results
+        return JSONResponse(results[0] if single else results)  # plain dicts: no jsonable_encoder pass
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
