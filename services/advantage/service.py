@@ -25,10 +25,11 @@ from services.advantage.config import AdvantageConfig
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.dcs.run_config import RunConfig
-from services.run_state.partitions import partition_name
+from services.run_state.partitions import partition_name, step_of
 from services.run_state.connections import RunConnections
 from services.run_state.step_partitions import claim_or_done, put_once
 from services.runtime.role_service import RoleStatus, serve_role
+from services.runtime.spans import span
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.codec import Batch
 
@@ -105,17 +106,21 @@ class AdvantageService:
         while not halt.is_set():
             membership.safe_point(halt)
             # min_rows: answer as soon as one group is ready, but take whatever else is ready too
-            batch = claim_or_done(tq, partition, TASK, batch_rows, self.config.lease_s,
-                                  min_rows=run.n_samples_per_prompt)
+            step = step_of(partition)
+            with span("claim", step):
+                batch = claim_or_done(tq, partition, TASK, batch_rows, self.config.lease_s,
+                                      min_rows=run.n_samples_per_prompt)
             if batch is None:
                 return
             if not batch.rows:
                 continue
-            advantages, returns = advantages_of(batch, run)
+            with span("advantage", step):
+                advantages, returns = advantages_of(batch, run)
             lengths = [len(m) for m in batch["loss_mask"]]
-            put_once(tq, partition, {"advantages": [advantages[i, :n].contiguous() for i, n in enumerate(lengths)],
-                                     "returns": [returns[i, :n].contiguous() for i, n in enumerate(lengths)]},
-                     batch.rows, run.n_samples_per_prompt)
+            with span("put", step):
+                put_once(tq, partition, {"advantages": [advantages[i, :n].contiguous() for i, n in enumerate(lengths)],
+                                         "returns": [returns[i, :n].contiguous() for i, n in enumerate(lengths)]},
+                         batch.rows, run.n_samples_per_prompt)
             tq.ack(batch)
             ROWS.inc(len(batch.rows))
             total = sum(lengths)

@@ -22,9 +22,10 @@ from services.dcs.models import NodeRegistration
 from services.dcs.sync.receiver import WeightReceiver, follow_weights
 from services.forward.config import ForwardConfig
 from services.model.loading import load_causal_lm
+from services.runtime.spans import span
 from services.trainer.checkpoint import checkpoints
 from services.model.response_batch import ResponseBatch, response_log_probs
-from services.run_state.partitions import SAMPLE_FIELDS, partition_name
+from services.run_state.partitions import SAMPLE_FIELDS, partition_name, step_of
 from services.run_state.connections import RunConnections
 from services.run_state.step_partitions import claim_or_done, put_once
 from services.runtime.role_service import RoleStatus, serve_role
@@ -132,15 +133,20 @@ class ForwardService:
                 follow_weights(receiver, self.model, wait_s=0)
                 VERSION.set(receiver.version)
                 membership.progress(weight_version=receiver.version)
-            batch = claim_or_done(tq, partition, self.role, micro, self.config.lease_s)
+            step, version = step_of(partition), receiver.version if receiver is not None else None
+            with span("claim", step, version):
+                batch = claim_or_done(tq, partition, self.role, micro, self.config.lease_s)
             if batch is None:
                 return
             if not batch.rows:
                 continue
-            rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
-            log_probs = response_log_probs(self.model, rb.to_device(self.config.device),
-                                           self.run.rollout.temperature).cpu()
-            put_once(tq, partition, {self.field: rb.to_ragged(log_probs)}, batch.rows, self.run.n_samples_per_prompt)
+            with span("forward", step, version):
+                rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
+                log_probs = response_log_probs(self.model, rb.to_device(self.config.device),
+                                               self.run.rollout.temperature).cpu()
+            with span("put", step, version):
+                put_once(tq, partition, {self.field: rb.to_ragged(log_probs)}, batch.rows,
+                         self.run.n_samples_per_prompt)
             tq.ack(batch)
             ROWS.inc(len(batch.rows))
             TOKENS.inc(int(rb.attention_mask.sum()))

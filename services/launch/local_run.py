@@ -100,6 +100,12 @@ class LocalRun:
         proc.wait_until(lambda: http_ok(proc.status_url + "/healthz"), 60)
         return proc
 
+    def service_urls(self) -> dict[str, str]:
+        """HTTP base URL of every role service and engine (each serves /spans, /metrics)."""
+        urls = {name: proc.status_url for name, proc in self.procs.items() if hasattr(proc, "status_url")}
+        urls.update({f"engine-{i}": url for i, url in enumerate(self.engine_urls)})
+        return urls
+
     def progress(self) -> TrainerProgress:
         with self.redis_client() as r:
             return read_progress(r, self.run.name)

@@ -33,6 +33,7 @@ from services.run_state.prompt_ledger import PromptLedger
 from services.run_state.trainer_progress import aread_progress
 from services.runtime.role_service import RoleStatus, serve_role
 from services.run_state.run_config_wait import wait_for_run
+from services.runtime.spans import span
 from services.transferqueue.client.queue import AsyncTransferQueue
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class RolloutService:
         self.groups_per_step = run.rollout_batch_size
         self.total_groups = run.num_steps * run.rollout_batch_size
         self.cap = r.max_groups_in_flight or 2 * run.rollout_batch_size
+        self.version_moved = asyncio.Event()  # wakes admission the moment the engines' version moves
         self.sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
         self._partitions: set[int] = set()
 
@@ -153,12 +155,12 @@ class RolloutService:
                 continue
             elif blocked_since is None:
                 blocked_since = time.monotonic()
-            if pending:
-                done, _ = await asyncio.wait(pending, timeout=self.config.version_poll_s,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                self._reap(pending)
-            else:
-                await asyncio.sleep(self.config.version_poll_s)
+            self.version_moved.clear()
+            moved = asyncio.ensure_future(self.version_moved.wait())
+            await asyncio.wait(pending | {moved}, timeout=self.config.version_poll_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+            moved.cancel()
+            self._reap(pending)
         if pending:  # stopping: let what is generating finish, so nothing admitted is lost
             await asyncio.wait(pending)
             self._reap(pending)
@@ -184,8 +186,12 @@ class RolloutService:
                          self.groups_per_step)
 
     async def _poll_versions(self, stop: asyncio.Event) -> None:
+        seen = None
         while not stop.is_set():
             version = await self.pool.refresh_versions()
+            if version != seen:
+                seen = version
+                self.version_moved.set()
             self.memberships[0].progress(weight_version=version)
             for m, engine_version, reachable in zip(self.memberships[1:], self.pool.versions, self.pool.reachable):
                 m.progress(weight_version=engine_version)  # each engine its own
@@ -203,12 +209,16 @@ class RolloutService:
         await self._ensure_partition(step)
         n = run.n_samples_per_prompt
         seed = run.optim.seed * 1_000_003 + position * 4099
-        samples = await self.pool.generate_group(  # one request per group: the prompt is prefilled once
-            prompt_ids, [{**self.sampling, "sampling_seed": seed + k} for k in range(n)], run.rollout.max_new_tokens,
-            [f"{self.config.run_id}-{position}-{k}" for k in range(n)])
-        texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
-        rewards = await asyncio.gather(*(self.reward.score(record, t) for t in texts))
-        await self.tq.put(partition_name(step), self.columns(record, prompt_ids, samples, rewards, step))
+        version = self.pool.serving_version
+        with span("generate", step, version):
+            samples = await self.pool.generate_group(  # one request per group: the prompt is prefilled once
+                prompt_ids, [{**self.sampling, "sampling_seed": seed + k} for k in range(n)],
+                run.rollout.max_new_tokens, [f"{self.config.run_id}-{position}-{k}" for k in range(n)])
+        with span("reward", step, version):
+            texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
+            rewards = await asyncio.gather(*(self.reward.score(record, t) for t in texts))
+        with span("put", step, version):
+            await self.tq.put(partition_name(step), self.columns(record, prompt_ids, samples, rewards, step))
         written = await self.ledger.mark_written(position, step)
         if written >= self.groups_per_step:
             await self.tq.seal_partition(partition_name(step))

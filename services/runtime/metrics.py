@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import start_http_server
+from prometheus_client import Gauge, start_http_server
 
 log = logging.getLogger(__name__)
 
@@ -17,3 +17,9 @@ def serve_metrics(host: str, port: int) -> int:
     bound = server.server_address[1]
     log.info("metrics endpoint up", extra={"metrics_port": bound})
     return bound
+
+
+def gauges(prefix: str, names: dict[str, str]) -> dict[str, Gauge]:
+    """A set of gauges `{prefix}_{name}`, created by the role that sets them (so an actor and a critic process
+    each export only their own)."""
+    return {name: Gauge(f"{prefix}_{name}", help_text) for name, help_text in names.items()}

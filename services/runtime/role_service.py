@@ -16,6 +16,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings
 
 from services.runtime.http_service import serve_http
+from services.runtime.spans import RECORDER
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,11 @@ def build_status_app(status: RoleStatus) -> FastAPI:
     @app.get("/metrics")
     async def metrics():
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/spans")
+    async def spans(since: float = 0.0):
+        """Recent spans (services/runtime/spans.py) that ended after `since` (epoch seconds)."""
+        return RECORDER.since(since)
 
     return app
 

@@ -12,6 +12,7 @@ from services.runtime.logs import configure_logging
 from services.runtime.metrics import serve_metrics
 from services.runtime.settings_cli import parse_settings
 from services.runtime.shutdown import shutdown_event
+from services.runtime.spans import RECORDER
 
 C = TypeVar("C", bound=BaseSettings)
 
@@ -21,6 +22,9 @@ def run_service(model: type[C], command: str, serve: Callable[[C, asyncio.Event]
     config = parse_settings(model, argv, f"sluice {command}", model.__doc__)
     configure_logging(command, config.log_level)
     serve_metrics(config.host, getattr(config, "metrics_port", 0))
+    role = getattr(config, "role", None)  # forward: actor_fwd | reference; trainer: actor | critic
+    RECORDER.service = command if role in (None, command, "actor") else role if command == "forward" \
+        else f"{command}-{role}"
 
     async def run() -> None:
         await serve(config, shutdown_event())

@@ -11,8 +11,7 @@ Actor, one step N at a time (N from the checkpoint / progress, see resume()):
     publish the weights through DCS (engines, actor_fwd, reference on its interval)
     wait until every task consumed train_N, clear it; record progress (next step, version)
 
-Critic (PPO): per step, write `values` for every row, then train on `returns` once the
-advantage role has written them.
+The critic (PPO) is services/trainer/critic_service.py.
 """
 
 from __future__ import annotations
@@ -23,35 +22,29 @@ import secrets
 import logging
 import threading
 import time
-from typing import Callable
 
 import torch
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Histogram
 
 from services.dcs.client import DCSError
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
-from services.dcs.run_config import RunConfig
 from services.dcs.sync.publisher import SyncFailed, WeightPublisher
 from services.model.loading import load_causal_lm
-from services.model.response_batch import ResponseBatch
 from services.run_state.partitions import partition_name, sample_id
 from services.run_state.connections import RunConnections
-from services.run_state.step_partitions import claim_or_done, put_once, partition_gone
-from services.transferqueue.errors import TQError
 from services.run_state.trainer_progress import TrainerProgress, read_progress, record_trained, write_progress
+from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus, serve_role
+from services.runtime.spans import span
 from services.trainer.actor_update import StepMetrics, actor_fields, actor_step
 from services.trainer.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
 from services.trainer.config import TrainerConfig
 from services.trainer.data_parallel import DataParallel
-from services.trainer.critic_update import (CRITIC_TRAIN_FIELDS, CRITIC_VALUE_FIELDS, critic_step, load_critic,
-                                            response_values)
-from services.transferqueue.client.queue import TransferQueue
+from services.trainer.critic_service import CriticTrainer
+from services.trainer.tasks import ACTOR_TASK, claim_global_batch, expected_tasks
 
 log = logging.getLogger(__name__)
-ACTOR_TASK = "actor_train"
-CRITIC_VALUES_TASK, CRITIC_TRAIN_TASK = "critic_values", "critic_train"
 ACTOR_GAUGES = {
     "loss": "loss of the last step", "clip_fraction": "PPO clip fraction", "kl": "KL to the reference",
     "entropy": "policy entropy", "grad_norm": "gradient norm before clipping", "reward_mean": "mean reward",
@@ -60,50 +53,9 @@ ACTOR_GAUGES = {
     "step": "last finished step", "weight_version": "weight version published"}
 
 
-def _gauges(prefix: str, names: dict[str, str]) -> dict[str, Gauge]:
-    """Created by the role that sets them, so an actor and a critic process each export only their own."""
-    return {name: Gauge(f"{prefix}_{name}", help_text) for name, help_text in names.items()}
-
-
 def _staleness_histogram() -> Histogram:
     return Histogram("sluice_trainer_sample_staleness", "versions between a sample's generation and its training",
                      buckets=(0, 1, 2, 3, 4, 8, 16))
-
-
-def expected_tasks(run: RunConfig) -> list[str]:
-    """Every task that must consume a partition before it is cleared."""
-    tasks = [ACTOR_TASK, "advantage"]
-    if run.uses_actor_fwd:
-        tasks.append("actor_fwd")
-    if run.uses_reference:
-        tasks.append("reference")
-    if run.uses_critic:
-        tasks += [CRITIC_VALUES_TASK, CRITIC_TRAIN_TASK]
-    return tasks
-
-
-def claim_global_batch(tq: TransferQueue, partition: str, task: str, rows: int, lease_s: float,
-                       halt: threading.Event, idle: Callable[[], None] = lambda: None, claim_key: str = ""):
-    """Claim exactly `rows` rows (whole groups) without reading them, waiting while the partition fills;
-    None if halted or the partition ran out. `idle` runs between polls (a pause safe point).
-    Data-parallel ranks pass the leader's claim_key to get the same lease."""
-    while not halt.is_set():
-        idle()
-        try:
-            ready = tq.wait_ready(partition, task, rows, wait_s=2.0)
-        except TQError as exc:
-            if partition_gone(exc):
-                return None
-            raise
-        if ready.ready_rows >= rows:
-            claimed = tq.claim_rows(partition, task, rows, lease_s=lease_s, claim_key=claim_key)
-            if len(claimed.rows) == rows:
-                return claimed
-            if claimed.rows:
-                tq.release(claimed.lease_id)
-        elif ready.partition_complete:
-            return None
-    return None
 
 
 class ActorTrainer:
@@ -112,7 +64,7 @@ class ActorTrainer:
         self.status = status
         self.version = 0
         self._last_lag_check = self._published_at = time.monotonic()
-        self.gauges = _gauges("sluice_trainer", ACTOR_GAUGES)
+        self.gauges = gauges("sluice_trainer", ACTOR_GAUGES)
         self.staleness = _staleness_histogram()
 
     def run_loop(self, halt: threading.Event) -> None:
@@ -158,8 +110,9 @@ class ActorTrainer:
         self.status.running()
         while step < run.num_steps and not halt.is_set():
             self.membership.safe_point(halt)
-            if not self.steps.wait_for(step, halt, lambda: self.waiting(step, halt)):
-                continue
+            with span("claim", step, self.version):
+                if not self.steps.wait_for(step, halt, lambda: self.waiting(step, halt)):
+                    continue
             self.dp.share([1, step, self.version])
             trained = self.train_step(step, halt)
             if trained is None:  # halted mid-step: the rows go back to the queue on restart
@@ -167,8 +120,11 @@ class ActorTrainer:
             ids, metrics = trained
             version = self.version + 1
             if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
-                save_checkpoint(c.checkpoint_dir, "actor", self.model, self.optimizer, run.model, step + 1, version)
-            self.version = version = self.publish(version)
+                with span("checkpoint", step, version):
+                    save_checkpoint(c.checkpoint_dir, "actor", self.model, self.optimizer, run.model, step + 1,
+                                    version)
+            with span("publish", step, version):
+                self.version = version = self.publish(version)
             self.clear(step)
             metrics["weight_version"] = version
             write_progress(self.redis, c.run_id, TrainerProgress(next_step=step + 1, version=version))
@@ -234,8 +190,9 @@ class ActorTrainer:
             t0 = time.perf_counter()
             if dp.is_leader:
                 self.membership.safe_point(halt)
-                claimed = claim_global_batch(self.tq, partition, ACTOR_TASK, run.global_batch_size, c.lease_s, halt,
-                                             lambda: self.waiting(step, halt), claim_key=f"{nonce}-{it}")
+                with span("claim", step, self.version):
+                    claimed = claim_global_batch(self.tq, partition, ACTOR_TASK, run.global_batch_size, c.lease_s,
+                                                 halt, lambda: self.waiting(step, halt), claim_key=f"{nonce}-{it}")
                 if dp.size > 1:
                     dp.share([1 if claimed else 0, nonce])
             else:
@@ -257,8 +214,9 @@ class ActorTrainer:
             version = self.version  # the policy these samples are trained at
             t1 = time.perf_counter()
             tokens = dp.total(float(sum(float(m.sum()) for m in batch["loss_mask"])))
-            m = actor_step(self.model, self.optimizer, batch, run, run.micro_batch_size, c.device,
-                           totals=(tokens, float(run.global_batch_size)), reduce_gradients=dp.sum_gradients)
+            with span("train", step, version):
+                m = actor_step(self.model, self.optimizer, batch, run, run.micro_batch_size, c.device,
+                               totals=(tokens, float(run.global_batch_size)), reduce_gradients=dp.sum_gradients)
             compute_s += time.perf_counter() - t1
             if not dp.is_leader:
                 continue
@@ -377,87 +335,6 @@ class ActorTrainer:
         log.info("trainer position", extra={"next_step": step, "version": version,
                                             "checkpoint": ckpt.path if ckpt else None})
         return step, version
-
-
-class CriticTrainer:
-    def __init__(self, config: TrainerConfig, status: RoleStatus):
-        self.config = config
-        self.status = status
-        self.gauges = _gauges("sluice_critic", {"value_loss": "value loss of the last optimizer step",
-                                                "value_clip_fraction": "fraction of tokens whose value was clipped",
-                                                "grad_norm": "gradient norm before clipping",
-                                                "step": "last step trained"})
-
-    def run_loop(self, halt: threading.Event) -> None:
-        c = self.config
-        conn = RunConnections.open(c, halt)
-        if conn is None:
-            return
-        run, tq, steps = conn.run, conn.tq, conn.steps
-        if not run.uses_critic:
-            self.status.idle(f"run {run.name} does not use a critic (estimator {run.algorithm.estimator})")
-            log.info("this run does not use a critic; idle")
-            conn.close()
-            halt.wait()
-            return
-        torch.manual_seed(run.optim.seed)
-        ckpt = latest_checkpoint(c.checkpoint_dir, "critic") if c.checkpoint_dir else None
-        critic = load_critic(ckpt.path if ckpt else run.model).to(c.device)
-        optimizer = torch.optim.AdamW(critic.parameters(), lr=run.optim.critic_lr, betas=run.optim.betas,
-                                      weight_decay=run.optim.weight_decay)
-        if ckpt:
-            load_optimizer_state(ckpt.path, optimizer)
-        membership = RunMembership(conn.dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
-                                                         device=c.device, run_id=c.run_id))
-        n = run.n_samples_per_prompt
-        tq.register_task(CRITIC_VALUES_TASK, CRITIC_VALUE_FIELDS, group_size=n)
-        tq.register_task(CRITIC_TRAIN_TASK, CRITIC_TRAIN_FIELDS, group_size=n)
-        self.status.running()
-        try:
-            step = steps.first_step()
-            while step < run.num_steps and not halt.is_set():
-                membership.safe_point(halt)
-                if steps.wait_for(step, halt, lambda: membership.safe_point(halt)):
-                    partition = partition_name(step)
-                    self.write_values(tq, critic, partition, run, membership, halt)
-                    for _ in range(run.num_iters_per_train_update):
-                        claimed = claim_global_batch(tq, partition, CRITIC_TRAIN_TASK, run.global_batch_size,
-                                                     c.lease_s, halt, lambda: membership.safe_point(halt))
-                        if claimed is None:
-                            break
-                        batch = tq.get(partition, claimed.rows, CRITIC_TRAIN_FIELDS)
-                        m = critic_step(critic, optimizer, batch, run, run.micro_batch_size, c.device)
-                        tq.ack(claimed.lease_id)
-                        self.status.update(step=step, value_loss=m.loss)
-                        means = m.means()
-                        self.gauges["value_loss"].set(m.loss)
-                        self.gauges["value_clip_fraction"].set(means.get("value_clip_fraction", 0.0))
-                        self.gauges["grad_norm"].set(m.grad_norm)
-                        self.gauges["step"].set(step)
-                    if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
-                        save_checkpoint(c.checkpoint_dir, "critic", critic, optimizer, None, step + 1, 0)
-                    membership.progress(step=step)
-                step += 1
-        finally:
-            membership.close()
-            conn.close()
-
-    def write_values(self, tq: TransferQueue, critic, partition: str, run: RunConfig, membership, halt) -> None:
-        while not halt.is_set():
-            membership.safe_point(halt)
-            n = run.n_samples_per_prompt
-            batch = claim_or_done(tq, partition, CRITIC_VALUES_TASK, max(n, run.micro_batch_size // n * n),
-                                  self.config.lease_s)
-            if batch is None:
-                return
-            if not batch.rows:
-                continue
-            rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
-            with torch.no_grad():
-                critic.eval()
-                values = response_values(critic, rb.to_device(self.config.device)).cpu() * rb.mask
-            put_once(tq, partition, {"values": rb.to_ragged(values)}, batch.rows, run.n_samples_per_prompt)
-            tq.ack(batch)
 
 
 async def serve(config: TrainerConfig, stop: asyncio.Event) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from services.dcs.run_config import RunConfig
 from services.launch.local_run import LocalRun
+from services.launch.timeline import fetch_spans, step_table
 from services.model.init_model import init_model
 from services.transferqueue.client.queue import TransferQueue
 
@@ -102,6 +103,17 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
         assert sorted(v for node, v in loads if topology.get(node) == "actor_fwd") == [1, 2, 3, 4]
         status = httpx.get(lr.procs["rollout"].status_url + "/status").json()
         assert status["ready"] and status["state"] == "finished"
+        # every service recorded where its time went, tagged with steps and versions
+        spans = fetch_spans(lr.service_urls())
+        names = {lane: {s["name"] for s in lane_spans} for lane, lane_spans in spans.items()}
+        assert names["trainer"] >= {"claim", "train", "publish"}
+        assert names["rollout"] >= {"generate", "reward", "put"}
+        assert names["advantage"] >= {"claim", "advantage", "put"}
+        assert names["actor_fwd"] >= {"claim", "forward", "put", "weight_load"}
+        assert names["reference"] >= {"forward", "weight_load"}
+        assert all(names[f"engine-{i}"] >= {"generate", "pause", "weight_load"} for i in range(2))
+        assert sorted(s["step"] for s in spans["trainer"] if s["name"] == "publish") == [0, 1, 2, 3]
+        assert [row["step"] for row in step_table(spans)] == [0, 1, 2, 3]
 
 
 def test_data_parallel_trainer_ranks_share_each_global_batch(model_dir, tmp_path):

@@ -16,6 +16,7 @@ from services.dcs.client import DCSClient
 from services.dcs.models import PublishedWeights, SyncReport
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, unpack
+from services.runtime.spans import RECORDER
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def follow_weights(receiver: WeightReceiver, model: torch.nn.Module, wait_s: flo
     published = receiver.next(wait_s)
     if published is None:
         return None
+    began = time.time()
     try:
         tensors = receiver.receive(published)
     except NotInGroup:
@@ -143,4 +145,5 @@ def follow_weights(receiver: WeightReceiver, model: torch.nn.Module, wait_s: flo
     start = time.perf_counter()
     load_into(model, tensors)
     receiver.loaded(published, time.perf_counter() - start)
+    RECORDER.record("weight_load", began, time.time(), version=published.version)
     return published.version

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from typing import Callable
 
@@ -25,6 +26,7 @@ from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
 from services.rollout.engine.request import Generation
 from services.rollout.engine.sampling import sample_batch
+from services.runtime.spans import RECORDER
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ class Scheduler:
         self.running: list[Generation] = []
         self.frozen: list[Generation] = []      # in_place pause: kept with their KV slots
         self.paused = False
+        self._paused_at = 0.0
         self.steps = 0
         self._cv = threading.Condition()
         self._controls: deque = deque()
@@ -96,7 +99,10 @@ class Scheduler:
                 done.set()
             if not self.paused:
                 try:
+                    began = time.time()
                     self.step()
+                    # back-to-back steps are one busy interval on the timeline
+                    RECORDER.merge("generate", began, time.time(), gap_s=0.005, version=self.weight_version)
                 except Exception as exc:  # never leave callers waiting on a dead loop
                     log.exception("engine step failed; aborting the running requests")
                     for req in self.running:
@@ -281,6 +287,8 @@ class Scheduler:
     def pause(self, mode: str) -> None:
         if mode not in ("abort", "in_place", "retract"):
             raise ValueError(f"unknown pause mode {mode!r}")
+        if not self.paused:
+            self._paused_at = time.time()
         self.paused = True
         if mode == "abort":
             self.abort(None)
@@ -298,4 +306,6 @@ class Scheduler:
     def resume(self) -> None:
         self.running = self.frozen + self.running
         self.frozen = []
+        if self.paused:
+            RECORDER.record("pause", self._paused_at, time.time(), version=self.weight_version)
         self.paused = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 import torch
 from fastapi import FastAPI, Request
@@ -24,6 +25,7 @@ from services.rollout.engine.request import Generation, new_rid, share_prompts
 from services.rollout.engine.sampling import SamplingParams
 from services.rollout.engine.scheduler import Scheduler
 from services.runtime.http_service import serve_http
+from services.runtime.spans import RECORDER
 
 log = logging.getLogger(__name__)
 TOKENS_OUT = Counter("sluice_engine_generated_tokens_total", "tokens generated")
@@ -60,6 +62,7 @@ class Engine:
 
     # engine thread -----------------------------------------------------------------------------
     def receive(self, body: dict) -> str:
+        began = time.time()
         group = self.groups.get(body["group_name"])
         if group is None:
             raise ValueError(f"no weight update group {body['group_name']!r}; call /init_weights_update_group")
@@ -73,6 +76,7 @@ class Engine:
             self.staged_version = None
             raise
         self.staged_version = body.get("weight_version") or self.staged_version
+        RECORDER.record("weight_load", began, time.time(), version=self.staged_version)
         if not self.scheduler.paused:
             return self.apply()
         return "staged"
@@ -339,6 +343,11 @@ def build_app(engine: Engine) -> FastAPI:
     @app.get("/metrics")
     async def metrics():
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/spans")
+    async def spans(since: float = 0.0):
+        """Recent spans (generate = busy forward steps, pause, weight_load) that ended after `since`."""
+        return RECORDER.since(since)
 
     return app
 

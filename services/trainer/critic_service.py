@@ -1,0 +1,110 @@
+"""The critic (PPO): per step, write `values` for every row, then train on `returns` once the advantage
+role has written them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+from services.dcs.membership import RunMembership
+from services.dcs.models import NodeRegistration
+from services.dcs.run_config import RunConfig
+from services.model.response_batch import ResponseBatch
+from services.run_state.connections import RunConnections
+from services.run_state.partitions import partition_name
+from services.run_state.step_partitions import claim_or_done, put_once
+from services.runtime.metrics import gauges
+from services.runtime.role_service import RoleStatus
+from services.runtime.spans import span
+from services.trainer.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
+from services.trainer.config import TrainerConfig
+from services.trainer.critic_update import (CRITIC_TRAIN_FIELDS, CRITIC_VALUE_FIELDS, critic_step, load_critic,
+                                            response_values)
+from services.trainer.tasks import CRITIC_TRAIN_TASK, CRITIC_VALUES_TASK, claim_global_batch
+from services.transferqueue.client.queue import TransferQueue
+
+log = logging.getLogger(__name__)
+
+
+class CriticTrainer:
+    def __init__(self, config: TrainerConfig, status: RoleStatus):
+        self.config = config
+        self.status = status
+        self.gauges = gauges("sluice_critic", {"value_loss": "value loss of the last optimizer step",
+                                                "value_clip_fraction": "fraction of tokens whose value was clipped",
+                                                "grad_norm": "gradient norm before clipping",
+                                                "step": "last step trained"})
+
+    def run_loop(self, halt: threading.Event) -> None:
+        c = self.config
+        conn = RunConnections.open(c, halt)
+        if conn is None:
+            return
+        run, tq, steps = conn.run, conn.tq, conn.steps
+        if not run.uses_critic:
+            self.status.idle(f"run {run.name} does not use a critic (estimator {run.algorithm.estimator})")
+            log.info("this run does not use a critic; idle")
+            conn.close()
+            halt.wait()
+            return
+        torch.manual_seed(run.optim.seed)
+        ckpt = latest_checkpoint(c.checkpoint_dir, "critic") if c.checkpoint_dir else None
+        critic = load_critic(ckpt.path if ckpt else run.model).to(c.device)
+        optimizer = torch.optim.AdamW(critic.parameters(), lr=run.optim.critic_lr, betas=run.optim.betas,
+                                      weight_decay=run.optim.weight_decay)
+        if ckpt:
+            load_optimizer_state(ckpt.path, optimizer)
+        membership = RunMembership(conn.dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
+                                                         device=c.device, run_id=c.run_id))
+        n = run.n_samples_per_prompt
+        tq.register_task(CRITIC_VALUES_TASK, CRITIC_VALUE_FIELDS, group_size=n)
+        tq.register_task(CRITIC_TRAIN_TASK, CRITIC_TRAIN_FIELDS, group_size=n)
+        self.status.running()
+        try:
+            step = steps.first_step()
+            while step < run.num_steps and not halt.is_set():
+                membership.safe_point(halt)
+                if steps.wait_for(step, halt, lambda: membership.safe_point(halt)):
+                    partition = partition_name(step)
+                    self.write_values(tq, critic, partition, run, membership, halt)
+                    for _ in range(run.num_iters_per_train_update):
+                        with span("claim", step):
+                            claimed = claim_global_batch(tq, partition, CRITIC_TRAIN_TASK, run.global_batch_size,
+                                                         c.lease_s, halt, lambda: membership.safe_point(halt))
+                        if claimed is None:
+                            break
+                        batch = tq.get(partition, claimed.rows, CRITIC_TRAIN_FIELDS)
+                        with span("train", step):
+                            m = critic_step(critic, optimizer, batch, run, run.micro_batch_size, c.device)
+                        tq.ack(claimed.lease_id)
+                        self.status.update(step=step, value_loss=m.loss)
+                        means = m.means()
+                        self.gauges["value_loss"].set(m.loss)
+                        self.gauges["value_clip_fraction"].set(means.get("value_clip_fraction", 0.0))
+                        self.gauges["grad_norm"].set(m.grad_norm)
+                        self.gauges["step"].set(step)
+                    if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
+                        save_checkpoint(c.checkpoint_dir, "critic", critic, optimizer, None, step + 1, 0)
+                    membership.progress(step=step)
+                step += 1
+        finally:
+            membership.close()
+            conn.close()
+
+    def write_values(self, tq: TransferQueue, critic, partition: str, run: RunConfig, membership, halt) -> None:
+        while not halt.is_set():
+            membership.safe_point(halt)
+            n = run.n_samples_per_prompt
+            batch = claim_or_done(tq, partition, CRITIC_VALUES_TASK, max(n, run.micro_batch_size // n * n),
+                                  self.config.lease_s)
+            if batch is None:
+                return
+            if not batch.rows:
+                continue
+            rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
+            with torch.no_grad():
+                critic.eval()
+                values = response_values(critic, rb.to_device(self.config.device)).cpu() * rb.mask
+            put_once(tq, partition, {"values": rb.to_ragged(values)}, batch.rows, run.n_samples_per_prompt)
+            tq.ack(batch)

@@ -1,0 +1,50 @@
+"""The TransferQueue tasks the trainer consumes, and how it claims a whole global batch of one."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from services.dcs.run_config import RunConfig
+from services.run_state.step_partitions import partition_gone
+from services.transferqueue.client.queue import TransferQueue
+from services.transferqueue.errors import TQError
+
+ACTOR_TASK = "actor_train"
+CRITIC_VALUES_TASK, CRITIC_TRAIN_TASK = "critic_values", "critic_train"
+
+
+def expected_tasks(run: RunConfig) -> list[str]:
+    """Every task that must consume a partition before it is cleared."""
+    tasks = [ACTOR_TASK, "advantage"]
+    if run.uses_actor_fwd:
+        tasks.append("actor_fwd")
+    if run.uses_reference:
+        tasks.append("reference")
+    if run.uses_critic:
+        tasks += [CRITIC_VALUES_TASK, CRITIC_TRAIN_TASK]
+    return tasks
+
+
+def claim_global_batch(tq: TransferQueue, partition: str, task: str, rows: int, lease_s: float,
+                       halt: threading.Event, idle: Callable[[], None] = lambda: None, claim_key: str = ""):
+    """Claim exactly `rows` rows (whole groups) without reading them, waiting while the partition fills;
+    None if halted or the partition ran out. `idle` runs between polls (a pause safe point).
+    Data-parallel ranks pass the leader's claim_key to get the same lease."""
+    while not halt.is_set():
+        idle()
+        try:
+            ready = tq.wait_ready(partition, task, rows, wait_s=2.0)
+        except TQError as exc:
+            if partition_gone(exc):
+                return None
+            raise
+        if ready.ready_rows >= rows:
+            claimed = tq.claim_rows(partition, task, rows, lease_s=lease_s, claim_key=claim_key)
+            if len(claimed.rows) == rows:
+                return claimed
+            if claimed.rows:
+                tq.release(claimed.lease_id)
+        elif ready.partition_complete:
+            return None
+    return None
