@@ -26,6 +26,11 @@ Also per mode (medians over reps of per-rep means over the measured steps), to s
   cpu_cores     CPU seconds of every process over the window / window (from /proc): on a small machine
                 the sum shows whether the machine, not the schedule, is the limit.
   staleness     trained samples by staleness (versions between generation start and training).
+  overlap       from the spans every service records (services/launch/timeline.py) over the same window:
+                each service's busy seconds and busy fraction (union of its working spans), each stage's
+                (generation = rollout + engines), the ideal-overlap bound (sum of stage busy / max stage
+                busy) and achieved overlap (sum of stage busy / window);
+                targets for fully_async: achieved >= 90% of the bound, every engine busy >= 90% of the window.
 Checks: every sample trained exactly once and no sample beyond its mode's staleness bound.
 
 Usage: python benchmarks/async_vs_colocate.py [--reps 5] [--steps 12] [--warmup 2] [--engines 1] ...
@@ -54,6 +59,7 @@ import time  # noqa: E402
 from services.algorithms.advantages import ESTIMATORS
 from services.dcs.run_config import RunConfig  # noqa: E402
 from services.launch.local_run import LocalRun  # noqa: E402
+from services.launch.timeline import fetch_spans, overlap_summary  # noqa: E402
 from services.model.init_model import init_model  # noqa: E402
 from services.run_state.trainer_progress import read_progress, trained_steps  # noqa: E402
 
@@ -144,6 +150,7 @@ def measure_run(args, model_dir: str, mode: str, log_dir: str) -> dict:
         ready = time.monotonic()
         pids = stack_pids(local)
         finished_at: dict[int, float] = {}
+        wall_at: dict[int, float] = {}  # the same instants in epoch seconds, the spans' clock
         cpu_at: dict[int, dict[str, float]] = {}
         seen = 0
         deadline = ready + args.timeout_s
@@ -161,12 +168,13 @@ def measure_run(args, model_dir: str, mode: str, log_dir: str) -> dict:
                             cpu_at[mark] = {n: cpu_seconds(p) for n, p in pids.items()}
                             cpu_at[mark]["machine"] = machine_busy_seconds()
                     for s in range(seen, next_step):
-                        finished_at[s] = now
+                        finished_at[s], wall_at[s] = now, time.time()
                     seen = next_step
                     continue
                 local.check_alive()
                 time.sleep(args.poll_ms / 1e3)
             steps = trained_steps(r, run.name)
+        spans = fetch_spans(local.service_urls())
         stopping = time.monotonic()
     stopped = time.monotonic()
 
@@ -215,6 +223,7 @@ def measure_run(args, model_dir: str, mode: str, log_dir: str) -> dict:
         "every_sample_once": len(all_ids) == len(set(all_ids)) == run.num_steps * run.rows_per_step,
         "max_staleness_seen": max_seen, "within_bound": max_seen <= run.max_staleness,
         "log_dir": log_dir,
+        "overlap": overlap_summary(spans, wall_at[first], wall_at[last]),
     }
 
 
@@ -228,6 +237,18 @@ def _r(x: float, nd: int = 3) -> float:
 def sample_median(hist: dict[str, int]) -> float:
     values = sorted(int(k) for k, n in hist.items() for _ in range(n))
     return float(statistics.median(values)) if values else 0.0
+
+
+def summarize_overlap(overlaps: list[dict]) -> dict:
+    """Medians over reps of each stage's busy seconds and fraction, the ideal-overlap bound and its share."""
+    med = statistics.median
+    lanes = sorted({k for o in overlaps for k in o["busy_s"]})
+    stages = sorted({k for o in overlaps for k in o["stage_busy_s"]})
+    return {"busy_s": {k: _r(med(o["busy_s"].get(k, 0.0) for o in overlaps)) for k in lanes},
+            "stage_busy_s": {k: _r(med(o["stage_busy_s"].get(k, 0.0) for o in overlaps)) for k in stages},
+            "busy_fraction": {k: _r(med(o["busy_fraction"].get(k, 0.0) for o in overlaps)) for k in lanes},
+            **{k: _r(med(o[k] for o in overlaps)) for k in ("ideal_overlap_bound", "achieved_overlap",
+                                                              "overlap_efficiency")}}
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -254,6 +275,7 @@ def summarize(runs: list[dict]) -> dict:
         "tokens_per_sample": _r(med(r["tokens_per_sample"] for r in runs), 2),
         "reward_mean": _r(med(r["reward_mean"] for r in runs)),
         "startup_s": _r(med(r["startup_s"] for r in runs), 1),
+        "overlap": summarize_overlap([r["overlap"] for r in runs]),
         "first_step_s": _r(med(r["first_step_s"] for r in runs), 2),
     }
     if runs[0]["cooldown"]:  # the same window extended to the last step, for comparison
@@ -332,11 +354,21 @@ def run_benchmark(args) -> dict:
         "ratio_async_over_colocate": {"samples_per_s": _r(a["samples_per_s"] / c["samples_per_s"]),
                                       "tokens_per_s": _r(a["tokens_per_s"] / c["tokens_per_s"]),
                                       "step_s_colocate_over_async": _r(c["step_s"] / a["step_s"])},
+        "targets": overlap_targets(a["overlap"]),
         "checks": {"every_sample_once": all(r["every_sample_once"] for r in every),
                    "within_staleness_bound": all(r["within_bound"] for r in every)},
         "reps_detail": reps,
         "runtime_s": round(time.perf_counter() - _T0, 1),
     }
+
+
+def overlap_targets(overlap: dict) -> dict:
+    """Fully-async reaches >= 90% of the ideal-overlap bound and keeps the engines >= 90% busy."""
+    engines = [v for k, v in overlap["busy_fraction"].items() if k.startswith("engine")]
+    engine_busy = min(engines) if engines else 0.0
+    return {"overlap_efficiency": overlap["overlap_efficiency"], "overlap_efficiency_min": 0.9,
+            "engine_busy_fraction": engine_busy, "engine_busy_fraction_min": 0.9,
+            "met": overlap["overlap_efficiency"] >= 0.9 and engine_busy >= 0.9}
 
 
 def parse_args(argv=None) -> argparse.Namespace:

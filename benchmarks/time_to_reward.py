@@ -278,7 +278,8 @@ def prepare(args, workdir: str) -> dict:
     with open(prompts_path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in train_rows)
     warm_dir = os.path.join(workdir, "warm")
-    sft = warm_start(base, warm_dir, train_rows, args.sft_steps, args.sft_batch_size, args.sft_lr, args.seed)
+    sft = warm_start(base, warm_dir, train_rows, args.sft_steps, args.sft_batch_size, args.sft_lr, args.seed,
+                     args.sft_target, train_rows[:64], max_new_tokens=args.max_new_tokens)
     tokenizer = AutoTokenizer.from_pretrained(warm_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(warm_dir, local_files_only=True, dtype=torch.float32)
     sft["eval_reward"] = greedy_eval(model, tokenizer, eval_rows, args.max_new_tokens)
@@ -378,9 +379,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=12)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--preset", default="small", choices=["tiny", "small"])
-    p.add_argument("--sft-steps", type=int, default=45, help="warm-start steps (default 45)")
+    p.add_argument("--sft-steps", type=int, default=300, help="most warm-start steps (default 300)")
+    p.add_argument("--sft-target", type=float, default=0.4,
+                   help="warm start stops at this greedy score on 64 training prompts (default 0.4)")
     p.add_argument("--sft-batch-size", type=int, default=32)
-    p.add_argument("--sft-lr", type=float, default=1e-3)
+    p.add_argument("--sft-lr", type=float, default=5e-4)
     p.add_argument("--n-train", type=int, default=4000, help="training prompts")
     p.add_argument("--n-eval", type=int, default=128, help="held-out prompts")
     p.add_argument("--workdir", default="", help="model, checkpoints and logs (default: a new temp dir)")

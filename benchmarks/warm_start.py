@@ -8,9 +8,10 @@ Prompts are encoded the way the rollout role encodes a text prompt (rollout.appl
 one user message, chat template, generation prompt); the model answers " b c a d" and then EOS.
 
 Warm start: a plain torch loop of next-token cross-entropy on the answer tokens (+ EOS) only, AdamW,
-one thread, from the random model written by `init_model`; saved as a Hugging Face directory with the
-tokenizer files, which both systems start from. It is deliberately short: the policy ends it knowing
-the format but not yet the task, so the reward has room to climb under RL.
+one thread, from the random model written by `init_model`, stopped as soon as the greedy score on a
+slice of the training prompts reaches a target (see warm_start()); saved as a Hugging Face directory
+with the tokenizer files, which both systems start from. It is deliberately short: the policy ends it
+knowing the format and part of the task, so the reward has room to climb under RL.
 
 Evaluation: greedy decoding (left-padded batches, `generate(do_sample=False)`, EOS stops) of a fixed
 held-out prompt set that is disjoint from the training prompts; the score is the mean exact_match.
@@ -84,9 +85,13 @@ def sft_batch(examples: list[tuple[list[int], int]], pad_id: int):
     return ids, mask, labels
 
 
-def warm_start(base_dir: str, out_dir: str, rows: list[dict], steps: int, batch_size: int, lr: float,
-               seed: int) -> dict:
-    """Supervised fine-tune of base_dir on rows; writes out_dir (model + tokenizer)."""
+def warm_start(base_dir: str, out_dir: str, rows: list[dict], max_steps: int, batch_size: int, lr: float,
+               seed: int, target: float, check_rows: list[dict], check_every: int = 5,
+               max_new_tokens: int = 12) -> dict:
+    """Supervised fine-tune of base_dir on rows until the greedy score on check_rows (training prompts,
+    not the held-out set) reaches target, checked every check_every steps, or max_steps; writes out_dir
+    (model + tokenizer). Reversal is learnt in a sudden jump whose step moves with the data order, so a
+    target, not a step count, is what makes the starting point of both RL runs comparable across seeds."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
@@ -96,21 +101,24 @@ def warm_start(base_dir: str, out_dir: str, rows: list[dict], steps: int, batch_
     examples = [sft_example(tokenizer, r) for r in rows]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
-    started, losses = time.perf_counter(), []
-    for _ in range(steps):
+    started, losses, score, step = time.perf_counter(), [], 0.0, 0
+    while step < max_steps and score < target:
         ids, mask, labels = sft_batch(rng.sample(examples, batch_size), tokenizer.pad_token_id)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
+        step += 1
+        if step % check_every == 0:
+            score = greedy_eval(model, tokenizer, check_rows, max_new_tokens)
     model.eval()
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    tail = losses[-10:]
-    return {"steps": steps, "batch_size": batch_size, "lr": lr, "seconds": round(time.perf_counter() - started, 2),
-            "final_loss": round(sum(tail) / len(tail), 4)}
+    tail = losses[-check_every:]
+    return {"steps": step, "batch_size": batch_size, "lr": lr, "target": target, "train_check_reward": score,
+            "seconds": round(time.perf_counter() - started, 2), "final_loss": round(sum(tail) / len(tail), 4)}
 
 
 @torch.no_grad()

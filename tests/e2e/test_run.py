@@ -101,8 +101,12 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
             loads = [(r.node_id, r.version) for r in dcs.sync_reports(200) if "load" in r.seconds]
         assert sorted(v for node, v in loads if topology.get(node) == "reference") == [2, 4]
         assert sorted(v for node, v in loads if topology.get(node) == "actor_fwd") == [1, 2, 3, 4]
-        status = httpx.get(lr.procs["rollout"].status_url + "/status").json()
-        assert status["ready"] and status["state"] == "finished"
+        # the rollout notices the trainer's last step on its next progress poll
+        deadline = time.monotonic() + 30
+        while (status := httpx.get(lr.procs["rollout"].status_url + "/status").json())["state"] != "finished":
+            assert time.monotonic() < deadline, status
+            time.sleep(0.1)
+        assert status["ready"]
         # every service recorded where its time went, tagged with steps and versions
         spans = fetch_spans(lr.service_urls())
         names = {lane: {s["name"] for s in lane_spans} for lane, lane_spans in spans.items()}

@@ -56,3 +56,8 @@ def test_step_table_and_overlap_bound():
     summary = overlap_summary(spans, 0, 5.5)
     assert summary["ideal_overlap_bound"] == pytest.approx(7.5 / 4.5, abs=1e-3)
     assert summary["achieved_overlap"] == pytest.approx(7.5 / 5.5, abs=1e-3)
+    # an engine is part of the generation stage with its rollout: their overlap counts once
+    spans["engine-0"] = [_s("generate", 0.5, 4.2)]
+    merged = overlap_summary(spans, 0, 5.5)
+    assert merged["stage_busy_s"] == {"generation": 4.5, "trainer": 3.0}
+    assert merged["busy_fraction"]["engine-0"] == pytest.approx(3.7 / 5.5, abs=1e-3)
