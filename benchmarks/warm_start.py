@@ -39,18 +39,18 @@ def make_splits(seed: int, n_train: int, n_eval: int) -> tuple[list[dict], list[
     """(train rows, held-out rows): distinct prompts, no prompt in both."""
     rng = random.Random(f"time-to-reward:{seed}")
     seen: set[str] = set()
-    held_out: list[dict] = []
-    while len(held_out) < n_eval:
-        row = reverse_row(rng)
-        if row["prompt"] not in seen:
-            seen.add(row["prompt"])
-            held_out.append(row)
-    train: list[dict] = []
-    while len(train) < n_train:
-        row = reverse_row(rng)
-        if row["prompt"] not in seen:
-            seen.add(row["prompt"])
-            train.append(row)
+
+    def distinct(n: int) -> list[dict]:
+        rows: list[dict] = []
+        while len(rows) < n:
+            row = reverse_row(rng)
+            if row["prompt"] not in seen:
+                seen.add(row["prompt"])
+                rows.append(row)
+        return rows
+
+    held_out = distinct(n_eval)  # drawn first, so the held-out set does not depend on n_train
+    train = distinct(n_train)
     return train, held_out
 
 
