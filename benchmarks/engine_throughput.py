@@ -9,7 +9,7 @@ random `sluice init-model` checkpoint, qwen2, --preset "small" (~3M parameters; 
 
 Measured, interleaved per repetition (one untimed warm-up repetition first, then the median of --reps):
   engine       `sluice engine` in its own process; this process sends all N requests at once (asyncio
-               httpx, one connection each) to POST /generate. Wall = first send to last response;
+               aiohttp, one connection each) to POST /generate. Wall = first send to last response;
                latency = each request's send to response. Its process's CPU seconds (/proc) are reported.
   hf_bucketed  transformers `model.generate` in this process, one left-padded greedy batch per output-length
                bucket (short <= 32, long > 32, short first), max_new_tokens = the bucket's longest, EOS off;
@@ -56,7 +56,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-import httpx  # noqa: E402
+import aiohttp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -122,25 +122,31 @@ def start_engine(model_dir: str, log_dir: str) -> tuple[ChildProcess, str]:
 
 
 async def _engine_round(url: str, workload: list[dict]) -> tuple[float, list[float], list[list[int]]]:
-    limits = httpx.Limits(max_connections=len(workload) + 4, max_keepalive_connections=len(workload) + 4)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as client:
+    # aiohttp, not httpx: 64 concurrent posts cost httpx's connection pool ~1.4 s of client CPU on this
+    # machine (aiohttp: 0.02 s), so an httpx client measured itself rather than the engine
+    connector = aiohttp.TCPConnector(limit=len(workload) + 4)
+    async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as client:
         async def one(req: dict) -> tuple[float, list[int]]:
             body = {"input_ids": req["prompt"],
                     "sampling_params": {"max_new_tokens": req["max_new_tokens"], "temperature": 0,
                                         "ignore_eos": True}}
             start = time.perf_counter()
-            r = await client.post("/generate", json=body)
+            async with client.post("/generate", json=body) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"engine answered {r.status}: {(await r.text())[:500]}")
+                out = await r.json()
             seconds = time.perf_counter() - start
-            if r.status_code != 200:
-                raise RuntimeError(f"engine answered {r.status_code}: {r.text[:500]}")
-            out = r.json()
             if out["meta_info"]["completion_tokens"] != req["max_new_tokens"]:
                 raise RuntimeError(f"engine generated {out['meta_info']['completion_tokens']} tokens, "
                                    f"asked {req['max_new_tokens']}")
             return seconds, out["output_ids"]
 
+        async def health() -> None:
+            async with client.get("/health") as r:
+                await r.read()
+
         # open the connections first, so connection setup is not inside the timing
-        await asyncio.gather(*(client.get("/health") for _ in workload))
+        await asyncio.gather(*(health() for _ in workload))
         start = time.perf_counter()
         results = await asyncio.gather(*(one(req) for req in workload))
         wall = time.perf_counter() - start

@@ -14,6 +14,7 @@ step computes with. Float32 logits match the HF model's own forward within ~1e-5
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -22,26 +23,61 @@ import torch.nn.functional as F
 from services.model.kv_pool import KVPool
 
 
-def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the weights (and biases) of several Linear layers and make each layer's parameters views
-    of the result: one matmul replaces several, and in-place loads into the layers land in the fused copy."""
-    weight = torch.cat([m.weight.detach() for m in linears])
+def _fuse_transposed(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights of several Linear layers concatenated and stored transposed, `[in, sum(out)]` contiguous,
+    with each layer's parameters turned into views of it: one matmul replaces several, and in-place loads into
+    the layers (the engine's weight sync) land in the fused copy. Transposed because `x @ w_t` with a
+    contiguous `w_t` is 15-20% faster than `F.linear(x, w)` for the few rows of a decode step (measured on
+    this project's CPU, MKL, 6 rows x 256 -> 1376)."""
+    weight_t = torch.cat([m.weight.detach() for m in linears]).t().contiguous()
     bias = torch.cat([m.bias.detach() for m in linears]) if linears[0].bias is not None else None
     offset = 0
     for m in linears:
         n = m.weight.shape[0]
-        m.weight = torch.nn.Parameter(weight[offset:offset + n], requires_grad=False)
+        m.weight = torch.nn.Parameter(weight_t[:, offset:offset + n].t(), requires_grad=False)
         if bias is not None:
             m.bias = torch.nn.Parameter(bias[offset:offset + n], requires_grad=False)
         offset += n
-    return weight, bias
+    return weight_t, bias
+
+
+def _matmul(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None,
+            residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight_t (+ bias) (+ residual): one BLAS call."""
+    if bias is not None:
+        return torch.addmm(bias, x, weight_t)
+    if residual is not None:
+        return torch.addmm(residual, x, weight_t)
+    return torch.mm(x, weight_t)
+
+
+def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's tensors, fused and transposed (views of them are the HF module's parameters)."""
+    input_norm: torch.nn.Module
+    qkv_t: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_t: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.nn.Module
+    gate_up_t: torch.Tensor
+    down_t: torch.Tensor
+    down_bias: torch.Tensor | None
+    act: object
+    scaling: float
+    keys: torch.Tensor            # this layer's KV pool as [slots * kv_heads * slot_len, head_dim] views
+    values: torch.Tensor
 
 
 @dataclass
 class _Group:
     """The sequences of one attention call: their slots, where their tokens sit in the flat batch, and the
     mask over key positions."""
-    token_rows: torch.Tensor      # [tokens] rows of the flat batch, in group order
+    token_rows: torch.Tensor | None  # [tokens] rows of the flat batch, in group order (None: all, in order)
     pad_index: tuple | None       # (sequence, offset) of each token in the padded [seqs, longest] layout
     slots: torch.Tensor | slice   # which pool slots (a slice when consecutive: a view, no copy)
     bias: torch.Tensor            # [seqs * kv_heads, group_heads * longest, key_len]: 0 attend, -inf not
@@ -61,13 +97,10 @@ class BatchedDecoder:
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.group_heads = self.heads // self.kv_heads
-        self.layers = []
-        for layer in self.inner.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv_w, qkv_b = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-            gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])
-            self.layers.append((layer.input_layernorm, qkv_w, qkv_b, attn.o_proj, layer.post_attention_layernorm,
-                                gate_up, mlp.down_proj, mlp.act_fn, attn.scaling))
+        self.layers = [self._fused_layer(i, layer) for i, layer in enumerate(self.inner.layers)]
+        tied = hf_model.lm_head.weight is self.inner.embed_tokens.weight
+        # a tied head stays as it is: the embedding lookup wants rows of the same tensor
+        self.lm_head_t = hf_model.lm_head.weight.t() if tied else _fuse_transposed([hf_model.lm_head])[0]
         positions = torch.arange(pool.slot_len, device=pool.keys.device)[None]
         probe = torch.zeros(1, 1, cfg.hidden_size, dtype=pool.keys.dtype, device=pool.keys.device)
         cos, sin = self.inner.rotary_emb(probe, positions)  # the model's own RoPE (scaling included)
@@ -76,6 +109,17 @@ class BatchedDecoder:
         self.swap = torch.cat([torch.arange(half, self.head_dim), torch.arange(half)]).to(probe.device)
         sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=probe.device, dtype=sin.dtype)
         self.cos, self.signed_sin = cos[0], sin[0] * sign
+        self.kv_head_index = torch.arange(self.kv_heads, device=probe.device)
+
+    def _fused_layer(self, index: int, layer) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv_t, qkv_b = _fuse_transposed([attn.q_proj, attn.k_proj, attn.v_proj])
+        gate_up_t, _ = _fuse_transposed([mlp.gate_proj, mlp.up_proj])
+        o_t, o_b = _fuse_transposed([attn.o_proj])
+        down_t, down_b = _fuse_transposed([mlp.down_proj])
+        return _Layer(layer.input_layernorm, qkv_t, qkv_b, o_t, o_b, layer.post_attention_layernorm, gate_up_t,
+                      down_t, down_b, mlp.act_fn, attn.scaling, self.pool.keys[index].view(-1, self.head_dim),
+                      self.pool.values[index].view(-1, self.head_dim))
 
     @torch.inference_mode()
     def forward(self, slots: list[int], new_tokens: list[list[int]],
@@ -90,57 +134,66 @@ class BatchedDecoder:
         if any(s + n > pool.slot_len for s, n in zip(starts, lengths)):
             raise ValueError(f"a sequence would exceed the context length {pool.slot_len}")
         device = pool.keys.device
-        flat = [t for tokens in new_tokens for t in tokens]
-        ids = torch.tensor(flat, dtype=torch.long, device=device)
-        positions = torch.tensor([p for s, n in zip(starts, lengths) for p in range(s, s + n)], device=device)
-        token_slots = torch.tensor([s for s, n in zip(slots, lengths) for _ in range(n)], device=device)
-        ends = torch.tensor(lengths).cumsum(0)
-        groups = self._groups(slots, starts, lengths, ends.tolist())
+        decode_only = all(n == 1 for n in lengths)
+        if decode_only:  # the common step: one token per sequence, no per-token expansion
+            index = torch.tensor([[t[0] for t in new_tokens], starts, slots], dtype=torch.long, device=device)
+        else:
+            index = torch.tensor([[t for tokens in new_tokens for t in tokens],
+                                  [p for s, n in zip(starts, lengths) for p in range(s, s + n)],
+                                  [s for s, n in zip(slots, lengths) for _ in range(n)]], dtype=torch.long,
+                                 device=device)
+        ids, positions, token_slots = index
+        ends = list(itertools.accumulate(lengths))
+        groups = self._groups(slots, starts, lengths, ends)
+        # where each token's keys and values go in a layer's flat [slots * kv_heads * slot_len, head_dim] view
+        kv_rows = ((token_slots[:, None] * self.kv_heads + self.kv_head_index) * pool.slot_len
+                   + positions[:, None]).reshape(-1)
         cos, sin = self.cos[positions][:, None, :], self.signed_sin[positions][:, None, :]
         hidden = F.embedding(ids, self.inner.embed_tokens.weight)
-        for index, layer in enumerate(self.layers):
-            hidden = self._layer(index, layer, hidden, cos, sin, positions, token_slots, groups)
+        for layer in self.layers:
+            hidden = self._layer(layer, hidden, cos, sin, kv_rows, groups)
         for s, start, n in zip(slots, starts, lengths):
             pool.lengths[s] = start + n
         norm = self.inner.norm
-        last = F.rms_norm(hidden[(ends - 1).to(device)], norm.weight.shape, norm.weight, norm.variance_epsilon)
-        logits = F.linear(last, self.hf.lm_head.weight)
+        last = hidden if decode_only else hidden[torch.tensor(ends, device=device) - 1]
+        logits = torch.mm(_rms_norm(last, norm), self.lm_head_t)
         full = {}
         for i, wanted in enumerate(full_logits or ()):
             if wanted:
-                rows = F.rms_norm(hidden[int(ends[i]) - lengths[i]:int(ends[i])], norm.weight.shape, norm.weight,
-                                  norm.variance_epsilon)
-                full[i] = F.linear(rows, self.hf.lm_head.weight)
+                full[i] = torch.mm(_rms_norm(hidden[ends[i] - lengths[i]:ends[i]], norm), self.lm_head_t)
         return logits, full
 
-    def _layer(self, index, layer, hidden, cos, sin, positions, token_slots, groups) -> torch.Tensor:
-        norm_in, qkv_w, qkv_b, o_proj, norm_post, gate_up, down, act, scaling = layer
-        x = F.rms_norm(hidden, norm_in.weight.shape, norm_in.weight, norm_in.variance_epsilon)
-        qkv = F.linear(x, qkv_w, qkv_b).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
+    def _layer(self, layer: _Layer, hidden, cos, sin, kv_rows, groups) -> torch.Tensor:
+        x = _rms_norm(hidden, layer.input_norm)
+        qkv = _matmul(x, layer.qkv_t, layer.qkv_bias).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
         rotated = self.heads + self.kv_heads  # RoPE on q and k together: one set of ops
         qk = qkv[:, :rotated]
         qk = torch.addcmul(qk * cos, qk[..., self.swap], sin)
-        q, k, v = qk[:, :self.heads], qk[:, self.heads:], qkv[:, rotated:]
-        self.pool.keys[index][token_slots, :, positions] = k
-        self.pool.values[index][token_slots, :, positions] = v
+        q = qk[:, :self.heads]
+        layer.keys.index_copy_(0, kv_rows, qk[:, self.heads:].reshape(-1, self.head_dim))
+        layer.values.index_copy_(0, kv_rows, qkv[:, rotated:].reshape(-1, self.head_dim))
         if len(groups) == 1:  # every token in one group, in flat order
-            out = self._attend(index, q, groups[0], scaling)
+            out = self._attend(layer, q, groups[0])
         else:
             out = torch.empty(q.shape[0], self.heads * self.head_dim, dtype=q.dtype, device=q.device)
             for group in groups:
-                out[group.token_rows] = self._attend(index, q[group.token_rows], group, scaling)
-        hidden = hidden + F.linear(out, o_proj.weight, o_proj.bias)
-        x = F.rms_norm(hidden, norm_post.weight.shape, norm_post.weight, norm_post.variance_epsilon)
-        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-        return hidden + F.linear(act(gate) * up, down.weight, down.bias)
+                out[group.token_rows] = self._attend(layer, q[group.token_rows], group)
+        hidden = _matmul(out, layer.o_t, layer.o_bias, residual=hidden) if layer.o_bias is None else \
+            hidden + _matmul(out, layer.o_t, layer.o_bias)
+        x = _rms_norm(hidden, layer.post_norm)
+        gate, up = torch.mm(x, layer.gate_up_t).chunk(2, dim=-1)
+        mlp = layer.act(gate).mul_(up)
+        if layer.down_bias is None:
+            return _matmul(mlp, layer.down_t, residual=hidden)
+        return hidden + _matmul(mlp, layer.down_t, layer.down_bias)
 
-    def _attend(self, index: int, q: torch.Tensor, group: _Group, scaling: float) -> torch.Tensor:
+    def _attend(self, layer: _Layer, q: torch.Tensor, group: _Group) -> torch.Tensor:
         """softmax(q k^T * scaling + bias) v for one group, as two batched matmuls over (sequence, KV head);
         grouped-query heads share their KV head (a view, not a copy).
         q: [tokens, heads, head_dim] -> [tokens, heads * head_dim]."""
         kv, gh, d, n = self.kv_heads, self.group_heads, self.head_dim, group.seqs
-        keys = self.pool.keys[index][group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
-        values = self.pool.values[index][group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
+        keys = layer.keys.view(self.pool.keys.shape[1:])[group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
+        values = layer.values.view(self.pool.keys.shape[1:])[group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
         if group.pad_index is None:  # one token per sequence: the flat rows are the batch
             padded = q.reshape(n * kv, gh, d)
         else:
@@ -148,7 +201,7 @@ class BatchedDecoder:
             padded[group.pad_index] = q
             padded = padded.view(n, group.longest, kv, gh, d).permute(0, 2, 3, 1, 4)
             padded = padded.reshape(n * kv, gh * group.longest, d)
-        scores = torch.baddbmm(group.bias, padded, keys.transpose(1, 2), alpha=scaling)
+        scores = torch.baddbmm(group.bias, padded, keys.transpose(1, 2), alpha=layer.scaling)
         attended = torch.bmm(torch.softmax(scores, dim=-1), values)  # [n * kv, gh * longest, d]
         if group.pad_index is None:
             return attended.view(n, self.heads * d)
@@ -169,19 +222,24 @@ class BatchedDecoder:
             consecutive = member_slots == list(range(first, first + len(members)))
             longest = max(lengths[i] for i in members)
             key_len = max(starts[i] + lengths[i] for i in members)
-            rows = [r for i in members for r in range(ends[i] - lengths[i], ends[i])]
             key_pos = torch.arange(key_len, device=device)
             start_t = torch.tensor([starts[i] for i in members], device=device)
-            query_pos = start_t[:, None] + torch.arange(longest, device=device)[None, :]  # [seqs, longest]
-            mask = key_pos[None, None, :] <= query_pos[:, :, None]                          # [seqs, longest, keys]
+            if longest == 1:  # decode: each sequence sees its keys up to its own position
+                mask = (key_pos[None, :] <= start_t[:, None])[:, None, :]
+            else:
+                query_pos = start_t[:, None] + torch.arange(longest, device=device)[None, :]  # [seqs, longest]
+                mask = key_pos[None, None, :] <= query_pos[:, :, None]                      # [seqs, longest, keys]
             bias = torch.zeros(mask.shape, dtype=self.pool.keys.dtype, device=device).masked_fill_(~mask, float("-inf"))
             bias = bias[:, None, None].expand(-1, self.kv_heads, self.group_heads, -1, -1)
             pad_index = None
             if longest > 1:
                 pad_index = (torch.tensor([k for k, i in enumerate(members) for _ in range(lengths[i])], device=device),
                              torch.tensor([j for i in members for j in range(lengths[i])], device=device))
+            rows = None
+            if len(members) < len(lengths):  # the other group has tokens too: say which rows are ours
+                rows = torch.tensor([r for i in members for r in range(ends[i] - lengths[i], ends[i])], device=device)
             groups.append(_Group(
-                token_rows=torch.tensor(rows, device=device), pad_index=pad_index,
+                token_rows=rows, pad_index=pad_index,
                 slots=slice(first, first + len(members)) if consecutive else torch.tensor(member_slots, device=device),
                 bias=bias.reshape(len(members) * self.kv_heads, self.group_heads * longest, key_len), seqs=len(members),
                 longest=longest, key_len=key_len))

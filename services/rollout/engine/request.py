@@ -45,6 +45,8 @@ class Generation:
 
     def pending(self) -> list[int]:
         """Tokens not yet in the KV cache: the prompt (+ output after a retract) at first, then the last one."""
+        if self.output and self.cached == len(self.prompt) + len(self.output) - 1:
+            return self.output[-1:]  # decoding: no copy of prompt + output every step
         return self.tokens[self.cached:]
 
     @property
