@@ -88,7 +88,8 @@ def build_run(args, model_dir: str, mode: str) -> RunConfig:
                      n_samples_per_prompt=args.n_samples, rollout_batch_size=args.groups_per_step,
                      global_batch_size=rows, micro_batch_size=micro, num_steps=args.steps,
                      algorithm={"estimator": args.estimator},
-                     rollout={"prompts": args.prompts, "max_new_tokens": args.max_new_tokens},
+                     rollout={"prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+                              "max_groups_in_flight": args.max_groups_in_flight},
                      optim={"lr": args.lr})
 
 
@@ -384,6 +385,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-samples", type=int, default=4, help="samples per prompt (default 4)")
     p.add_argument("--groups-per-step", type=int, default=4, help="prompt groups per step (default 4)")
     p.add_argument("--micro-batch-size", type=int, default=0, help="0 = min(rows per step, 8) if it divides them")
+    p.add_argument("--max-groups-in-flight", type=int, default=0,
+                   help="rollout.max_groups_in_flight (0 = the run default, 2 steps' worth)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--engines", type=int, default=1, help="built-in engine processes (default 1)")

@@ -52,7 +52,8 @@ def build_run(args, model_dir: str) -> RunConfig:
                      n_samples_per_prompt=args.n_samples, rollout_batch_size=args.groups_per_step,
                      global_batch_size=rows, micro_batch_size=min(rows, 8), num_steps=args.steps,
                      algorithm={"estimator": "grpo"},
-                     rollout={"prompts": "demo:letters", "max_new_tokens": args.max_new_tokens},
+                     rollout={"prompts": "demo:letters", "max_new_tokens": args.max_new_tokens,
+                              "max_groups_in_flight": args.max_groups_in_flight},
                      optim={"lr": args.lr})
 
 
@@ -90,6 +91,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the summary (start-up)")
     p.add_argument("--groups-per-step", type=int, default=4)
     p.add_argument("--n-samples", type=int, default=4)
+    p.add_argument("--max-groups-in-flight", type=int, default=0,
+                   help="rollout.max_groups_in_flight (0 = the run default, 2 steps' worth)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--engines", type=int, default=1)

@@ -20,8 +20,10 @@ class RolloutConfig(RoleSettings):
                                                      "updates their weights); off when they register themselves")
     port: int = Field(7500, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
     request_timeout_s: float = Field(600.0, gt=0, description="deadline of one generate request")
-    version_poll_s: float = Field(0.05, gt=0, description="how often engine weight versions are read (a new "
-                                  "version admits the next groups at once)")
+    version_poll_s: float = Field(0.05, gt=0, description="how often the weight version of an engine without a "
+                                  "long poll (SGLang) is read (a new version admits the next groups at once)")
+    version_wait_s: float = Field(5.0, gt=0, le=60, description="how long one long poll of the built-in engine's "
+                                  "weight version may wait for it to move")
 
     @property
     def engine_urls(self) -> list[str]:

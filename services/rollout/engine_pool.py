@@ -1,5 +1,5 @@
 """The rollout's engines: requests balanced across them (least in flight), their weight versions
-polled, and partial rollout: a sample whose request was aborted by a weight update (pause mode
+watched (a long poll where the engine offers one), and partial rollout: a sample whose request was aborted by a weight update (pause mode
 abort) is resubmitted as prompt + partial output under the new weights, keeping the version spans
 of every part."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import httpx
 
@@ -69,18 +70,33 @@ class EnginePool:
         """The version new requests begin under: only engines at the newest version get them (_pick)."""
         return self.newest
 
-    async def refresh_versions(self) -> int:
-        async def one(i: int) -> None:
+    async def watch_versions(self, wait_s: float, poll_s: float, on_change: Callable[[], None]) -> None:
+        """Keep every engine's version current until cancelled, calling on_change when one moves. An engine
+        that holds a long poll (the built-in engine) answers the moment its version moves; one that answers
+        at once (SGLang) is asked again every poll_s."""
+        await asyncio.gather(*(self._watch(i, wait_s, poll_s, on_change) for i in range(len(self.engines))))
+
+    async def _watch(self, i: int, wait_s: float, poll_s: float, on_change: Callable[[], None]) -> None:
+        seen: str | None = None
+        while True:
+            began = time.monotonic()
             try:
-                self.versions[i] = parse_version(await asyncio.to_thread(self.engines[i].weight_version))
+                raw = await self.engines[i].wait_weight_version(seen, wait_s)
+                self.versions[i] = parse_version(raw)
                 self.newest = max(self.newest, self.versions[i])
                 self.reachable[i] = True
             except (httpx.HTTPError, SGLangError) as exc:
                 if self.reachable[i]:
                     log.warning("engine unreachable", extra={"engine": self.urls[i], "error": str(exc)})
-                self.reachable[i] = False
-        await asyncio.gather(*(one(i) for i in range(len(self.engines))))
-        return self.serving_version
+                    self.reachable[i] = False
+                    on_change()
+                raw = seen
+                await asyncio.sleep(poll_s)
+            if raw != seen:
+                seen = raw
+                on_change()
+            elif time.monotonic() - began < min(wait_s / 2, poll_s):  # no long poll there: poll
+                await asyncio.sleep(poll_s)
 
     def _pick(self) -> int | None:
         """The least-loaded engine that is reachable and serves the newest weights seen; None if no

@@ -186,18 +186,28 @@ class RolloutService:
                          self.groups_per_step)
 
     async def _poll_versions(self, stop: asyncio.Event) -> None:
-        seen = None
-        while not stop.is_set():
-            version = await self.pool.refresh_versions()
-            if version != seen:
-                seen = version
-                self.version_moved.set()
-            self.memberships[0].progress(weight_version=version)
-            for m, engine_version, reachable in zip(self.memberships[1:], self.pool.versions, self.pool.reachable):
-                m.progress(weight_version=engine_version)  # each engine its own
-                m.suspended = not reachable  # a dead engine must drop out of the next weight sync
-            self.status.update(engine_version=version, requests=self.pool.requests, resubmits=self.pool.resubmits)
-            await asyncio.sleep(self.config.version_poll_s)
+        """Engine versions as they move (admission wakes at once), and this rollout's progress reports."""
+        def moved() -> None:
+            self.version_moved.set()
+            self._report_versions()
+        watcher = asyncio.create_task(self.pool.watch_versions(
+            self.config.version_wait_s, self.config.version_poll_s, moved))
+        try:
+            while not stop.is_set():
+                if watcher.done():
+                    watcher.result()  # it never ends on its own: surface its error
+                self._report_versions()
+                await asyncio.sleep(max(self.config.version_poll_s, 0.25))
+        finally:
+            watcher.cancel()
+
+    def _report_versions(self) -> None:
+        version = self.pool.serving_version
+        self.memberships[0].progress(weight_version=version)
+        for m, engine_version, reachable in zip(self.memberships[1:], self.pool.versions, self.pool.reachable):
+            m.progress(weight_version=engine_version)  # each engine its own
+            m.suspended = not reachable  # a dead engine must drop out of the next weight sync
+        self.status.update(engine_version=version, requests=self.pool.requests, resubmits=self.pool.resubmits)
 
     # ------------------------------------------------------------------ one group
 

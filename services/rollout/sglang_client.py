@@ -10,6 +10,7 @@ Differences are discovered by asking (404 / 4xx on the newer form), once, and re
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
@@ -48,6 +49,7 @@ class SGLangClient:
         self._pause_takes_mode: bool | None = None
         self._needs_begin_end: bool | None = None
         self._version_endpoint: str | None = None
+        self._live_update: bool | None = None
 
     def close(self) -> None:
         self._http.close()
@@ -96,6 +98,33 @@ class SGLangClient:
             raise SGLangError("weight_version", 404, "no endpoint reports weight_version")
         return str(self._check(self._version_endpoint, self._http.get(self._version_endpoint))["weight_version"])
 
+    async def wait_weight_version(self, newer_than: str | None, wait_s: float) -> str:
+        """The version, as a long poll where the server offers one: the built-in engine answers once its
+        version differs from `newer_than` (or after wait_s); SGLang ignores the parameters and answers at
+        once, so a caller that got the same version back quickly should wait before asking again."""
+        if self._version_endpoint is None:
+            return await asyncio.to_thread(self.weight_version)  # finds the endpoint this release has
+        params = {"newer_than": newer_than, "wait_s": wait_s} if newer_than is not None and wait_s > 0 else None
+        response = await self._async_http().get(self._version_endpoint, params=params,
+                                                timeout=httpx.Timeout(self._timeout_s, read=wait_s + 10))
+        return str(self._check(self._version_endpoint, response)["weight_version"])
+
+    def _async_http(self) -> httpx.AsyncClient:
+        if self._ahttp is None:
+            self._ahttp = httpx.AsyncClient(base_url=self.base_url, headers=self._headers,
+                                            timeout=httpx.Timeout(self._timeout_s, read=None))
+        return self._ahttp
+
+    def live_weight_update(self) -> bool:
+        """Whether the server loads a weight update between two steps while it keeps generating (the
+        built-in engine says so in its model info), so it need not be paused for one. Asked once."""
+        if self._live_update is None:
+            try:
+                self._live_update = bool(self.model_info().get("live_weight_update", False))
+            except (httpx.HTTPError, SGLangError, ValueError):
+                self._live_update = False
+        return self._live_update
+
     def model_info(self) -> dict:
         for endpoint in ("/model_info", "/get_model_info"):
             response = self._http.get(endpoint)
@@ -115,14 +144,11 @@ class SGLangClient:
         """Several samples in one /generate call (one input, sampling_params and rid each), in input order.
         Identical inputs, such as the samples of one prompt, share their prefill: the built-in engine copies
         the prompt's KV, SGLang's radix cache reuses it."""
-        if self._ahttp is None:
-            self._ahttp = httpx.AsyncClient(base_url=self.base_url, headers=self._headers,
-                                            timeout=httpx.Timeout(self._timeout_s, read=None))
         body = {"input_ids": [list(x) for x in inputs], "sampling_params": list(sampling_params),
                 "return_logprob": True}
         if rids is not None:
             body["rid"] = list(rids)
-        data = self._check("/generate", await self._ahttp.post("/generate", json=body)).get("data")
+        data = self._check("/generate", await self._async_http().post("/generate", json=body)).get("data")
         if not isinstance(data, list) or len(data) != len(inputs):
             raise SGLangError("/generate", 200, f"expected {len(inputs)} results in a list")
         return [self._generation(item) for item in data]

@@ -20,9 +20,11 @@ class TrainerConfig(RoleSettings):
     master_address: str = Field("127.0.0.1", description="address receivers reach this trainer's broadcast group at")
     bucket_mb: int = Field(64, ge=1, description="weight-sync bucket size (MiB)")
     weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
-    pause_mode: str = Field("abort", pattern="^(abort|in_place|retract)$", description=(
+    pause_mode: str = Field("auto", pattern="^(auto|abort|in_place|retract|none)$", description=(
         "how engines pause for a weight update: abort (requests resume as partial rollouts), in_place "
-        "(frozen with their KV cache), retract (requeued, KV recomputed)"))
+        "(frozen with their KV cache), retract (requeued, KV recomputed), none (no pause: the built-in "
+        "engine keeps generating while it receives and loads the version between two steps), auto (none for "
+        "the built-in engine, abort for SGLang servers)"))
     dp_size: int = Field(1, ge=1, description="data-parallel actor ranks (one process each)")
     dp_rank: int = Field(0, ge=0, description="this process's data-parallel rank; rank 0 leads (claims, "
                                               "publishes, checkpoints)")

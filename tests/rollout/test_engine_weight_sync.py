@@ -68,3 +68,59 @@ def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights
         assert '"msg": "engine stopped"' in proc.log_tail()
     finally:
         proc.stop()
+
+
+def test_live_update_keeps_generating_and_wakes_version_long_polls(tiny_model_dir, tmp_path):
+    """pause_mode auto on the built-in engine: no pause; a request running across the update keeps going and
+    reports both versions; a long poll of /weight_version answers the moment the version moves; a waiting
+    long poll does not hold up SIGTERM."""
+    import threading
+    import time
+
+    other = load_causal_lm(init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=98))[0]
+    proc, url = start_engine(tiny_model_dir, tmp_path)
+    try:
+        engine = SGLangClient(url)
+        assert engine.live_weight_update()
+        with LocalDCS(log_dir=str(tmp_path)) as local, DCSClient(local.url) as dcs:
+            port = int(url.rsplit(":", 1)[1])
+            dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": port}, run_id="w"))
+            trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="w"))
+            publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", bucket_bytes=20_000, timeout_s=20,
+                                        receiver_roles=["engine"], pause_mode="auto")
+            polled: dict = {}
+
+            def long_poll():
+                began = time.monotonic()
+                r = httpx.get(url + "/weight_version", params={"newer_than": "default", "wait_s": 30}, timeout=60)
+                polled.update(version=r.json()["weight_version"], seconds=time.monotonic() - began)
+
+            poller = threading.Thread(target=long_poll)
+            poller.start()
+            from tests.rollout.test_engine import LONG, _Streaming
+            crossing = _Streaming(url, input_ids=[11, 22, 33], sampling_params=LONG)
+            assert crossing.started.wait(30)
+            result = publisher.publish(other.state_dict().items(), 1)  # several buckets, loaded at once
+            assert result.ok and len({e.bucket for e in dcs.weights(1).tensors}) > 1
+            poller.join(30)
+            assert polled["version"] == "1" and polled["seconds"] < 25  # woken by the update, not the timeout
+            ids, meta = crossing.result()
+            spans = meta["weight_versions"]
+            assert [s["version"] for s in spans] == ["default", "1"]  # never paused: no abort, one request
+            assert meta["finish_reason"]["type"] == "length"
+            # no pause was recorded by the engine: it generated through the update
+            assert not [s for s in httpx.get(url + "/spans").json()["spans"] if s["name"] == "pause"]
+            assert _greedy(url, [11, 22, 33]) == other.generate(
+                torch.tensor([[11, 22, 33]]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                pad_token_id=0)[0, 3:].tolist()
+            publisher.close()
+        waiting = threading.Thread(target=lambda: httpx.get(
+            url + "/weight_version", params={"newer_than": "1", "wait_s": 60}, timeout=90))
+        waiting.start()
+        time.sleep(0.5)
+        began = time.monotonic()
+        assert proc.stop() == 0
+        assert time.monotonic() - began < 20  # the long poll answered at shutdown
+        waiting.join(30)
+    finally:
+        proc.stop()

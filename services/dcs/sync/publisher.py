@@ -5,8 +5,9 @@
     pack     : copy tensors into flat bucket k+1 on a worker thread ...
     broadcast: ... while bucket k is broadcast (rank 0 is the only source)
 
-Rollout engines in the group are driven through the SGLang protocol (SGLANG_PROTOCOL.md): pause,
-init the update group once per group, per bucket an /update_weights_from_distributed call naming the
+Rollout engines in the group are driven through the SGLang protocol (docs/engine.md): pause (not with pause
+mode "none", nor with "auto" for an engine that loads updates between steps while it generates: the built-in
+engine), init the update group once per group, per bucket an /update_weights_from_distributed call naming the
 bucket's tensors while the same tensors are broadcast one by one in the same order, and
 /continue_generation always, in a finally. With engines present the whole group uses that per-tensor
 transfer; without them one broadcast per flat bucket.
@@ -28,7 +29,7 @@ from services.dcs.client import DCSClient
 from services.dcs.models import SyncGroupRequest, SyncReport, WeightMetadata
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, pack, plan_buckets
-from services.rollout.sglang_client import PauseMode, SGLangClient
+from services.rollout.sglang_client import SGLangClient
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def _free_port(host: str) -> int:
 class WeightPublisher:
     def __init__(self, dcs: DCSClient, node_id: str, master_address: str, bucket_bytes: int = 64 << 20,
                  timeout_s: float = 60.0, receiver_roles: Iterable[str] = ("engine", "actor_fwd", "reference"),
-                 backend: str = "gloo", engine_role: str = "engine", pause_mode: PauseMode = "abort"):
+                 backend: str = "gloo", engine_role: str = "engine", pause_mode: str = "abort"):
         self.dcs = dcs
         self.node_id = node_id
         self.master_address = master_address
@@ -94,6 +95,13 @@ class WeightPublisher:
     def _engine_members(self, spec) -> list:
         return [m for m in spec.members if m.role == self.engine_role]
 
+    def _mode(self, engine: SGLangClient) -> str:
+        """How this engine is paused for an update: the configured mode; "auto" = none for an engine that
+        loads updates between steps while generating (the built-in engine), abort for others (SGLang)."""
+        if self.pause_mode != "auto":
+            return self.pause_mode
+        return "none" if engine.live_weight_update() else "abort"
+
     def _each_engine(self, call) -> None:
         """Run call(member, client) for every engine concurrently; raise the first failure."""
         futures = [self._http.submit(call, m, self._engines[m.node_id]) for m in self._current_engines]
@@ -125,7 +133,8 @@ class WeightPublisher:
                 # announced, so no receiver starts waiting on a broadcast that will not come
                 if self._current_engines:
                     self._connect_engines(group_spec)
-                    self._each_engine(lambda m, e: (e.pause(self.pause_mode), paused.append(e)))
+                    self._each_engine(lambda m, e: self._mode(e) != "none" and (e.pause(self._mode(e)),
+                                                                                 paused.append(e)))
                 if announce:
                     self.dcs.publish_weights(WeightMetadata(version=version, tensors=entries, bucket_bytes=sizes,
                                                             publisher=self.node_id, sync_group=group_spec,
@@ -226,7 +235,8 @@ class WeightPublisher:
                 calls = [self._http.submit(self._engines[m.node_id].update_weights_from_distributed,
                                            [e.name for e in bucket], [e.dtype for e in bucket],
                                            [e.shape for e in bucket], self._group.name, version,
-                                           self.pause_mode != "in_place", self.timeout_s)
+                                           self._mode(self._engines[m.node_id]) not in ("in_place", "none"),
+                                           self.timeout_s)
                          for m in self._current_engines]
                 for e in bucket:  # typed, as the engine allocates it (NCCL matches dtype and count)
                     self._group.broadcast(flat[e.offset:e.offset + e.nbytes].view(TORCH_DTYPES[e.dtype]), 0)

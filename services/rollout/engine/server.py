@@ -7,16 +7,15 @@ import asyncio
 import json
 import logging
 import time
+from typing import Callable
 
 import torch
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 from pydantic import ValidationError
 
 from services.dcs.sync.groups import BroadcastGroup
-from services.dcs.sync.layout import TORCH_DTYPES
-from services.dcs.sync.receiver import load_into
 from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
 from services.model.loading import load_causal_lm
@@ -24,6 +23,7 @@ from services.rollout.engine.config import EngineConfig
 from services.rollout.engine.request import Generation, new_rid, share_prompts
 from services.rollout.engine.sampling import SamplingParams
 from services.rollout.engine.scheduler import Scheduler
+from services.rollout.engine.weight_updates import WeightUpdates
 from services.runtime.http_service import serve_http
 from services.runtime.spans import RECORDER
 
@@ -52,46 +52,48 @@ class Engine:
         self.model, self.tokenizer = load_causal_lm(config.model, config.dtype, config.device)
         self.pool = make_pool(self.model, config)
         self.scheduler = Scheduler(BatchedDecoder(self.model, self.pool), self.tokenizer, config.chunked_prefill_size)
-        self.groups: dict[str, BroadcastGroup] = {}
-        self.staged: dict[str, torch.Tensor] = {}
+        self.version_moved = VersionWatch()
+        self.weights = WeightUpdates(self.model, self.scheduler, config.device, self.version_moved.fire_threadsafe)
         RUNNING.set_function(lambda: len(self.scheduler.running) + len(self.scheduler.frozen))
         WAITING.set_function(lambda: len(self.scheduler.waiting))
         STEPS.set_function(lambda: self.scheduler.steps)
         KV_USED.set_function(lambda: self.pool.slots - self.pool.free_slots)
-        self.staged_version: str | None = None
 
-    # engine thread -----------------------------------------------------------------------------
-    def receive(self, body: dict) -> str:
-        began = time.time()
-        group = self.groups.get(body["group_name"])
-        if group is None:
-            raise ValueError(f"no weight update group {body['group_name']!r}; call /init_weights_update_group")
-        try:
-            for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
-                tensor = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=self.config.device)
-                group.broadcast(tensor, 0)
-                self.staged[name] = tensor
-        except Exception:
-            self.staged.clear()  # nothing of a failed update is ever loaded
-            self.staged_version = None
-            raise
-        self.staged_version = body.get("weight_version") or self.staged_version
-        RECORDER.record("weight_load", began, time.time(), version=self.staged_version)
-        if not self.scheduler.paused:
-            return self.apply()
-        return "staged"
 
-    def apply(self) -> str:
-        """Load every staged tensor at once (called between steps), then set the version."""
-        if not self.staged:
-            return "nothing staged"
-        load_into(self.model, self.staged)
-        count = len(self.staged)
-        self.staged = {}
-        if self.staged_version is not None:
-            self.scheduler.weight_version = str(self.staged_version)
-        self.staged_version = None
-        return f"loaded {count} tensors"
+class VersionWatch:
+    """Wakes long polls of /weight_version when the engine's weight version changes (fired from the
+    engine thread)."""
+
+    def __init__(self):
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._event = asyncio.Event()
+        self.closed = False  # shutting down: waiters answer now rather than hold the server open
+
+    def fire_threadsafe(self) -> None:
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def close_when(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self.closed = True
+        self._fire()
+
+    async def wait(self, current: Callable[[], str], newer_than: str, wait_s: float) -> str:
+        """The version once it differs from `newer_than`, or after wait_s, whichever comes first."""
+        deadline = time.monotonic() + wait_s
+        while current() == newer_than and not self.closed and (left := deadline - time.monotonic()) > 0:
+            event = self._event
+            if current() != newer_than:
+                break
+            try:
+                await asyncio.wait_for(event.wait(), left)
+            except TimeoutError:
+                break
+        return current()
 
 
 def make_pool(model, config: EngineConfig) -> KVPool:
@@ -281,7 +283,7 @@ def build_app(engine: Engine) -> FastAPI:
     @app.post("/continue_generation")
     async def cont():
         def resume():
-            engine.apply()  # weights staged while paused go live before anything runs again
+            engine.weights.load()  # weights staged while paused go live before anything runs again
             sched.resume()
         await run_control(resume)
         return {"message": "continued", "status": "ok"}
@@ -303,38 +305,53 @@ def build_app(engine: Engine) -> FastAPI:
                 engine.config.weight_sync_timeout_s))
         except Exception as exc:
             return _control_result(f"failed to join the weight update group: {exc}", ok=False)
-        engine.groups[group.name] = group
+        engine.weights.groups[group.name] = group
         return _control_result(f"joined {group.name} as rank {group.rank}")
 
     @app.post("/destroy_weights_update_group")
     async def destroy_group(body: dict):
-        group = engine.groups.pop(body.get("group_name", "weight_update_group"), None)
+        group = engine.weights.groups.pop(body.get("group_name", "weight_update_group"), None)
         if group is None:
             return _control_result("no such group", ok=False)
         group.close()
         return _control_result("destroyed")
+
+    @app.post("/begin_weight_update")
+    async def begin_update():
+        return _control_result(engine.weights.begin())
+
+    @app.post("/end_weight_update")
+    async def end_update():
+        return _control_result(await run_control(engine.weights.end))
 
     @app.post("/update_weights_from_distributed")
     async def update(body: dict):
         if body.get("flush_cache", True) and sched.frozen:
             return _control_result("flush_cache is not allowed while in_place-paused requests hold KV; "
                                    "send flush_cache: false", ok=False)
-        try:
-            message = await run_control(lambda: engine.receive(body))
+        try:  # received off the engine thread: decoding goes on during the transfer
+            await asyncio.get_running_loop().run_in_executor(None, engine.weights.receive, body)
+            message = await run_control(engine.weights.load_unless_held)
         except Exception as exc:
             return _control_result(f"update failed; the previous weights keep serving: {exc}", ok=False)
         return _control_result(message)
 
     @app.get("/get_weight_version")
     @app.get("/weight_version")
-    async def weight_version():
+    async def weight_version(newer_than: str | None = None, wait_s: float = Query(0.0, ge=0.0, le=60.0)):
+        """With `newer_than` (a Sluice extension; SGLang ignores it and answers at once): a long poll that
+        answers when the version differs from it, or after wait_s seconds."""
+        if newer_than is not None and wait_s > 0:
+            return {"weight_version": await engine.version_moved.wait(lambda: sched.weight_version, newer_than,
+                                                                      wait_s)}
         return {"weight_version": sched.weight_version}
 
     @app.get("/get_model_info")
     @app.get("/model_info")
     async def model_info():
         return {"model_path": engine.config.model, "tokenizer_path": engine.config.model, "is_generation": True,
-                "weight_version": sched.weight_version}
+                "weight_version": sched.weight_version,
+                "live_weight_update": True}  # loads updates between steps: no pause needed (weight_updates.py)
 
     @app.get("/health")
     async def health():
@@ -355,10 +372,13 @@ def build_app(engine: Engine) -> FastAPI:
 async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
     torch.set_num_threads(1)
     engine = await asyncio.get_running_loop().run_in_executor(None, Engine, config)
+    engine.version_moved.loop = asyncio.get_running_loop()
+    closer = asyncio.create_task(engine.version_moved.close_when(stop))
     engine.scheduler.start()
     log.info("engine serving", extra={"port": config.port, "model": config.model})
     try:
         await serve_http(build_app(engine), config.host, config.port, stop)
     finally:
+        closer.cancel()
         engine.scheduler.stop()
         log.info("engine stopped")

@@ -1,0 +1,97 @@
+"""The built-in engine's side of SGLang's distributed weight update, without stopping generation.
+
+    /init_weights_update_group       join the trainer's broadcast group (blocks until everyone joined)
+    /begin_weight_update             (optional, SGLang 0.5.23) what follows is one version: hold it back
+    /update_weights_from_distributed receive the named tensors, one broadcast each, into fresh buffers
+    /end_weight_update               load everything received since begin at once
+
+Receiving runs on a worker thread while the engine thread keeps decoding: the buffers are new memory, so no
+forward pass ever reads a half-received tensor. Loading (copying the buffers into the model) runs on the
+engine thread between two steps, so every step computes with exactly one version, and every token's
+weight-version span is exact. When the trainer pauses the engine first (pause modes abort, in_place,
+retract) the load happens while paused, as before; with no pause (the trainer's `--pause-mode none`)
+requests keep running across the update and their tokens after it carry the new version, as an
+in_place pause would give them, minus the stall. A received version is loaded:
+  * at /end_weight_update, when the update was bracketed by begin/end (all buckets at once);
+  * otherwise at the end of each /update_weights_from_distributed call, unless the engine is paused;
+  * otherwise at /continue_generation.
+A failed receive drops everything received for that version: the previous weights keep serving."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import torch
+
+from services.dcs.sync.groups import BroadcastGroup
+from services.dcs.sync.layout import TORCH_DTYPES
+from services.dcs.sync.receiver import load_into
+from services.runtime.spans import RECORDER
+
+
+class WeightUpdates:
+    def __init__(self, model: torch.nn.Module, scheduler, device: str,
+                 on_version: Callable[[], None] = lambda: None):
+        self.model = model
+        self.on_version = on_version  # called on the engine thread after a new version went live
+        self.scheduler = scheduler
+        self.device = device
+        self.groups: dict[str, BroadcastGroup] = {}
+        self._staged: dict[str, torch.Tensor] = {}
+        self._staged_version: str | None = None
+        self._bracketed = False
+        self._lock = threading.Lock()
+
+    def begin(self) -> str:
+        with self._lock:
+            self._staged, self._staged_version, self._bracketed = {}, None, True
+        return "receiving a weight update"
+
+    def receive(self, body: dict) -> None:
+        """Any thread but the engine's: one broadcast from rank 0 per named tensor, in list order."""
+        began = time.time()
+        group = self.groups.get(body["group_name"])
+        if group is None:
+            raise ValueError(f"no weight update group {body['group_name']!r}; call /init_weights_update_group")
+        received: dict[str, torch.Tensor] = {}
+        try:
+            for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
+                tensor = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
+                group.broadcast(tensor, 0)
+                received[name] = tensor
+        except Exception:
+            with self._lock:  # nothing of a failed update is ever loaded
+                self._staged, self._staged_version, self._bracketed = {}, None, False
+            raise
+        with self._lock:
+            self._staged.update(received)
+            self._staged_version = body.get("weight_version") or self._staged_version
+        RECORDER.record("weight_load", began, time.time(), version=self._staged_version)
+
+    def load_unless_held(self) -> str:
+        """Engine thread, after a receive: load now unless begin/end or a pause holds the version back."""
+        if self._bracketed:
+            return "staged until /end_weight_update"
+        if self.scheduler.paused:
+            return "staged until /continue_generation"
+        return self.load()
+
+    def end(self) -> str:
+        """Engine thread: the bracketed version goes live."""
+        self._bracketed = False
+        return self.load()
+
+    def load(self) -> str:
+        """Engine thread, between steps: every staged tensor into the model at once, then the version."""
+        with self._lock:
+            staged, version = self._staged, self._staged_version
+            self._staged, self._staged_version = {}, None
+        if not staged:
+            return "nothing staged"
+        load_into(self.model, staged)
+        if version is not None:
+            self.scheduler.weight_version = str(version)
+            self.on_version()
+        return f"loaded {len(staged)} tensors"
