@@ -69,8 +69,10 @@ class _Layer:
     down_bias: torch.Tensor | None
     act: object
     scaling: float
-    keys: torch.Tensor            # this layer's KV pool as [slots * kv_heads * slot_len, head_dim] views
+    keys: torch.Tensor            # this layer's KV pool, [slots, kv_heads, slot_len, head_dim] (views) ...
     values: torch.Tensor
+    key_rows: torch.Tensor        # ... and the same as [slots * kv_heads * slot_len, head_dim], for the writes
+    value_rows: torch.Tensor
 
 
 @dataclass
@@ -117,9 +119,10 @@ class BatchedDecoder:
         gate_up_t, _ = _fuse_transposed([mlp.gate_proj, mlp.up_proj])
         o_t, o_b = _fuse_transposed([attn.o_proj])
         down_t, down_b = _fuse_transposed([mlp.down_proj])
+        keys, values = self.pool.keys[index], self.pool.values[index]
         return _Layer(layer.input_layernorm, qkv_t, qkv_b, o_t, o_b, layer.post_attention_layernorm, gate_up_t,
-                      down_t, down_b, mlp.act_fn, attn.scaling, self.pool.keys[index].view(-1, self.head_dim),
-                      self.pool.values[index].view(-1, self.head_dim))
+                      down_t, down_b, mlp.act_fn, attn.scaling, keys, values, keys.view(-1, self.head_dim),
+                      values.view(-1, self.head_dim))
 
     @torch.inference_mode()
     def forward(self, slots: list[int], new_tokens: list[list[int]],
@@ -170,8 +173,8 @@ class BatchedDecoder:
         qk = qkv[:, :rotated]
         qk = torch.addcmul(qk * cos, qk[..., self.swap], sin)
         q = qk[:, :self.heads]
-        layer.keys.index_copy_(0, kv_rows, qk[:, self.heads:].reshape(-1, self.head_dim))
-        layer.values.index_copy_(0, kv_rows, qkv[:, rotated:].reshape(-1, self.head_dim))
+        layer.key_rows.index_copy_(0, kv_rows, qk[:, self.heads:].reshape(-1, self.head_dim))
+        layer.value_rows.index_copy_(0, kv_rows, qkv[:, rotated:].reshape(-1, self.head_dim))
         if len(groups) == 1:  # every token in one group, in flat order
             out = self._attend(layer, q, groups[0])
         else:
@@ -192,8 +195,8 @@ class BatchedDecoder:
         grouped-query heads share their KV head (a view, not a copy).
         q: [tokens, heads, head_dim] -> [tokens, heads * head_dim]."""
         kv, gh, d, n = self.kv_heads, self.group_heads, self.head_dim, group.seqs
-        keys = layer.keys.view(self.pool.keys.shape[1:])[group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
-        values = layer.values.view(self.pool.keys.shape[1:])[group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
+        keys = layer.keys[group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
+        values = layer.values[group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
         if group.pad_index is None:  # one token per sequence: the flat rows are the batch
             padded = q.reshape(n * kv, gh, d)
         else:

@@ -1,7 +1,7 @@
 """The rollout's engines: requests balanced across them (least in flight), their weight versions
-watched (a long poll where the engine offers one), and partial rollout: a sample whose request was aborted by a weight update (pause mode
-abort) is resubmitted as prompt + partial output under the new weights, keeping the version spans
-of every part."""
+watched (a long poll where the engine offers one), and partial rollout: a sample whose request was
+aborted by a weight update (pause mode abort) is resubmitted as prompt + partial output under the new
+weights, keeping the version spans of every part."""
 
 from __future__ import annotations
 

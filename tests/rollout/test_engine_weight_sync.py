@@ -26,6 +26,15 @@ def _greedy(url: str, prompt: list[int]) -> list[int]:
     return r.json()["output_ids"]
 
 
+def _publisher(dcs: DCSClient, engine_url: str, bucket_bytes: int, pause_mode: str) -> WeightPublisher:
+    """The engine and a trainer registered with the coordinator; the trainer's publisher."""
+    port = int(engine_url.rsplit(":", 1)[1])
+    dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": port}, run_id="w"))
+    trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="w"))
+    return WeightPublisher(dcs, trainer.node_id, "127.0.0.1", bucket_bytes=bucket_bytes, timeout_s=20,
+                           receiver_roles=["engine"], pause_mode=pause_mode)
+
+
 def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights(tiny_model_dir, tmp_path):
     other_dir = init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99)
     other = load_causal_lm(other_dir)[0]
@@ -37,11 +46,7 @@ def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights
         before = _greedy(url, prompt)
         assert before != expected
         with LocalDCS(log_dir=str(tmp_path)) as local, DCSClient(local.url) as dcs:
-            port = int(url.rsplit(":", 1)[1])
-            dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": port}, run_id="w"))
-            trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="w"))
-            publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", bucket_bytes=100_000, timeout_s=20,
-                                        receiver_roles=["engine"], pause_mode="in_place")
+            publisher = _publisher(dcs, url, bucket_bytes=100_000, pause_mode="in_place")
             result = publisher.publish(other.state_dict().items(), 1)
             assert result.ok
             assert _greedy(url, prompt) == expected
@@ -83,11 +88,7 @@ def test_live_update_keeps_generating_and_wakes_version_long_polls(tiny_model_di
         engine = SGLangClient(url)
         assert engine.live_weight_update()
         with LocalDCS(log_dir=str(tmp_path)) as local, DCSClient(local.url) as dcs:
-            port = int(url.rsplit(":", 1)[1])
-            dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": port}, run_id="w"))
-            trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="w"))
-            publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", bucket_bytes=20_000, timeout_s=20,
-                                        receiver_roles=["engine"], pause_mode="auto")
+            publisher = _publisher(dcs, url, bucket_bytes=20_000, pause_mode="auto")
             polled: dict = {}
 
             def long_poll():
