@@ -112,6 +112,7 @@ class BatchedDecoder:
         sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=probe.device, dtype=sin.dtype)
         self.cos, self.signed_sin = cos[0], sin[0] * sign
         self.kv_head_index = torch.arange(self.kv_heads, device=probe.device)
+        self.key_positions = torch.arange(pool.slot_len, device=probe.device)
 
     def _fused_layer(self, index: int, layer) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
@@ -147,7 +148,7 @@ class BatchedDecoder:
                                  device=device)
         ids, positions, token_slots = index
         ends = list(itertools.accumulate(lengths))
-        groups = self._groups(slots, starts, lengths, ends)
+        groups = self._groups(slots, starts, lengths, ends, positions)
         # where each token's keys and values go in a layer's flat [slots * kv_heads * slot_len, head_dim] view
         kv_rows = ((token_slots[:, None] * self.kv_heads + self.kv_head_index) * pool.slot_len
                    + positions[:, None]).reshape(-1)
@@ -211,8 +212,9 @@ class BatchedDecoder:
         attended = attended.view(n, kv, gh, group.longest, d).permute(0, 3, 1, 2, 4)
         return attended[group.pad_index].reshape(q.shape[0], self.heads * d)
 
-    def _groups(self, slots, starts, lengths, ends) -> list[_Group]:
-        """Decode tokens in one group, prefill chunks in another, each with its key mask."""
+    def _groups(self, slots, starts, lengths, ends, positions: torch.Tensor) -> list[_Group]:
+        """Decode tokens in one group, prefill chunks in another, each with its key mask. `positions`: every
+        token's position (a decode token's is its sequence's start)."""
         device = self.pool.keys.device
         decode = [i for i, n in enumerate(lengths) if n == 1]
         prefill = [i for i, n in enumerate(lengths) if n > 1]
@@ -225,14 +227,14 @@ class BatchedDecoder:
             consecutive = member_slots == list(range(first, first + len(members)))
             longest = max(lengths[i] for i in members)
             key_len = max(starts[i] + lengths[i] for i in members)
-            key_pos = torch.arange(key_len, device=device)
-            start_t = torch.tensor([starts[i] for i in members], device=device)
-            if longest == 1:  # decode: each sequence sees its keys up to its own position
-                mask = (key_pos[None, :] <= start_t[:, None])[:, None, :]
+            key_pos = self.key_positions[:key_len]
+            if len(members) == len(lengths) and longest == 1:  # a decode-only step: its positions are the starts
+                query_pos = positions[:, None]
             else:
-                query_pos = start_t[:, None] + torch.arange(longest, device=device)[None, :]  # [seqs, longest]
-                mask = key_pos[None, None, :] <= query_pos[:, :, None]                      # [seqs, longest, keys]
-            bias = torch.zeros(mask.shape, dtype=self.pool.keys.dtype, device=device).masked_fill_(~mask, float("-inf"))
+                start_t = torch.tensor([starts[i] for i in members], device=device)
+                query_pos = start_t[:, None] + self.key_positions[None, :longest]           # [seqs, longest]
+            hidden = key_pos > query_pos[:, :, None]                                        # [seqs, longest, keys]
+            bias = torch.zeros(hidden.shape, dtype=self.pool.keys.dtype, device=device).masked_fill_(hidden, float("-inf"))
             bias = bias[:, None, None].expand(-1, self.kv_heads, self.group_heads, -1, -1)
             pad_index = None
             if longest > 1:

@@ -49,7 +49,7 @@ class SGLangClient:
         self._pause_takes_mode: bool | None = None
         self._needs_begin_end: bool | None = None
         self._version_endpoint: str | None = None
-        self._live_update: bool | None = None
+        self._model_info: dict | None = None  # what the server says of itself, read once
 
     def close(self) -> None:
         self._http.close()
@@ -118,12 +118,20 @@ class SGLangClient:
     def live_weight_update(self) -> bool:
         """Whether the server loads a weight update between two steps while it keeps generating (the
         built-in engine says so in its model info), so it need not be paused for one. Asked once."""
-        if self._live_update is None:
+        return bool(self._extensions().get("live_weight_update", False))
+
+    def flat_bucket_update(self) -> bool:
+        """Whether /update_weights_from_distributed takes a whole bucket as one broadcast (`flat_bucket`,
+        a Sluice extension the built-in engine announces in its model info)."""
+        return bool(self._extensions().get("flat_bucket_update", False))
+
+    def _extensions(self) -> dict:
+        if self._model_info is None:
             try:
-                self._live_update = bool(self.model_info().get("live_weight_update", False))
+                self._model_info = self.model_info()
             except (httpx.HTTPError, SGLangError, ValueError):
-                self._live_update = False
-        return self._live_update
+                self._model_info = {}
+        return self._model_info
 
     def model_info(self) -> dict:
         for endpoint in ("/model_info", "/get_model_info"):
@@ -223,9 +231,15 @@ class SGLangClient:
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], group_name: str, weight_version: str | None,
-                                        flush_cache: bool = True, timeout: float | None = None) -> None:
-        """Returns after the engine received (one broadcast per tensor, in this order) and loaded them."""
-        self._check("/update_weights_from_distributed", self._post("/update_weights_from_distributed", {
-            "names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
-            "group_name": group_name, "flush_cache": flush_cache, "abort_all_requests": False,
-            "weight_version": weight_version}, timeout=timeout))
+                                        flush_cache: bool = True, timeout: float | None = None,
+                                        flat_bucket: dict | None = None) -> None:
+        """Returns after the engine received (one broadcast per tensor, in this order; or, with
+        `flat_bucket={"offsets", "nbytes"}` for a server that says flat_bucket_update, one broadcast of the
+        whole bucket) and loaded them."""
+        body = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+                "group_name": group_name, "flush_cache": flush_cache, "abort_all_requests": False,
+                "weight_version": weight_version}
+        if flat_bucket is not None:
+            body["flat_bucket"] = flat_bucket
+        self._check("/update_weights_from_distributed",
+                    self._post("/update_weights_from_distributed", body, timeout=timeout))

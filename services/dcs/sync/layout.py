@@ -57,3 +57,29 @@ def unpack(bucket: int, entries: Sequence[WeightTensor], flat: torch.Tensor) -> 
             dtype = TORCH_DTYPES[e.dtype]
             out[e.name] = flat[e.offset:e.offset + e.nbytes].view(dtype).reshape(e.shape)
     return out
+
+
+def bucket_entries(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+                   offsets: Sequence[int], size: int) -> list[WeightTensor]:
+    """The entries of one bucket described by a peer (names, dtypes, shapes, byte offsets, bucket size),
+    checked: known dtypes, non-negative shapes, 8-byte-aligned offsets in order, every tensor inside the
+    bucket and none overlapping the one before. Raises ValueError naming the first bad entry."""
+    if not len(names) == len(dtypes) == len(shapes) == len(offsets):
+        raise ValueError("names, dtypes, shapes and offsets differ in length")
+    if not isinstance(size, int) or size < 0:
+        raise ValueError(f"bucket size {size!r} is not a byte count")
+    entries, used = [], 0
+    for name, dtype, shape, offset in zip(names, dtypes, shapes, offsets):
+        if dtype not in TORCH_DTYPES:
+            raise ValueError(f"{name}: unknown dtype {dtype!r}")
+        if not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError(f"{name}: bad shape {shape!r}")
+        nbytes = TORCH_DTYPES[dtype].itemsize
+        for d in shape:
+            nbytes *= d
+        if not isinstance(offset, int) or offset % _ALIGN or offset < used or offset + nbytes > size:
+            raise ValueError(f"{name}: offset {offset!r} ({nbytes} bytes) does not fit the bucket of {size}")
+        entries.append(WeightTensor(name=name, dtype=dtype, shape=list(shape), bucket=0, offset=offset,
+                                    nbytes=nbytes))
+        used = offset + nbytes
+    return entries

@@ -8,9 +8,10 @@
 Rollout engines in the group are driven through the SGLang protocol (docs/engine.md): pause (not with pause
 mode "none", nor with "auto" for an engine that loads updates between steps while it generates: the built-in
 engine), init the update group once per group, per bucket an /update_weights_from_distributed call naming the
-bucket's tensors while the same tensors are broadcast one by one in the same order, and
-/continue_generation always, in a finally. With engines present the whole group uses that per-tensor
-transfer; without them one broadcast per flat bucket.
+bucket's tensors while the same tensors are broadcast one by one in the same order (or, when every engine
+takes whole buckets (the built-in engine's `flat_bucket` extension), the bucket as one broadcast), and
+/continue_generation, in a finally, to every engine it paused. The whole group uses one transfer: per tensor
+when any engine needs it, otherwise one broadcast per flat bucket.
 Every phase has a deadline; a failure closes the group (the next sync asks for a new one, without
 members that died) and is reported to DCS. The result carries per-phase seconds and bytes."""
 
@@ -124,7 +125,11 @@ class WeightPublisher:
                 receiver_roles=self.receiver_roles, backend=self.backend, new_group=self._failed))
             result.group, result.world_size = group_spec.name, group_spec.world_size
             self._current_engines = self._engine_members(group_spec)
-            transfer = "per_tensor" if self._current_engines else "flat_buckets"
+            if self._current_engines:
+                self._connect_engines(group_spec)
+            # engines speak SGLang's one broadcast per tensor, unless every one of them takes whole buckets
+            flat = all(self._engines[m.node_id].flat_bucket_update() for m in self._current_engines)
+            transfer = "flat_buckets" if flat else "per_tensor"
             if not announce and any(m.role != self.engine_role for m in group_spec.members[1:]):
                 raise ValueError("an unannounced publish can only go to engines")
             paused: list = []
@@ -132,7 +137,6 @@ class WeightPublisher:
                 # engines first: one that cannot be paused fails the sync before the version is
                 # announced, so no receiver starts waiting on a broadcast that will not come
                 if self._current_engines:
-                    self._connect_engines(group_spec)
                     self._each_engine(lambda m, e: self._mode(e) != "none" and (e.pause(self._mode(e)),
                                                                                  paused.append(e)))
                 if announce:
@@ -227,21 +231,23 @@ class WeightPublisher:
             if k + 1 < len(sizes):
                 pending = self._packer.submit(timed_pack, k + 1)  # overlaps the broadcast below
             start = time.perf_counter()
+            bucket = [e for e in entries if e.bucket == k]
+            flat_spec = {"offsets": [e.offset for e in bucket], "nbytes": sizes[k]} \
+                if transfer == "flat_buckets" else None
+            # the engines' HTTP calls return only after receiving: send them first, then broadcast
+            calls = [self._http.submit(self._engines[m.node_id].update_weights_from_distributed,
+                                       [e.name for e in bucket], [e.dtype for e in bucket],
+                                       [e.shape for e in bucket], self._group.name, version,
+                                       self._mode(self._engines[m.node_id]) not in ("in_place", "none"),
+                                       self.timeout_s, flat_spec)
+                     for m in self._current_engines]
             if transfer == "flat_buckets":
                 self._group.broadcast(flat, 0)
             else:
-                bucket = [e for e in entries if e.bucket == k]
-                # the engines' HTTP calls return only after loading: send them first, then broadcast
-                calls = [self._http.submit(self._engines[m.node_id].update_weights_from_distributed,
-                                           [e.name for e in bucket], [e.dtype for e in bucket],
-                                           [e.shape for e in bucket], self._group.name, version,
-                                           self._mode(self._engines[m.node_id]) not in ("in_place", "none"),
-                                           self.timeout_s)
-                         for m in self._current_engines]
                 for e in bucket:  # typed, as the engine allocates it (NCCL matches dtype and count)
                     self._group.broadcast(flat[e.offset:e.offset + e.nbytes].view(TORCH_DTYPES[e.dtype]), 0)
-                for call in calls:
-                    call.result(timeout=self.timeout_s)
+            for call in calls:
+                call.result(timeout=self.timeout_s)
             broadcast_s += time.perf_counter() - start
         result.seconds["pack"] = pack_s
         result.seconds["broadcast"] = broadcast_s

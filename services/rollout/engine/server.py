@@ -351,7 +351,9 @@ def build_app(engine: Engine) -> FastAPI:
     async def model_info():
         return {"model_path": engine.config.model, "tokenizer_path": engine.config.model, "is_generation": True,
                 "weight_version": sched.weight_version,
-                "live_weight_update": True}  # loads updates between steps: no pause needed (weight_updates.py)
+                # Sluice extensions (weight_updates.py): updates load between steps, so no pause is needed;
+                # a bucket can come as one broadcast
+                "live_weight_update": True, "flat_bucket_update": True}
 
     @app.get("/health")
     async def health():

@@ -2,7 +2,9 @@
 
     /init_weights_update_group       join the trainer's broadcast group (blocks until everyone joined)
     /begin_weight_update             (optional, SGLang 0.5.23) what follows is one version: hold it back
-    /update_weights_from_distributed receive the named tensors, one broadcast each, into fresh buffers
+    /update_weights_from_distributed receive the named tensors, one broadcast each (or, with Sluice's
+                                     `flat_bucket` extension, one broadcast of the whole bucket), into fresh
+                                     buffers
     /end_weight_update               load everything received since begin at once
 
 Receiving runs on a worker thread while the engine thread keeps decoding: the buffers are new memory, so no
@@ -26,7 +28,7 @@ from typing import Callable
 import torch
 
 from services.dcs.sync.groups import BroadcastGroup
-from services.dcs.sync.layout import TORCH_DTYPES
+from services.dcs.sync.layout import TORCH_DTYPES, bucket_entries, unpack
 from services.dcs.sync.receiver import load_into
 from services.runtime.spans import RECORDER
 
@@ -55,12 +57,8 @@ class WeightUpdates:
         group = self.groups.get(body["group_name"])
         if group is None:
             raise ValueError(f"no weight update group {body['group_name']!r}; call /init_weights_update_group")
-        received: dict[str, torch.Tensor] = {}
         try:
-            for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
-                tensor = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
-                group.broadcast(tensor, 0)
-                received[name] = tensor
+            received = self._receive_flat(group, body) if body.get("flat_bucket") else self._receive_each(group, body)
         except Exception:
             with self._lock:  # nothing of a failed update is ever loaded
                 self._staged, self._staged_version, self._bracketed = {}, None, False
@@ -69,6 +67,26 @@ class WeightUpdates:
             self._staged.update(received)
             self._staged_version = body.get("weight_version") or self._staged_version
         RECORDER.record("weight_load", began, time.time(), version=self._staged_version)
+
+    def _receive_each(self, group: BroadcastGroup, body: dict) -> dict[str, torch.Tensor]:
+        """SGLang's transfer: one broadcast per tensor, in list order."""
+        received = {}
+        for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
+            tensor = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
+            group.broadcast(tensor, 0)
+            received[name] = tensor
+        return received
+
+    def _receive_flat(self, group: BroadcastGroup, body: dict) -> dict[str, torch.Tensor]:
+        """Sluice's extension (`flat_bucket: {offsets, nbytes}`): the bucket's tensors in one uint8 broadcast
+        at the given byte offsets (the layout of services/dcs/sync/layout.py), viewed out without a copy. One
+        broadcast instead of one per tensor: a receive that competes with decoding for the GIL takes a
+        fraction of the time."""
+        bucket = body["flat_bucket"]
+        entries = bucket_entries(body["names"], body["dtypes"], body["shapes"], bucket["offsets"], bucket["nbytes"])
+        flat = torch.empty(int(bucket["nbytes"]), dtype=torch.uint8, device=self.device)
+        group.broadcast(flat, 0)
+        return unpack(0, entries, flat)
 
     def load_unless_held(self) -> str:
         """Engine thread, after a receive: load now unless begin/end or a pause holds the version back."""
