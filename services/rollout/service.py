@@ -82,6 +82,7 @@ class RolloutService:
         self.version_moved = asyncio.Event()  # wakes admission the moment the engines' version moves
         self.sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
         self._partitions: set[int] = set()
+        self._prepared: dict[int, tuple[PromptRecord, list[int]]] = {}
 
     def _register(self) -> None:
         reg = NodeRegistration(role="rollout", host=self.config.advertise_host, ports={"http": self.config.port},
@@ -155,6 +156,8 @@ class RolloutService:
                 continue
             elif blocked_since is None:
                 blocked_since = time.monotonic()
+                if position is not None and position < self.total_groups:
+                    await self._prepare(position)  # the wait is idle time: the next group starts sooner
             self.version_moved.clear()
             moved = asyncio.ensure_future(self.version_moved.wait())
             await asyncio.wait(pending | {moved}, timeout=self.config.version_poll_s,
@@ -211,12 +214,20 @@ class RolloutService:
 
     # ------------------------------------------------------------------ one group
 
+    async def _prepare(self, position: int) -> tuple[PromptRecord, list[int]]:
+        """The group's prompt, encoded, and its step's partition, made once (ahead of admission when the
+        rollout waits for it)."""
+        if position not in self._prepared:
+            record = self.source.record(position)
+            self._prepared[position] = (record, self.encode(record.prompt))
+        await self._ensure_partition(position // self.groups_per_step)
+        return self._prepared[position]
+
     async def group(self, position: int) -> None:
         run = self.run
         step = position // self.groups_per_step
-        record = self.source.record(position)
-        prompt_ids = self.encode(record.prompt)
-        await self._ensure_partition(step)
+        record, prompt_ids = await self._prepare(position)
+        self._prepared.pop(position, None)
         n = run.n_samples_per_prompt
         seed = run.optim.seed * 1_000_003 + position * 4099
         version = self.pool.serving_version

@@ -147,10 +147,16 @@ class WeightPublisher:
                 result.seconds["metadata"] = time.perf_counter() - t0
                 if self._group is None or self._group.name != group_spec.name:
                     self._open_group(group_spec)
+                    result.seconds["open_group"] = time.perf_counter() - t0 - result.seconds["metadata"]
+                began = time.perf_counter()
                 self._each_engine(lambda m, e: e.begin_weight_update())
                 self._failed = False
                 self._broadcast(entries, sizes, dict(named), result, transfer, str(version))
+                loading = time.perf_counter()
                 self._each_engine(lambda m, e: e.end_weight_update())
+                result.seconds["engines"] = time.perf_counter() - began - result.seconds["broadcast"] - \
+                    result.seconds["pack"]
+                result.seconds["load"] = time.perf_counter() - loading
             finally:
                 for engine in paused:  # always resume generation, whatever happened
                     try:
