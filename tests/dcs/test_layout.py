@@ -30,6 +30,7 @@ def test_a_packed_bucket_unpacks_through_its_described_layout():
     (["a"], ["float32"], [[-1]], [0], 16, "bad shape"),
     (["a"], ["float32"], [[2]], [0, 8], 16, "differ in length"),
     (["a"], ["float32"], [[2]], [0], -1, "not a byte count"),
+    (["a"], ["float32"], [[2]], [0], 1 << 30, "differs from the 8 bytes"),  # slack a peer could inflate
 ])
 def test_a_bad_layout_is_refused_naming_what_is_wrong(names, dtypes, shapes, offsets, size, error):
     with pytest.raises(ValueError, match=error):

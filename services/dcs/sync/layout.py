@@ -63,7 +63,8 @@ def bucket_entries(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence
                    offsets: Sequence[int], size: int) -> list[WeightTensor]:
     """The entries of one bucket described by a peer (names, dtypes, shapes, byte offsets, bucket size),
     checked: known dtypes, non-negative shapes, 8-byte-aligned offsets in order, every tensor inside the
-    bucket and none overlapping the one before. Raises ValueError naming the first bad entry."""
+    bucket, none overlapping the one before, and the bucket ending where its last tensor does. Raises
+    ValueError naming the first bad entry."""
     if not len(names) == len(dtypes) == len(shapes) == len(offsets):
         raise ValueError("names, dtypes, shapes and offsets differ in length")
     if not isinstance(size, int) or size < 0:
@@ -82,4 +83,6 @@ def bucket_entries(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence
         entries.append(WeightTensor(name=name, dtype=dtype, shape=list(shape), bucket=0, offset=offset,
                                     nbytes=nbytes))
         used = offset + nbytes
+    if size != used:  # no slack: the buffer a peer makes us allocate is exactly what it names
+        raise ValueError(f"bucket size {size} differs from the {used} bytes its tensors end at")
     return entries

@@ -57,19 +57,21 @@ def _truncate(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, mi
 
 
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-                 banned: list[list[int]]) -> tuple[list[int], torch.Tensor]:
+                 banned: list[list[int]]) -> tuple[list[int], list[float], torch.Tensor]:
     """One token per row of `logits` [rows, vocab]: greedy rows take the argmax, the others sample from
     softmax(logits / T) truncated by their own top-k, min-p and top-p. `banned[i]` (EOS before
     min_new_tokens) can never be picked. A row with a generator (a request's `sampling_seed`) draws from it
     alone, so its sample does not depend on the rest of the batch; the others share one batched draw.
 
-    Returns the tokens and, per row, log-probs over the vocabulary of the temperature-scaled distribution,
+    Returns the tokens, their log-probs, and per row the log-probs over the vocabulary of the temperature-scaled
+    distribution,
     log_softmax(logits / T), before truncation (raw logits when greedy): what SGLang reports and what a
     trainer recomputes from logits / T."""
     scores = logits.float()
     greedy = [p.temperature < GREEDY_BELOW for p in params]
-    temps = torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], device=scores.device)
-    scores = scores / temps[:, None]
+    if not all(greedy):  # an all-greedy batch (evaluation) skips the division
+        temps = torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], device=scores.device)
+        scores = scores / temps[:, None]
     logprobs = torch.log_softmax(scores, dim=-1)
     bans = [(i, t) for i, row in enumerate(banned) for t in row]
     if bans:
@@ -91,4 +93,5 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
         for k, i in enumerate(sampled):
             if generators[i] is not None:
                 tokens[i] = torch.multinomial(probs[k], 1, generator=generators[i])[0]
-    return tokens.tolist(), logprobs
+    chosen = logprobs.gather(-1, tokens[:, None])[:, 0]
+    return tokens.tolist(), chosen.tolist(), logprobs

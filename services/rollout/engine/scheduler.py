@@ -198,8 +198,7 @@ class Scheduler:
 
     def _sample(self, reqs: list[Generation], logits: torch.Tensor) -> None:
         banned = [list(self.eos_ids) if len(r.output) < r.params.min_new_tokens else [] for r in reqs]
-        tokens, logprobs = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs], banned)
-        chosen = logprobs.gather(-1, torch.tensor(tokens, device=logprobs.device)[:, None])[:, 0].tolist()
+        tokens, chosen, logprobs = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs], banned)
         for k, (req, token) in enumerate(zip(reqs, tokens)):
             if req.params.max_new_tokens == 0:
                 self._finish(req, {"type": "length", "length": 0})

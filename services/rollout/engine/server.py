@@ -53,7 +53,8 @@ class Engine:
         self.pool = make_pool(self.model, config)
         self.scheduler = Scheduler(BatchedDecoder(self.model, self.pool), self.tokenizer, config.chunked_prefill_size)
         self.version_moved = VersionWatch()
-        self.weights = WeightUpdates(self.model, self.scheduler, config.device, self.version_moved.fire_threadsafe)
+        self.weights = WeightUpdates(self.model, self.scheduler, config.device, self.version_moved.fire_threadsafe,
+                                     bracket_timeout_s=config.weight_sync_timeout_s)
         RUNNING.set_function(lambda: len(self.scheduler.running) + len(self.scheduler.frozen))
         WAITING.set_function(lambda: len(self.scheduler.waiting))
         STEPS.set_function(lambda: self.scheduler.steps)

@@ -35,8 +35,11 @@ from services.runtime.spans import RECORDER
 
 class WeightUpdates:
     def __init__(self, model: torch.nn.Module, scheduler, device: str,
-                 on_version: Callable[[], None] = lambda: None):
+                 on_version: Callable[[], None] = lambda: None, bracket_timeout_s: float = 120.0):
         self.model = model
+        # a begin whose end never came (the trainer died) stops holding versions back after this long
+        self.bracket_timeout_s = bracket_timeout_s
+        self._begun = 0.0
         self.on_version = on_version  # called on the engine thread after a new version went live
         self.scheduler = scheduler
         self.device = device
@@ -49,6 +52,7 @@ class WeightUpdates:
     def begin(self) -> str:
         with self._lock:
             self._staged, self._staged_version, self._bracketed = {}, None, True
+            self._begun = time.monotonic()
         return "receiving a weight update"
 
     def receive(self, body: dict) -> None:
@@ -90,7 +94,7 @@ class WeightUpdates:
 
     def load_unless_held(self) -> str:
         """Engine thread, after a receive: load now unless begin/end or a pause holds the version back."""
-        if self._bracketed:
+        if self._bracketed and time.monotonic() - self._begun < self.bracket_timeout_s:
             return "staged until /end_weight_update"
         if self.scheduler.paused:
             return "staged until /continue_generation"
