@@ -140,7 +140,8 @@ class SyncReport(Strict):
     node_id: str = Field(max_length=64)
     ok: bool
     error: str | None = Field(None, max_length=4096)
-    seconds: dict[Literal["metadata", "pack", "broadcast", "load", "total"], float] = Field(default_factory=dict)
+    seconds: dict[Literal["metadata", "open_group", "pack", "broadcast", "engines", "engine_load", "load", "total"],
+                  float] = Field(default_factory=dict)
     bytes: int = Field(0, ge=0)
 
 

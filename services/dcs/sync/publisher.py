@@ -149,14 +149,17 @@ class WeightPublisher:
                     self._open_group(group_spec)
                     result.seconds["open_group"] = time.perf_counter() - t0 - result.seconds["metadata"]
                 began = time.perf_counter()
-                self._each_engine(lambda m, e: e.begin_weight_update())
+                # a live-update engine loads a single bucket when its call ends: no bracket needed (two HTTP
+                # round trips fewer); SGLang 0.5.23 and several buckets get /begin ... /end_weight_update
+                bracket = lambda e: len(sizes) > 1 or not e.live_weight_update()  # noqa: E731
+                self._each_engine(lambda m, e: bracket(e) and e.begin_weight_update())
                 self._failed = False
                 self._broadcast(entries, sizes, dict(named), result, transfer, str(version))
                 loading = time.perf_counter()
-                self._each_engine(lambda m, e: e.end_weight_update())
+                self._each_engine(lambda m, e: bracket(e) and e.end_weight_update())
                 result.seconds["engines"] = time.perf_counter() - began - result.seconds["broadcast"] - \
                     result.seconds["pack"]
-                result.seconds["load"] = time.perf_counter() - loading
+                result.seconds["engine_load"] = time.perf_counter() - loading
             finally:
                 for engine in paused:  # always resume generation, whatever happened
                     try:
