@@ -148,18 +148,8 @@ class WeightPublisher:
                 if self._group is None or self._group.name != group_spec.name:
                     self._open_group(group_spec)
                     result.seconds["open_group"] = time.perf_counter() - t0 - result.seconds["metadata"]
-                began = time.perf_counter()
-                # a live-update engine loads a single bucket when its call ends: no bracket needed (two HTTP
-                # round trips fewer); SGLang 0.5.23 and several buckets get /begin ... /end_weight_update
-                bracket = lambda e: len(sizes) > 1 or not e.live_weight_update()  # noqa: E731
-                self._each_engine(lambda m, e: bracket(e) and e.begin_weight_update())
                 self._failed = False
-                self._broadcast(entries, sizes, dict(named), result, transfer, str(version))
-                loading = time.perf_counter()
-                self._each_engine(lambda m, e: bracket(e) and e.end_weight_update())
-                result.seconds["engines"] = time.perf_counter() - began - result.seconds["broadcast"] - \
-                    result.seconds["pack"]
-                result.seconds["engine_load"] = time.perf_counter() - loading
+                self._transfer(entries, sizes, dict(named), result, transfer, str(version))
             finally:
                 for engine in paused:  # always resume generation, whatever happened
                     try:
@@ -176,6 +166,19 @@ class WeightPublisher:
         if not result.ok:
             raise SyncFailed(result)
         return result
+
+    def _transfer(self, entries, sizes, tensors, result: SyncResult, transfer: str, version: str) -> None:
+        """The buckets to every receiver, bracketed by /begin ... /end_weight_update for engines that need it:
+        a live-update engine loads a single bucket when its call ends (two HTTP round trips fewer); SGLang
+        0.5.23, and any engine receiving several buckets, get the bracket."""
+        began = time.perf_counter()
+        bracket = len(sizes) > 1
+        self._each_engine(lambda m, e: (bracket or not e.live_weight_update()) and e.begin_weight_update())
+        self._broadcast(entries, sizes, tensors, result, transfer, version)
+        loading = time.perf_counter()
+        self._each_engine(lambda m, e: (bracket or not e.live_weight_update()) and e.end_weight_update())
+        result.seconds["engines"] = loading - began - result.seconds["broadcast"] - result.seconds["pack"]
+        result.seconds["engine_load"] = time.perf_counter() - loading
 
     def resume_engines(self) -> int:
         """Send /continue_generation to every live engine: a publisher that died between pausing the
