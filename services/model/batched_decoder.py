@@ -43,12 +43,11 @@ def _fuse_transposed(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torc
 
 def _matmul(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None,
             residual: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight_t (+ bias) (+ residual): one BLAS call."""
-    if bias is not None:
-        return torch.addmm(bias, x, weight_t)
-    if residual is not None:
-        return torch.addmm(residual, x, weight_t)
-    return torch.mm(x, weight_t)
+    """x @ weight_t (+ bias) (+ residual): one BLAS call unless there are both."""
+    if bias is None:
+        return torch.mm(x, weight_t) if residual is None else torch.addmm(residual, x, weight_t)
+    out = torch.addmm(bias, x, weight_t)
+    return out if residual is None else residual + out
 
 
 def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
@@ -182,14 +181,11 @@ class BatchedDecoder:
             out = torch.empty(q.shape[0], self.heads * self.head_dim, dtype=q.dtype, device=q.device)
             for group in groups:
                 out[group.token_rows] = self._attend(layer, q[group.token_rows], group)
-        hidden = _matmul(out, layer.o_t, layer.o_bias, residual=hidden) if layer.o_bias is None else \
-            hidden + _matmul(out, layer.o_t, layer.o_bias)
+        hidden = _matmul(out, layer.o_t, layer.o_bias, residual=hidden)
         x = _rms_norm(hidden, layer.post_norm)
         gate, up = torch.mm(x, layer.gate_up_t).chunk(2, dim=-1)
         mlp = layer.act(gate).mul_(up)
-        if layer.down_bias is None:
-            return _matmul(mlp, layer.down_t, residual=hidden)
-        return hidden + _matmul(mlp, layer.down_t, layer.down_bias)
+        return _matmul(mlp, layer.down_t, layer.down_bias, residual=hidden)
 
     def _attend(self, layer: _Layer, q: torch.Tensor, group: _Group) -> torch.Tensor:
         """softmax(q k^T * scaling + bias) v for one group, as two batched matmuls over (sequence, KV head);

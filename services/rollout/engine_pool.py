@@ -90,8 +90,8 @@ class EnginePool:
                     log.warning("engine unreachable", extra={"engine": self.urls[i], "error": str(exc)})
                     self.reachable[i] = False
                     on_change()
-                raw = seen
                 await asyncio.sleep(poll_s)
+                continue
             if raw != seen:
                 seen = raw
                 on_change()

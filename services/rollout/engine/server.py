@@ -87,11 +87,8 @@ class VersionWatch:
         """The version once it differs from `newer_than`, or after wait_s, whichever comes first."""
         deadline = time.monotonic() + wait_s
         while current() == newer_than and not self.closed and (left := deadline - time.monotonic()) > 0:
-            event = self._event
-            if current() != newer_than:
-                break
-            try:
-                await asyncio.wait_for(event.wait(), left)
+            try:  # _fire runs on this loop too: nothing moves between the check above and this wait
+                await asyncio.wait_for(self._event.wait(), left)
             except TimeoutError:
                 break
         return current()

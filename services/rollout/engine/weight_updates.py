@@ -56,7 +56,8 @@ class WeightUpdates:
         return "receiving a weight update"
 
     def receive(self, body: dict) -> None:
-        """Any thread but the engine's: one broadcast from rank 0 per named tensor, in list order."""
+        """Any thread but the engine's: the named tensors from rank 0, one broadcast each in list order or the
+        whole bucket in one (flat_bucket)."""
         began = time.time()
         group = self.groups.get(body["group_name"])
         if group is None:
@@ -88,7 +89,7 @@ class WeightUpdates:
         fraction of the time."""
         bucket = body["flat_bucket"]
         entries = bucket_entries(body["names"], body["dtypes"], body["shapes"], bucket["offsets"], bucket["nbytes"])
-        flat = torch.empty(int(bucket["nbytes"]), dtype=torch.uint8, device=self.device)
+        flat = torch.empty(bucket["nbytes"], dtype=torch.uint8, device=self.device)
         group.broadcast(flat, 0)
         return unpack(0, entries, flat)
 
