@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import httpx
 
 from services.rollout.admission import parse_version
-from services.rollout.sglang_client import SGLangClient, SGLangError
+from services.rollout.sglang_client import EngineUnreachable, SGLangClient, SGLangError
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class EnginePool:
                     [list(prompt_ids) + samples[k].output_ids for k in todo],
                     [{**samplings[k], "max_new_tokens": max_new_tokens - len(samples[k].output_ids)} for k in todo],
                     [rids[k] for k in todo])
-            except httpx.HTTPError as exc:  # engine restarting or unreachable: try again (maybe elsewhere)
+            except EngineUnreachable as exc:  # engine restarting or unreachable: try again (maybe elsewhere)
                 failures += 1
                 if failures > self.max_connect_retries:
                     raise

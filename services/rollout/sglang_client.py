@@ -11,10 +11,12 @@ Differences are discovered by asking (404 / 4xx on the newer form), once, and re
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
+import aiohttp
 import httpx
 
 PauseMode = Literal["abort", "in_place", "retract"]
@@ -26,6 +28,14 @@ class SGLangError(RuntimeError):
         self.endpoint = endpoint
         self.status = status
         self.message = message
+
+
+class EngineUnreachable(SGLangError):
+    """The request did not get an answer: connection refused or reset, or the deadline passed. The
+    engine may be restarting; the caller may try again (perhaps on another engine)."""
+
+    def __init__(self, endpoint: str, message: str):
+        super().__init__(endpoint, 0, message)
 
 
 @dataclass
@@ -45,7 +55,9 @@ class SGLangClient:
         self._headers = headers
         self._timeout_s = timeout_s
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
-        self._ahttp: httpx.AsyncClient | None = None  # generation is async (many requests in flight)
+        # generation is async, many requests in flight: aiohttp, whose per-request CPU cost is a fraction of
+        # httpx's async pool (docs/performance.md); the blocking control calls use httpx
+        self._session: aiohttp.ClientSession | None = None
         self._pause_takes_mode: bool | None = None
         self._needs_begin_end: bool | None = None
         self._version_endpoint: str | None = None
@@ -55,9 +67,9 @@ class SGLangClient:
         self._http.close()
 
     async def aclose(self) -> None:
-        if self._ahttp is not None:
-            await self._ahttp.aclose()
-            self._ahttp = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     def _post(self, endpoint: str, body: dict | None = None, timeout: float | None = None) -> httpx.Response:
         kwargs = {"json": body} if body is not None else {}
@@ -65,18 +77,40 @@ class SGLangClient:
             kwargs["timeout"] = timeout
         return self._http.post(endpoint, **kwargs)
 
+    @classmethod
+    def _check(cls, endpoint: str, response: httpx.Response) -> dict:
+        return cls._answer(endpoint, response.status_code, response.content)
+
     @staticmethod
-    def _check(endpoint: str, response: httpx.Response) -> dict:
+    def _answer(endpoint: str, status: int, content: bytes) -> dict:
+        """The JSON body of an answer; SGLangError for an HTTP error or `success: false`."""
+        text = content.decode("utf-8", "replace")
         try:
-            data = response.json() if response.content else {}
+            data = json.loads(content) if content else {}
         except ValueError:
-            data = {"message": response.text}
-        if response.status_code >= 400 or (isinstance(data, dict) and data.get("success") is False):
+            data = {"message": text}
+        if status >= 400 or (isinstance(data, dict) and data.get("success") is False):
             message = data.get("message") if isinstance(data, dict) else None
             if message is None and isinstance(data, dict) and isinstance(data.get("error"), dict):
                 message = data["error"].get("message")
-            raise SGLangError(endpoint, response.status_code, message or response.text[:500])
+            raise SGLangError(endpoint, status, message or text[:500])
         return data if isinstance(data, dict) else {"data": data}
+
+    async def _arequest(self, method: str, endpoint: str, body: dict | None = None, params: dict | None = None,
+                        read_timeout_s: float | None = None) -> dict:
+        """One asynchronous call; read_timeout_s None waits as long as the answer takes (a generation)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                base_url=self.base_url + "/", headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=0))  # the rollout bounds its own concurrency
+        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout_s, sock_read=read_timeout_s)
+        try:
+            async with self._session.request(method, endpoint.lstrip("/"), json=body, params=params,
+                                             timeout=timeout) as response:
+                content = await response.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}") from exc
+        return self._answer(endpoint, response.status, content)
 
     # ------------------------------------------------------------ liveness and versions
 
@@ -104,16 +138,9 @@ class SGLangClient:
         once, so a caller that got the same version back quickly should wait before asking again."""
         if self._version_endpoint is None:
             return await asyncio.to_thread(self.weight_version)  # finds the endpoint this release has
-        params = {"newer_than": newer_than, "wait_s": wait_s} if newer_than is not None and wait_s > 0 else None
-        response = await self._async_http().get(self._version_endpoint, params=params,
-                                                timeout=httpx.Timeout(self._timeout_s, read=wait_s + 10))
-        return str(self._check(self._version_endpoint, response)["weight_version"])
-
-    def _async_http(self) -> httpx.AsyncClient:
-        if self._ahttp is None:
-            self._ahttp = httpx.AsyncClient(base_url=self.base_url, headers=self._headers,
-                                            timeout=httpx.Timeout(self._timeout_s, read=None))
-        return self._ahttp
+        params = {"newer_than": newer_than, "wait_s": str(wait_s)} if newer_than is not None and wait_s > 0 else None
+        data = await self._arequest("GET", self._version_endpoint, params=params, read_timeout_s=wait_s + 10)
+        return str(data["weight_version"])
 
     def live_weight_update(self) -> bool:
         """Whether the server loads a weight update between two steps while it keeps generating (the
@@ -156,7 +183,7 @@ class SGLangClient:
                 "return_logprob": True}
         if rids is not None:
             body["rid"] = list(rids)
-        data = self._check("/generate", await self._async_http().post("/generate", json=body)).get("data")
+        data = (await self._arequest("POST", "/generate", body)).get("data")
         if not isinstance(data, list) or len(data) != len(inputs):
             raise SGLangError("/generate", 200, f"expected {len(inputs)} results in a list")
         return [self._generation(item) for item in data]

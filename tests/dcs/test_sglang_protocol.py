@@ -57,9 +57,9 @@ def test_engines_of_every_release_get_the_weights_and_version(tmp_path, dtype):
                         stats = httpx.get(url + "/stats").json()
                         assert stats["digest"] == digest(tensors) and stats["version"] == str(version)
                         assert SGLangClient(url).weight_version() == str(version)
+                publisher.close()  # sends the reports still queued
                 group_names = {r.group for r in dcs.sync_reports(10)}
                 assert len(group_names) == 1  # the group was initialised once and reused
-                publisher.close()
             stats = {url: httpx.get(url + "/stats").json() for _, url in engines}
             assert stats[engines[0][1]]["pauses"] == ["abort", "abort"]  # 0.5.5 cannot retract
             assert stats[engines[1][1]]["pauses"] == ["retract", "retract"]
@@ -89,7 +89,7 @@ def test_failed_engine_update_fails_the_sync_and_generation_still_continues(tmp_
                 stats = httpx.get(url + "/stats").json()
                 assert stats["serving"] is True and stats["version"] == "3"
                 assert stats["digest"] == digest(weights(3, torch.float32))
+                publisher.close()  # sends the reports still queued
                 assert len({r.group for r in dcs.sync_reports(10)}) == 2
-                publisher.close()
         finally:
             proc.stop()

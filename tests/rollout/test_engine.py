@@ -227,3 +227,30 @@ def test_a_group_in_one_batch_request_prefills_its_prompt_once(engine, reference
     n = _gen(engine, input_ids=prompt, rid="nn", sampling_params={"max_new_tokens": 4, "n": 3, "temperature": 1.0})
     assert [r["meta_info"]["id"] for r in n] == ["nn-0", "nn-1", "nn-2"]
     assert sorted(r["meta_info"]["cached_tokens"] for r in n) == [0, 5, 5]
+
+
+def test_client_errors_name_the_endpoint_and_tell_unreachable_from_refused(engine):
+    """The rollout's client: an engine that does not answer is EngineUnreachable (retryable); one that
+    answers with an error is an SGLangError with its status and message; a good call returns samples."""
+    import asyncio
+
+    from services.rollout.sglang_client import EngineUnreachable, SGLangClient, SGLangError
+    from services.runtime.processes import free_port
+
+    async def calls():
+        good = SGLangClient(engine, timeout_s=10)
+        dead = SGLangClient(f"http://127.0.0.1:{free_port()}", timeout_s=2)
+        try:
+            out = await good.generate_batch([[5, 6, 7]] * 2, [{"temperature": 0, "max_new_tokens": 3}] * 2)
+            assert [len(g.output_ids) for g in out] == [3, 3] and all(len(g.log_probs) == 3 for g in out)
+            with pytest.raises(SGLangError) as refused:
+                await good.generate_batch([[5, 6, 7]], [{"temperature": -1.0, "max_new_tokens": 3}])
+            assert refused.value.status == 400 and not isinstance(refused.value, EngineUnreachable)
+            with pytest.raises(EngineUnreachable) as unreachable:
+                await dead.generate_batch([[5, 6, 7]], [{"max_new_tokens": 3}])
+            assert unreachable.value.endpoint == "/generate"
+        finally:
+            await good.aclose()
+            await dead.aclose()
+
+    asyncio.run(calls())

@@ -79,11 +79,14 @@ class WeightPublisher:
         self._failed = False
         self._packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-pack")
         self._http = ThreadPoolExecutor(max_workers=16, thread_name_prefix="engine-http")
+        # reports go out in order, off the publishing path: the next step need not wait for one
+        self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-report")
 
     def close(self) -> None:
         self._drop_group()
         self._packer.shutdown(wait=False)
         self._http.shutdown(wait=False)
+        self._reporter.shutdown(wait=True)  # the last reports still reach the coordinator
 
     def _drop_group(self) -> None:
         if self._group is not None:
@@ -162,7 +165,7 @@ class WeightPublisher:
             self._drop_group()
             result.error = f"{type(exc).__name__}: {exc}"
         result.seconds["total"] = time.perf_counter() - t0
-        self._report(result)
+        self._reporter.submit(self._report, result)
         if not result.ok:
             raise SyncFailed(result)
         return result
