@@ -378,7 +378,6 @@ def run_benchmark(args) -> dict:
 
     trainer = read_events(outs["trainer"])
     receivers = [read_events(outs[f"receiver{i}"]) for i in range(RECEIVERS)]
-    trainer_node = next(e["node_id"] for e in trainer if e["event"] == "ready")
     receiver_nodes = [next(e["node_id"] for e in evs if e["event"] == "ready") for evs in receivers]
     reports: dict = {}
     for r in raw_reports:  # a receiver reports receive() and loaded() separately: merge the phases

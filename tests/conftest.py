@@ -5,7 +5,6 @@ from __future__ import annotations
 import faulthandler
 import itertools
 import os
-import sys
 import urllib.request
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")

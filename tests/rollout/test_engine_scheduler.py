@@ -4,7 +4,6 @@ slots, chunked prefill, the n samples of a prompt sharing one prefill, retract a
 from __future__ import annotations
 
 import pytest
-import torch
 
 from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
