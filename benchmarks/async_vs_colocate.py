@@ -57,7 +57,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 from services.algorithms.advantages import ESTIMATORS
-from services.dcs.run_config import RunConfig  # noqa: E402
+from services.run_contract.run_config import RunConfig  # noqa: E402
 from services.launch.local_run import LocalRun  # noqa: E402
 from services.launch.timeline import fetch_spans, overlap_summary  # noqa: E402
 from services.model.init_model import init_model  # noqa: E402

@@ -192,9 +192,9 @@ def greedy_agreement(a: list[list[int]], b: list[list[int]]) -> dict:
 def _in_process_engine(model, tokenizer):
     """The engine's KV pool, decoder and scheduler factory, built as `sluice engine` builds them (server.py)."""
     from services.model.batched_decoder import BatchedDecoder
-    from services.rollout.engine.config import EngineConfig
-    from services.rollout.engine.scheduler import Scheduler
-    from services.rollout.engine.server import make_pool
+    from services.engine.config import EngineConfig
+    from services.engine.scheduler import Scheduler
+    from services.engine.server import make_pool
 
     config = EngineConfig(model="(in-process)")
     decoder = BatchedDecoder(model, make_pool(model, config))
@@ -204,8 +204,8 @@ def _in_process_engine(model, tokenizer):
 def _scheduler_run(new_scheduler, workload: list[dict]) -> tuple[float, int]:
     """Submit the whole workload to a fresh Scheduler, grouped as server.py groups a /generate batch, and
     step it by hand until nothing is left."""
-    from services.rollout.engine.request import Generation, share_prompts
-    from services.rollout.engine.sampling import SamplingParams
+    from services.engine.request import Generation, share_prompts
+    from services.engine.sampling import SamplingParams
 
     sched = new_scheduler()
     gens = [Generation(rid=f"p{i}", prompt=list(r["prompt"]), on_update=lambda g: None,

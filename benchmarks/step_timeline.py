@@ -34,7 +34,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from services.dcs.run_config import RunConfig  # noqa: E402
+from services.run_contract.run_config import RunConfig  # noqa: E402
 from services.launch.local_run import LocalRun  # noqa: E402
 from services.launch.timeline import draw_gantt, fetch_spans, overlap_summary, step_table  # noqa: E402
 from services.model.init_model import init_model  # noqa: E402

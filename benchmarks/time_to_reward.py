@@ -25,7 +25,7 @@ excluded and reported as startup_s. A step's time is when its optimizer step is 
 step-end callback; Sluice: the trainer's progress record, polled every --poll-ms).
 
 Evaluation: every --eval-every steps both systems write a checkpoint with the same function
-(services/trainer/checkpoint.py save_checkpoint: model + optimizer; the Sluice trainer does it itself via
+(services/run_contract/checkpoint.py save_checkpoint: model + optimizer; the Sluice trainer does it itself via
 RunConfig.checkpoint_interval, the TRL run from a step-end callback), so both pay the same cost inside
 the timed window. After each run, this process scores every checkpoint greedily on the same held-out
 prompts (warm_start.greedy_eval: the HF model, mean exact_match) and deletes them. time_to_reward_s[t] is the time of
@@ -70,13 +70,13 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling warm_start module
 from warm_start import chat_messages, encode_prompt, greedy_eval, make_splits, warm_start  # noqa: E402
 
-from services.dcs.run_config import RunConfig  # noqa: E402
+from services.run_contract.run_config import RunConfig  # noqa: E402
 from services.launch.local_run import LocalRun  # noqa: E402
 from services.model.init_model import init_model  # noqa: E402
 from services.rollout.rewards.builtin import exact_match  # noqa: E402
 from services.run_state.trainer_progress import read_progress, trained_steps  # noqa: E402
 from services.runtime.processes import http_ok  # noqa: E402
-from services.trainer.checkpoint import checkpoints, save_checkpoint  # noqa: E402
+from services.run_contract.checkpoint import checkpoints, save_checkpoint  # noqa: E402
 
 RUN_ID = "bench-time-to-reward"
 _T0 = time.perf_counter()

@@ -34,7 +34,7 @@ def _commands():
         return main(argv)
 
     def engine(argv):
-        from services.rollout.engine.main import main
+        from services.engine.main import main
         return main(argv)
 
     def rollout(argv):
@@ -78,7 +78,7 @@ def service_config(command: str):
         from services.dcs.config import DCSConfig
         return DCSConfig
     if command == "engine":
-        from services.rollout.engine.config import EngineConfig
+        from services.engine.config import EngineConfig
         return EngineConfig
     if command == "rollout":
         from services.rollout.config import RolloutConfig

@@ -16,7 +16,7 @@ import tempfile
 import time
 
 from services.algorithms.advantages import ESTIMATORS
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 from services.launch.local_run import LocalRun
 from services.model.init_model import init_model
 

@@ -24,8 +24,8 @@ from services.algorithms.policy_loss import kl_estimate
 from services.advantage.config import AdvantageConfig
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
-from services.dcs.run_config import RunConfig
-from services.run_state.partitions import partition_name, step_of
+from services.run_contract.run_config import RunConfig
+from services.run_contract.partitions import partition_name, step_of
 from services.run_state.connections import RunConnections
 from services.run_state.step_partitions import claim_or_done, put_once
 from services.runtime.role_service import RoleStatus, serve_role

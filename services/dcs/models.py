@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 
 Name = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
 TorchDType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]

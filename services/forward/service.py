@@ -23,9 +23,9 @@ from services.dcs.sync.receiver import WeightReceiver, follow_weights
 from services.forward.config import ForwardConfig
 from services.model.loading import load_causal_lm
 from services.runtime.spans import span
-from services.trainer.checkpoint import checkpoints
+from services.run_contract.checkpoint import checkpoints
 from services.model.response_batch import ResponseBatch, response_log_probs
-from services.run_state.partitions import SAMPLE_FIELDS, partition_name, step_of
+from services.run_contract.partitions import SAMPLE_FIELDS, partition_name, step_of
 from services.run_state.connections import RunConnections
 from services.run_state.step_partitions import claim_or_done, put_once
 from services.runtime.role_service import RoleStatus, serve_role

@@ -11,7 +11,7 @@ import redis
 
 from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
 from services.runtime.processes import ChildProcess, free_port, http_ok, sluice_argv, start_redis
 from services.transferqueue.local_stack import LocalTransferQueue

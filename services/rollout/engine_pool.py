@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import httpx
 
 from services.rollout.admission import parse_version
-from services.rollout.sglang_client import EngineUnreachable, SGLangClient, SGLangError
+from services.sglang_protocol.client import EngineUnreachable, SGLangClient, SGLangError
 
 log = logging.getLogger(__name__)
 

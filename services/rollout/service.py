@@ -22,13 +22,13 @@ from prometheus_client import Counter, Gauge, Histogram
 from services.dcs.client import DCSClient
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 from services.rollout.admission import may_admit
 from services.rollout.config import RolloutConfig
 from services.rollout.engine_pool import EnginePool, SampleOutput
 from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
 from services.rollout.rewards import build_reward
-from services.run_state.partitions import partition_name, step_of
+from services.run_contract.partitions import partition_name, step_of
 from services.run_state.prompt_ledger import PromptLedger
 from services.run_state.trainer_progress import aread_progress
 from services.runtime.role_service import RoleStatus, serve_role

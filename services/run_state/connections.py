@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import redis
 
 from services.dcs.client import DCSClient
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 from services.run_state.run_config_wait import wait_for_run
 from services.run_state.step_partitions import StepPartitions
 from services.runtime.role_service import RoleSettings

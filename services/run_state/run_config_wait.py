@@ -8,7 +8,7 @@ import time
 import httpx
 
 from services.dcs.client import DCSClient, DCSError
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 

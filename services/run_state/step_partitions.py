@@ -10,8 +10,8 @@ from typing import Callable
 import grpc
 import redis
 
-from services.dcs.run_config import RunConfig
-from services.run_state.partitions import partition_name
+from services.run_contract.run_config import RunConfig
+from services.run_contract.partitions import partition_name
 from services.run_state.trainer_progress import read_progress
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.errors import TQError

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.algorithms.policy_loss import PolicyLossConfig, entropy_from_logits, policy_loss
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 from services.model.response_batch import ResponseBatch, response_logits, token_log_probs
 from services.transferqueue.codec import Batch
 

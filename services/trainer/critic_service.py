@@ -9,15 +9,15 @@ import threading
 import torch
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 from services.model.response_batch import ResponseBatch
 from services.run_state.connections import RunConnections
-from services.run_state.partitions import partition_name
+from services.run_contract.partitions import partition_name
 from services.run_state.step_partitions import claim_or_done, put_once
 from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus
 from services.runtime.spans import span
-from services.trainer.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
+from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
 from services.trainer.config import TrainerConfig
 from services.trainer.critic_update import (CRITIC_TRAIN_FIELDS, CRITIC_VALUE_FIELDS, critic_step, load_critic,
                                             response_values)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from services.algorithms.policy_loss import value_loss
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 from services.model.response_batch import ResponseBatch
 from services.trainer.actor_update import StepMetrics, micro_batches, pad
 from services.transferqueue.codec import Batch

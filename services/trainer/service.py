@@ -31,14 +31,14 @@ from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.dcs.sync.publisher import SyncFailed, WeightPublisher
 from services.model.loading import load_causal_lm
-from services.run_state.partitions import partition_name, sample_id
+from services.run_contract.partitions import partition_name, sample_id
 from services.run_state.connections import RunConnections
 from services.run_state.trainer_progress import TrainerProgress, read_progress, record_trained, write_progress
 from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
 from services.trainer.actor_update import StepMetrics, actor_fields, actor_step
-from services.trainer.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
+from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
 from services.trainer.config import TrainerConfig
 from services.trainer.data_parallel import DataParallel
 from services.trainer.critic_service import CriticTrainer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 from services.run_state.step_partitions import partition_gone
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.errors import TQError

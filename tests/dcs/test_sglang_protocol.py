@@ -14,7 +14,7 @@ from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
 from services.dcs.models import NodeRegistration
 from services.dcs.sync.publisher import SyncFailed, WeightPublisher
-from services.rollout.sglang_client import SGLangClient
+from services.sglang_protocol.client import SGLangClient
 from services.runtime.processes import ChildProcess, free_port, http_ok
 from tests.dcs.sync_worker import digest, weights
 

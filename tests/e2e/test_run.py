@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 from services.launch.local_run import LocalRun
 from services.launch.timeline import fetch_spans, step_table
 from services.model.init_model import init_model

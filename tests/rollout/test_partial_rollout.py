@@ -20,7 +20,7 @@ from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
 from services.model.response_batch import ResponseBatch, response_log_probs
 from services.rollout.engine_pool import EnginePool
-from tests.rollout.conftest import start_engine
+from tests.engine.conftest import start_engine
 
 pytestmark = pytest.mark.slow
 

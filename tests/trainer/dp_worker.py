@@ -6,7 +6,7 @@ import argparse
 import torch
 from safetensors.torch import save_file
 
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 from services.model.loading import load_causal_lm
 from services.trainer.actor_update import actor_step
 from services.trainer.data_parallel import DataParallel

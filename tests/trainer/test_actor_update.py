@@ -5,11 +5,11 @@ import copy
 import pytest
 import torch
 
-from services.dcs.run_config import RunConfig
+from services.run_contract.run_config import RunConfig
 from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
 from services.trainer.actor_update import actor_step
-from services.trainer.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
+from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
 from services.transferqueue.codec import Batch
 
 

@@ -30,7 +30,7 @@ from services.dcs.client import DCSClient
 from services.dcs.models import SyncGroupRequest, SyncReport, WeightMetadata
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, pack, plan_buckets
-from services.rollout.sglang_client import SGLangClient
+from services.sglang_protocol.client import SGLangClient
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import torch
 
 from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
-from services.rollout.engine.request import Generation
-from services.rollout.engine.sampling import sample_batch
+from services.engine.request import Generation
+from services.engine.sampling import sample_batch
 from services.runtime.spans import RECORDER
 
 log = logging.getLogger(__name__)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from services.rollout.engine.config import EngineConfig
-from services.rollout.engine.server import serve
+from services.engine.config import EngineConfig
+from services.engine.server import serve
 from services.runtime.service_main import run_service
 
 

@@ -30,6 +30,7 @@ import torch
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, bucket_entries, unpack
 from services.dcs.sync.receiver import load_into
+from services.engine.protocol import UpdateWeightsRequest
 from services.runtime.spans import RECORDER
 
 
@@ -55,41 +56,43 @@ class WeightUpdates:
             self._begun = time.monotonic()
         return "receiving a weight update"
 
-    def receive(self, body: dict) -> None:
+    def receive(self, body: UpdateWeightsRequest) -> None:
         """Any thread but the engine's: the named tensors from rank 0, one broadcast each in list order or the
         whole bucket in one (flat_bucket)."""
         began = time.time()
-        group = self.groups.get(body["group_name"])
+        group = self.groups.get(body.group_name)
         if group is None:
-            raise ValueError(f"no weight update group {body['group_name']!r}; call /init_weights_update_group")
+            raise ValueError(f"no weight update group {body.group_name!r}; call /init_weights_update_group")
         try:
-            received = self._receive_flat(group, body) if body.get("flat_bucket") else self._receive_each(group, body)
+            received = self._receive_flat(group, body) if body.flat_bucket else self._receive_each(group, body)
         except Exception:
             with self._lock:  # nothing of a failed update is ever loaded
                 self._staged, self._staged_version, self._bracketed = {}, None, False
             raise
         with self._lock:
             self._staged.update(received)
-            self._staged_version = body.get("weight_version") or self._staged_version
+            self._staged_version = body.weight_version or self._staged_version
         RECORDER.record("weight_load", began, time.time(), version=self._staged_version)
 
-    def _receive_each(self, group: BroadcastGroup, body: dict) -> dict[str, torch.Tensor]:
+    def _receive_each(self, group: BroadcastGroup, body: UpdateWeightsRequest) -> dict[str, torch.Tensor]:
         """SGLang's transfer: one broadcast per tensor, in list order."""
         received = {}
-        for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
+        for name, dtype, shape in zip(body.names, body.dtypes, body.shapes, strict=True):
+            if dtype not in TORCH_DTYPES or any(d < 0 for d in shape):
+                raise ValueError(f"{name}: bad dtype {dtype!r} or shape {shape!r}")
             tensor = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
             group.broadcast(tensor, 0)
             received[name] = tensor
         return received
 
-    def _receive_flat(self, group: BroadcastGroup, body: dict) -> dict[str, torch.Tensor]:
+    def _receive_flat(self, group: BroadcastGroup, body: UpdateWeightsRequest) -> dict[str, torch.Tensor]:
         """Sluice's extension (`flat_bucket: {offsets, nbytes}`): the bucket's tensors in one uint8 broadcast
         at the given byte offsets (the layout of services/dcs/sync/layout.py), viewed out without a copy. One
         broadcast instead of one per tensor: a receive that competes with decoding for the GIL takes a
         fraction of the time."""
-        bucket = body["flat_bucket"]
-        entries = bucket_entries(body["names"], body["dtypes"], body["shapes"], bucket["offsets"], bucket["nbytes"])
-        flat = torch.empty(bucket["nbytes"], dtype=torch.uint8, device=self.device)
+        bucket = body.flat_bucket
+        entries = bucket_entries(body.names, body.dtypes, body.shapes, bucket.offsets, bucket.nbytes)
+        flat = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self.device)
         group.broadcast(flat, 0)
         return unpack(0, entries, flat)
 

@@ -8,9 +8,9 @@ import pytest
 from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
 from services.model.loading import load_causal_lm
-from services.rollout.engine.request import Generation, share_prompts
-from services.rollout.engine.sampling import SamplingParams
-from services.rollout.engine.scheduler import Scheduler
+from services.engine.request import Generation, share_prompts
+from services.engine.sampling import SamplingParams
+from services.engine.scheduler import Scheduler
 
 
 @pytest.fixture(scope="module")

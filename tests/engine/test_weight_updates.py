@@ -1,4 +1,4 @@
-"""The engine's weight-update state (services/rollout/engine/weight_updates.py) against in-memory fakes of
+"""The engine's weight-update state (services/engine/weight_updates.py) against in-memory fakes of
 the broadcast group and the scheduler: when a received version goes live, and that a failed receive leaves
 the old weights serving."""
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from services.dcs.sync.layout import pack, plan_buckets
-from services.rollout.engine.weight_updates import WeightUpdates
+from services.engine.protocol import UpdateWeightsRequest
+from services.engine.weight_updates import WeightUpdates
 
 
 class FakeGroup:
@@ -38,13 +39,13 @@ def _updates(bracket_timeout_s: float = 60.0):
                          bracket_timeout_s), model, scheduler, moved
 
 
-def _body(group: str, version: str, named, flat: bool = False) -> dict:
+def _body(group: str, version: str, named, flat: bool = False) -> UpdateWeightsRequest:
     body = {"group_name": group, "names": [n for n, _ in named], "dtypes": ["float32"] * len(named),
             "shapes": [list(t.shape) for _, t in named], "weight_version": version}
     if flat:
         entries, sizes = plan_buckets(named, 1 << 20)
         body["flat_bucket"] = {"offsets": [e.offset for e in entries], "nbytes": sizes[0]}
-    return body
+    return UpdateWeightsRequest.model_validate(body)
 
 
 def test_bracketed_buckets_go_live_together_at_end():

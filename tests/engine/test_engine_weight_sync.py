@@ -13,8 +13,8 @@ from services.dcs.models import NodeRegistration
 from services.dcs.sync.publisher import WeightPublisher
 from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
-from services.rollout.sglang_client import SGLangClient
-from tests.rollout.conftest import start_engine
+from services.sglang_protocol.client import SGLangClient
+from tests.engine.conftest import start_engine
 
 
 pytestmark = pytest.mark.slow  # several processes end to end; ./dev test runs it

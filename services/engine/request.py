@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from services.rollout.engine.sampling import SamplingParams
+from services.engine.sampling import SamplingParams
 
 
 @dataclass

@@ -234,7 +234,7 @@ def test_client_errors_name_the_endpoint_and_tell_unreachable_from_refused(engin
     answers with an error is an SGLangError with its status and message; a good call returns samples."""
     import asyncio
 
-    from services.rollout.sglang_client import EngineUnreachable, SGLangClient, SGLangError
+    from services.sglang_protocol.client import EngineUnreachable, SGLangClient, SGLangError
     from services.runtime.processes import free_port
 
     async def calls():

@@ -1,0 +1,228 @@
+"""The coordinator's routes, one router per resource. Routes are thin: validation is in the models, state
+in Redis (state.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter, Path, Query, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from services.dcs.config import DCSConfig
+from services.dcs.models import (
+    Cursors, CursorUpdate, Heartbeat, HeartbeatReply, NodeInfo, NodeRegistration, Ok, PublishedWeights, Run,
+    RunConfig, RunStatus, ServiceStatus, SyncGroup, SyncGroupRequest, SyncReport, Topology, WeightMetadata,
+)
+from services.dcs.state import Missing, RedisState
+from services.runtime.redis_events import RedisEvents
+
+log = logging.getLogger(__name__)
+
+SYNC_SECONDS = Histogram("sluice_dcs_sync_phase_seconds", "reported weight-sync phase times", ["phase"])
+SYNC_BYTES = Counter("sluice_dcs_sync_bytes_total", "bytes moved by reported weight syncs")
+SYNC_FAILURES = Counter("sluice_dcs_sync_failures_total", "weight syncs reported as failed")
+LATEST_VERSION = Gauge("sluice_dcs_latest_weight_version", "newest published weight version")
+
+
+def _name():
+    """A path parameter holding a node id or run name (a fresh FieldInfo per use)."""
+    return Path(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
+
+
+def health_router(state: RedisState) -> APIRouter:
+    """Health and metrics."""
+    router = APIRouter()
+
+    @router.get("/healthz", response_model=Ok, tags=["health"])
+    async def healthz():
+        return Ok(message="alive")
+
+    @router.get("/readyz", response_model=Ok, tags=["health"], responses={503: {"model": Ok}})
+    async def readyz():
+        try:
+            await state.redis.ping()
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            return JSONResponse(Ok(ok=False, message=f"redis: {exc}").model_dump(), status_code=503)
+        return Ok(message="ready")
+
+    @router.get("/metrics", tags=["health"], response_class=Response)
+    async def metrics():
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def node_router(config: DCSConfig, state: RedisState) -> APIRouter:
+    """Registration, heartbeats, topology."""
+    router = APIRouter()
+
+    @router.post("/v1/nodes", response_model=NodeInfo, status_code=201, tags=["nodes"])
+    async def register(reg: NodeRegistration):
+        node = await state.register(reg)
+        log.info("node registered", extra={"node_id": node.node_id, "role": node.role, "rank": node.rank})
+        return node
+
+    @router.post("/v1/nodes/{node_id}/heartbeat", response_model=HeartbeatReply, tags=["nodes"],
+              responses={404: {"model": Ok}})
+    async def heartbeat(hb: Heartbeat, node_id: str = _name()):
+        node = await state.heartbeat(node_id, hb)
+        try:
+            run = await state.run(node.run_id)
+            desired, seq = run.desired_state, run.pause_seq
+        except Missing:
+            desired, seq = "running", 0
+        return HeartbeatReply(desired_state=desired, pause_seq=seq, lease_s=config.node_lease_s)
+
+    @router.delete("/v1/nodes/{node_id}", response_model=Ok, tags=["nodes"])
+    async def unregister(node_id: str = _name()):
+        return Ok(ok=await state.unregister(node_id))
+
+    @router.get("/v1/nodes/{node_id}", response_model=NodeInfo, tags=["nodes"], responses={404: {"model": Ok}})
+    async def node(node_id: str = _name()):
+        return await state.node(node_id)
+
+    @router.get("/v1/topology", response_model=Topology, tags=["nodes"])
+    async def topology():
+        roles: dict[str, list[NodeInfo]] = {}
+        for n in await state.nodes():
+            roles.setdefault(n.role, []).append(n)
+        return Topology(roles=roles)
+
+    return router
+
+
+def weight_router(config: DCSConfig, state: RedisState, events: RedisEvents) -> APIRouter:
+    """Weight versions and receiver cursors."""
+    router = APIRouter()
+
+    @router.post("/v1/weights", response_model=PublishedWeights, status_code=201, tags=["weights"],
+              responses={409: {"model": Ok}})
+    async def publish(meta: WeightMetadata):
+        published = await state.publish(meta)
+        LATEST_VERSION.set(meta.version)
+        return published
+
+    @router.get("/v1/weights/latest", response_model=PublishedWeights, tags=["weights"],
+             responses={404: {"model": Ok}})
+    async def latest():
+        version = await state.latest_version()
+        if version == 0:
+            raise Missing("no weights published yet")
+        return await state.weights(version)
+
+    @router.get("/v1/weights/next", response_model=PublishedWeights, tags=["weights"],
+             responses={204: {"description": "nothing newer by the deadline"}})
+    async def next_version(after: int = Query(0, ge=0), wait_s: float = Query(0.0, ge=0, le=3600)):
+        """Long-poll: the latest version newer than `after`, waiting up to `wait_s` for one."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(wait_s, config.max_wait_s)
+        while True:
+            event = events.waiter("weights")
+            version = await state.latest_version()
+            if version > after:
+                return await state.weights(version)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return Response(status_code=204)
+            try:
+                await asyncio.wait_for(event.wait(), timeout=min(remaining, 2.0))
+            except TimeoutError:
+                pass
+
+    @router.get("/v1/weights/{version}", response_model=PublishedWeights, tags=["weights"],
+             responses={404: {"model": Ok}})
+    async def weights(version: int):
+        return await state.weights(version)
+
+    @router.put("/v1/weights/cursors/{role}", response_model=Cursors, tags=["weights"],
+             responses={409: {"model": Ok}})
+    async def set_cursor(update: CursorUpdate, role: str = Path(pattern=r"^[a-z_]{1,32}$")):
+        return Cursors(cursors=await state.set_cursor(role, update.version))
+
+    @router.get("/v1/weights-cursors", response_model=Cursors, tags=["weights"])
+    async def cursors():
+        return Cursors(cursors=await state.cursors())
+
+    return router
+
+
+def sync_router(state: RedisState) -> APIRouter:
+    """Sync groups and sync reports."""
+    router = APIRouter()
+
+    @router.post("/v1/sync-groups", response_model=SyncGroup, tags=["sync"], responses={404: {"model": Ok}})
+    async def sync_group(req: SyncGroupRequest):
+        return await state.sync_group(req)
+
+    @router.get("/v1/sync-groups/{run_id}", response_model=SyncGroup, tags=["sync"], responses={404: {"model": Ok}})
+    async def current_group(run_id: str = _name()):
+        return await state.current_group(run_id)
+
+    @router.post("/v1/syncs", response_model=Ok, tags=["sync"])
+    async def report_sync(report: SyncReport):
+        await state.report_sync(report)
+        for phase, seconds in report.seconds.items():
+            SYNC_SECONDS.labels(phase).observe(seconds)
+        SYNC_BYTES.inc(report.bytes)
+        if not report.ok:
+            SYNC_FAILURES.inc()
+            log.warning("sync failed", extra={"version": report.version, "node_id": report.node_id,
+                                              "error": report.error})
+        return Ok()
+
+    @router.get("/v1/syncs", response_model=list[SyncReport], tags=["sync"])
+    async def sync_reports(limit: int = Query(50, ge=1, le=1000)):
+        return await state.sync_reports(limit)
+
+    return router
+
+
+def run_router(state: RedisState) -> APIRouter:
+    """Runs: create, pause, resume, status."""
+    router = APIRouter()
+
+    @router.post("/v1/runs", response_model=Run, status_code=201, tags=["runs"], responses={409: {"model": Ok}})
+    async def create_run(run_config: RunConfig):
+        return await state.create_run(run_config)
+
+    @router.get("/v1/runs", response_model=list[Run], tags=["runs"])
+    async def runs():
+        return await state.runs()
+
+    @router.get("/v1/runs/{run_id}", response_model=Run, tags=["runs"], responses={404: {"model": Ok}})
+    async def run(run_id: str = _name()):
+        return await state.run(run_id)
+
+    @router.post("/v1/runs/{run_id}/pause", response_model=Run, tags=["runs"], responses={404: {"model": Ok}})
+    async def pause(run_id: str = _name()):
+        """Ask every service of the run to pause at its next safe point (they acknowledge by heartbeat)."""
+        return await state.set_desired(run_id, "paused")
+
+    @router.post("/v1/runs/{run_id}/resume", response_model=Run, tags=["runs"], responses={404: {"model": Ok}})
+    async def resume(run_id: str = _name()):
+        return await state.set_desired(run_id, "running")
+
+    @router.get("/v1/runs/{run_id}/status", response_model=RunStatus, tags=["runs"], responses={404: {"model": Ok}})
+    async def status(run_id: str = _name()):
+        run = await state.run(run_id)
+        services = []
+        for n in await state.nodes():
+            if n.run_id != run_id:
+                continue
+            acked = run.desired_state == "paused" and n.paused_seq >= run.pause_seq
+            if not n.alive:
+                node_state = "dead"
+            elif run.desired_state == "paused":
+                node_state = "paused" if acked else "pausing"
+            else:
+                node_state = "running"
+            services.append(ServiceStatus(node_id=n.node_id, role=n.role, rank=n.rank, state=node_state,
+                                          step=n.step, weight_version=n.weight_version,
+                                          last_heartbeat=n.last_heartbeat, pause_acknowledged=acked))
+        return RunStatus(run=run, latest_weight_version=await state.latest_version(), services=services)
+
+    return router

@@ -1,0 +1,142 @@
+"""SGLang's control routes on the built-in engine: pause / continue / flush, weight updates, version and
+model info, and the service routes (health, metrics, spans)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Query, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.dcs.sync.groups import BroadcastGroup
+from services.engine.protocol import (ControlResult, DestroyGroupRequest, InitGroupRequest, ModelInfo, PauseRequest,
+                                      UpdateWeightsRequest, WeightVersion)
+from services.runtime.spans import RECORDER
+
+
+def result(message: str, ok: bool = True) -> JSONResponse:
+    return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
+
+
+def generation_control_router(engine) -> APIRouter:
+    router = APIRouter(tags=["generation control"])
+    sched = engine.scheduler
+
+    @router.post("/pause_generation")
+    async def pause(req: PauseRequest | None = None):
+        """abort: running requests end with finish_reason abort; in_place: they freeze, KV kept;
+        retract: they go back to the queue and are recomputed on continue."""
+        mode = (req or PauseRequest()).mode
+        await engine.run_control(lambda: sched.pause(mode))
+        return {"message": f"paused ({mode})", "status": "ok"}
+
+    @router.post("/continue_generation")
+    async def cont():
+        def resume():
+            engine.weights.load()  # weights staged while paused go live before anything runs again
+            sched.resume()
+        await engine.run_control(resume)
+        return {"message": "continued", "status": "ok"}
+
+    @router.api_route("/flush_cache", methods=["GET", "POST"], response_model=ControlResult)
+    async def flush_cache():
+        if sched.busy():
+            return result("cannot flush the cache while requests are running or waiting", ok=False)
+        return result("cache flushed")
+
+    return router
+
+
+def weight_update_router(engine) -> APIRouter:
+    router = APIRouter(tags=["weight updates"])
+    sched = engine.scheduler
+
+    @router.post("/init_weights_update_group", response_model=ControlResult)
+    async def init_group(req: InitGroupRequest):
+        """Join the trainer's broadcast group; answers once every member joined."""
+        try:
+            group = await asyncio.get_running_loop().run_in_executor(None, lambda: BroadcastGroup.open(
+                req.group_name, req.backend, req.master_address, req.master_port, req.rank_offset, req.world_size,
+                engine.config.weight_sync_timeout_s))
+        except Exception as exc:
+            return result(f"failed to join the weight update group: {exc}", ok=False)
+        engine.weights.groups[group.name] = group
+        return result(f"joined {group.name} as rank {group.rank}")
+
+    @router.post("/destroy_weights_update_group", response_model=ControlResult)
+    async def destroy_group(req: DestroyGroupRequest):
+        group = engine.weights.groups.pop(req.group_name, None)
+        if group is None:
+            return result("no such group", ok=False)
+        group.close()
+        return result("destroyed")
+
+    @router.post("/begin_weight_update", response_model=ControlResult)
+    async def begin_update():
+        return result(engine.weights.begin())
+
+    @router.post("/end_weight_update", response_model=ControlResult)
+    async def end_update():
+        return result(await engine.run_control(engine.weights.end))
+
+    @router.post("/update_weights_from_distributed", response_model=ControlResult)
+    async def update(req: UpdateWeightsRequest):
+        """Receive the named tensors from the group's rank 0 (decoding goes on meanwhile), then load them
+        between two steps unless begin/end or a pause holds them back (weight_updates.py)."""
+        if req.flush_cache and sched.frozen:
+            return result("flush_cache is not allowed while in_place-paused requests hold KV; "
+                          "send flush_cache: false", ok=False)
+        try:  # received off the engine thread: decoding goes on during the transfer
+            await asyncio.get_running_loop().run_in_executor(None, engine.weights.receive, req)
+            message = await engine.run_control(engine.weights.load_unless_held)
+        except Exception as exc:
+            return result(f"update failed; the previous weights keep serving: {exc}", ok=False)
+        return result(message)
+
+    return router
+
+
+def engine_info_router(engine) -> APIRouter:
+    router = APIRouter(tags=["engine info"])
+    sched = engine.scheduler
+
+    @router.get("/get_weight_version", response_model=WeightVersion)
+    @router.get("/weight_version", response_model=WeightVersion)
+    async def weight_version(newer_than: str | None = None, wait_s: float = Query(0.0, ge=0.0, le=60.0)):
+        """With `newer_than` (a Sluice extension; SGLang ignores it and answers at once): a long poll that
+        answers when the version differs from it, or after wait_s seconds."""
+        if newer_than is not None and wait_s > 0:
+            return {"weight_version": await engine.version_moved.wait(lambda: sched.weight_version, newer_than,
+                                                                      wait_s)}
+        return {"weight_version": sched.weight_version}
+
+    @router.get("/get_model_info", response_model=ModelInfo)
+    @router.get("/model_info", response_model=ModelInfo)
+    async def model_info():
+        return {"model_path": engine.config.model, "tokenizer_path": engine.config.model, "is_generation": True,
+                "weight_version": sched.weight_version,
+                # Sluice extensions (weight_updates.py): updates load between steps, so no pause is needed;
+                # a bucket can come as one broadcast
+                "live_weight_update": True, "flat_bucket_update": True}
+
+    return router
+
+
+def service_router() -> APIRouter:
+    router = APIRouter(tags=["service"])
+
+    @router.get("/health")
+    async def health():
+        return Response(status_code=200)
+
+    @router.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/spans")
+    async def spans(since: float = 0.0):
+        """Recent spans (generate = busy forward steps, pause, weight_load) that ended after `since`."""
+        return RECORDER.since(since)
+
+    return router

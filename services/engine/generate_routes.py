@@ -1,0 +1,162 @@
+"""POST /generate and /abort_request: SGLang's generation routes over the engine's scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import torch
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import Counter
+
+from services.engine.protocol import AbortRequest, GenerateRequest, GenerateResult
+from services.engine.request import Generation, new_rid, share_prompts
+from services.engine.sampling import SamplingParams
+
+TOKENS_OUT = Counter("sluice_engine_generated_tokens_total", "tokens generated")
+REQUESTS = Counter("sluice_engine_requests_total", "generate requests", ["finish"])
+
+
+class BadRequest(ValueError):
+    """A well-formed body the engine cannot serve (server.py answers 400 with the message)."""
+
+
+def prompts_of(engine, req: GenerateRequest) -> list[tuple[list[int], SamplingParams, str]]:
+    """-> (prompt ids, SamplingParams, rid) per input (n is expanded by samples_of)."""
+    if (req.text is None) == (req.input_ids is None):
+        raise BadRequest("give exactly one of text or input_ids")
+    single = req.is_single()
+    if req.text is not None:
+        prompts = [engine.tokenizer(t).input_ids for t in ([req.text] if single else req.text)]
+    else:
+        prompts = [req.input_ids] if single else req.input_ids
+    vocab = engine.model.config.vocab_size
+    if not prompts or not all(prompts):
+        raise BadRequest("empty input")
+    for p in prompts:
+        if any(i < 0 or i >= vocab for i in p):
+            raise BadRequest(f"input_ids must be in [0, {vocab})")
+        if len(p) >= engine.pool.slot_len:
+            raise BadRequest(f"the input is {len(p)} tokens; the context length is {engine.pool.slot_len}")
+    raw = req.sampling_params or SamplingParams()
+    params = raw if isinstance(raw, list) else [raw] * len(prompts)
+    if len(params) != len(prompts):
+        raise BadRequest("one sampling_params per input, or a single one")
+    rids = [req.rid] if isinstance(req.rid, str) else (req.rid or [new_rid() for _ in prompts])
+    if len(rids) != len(prompts):
+        raise BadRequest("one rid per input")
+    if req.top_logprobs_num > vocab:
+        raise BadRequest("top_logprobs_num must be in [0, vocab]")
+    return list(zip(prompts, params, rids))
+
+
+def samples_of(engine, items, stream: bool, top_n: int, start_len: int) -> tuple[list[Generation], list[asyncio.Queue]]:
+    """One Generation per sample (n children `rid-i` each, as SGLang names them, so an abort by rid
+    reaches all) and the queue its updates arrive on."""
+    loop = asyncio.get_running_loop()
+    seqs, queues = [], []
+    for prompt, params, rid in items:
+        for index in range(params.n):
+            q: asyncio.Queue = asyncio.Queue()
+            seed = None if params.sampling_seed is None else params.sampling_seed + index
+            seqs.append(Generation(
+                rid=rid if params.n == 1 else f"{rid}-{index}", prompt=list(prompt), params=params,
+                generator=torch.Generator(engine.config.device).manual_seed(seed) if seed is not None else None,
+                # waking the event loop costs the engine thread the GIL: per token only when streaming
+                on_update=lambda r, q=q: (stream or r.finished) and loop.call_soon_threadsafe(q.put_nowait, 0),
+                top_logprobs_num=top_n, logprob_start_len=min(start_len, len(prompt) - 1)))
+            queues.append(q)
+    return seqs, queues
+
+
+def meta_info(seq: Generation, weight_version: str, with_logprobs: bool) -> dict:
+    m = {"id": seq.rid, "finish_reason": seq.finish_reason, "prompt_tokens": len(seq.prompt),
+         "completion_tokens": len(seq.output), "cached_tokens": seq.cached_tokens, "weight_version": weight_version}
+    if len(seq.spans) > 1:
+        m["weight_versions"] = seq.spans
+    if with_logprobs:
+        m["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(seq.logprobs, seq.output)]
+        if seq.top_logprobs_num:
+            m["output_top_logprobs"] = [[[lp, tok, None] for lp, tok in step] for step in seq.top_logprobs]
+        if seq.input_logprobs is not None:
+            start = seq.logprob_start_len
+            m["input_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(seq.input_logprobs, seq.prompt[start:])]
+    return m
+
+
+def _events(engine, seqs: list[Generation], queues: list[asyncio.Queue], result):
+    """Server-sent events: each carries only the output ids new since the sample's last event."""
+    async def events():
+        sent = [0] * len(seqs)
+        try:
+            pending = set(range(len(seqs)))
+            while pending:
+                for i in list(pending):
+                    await queues[i].get()
+                    # read `finished` before the chunk: if it finishes after, another update
+                    # follows, so the last event always carries the finish reason
+                    done = seqs[i].finished
+                    chunk = result(seqs[i])
+                    upto = len(chunk["output_ids"])
+                    chunk["output_ids"] = chunk["output_ids"][sent[i]:]
+                    sent[i] = upto
+                    chunk["index"] = i
+                    yield f"data: {json.dumps(chunk)}\n\n"
+                    if done:
+                        pending.discard(i)
+            yield "data: [DONE]\n\n"
+        finally:  # client went away: abort what is left
+            _abort_unfinished(engine, seqs)
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _abort_unfinished(engine, seqs: list[Generation]) -> None:
+    for seq in seqs:
+        if not seq.finished:
+            engine.scheduler.control(lambda rid=seq.rid: engine.scheduler.abort(rid))
+
+
+def generate_router(engine) -> APIRouter:
+    router = APIRouter(tags=["generation"])
+    sched = engine.scheduler
+
+    @router.post("/generate", response_model=GenerateResult | list[GenerateResult])
+    async def generate(req: GenerateRequest):
+        """Generate for one input or a batch; `sampling_params.n` samples per input share its prefill."""
+        items = prompts_of(engine, req)
+        with_logprobs = req.return_logprob
+        seqs, queues = samples_of(engine, items, req.stream, req.top_logprobs_num if with_logprobs else 0,
+                                  req.logprob_start_len if with_logprobs else -1)
+        for group in share_prompts(seqs):  # one prefill per distinct prompt
+            sched.submit(group)
+
+        def result(seq: Generation) -> dict:
+            ids = list(seq.output)
+            text = seq.text if seq.finished else engine.tokenizer.decode(ids, skip_special_tokens=True)
+            return {"text": text, "output_ids": ids, "meta_info": meta_info(seq, sched.weight_version, with_logprobs)}
+
+        if req.stream:
+            return _events(engine, seqs, queues, result)
+        try:
+            for seq, q in zip(seqs, queues):
+                while not seq.finished:
+                    await q.get()
+        except asyncio.CancelledError:
+            _abort_unfinished(engine, seqs)
+            raise
+        for seq in seqs:
+            REQUESTS.labels(seq.finish_reason["type"]).inc()
+            TOKENS_OUT.inc(len(seq.output))
+        results = [result(s) for s in seqs]
+        # plain dicts: no jsonable_encoder pass over every token
+        return JSONResponse(results[0] if req.is_single() and items[0][1].n == 1 else results)
+
+    @router.post("/abort_request")
+    async def abort_request(req: AbortRequest | None = None):
+        """Abort the requests whose rid starts with `rid`, or every request (`abort_all`)."""
+        if req is not None and (req.abort_all or req.rid is not None):
+            await engine.run_control(lambda: sched.abort(None if req.abort_all else req.rid))
+        return Response(status_code=200)
+
+    return router

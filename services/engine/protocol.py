@@ -1,0 +1,114 @@
+"""The engine's HTTP request and response bodies: SGLang's names and shapes (docs/engine.md), typed, so
+FastAPI validates them and the OpenAPI document describes them. A body that does not fit gets 400 with a
+message naming the field (server.py turns FastAPI's 422 into SGLang's 400)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.engine.sampling import SamplingParams
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GenerateRequest(_Body):
+    """One input (`text` a string or `input_ids` a list of ints: the answer is one object) or a batch
+    (lists of either: a list of answers). `sampling_params` and `rid` are one for all inputs or one each."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: SamplingParams | list[SamplingParams] | None = None
+    rid: str | list[str] | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = Field(0, ge=0, description="top log-probs per output token (with return_logprob)")
+    logprob_start_len: int = Field(-1, ge=-1, description="prompt log-probs from this position; -1 = none")
+    stream: bool = Field(False, description="server-sent events, each with the new output ids")
+
+    def is_single(self) -> bool:
+        if self.text is not None:
+            return isinstance(self.text, str)
+        return bool(self.input_ids) and isinstance(self.input_ids[0], int)
+
+
+class MetaInfo(BaseModel):
+    id: str
+    finish_reason: dict | None = Field(None, description='{"type": "stop" | "length" | "abort", ...}')
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    weight_version: str
+    weight_versions: list[dict] | None = Field(None, description="(version, start, end) spans over the output "
+                                                                 "ids, when the request crossed an update")
+    output_token_logprobs: list[list] | None = Field(None, description="[logprob, token id, null] per output token")
+    output_top_logprobs: list[list[list]] | None = None
+    input_token_logprobs: list[list] | None = None
+
+
+class GenerateResult(BaseModel):
+    text: str
+    output_ids: list[int]
+    meta_info: MetaInfo
+    index: int | None = Field(None, description="streaming only: which sample this event belongs to")
+
+
+class AbortRequest(_Body):
+    rid: str | None = Field(None, description="abort every request whose rid starts with this")
+    abort_all: bool = False
+
+
+class PauseRequest(_Body):
+    mode: Literal["abort", "in_place", "retract"] = "abort"
+
+
+class InitGroupRequest(_Body):
+    master_address: str = Field(min_length=1, max_length=255)
+    master_port: int = Field(ge=1, le=65535)
+    rank_offset: int = Field(ge=1, description="this engine's rank in the group (rank 0 is the trainer)")
+    world_size: int = Field(ge=2, le=65536)
+    group_name: str = Field("weight_update_group", min_length=1, max_length=200)
+    backend: Literal["gloo", "nccl"] = "gloo"
+
+
+class DestroyGroupRequest(_Body):
+    group_name: str = "weight_update_group"
+
+
+class FlatBucket(_Body):
+    """Sluice's extension: the bucket's tensors arrive as one uint8 broadcast at these byte offsets."""
+
+    offsets: list[int]
+    nbytes: int = Field(ge=0)
+
+
+class UpdateWeightsRequest(_Body):
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    weight_version: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    load_format: str | None = None
+    flat_bucket: FlatBucket | None = None
+
+
+class ControlResult(BaseModel):
+    success: bool
+    message: str
+
+
+class WeightVersion(BaseModel):
+    weight_version: str
+
+
+class ModelInfo(BaseModel):
+    model_path: str
+    tokenizer_path: str
+    is_generation: bool
+    weight_version: str
+    live_weight_update: bool = Field(description="Sluice: updates load between steps; no pause is needed")
+    flat_bucket_update: bool = Field(description="Sluice: /update_weights_from_distributed takes flat_bucket")

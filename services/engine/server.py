@@ -1,0 +1,144 @@
+"""The built-in engine's HTTP server: SGLang's protocol (the subset in docs/engine.md) over the
+continuous-batching Scheduler. The routes live in generate_routes.py and control_routes.py, the bodies in
+protocol.py; this module holds the engine's state and puts the app together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+import torch
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import Gauge
+
+from services.engine.config import EngineConfig
+from services.engine.control_routes import (engine_info_router, generation_control_router, service_router,
+                                            weight_update_router)
+from services.engine.generate_routes import BadRequest, generate_router
+from services.engine.scheduler import Scheduler
+from services.engine.weight_updates import WeightUpdates
+from services.model.batched_decoder import BatchedDecoder
+from services.model.kv_pool import KVPool
+from services.model.loading import load_causal_lm
+from services.runtime.http_service import serve_http
+
+log = logging.getLogger(__name__)
+RUNNING = Gauge("sluice_engine_running_requests", "sequences decoding (running or frozen by an in_place pause)")
+WAITING = Gauge("sluice_engine_waiting_requests", "sequences queued for admission")
+STEPS = Gauge("sluice_engine_steps", "forward steps run since start")
+KV_USED = Gauge("sluice_engine_kv_slots_used", "KV pool slots held by requests")
+
+
+def _error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+class Engine:
+    """Model, scheduler and weight-update state of one server."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model, self.tokenizer = load_causal_lm(config.model, config.dtype, config.device)
+        self.pool = make_pool(self.model, config)
+        self.scheduler = Scheduler(BatchedDecoder(self.model, self.pool), self.tokenizer, config.chunked_prefill_size)
+        self.version_moved = VersionWatch()
+        self.weights = WeightUpdates(self.model, self.scheduler, config.device, self.version_moved.fire_threadsafe,
+                                     bracket_timeout_s=config.weight_sync_timeout_s)
+        RUNNING.set_function(lambda: len(self.scheduler.running) + len(self.scheduler.frozen))
+        WAITING.set_function(lambda: len(self.scheduler.waiting))
+        STEPS.set_function(lambda: self.scheduler.steps)
+        KV_USED.set_function(lambda: self.pool.slots - self.pool.free_slots)
+
+    async def run_control(self, fn):
+        """Run fn on the engine thread between two steps; its result (or its exception, raised here)."""
+        done = self.scheduler.control(fn)
+        await asyncio.get_running_loop().run_in_executor(None, done.wait)
+        if done.error is not None:
+            raise done.error
+        return done.result
+
+
+class VersionWatch:
+    """Wakes long polls of /weight_version when the engine's weight version changes (fired from the
+    engine thread)."""
+
+    def __init__(self):
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._event = asyncio.Event()
+        self.closed = False  # shutting down: waiters answer now rather than hold the server open
+
+    def fire_threadsafe(self) -> None:
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def close_when(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self.closed = True
+        self._fire()
+
+    async def wait(self, current: Callable[[], str], newer_than: str, wait_s: float) -> str:
+        """The version once it differs from `newer_than`, or after wait_s, whichever comes first."""
+        deadline = time.monotonic() + wait_s
+        while current() == newer_than and not self.closed and (left := deadline - time.monotonic()) > 0:
+            try:  # _fire runs on this loop too: nothing moves between the check above and this wait
+                await asyncio.wait_for(self._event.wait(), left)
+            except TimeoutError:
+                break
+        return current()
+
+
+def make_pool(model, config: EngineConfig) -> KVPool:
+    """Slots of `context_length` positions each: as many as `max_total_tokens` holds, at most max_running."""
+    cfg = model.config
+    context = config.context_length or min(cfg.max_position_embeddings, 4096)
+    total = config.max_total_tokens or config.max_running * context
+    slots = min(config.max_running, total // context)
+    if slots < 1:
+        raise ValueError(f"max_total_tokens {total} holds no request of context length {context}")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    pool = KVPool(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, slots, context,
+                  dtype=next(model.parameters()).dtype, device=config.device)
+    log.info("kv pool", extra={"slots": slots, "context_length": context, "mib": pool.nbytes() >> 20})
+    return pool
+
+
+def build_app(engine: Engine) -> FastAPI:
+    app = FastAPI(title="Sluice engine (SGLang protocol)")
+
+    # SGLang answers a body it cannot use with 400 and a message (FastAPI's default would be 422)
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_, exc: RequestValidationError):
+        return _error("; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}"
+                                for e in exc.errors()[:5]))
+
+    @app.exception_handler(BadRequest)
+    async def bad(_, exc: BadRequest):
+        return _error(str(exc))
+
+    for router in (generate_router(engine), generation_control_router(engine), weight_update_router(engine),
+                   engine_info_router(engine), service_router()):
+        app.include_router(router)
+    return app
+
+
+async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
+    torch.set_num_threads(1)
+    engine = await asyncio.get_running_loop().run_in_executor(None, Engine, config)
+    engine.version_moved.loop = asyncio.get_running_loop()
+    closer = asyncio.create_task(engine.version_moved.close_when(stop))
+    engine.scheduler.start()
+    log.info("engine serving", extra={"port": config.port, "model": config.model})
+    try:
+        await serve_http(build_app(engine), config.host, config.port, stop)
+    finally:
+        closer.cancel()
+        engine.scheduler.stop()
+        log.info("engine stopped")
