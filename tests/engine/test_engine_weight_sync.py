@@ -52,7 +52,7 @@ def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights
             assert _greedy(url, prompt) == expected
             assert SGLangClient(url).weight_version() == "1"
             # a request running across an in-place update reports the spans of both versions
-            from tests.rollout.test_engine import LONG, _Streaming
+            from tests.engine.test_engine import LONG, _Streaming
             crossing = _Streaming(url, input_ids=prompt, sampling_params=LONG)  # 2000 tokens: still running when the sync pauses it
             assert crossing.started.wait(30)
             assert publisher.publish(other.state_dict().items(), 2).ok
@@ -98,7 +98,7 @@ def test_live_update_keeps_generating_and_wakes_version_long_polls(tiny_model_di
 
             poller = threading.Thread(target=long_poll)
             poller.start()
-            from tests.rollout.test_engine import LONG, _Streaming
+            from tests.engine.test_engine import LONG, _Streaming
             crossing = _Streaming(url, input_ids=[11, 22, 33], sampling_params=LONG)
             assert crossing.started.wait(30)
             result = publisher.publish(other.state_dict().items(), 1)  # several buckets, loaded at once
