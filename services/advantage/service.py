@@ -1,4 +1,4 @@
-"""The advantage role's loop:
+"""The advantage role, on the consumer driver (services/run_state/consumer.py):
 
     for step N from where the trainer is:
         wait for train_N (colocate: the whole batch)
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from typing import Callable
 
 import torch
 from prometheus_client import Counter, Gauge
@@ -25,12 +26,10 @@ from services.advantage.config import AdvantageConfig
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.run_contract.run_config import RunConfig
-from services.run_contract.partitions import partition_name, step_of
 from services.run_state.connections import RunConnections
-from services.run_state.step_partitions import claim_or_done, put_once
+from services.run_state.consumer import Consumer, consume_partition, each_step
+from services.run_state.seams import Membership
 from services.runtime.role_service import RoleStatus, serve_role
-from services.runtime.spans import span
-from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.codec import Batch
 
 log = logging.getLogger(__name__)
@@ -74,58 +73,55 @@ def advantages_of(batch: Batch, run: RunConfig) -> tuple[torch.Tensor, torch.Ten
 
 
 class AdvantageService:
-    def __init__(self, config: AdvantageConfig, status: RoleStatus):
+    """`connect` and `join` are the seams (services/run_state/seams.py): the run's connections and this
+    service's membership in it; tests pass in-memory fakes."""
+
+    def __init__(self, config: AdvantageConfig, status: RoleStatus,
+                 connect: Callable[..., RunConnections | None] = RunConnections.open,
+                 join: Callable[..., Membership] = RunMembership):
         self.config = config
         self.status = status
+        self.connect = connect
+        self.join = join
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
-        conn = RunConnections.open(c, halt)
+        conn = self.connect(c, halt)
         if conn is None:
             return
-        run, tq, steps = conn.run, conn.tq, conn.steps
-        membership = RunMembership(conn.dcs, NodeRegistration(role="advantage", host=c.advertise_host,
-                                                         ports={"http": c.port}, run_id=c.run_id))
+        run, tq = conn.run, conn.tq
+        membership = self.join(conn.dcs, NodeRegistration(role="advantage", host=c.advertise_host,
+                                                              ports={"http": c.port}, run_id=c.run_id))
         n = run.n_samples_per_prompt
-        batch_rows = (c.max_groups_per_batch or run.rollout_batch_size) * n
         tq.register_task(TASK, required_fields(run), group_size=n)
+        # min_rows: answer as soon as one group is ready, but take whatever else is ready too
+        consumer = Consumer(TASK, (c.max_groups_per_batch or run.rollout_batch_size) * n,
+                            lambda batch: self.compute(batch, run), "advantage", min_rows=n, done=self.done)
         self.status.running()
+
+        def safe_point() -> None:
+            membership.safe_point(halt)
+
+        def work(step: int, partition: str) -> None:
+            consume_partition(tq, partition, consumer, c.lease_s, n, safe_point, halt)
+            membership.progress(step=step)
         try:
-            step = steps.first_step()
-            while step < run.num_steps and not halt.is_set():
-                membership.safe_point(halt)
-                if steps.wait_for(step, halt, lambda: membership.safe_point(halt)):
-                    self._consume(tq, partition_name(step), run, batch_rows, membership, halt)
-                    membership.progress(step=step)
-                step += 1
+            each_step(conn.steps, run.num_steps, halt, safe_point, work)
         finally:
             membership.close()
             conn.close()
 
-    def _consume(self, tq: TransferQueue, partition: str, run: RunConfig, batch_rows: int, membership, halt) -> None:
-        while not halt.is_set():
-            membership.safe_point(halt)
-            # min_rows: answer as soon as one group is ready, but take whatever else is ready too
-            step = step_of(partition)
-            with span("claim", step):
-                batch = claim_or_done(tq, partition, TASK, batch_rows, self.config.lease_s,
-                                      min_rows=run.n_samples_per_prompt)
-            if batch is None:
-                return
-            if not batch.rows:
-                continue
-            with span("advantage", step):
-                advantages, returns = advantages_of(batch, run)
-            lengths = [len(m) for m in batch["loss_mask"]]
-            with span("put", step):
-                put_once(tq, partition, {"advantages": [advantages[i, :n].contiguous() for i, n in enumerate(lengths)],
-                                         "returns": [returns[i, :n].contiguous() for i, n in enumerate(lengths)]},
-                         batch.rows, run.n_samples_per_prompt)
-            tq.ack(batch)
-            ROWS.inc(len(batch.rows))
-            total = sum(lengths)
-            ADV_ABS.set(float(advantages.abs().sum()) / max(1, total))
-            self.status.update(partition=partition, rows_done=self.status.fields.get("rows_done", 0) + len(batch.rows))
+    def compute(self, batch: Batch, run: RunConfig) -> dict:
+        advantages, returns = advantages_of(batch, run)
+        lengths = [len(m) for m in batch["loss_mask"]]
+        ADV_ABS.set(float(advantages.abs().sum()) / max(1, sum(lengths)))
+        return {"advantages": [advantages[i, :n].contiguous() for i, n in enumerate(lengths)],
+                "returns": [returns[i, :n].contiguous() for i, n in enumerate(lengths)]}
+
+    def done(self, batch: Batch) -> None:
+        ROWS.inc(len(batch.rows))
+        self.status.update(partition=batch.partition,
+                           rows_done=self.status.fields.get("rows_done", 0) + len(batch.rows))
 
 
 async def serve(config: AdvantageConfig, stop: asyncio.Event) -> None:

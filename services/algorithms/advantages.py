@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo")
+from services.algorithms.names import ESTIMATORS
 
 
 def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:

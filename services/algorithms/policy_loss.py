@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-KL_KINDS = ("k1", "k2", "k3")
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+from services.algorithms.names import AGGREGATIONS, KL_KINDS
 
 # exp() of a log-ratio beyond this overflows float32 towards inf; e^20 is far outside any clip range
 _MAX_LOG_RATIO = 20.0

@@ -1,4 +1,4 @@
-"""DCSClient: the only code that knows the coordinator's HTTP API."""
+"""AsyncDCSClient and its blocking facade DCSClient: the only code that knows the coordinator's HTTP API."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from services.dcs.models import (
     Cursors, CursorUpdate, Heartbeat, HeartbeatReply, NodeInfo, NodeRegistration, PublishedWeights, Run,
     RunConfig, RunStatus, SyncGroup, SyncGroupRequest, SyncReport, Topology, WeightMetadata,
 )
+from services.runtime.loop_thread import BlockingFacade, blocking_methods
 
 
 class DCSError(Exception):
@@ -17,28 +18,36 @@ class DCSError(Exception):
         self.detail = detail
 
 
-class DCSClient:
+class AsyncDCSClient:
+    """The coordinator's client (asyncio); DCSClient below is its blocking facade."""
+
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0):
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s)
+        self.base_url = base_url
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._timeout_s = timeout_s
+        self._http: httpx.AsyncClient | None = None  # made on first use, on the loop that uses it
 
-    def close(self) -> None:
-        self._http.close()
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
-    def __enter__(self):
+    async def __aenter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    async def __aexit__(self, *exc):
+        await self.close()
 
-    def _call(self, method: str, path: str, body=None, params=None, timeout=None):
+    async def _call(self, method: str, path: str, body=None, params=None, timeout=None):
         kwargs = {"params": params}
         if body is not None:
             kwargs["content"] = body.model_dump_json()
             kwargs["headers"] = {"content-type": "application/json"}
         if timeout is not None:
             kwargs["timeout"] = timeout
-        response = self._http.request(method, path, **kwargs)
+        if self._http is None:
+            self._http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=self._timeout_s)
+        response = await self._http.request(method, path, **kwargs)
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail")
@@ -49,74 +58,85 @@ class DCSClient:
 
     # ------------------------------------------------------------ nodes
 
-    def register(self, registration: NodeRegistration) -> NodeInfo:
-        return NodeInfo.model_validate_json(self._call("POST", "/v1/nodes", registration).content)
+    async def register(self, registration: NodeRegistration) -> NodeInfo:
+        return NodeInfo.model_validate_json((await self._call("POST", "/v1/nodes", registration)).content)
 
-    def heartbeat(self, node_id: str, beat: Heartbeat) -> HeartbeatReply:
-        return HeartbeatReply.model_validate_json(self._call("POST", f"/v1/nodes/{node_id}/heartbeat", beat).content)
+    async def heartbeat(self, node_id: str, beat: Heartbeat) -> HeartbeatReply:
+        response = await self._call("POST", f"/v1/nodes/{node_id}/heartbeat", beat)
+        return HeartbeatReply.model_validate_json(response.content)
 
-    def unregister(self, node_id: str) -> bool:
-        return self._call("DELETE", f"/v1/nodes/{node_id}").json()["ok"]
+    async def unregister(self, node_id: str) -> bool:
+        return (await self._call("DELETE", f"/v1/nodes/{node_id}")).json()["ok"]
 
-    def topology(self) -> Topology:
-        return Topology.model_validate_json(self._call("GET", "/v1/topology").content)
+    async def topology(self) -> Topology:
+        return Topology.model_validate_json((await self._call("GET", "/v1/topology")).content)
 
     # ------------------------------------------------------------ weights
 
-    def publish_weights(self, metadata: WeightMetadata) -> PublishedWeights:
-        return PublishedWeights.model_validate_json(self._call("POST", "/v1/weights", metadata).content)
+    async def publish_weights(self, metadata: WeightMetadata) -> PublishedWeights:
+        return PublishedWeights.model_validate_json((await self._call("POST", "/v1/weights", metadata)).content)
 
-    def latest_weights(self) -> PublishedWeights:
-        return PublishedWeights.model_validate_json(self._call("GET", "/v1/weights/latest").content)
+    async def latest_weights(self) -> PublishedWeights:
+        return PublishedWeights.model_validate_json((await self._call("GET", "/v1/weights/latest")).content)
 
-    def weights(self, version: int) -> PublishedWeights:
-        return PublishedWeights.model_validate_json(self._call("GET", f"/v1/weights/{version}").content)
+    async def weights(self, version: int) -> PublishedWeights:
+        return PublishedWeights.model_validate_json((await self._call("GET", f"/v1/weights/{version}")).content)
 
-    def next_weights(self, after: int, wait_s: float) -> PublishedWeights | None:
+    async def next_weights(self, after: int, wait_s: float) -> PublishedWeights | None:
         """The newest version after `after`, waiting up to wait_s; None if none came."""
-        response = self._call("GET", "/v1/weights/next", params={"after": after, "wait_s": wait_s},
-                              timeout=wait_s + 10)
+        response = await self._call("GET", "/v1/weights/next", params={"after": after, "wait_s": wait_s},
+                                    timeout=wait_s + 10)
         if response.status_code == 204:
             return None
         return PublishedWeights.model_validate_json(response.content)
 
-    def set_cursor(self, role: str, version: int) -> dict[str, int]:
+    async def set_cursor(self, role: str, version: int) -> dict[str, int]:
         return Cursors.model_validate_json(
-            self._call("PUT", f"/v1/weights/cursors/{role}", CursorUpdate(version=version)).content).cursors
+            (await self._call("PUT", f"/v1/weights/cursors/{role}", CursorUpdate(version=version))).content).cursors
 
-    def cursors(self) -> dict[str, int]:
-        return Cursors.model_validate_json(self._call("GET", "/v1/weights-cursors").content).cursors
+    async def cursors(self) -> dict[str, int]:
+        return Cursors.model_validate_json((await self._call("GET", "/v1/weights-cursors")).content).cursors
 
-    def cursors_of(self, role: str) -> int:
-        return self.cursors().get(role, 0)
+    async def cursors_of(self, role: str) -> int:
+        return (await self.cursors()).get(role, 0)
 
     # ------------------------------------------------------------ sync groups
 
-    def sync_group(self, request: SyncGroupRequest) -> SyncGroup:
-        return SyncGroup.model_validate_json(self._call("POST", "/v1/sync-groups", request).content)
+    async def sync_group(self, request: SyncGroupRequest) -> SyncGroup:
+        return SyncGroup.model_validate_json((await self._call("POST", "/v1/sync-groups", request)).content)
 
-    def current_group(self, run_id: str) -> SyncGroup:
-        return SyncGroup.model_validate_json(self._call("GET", f"/v1/sync-groups/{run_id}").content)
+    async def current_group(self, run_id: str) -> SyncGroup:
+        return SyncGroup.model_validate_json((await self._call("GET", f"/v1/sync-groups/{run_id}")).content)
 
-    def report_sync(self, report: SyncReport) -> None:
-        self._call("POST", "/v1/syncs", report)
+    async def report_sync(self, report: SyncReport) -> None:
+        (await self._call("POST", "/v1/syncs", report))
 
-    def sync_reports(self, limit: int = 50) -> list[SyncReport]:
-        return [SyncReport.model_validate(r) for r in self._call("GET", "/v1/syncs", params={"limit": limit}).json()]
+    async def sync_reports(self, limit: int = 50) -> list[SyncReport]:
+        response = await self._call("GET", "/v1/syncs", params={"limit": limit})
+        return [SyncReport.model_validate(r) for r in response.json()]
 
     # ------------------------------------------------------------ runs
 
-    def create_run(self, config: RunConfig) -> Run:
-        return Run.model_validate_json(self._call("POST", "/v1/runs", config).content)
+    async def create_run(self, config: RunConfig) -> Run:
+        return Run.model_validate_json((await self._call("POST", "/v1/runs", config)).content)
 
-    def run(self, run_id: str) -> Run:
-        return Run.model_validate_json(self._call("GET", f"/v1/runs/{run_id}").content)
+    async def run(self, run_id: str) -> Run:
+        return Run.model_validate_json((await self._call("GET", f"/v1/runs/{run_id}")).content)
 
-    def pause(self, run_id: str) -> Run:
-        return Run.model_validate_json(self._call("POST", f"/v1/runs/{run_id}/pause").content)
+    async def pause(self, run_id: str) -> Run:
+        return Run.model_validate_json((await self._call("POST", f"/v1/runs/{run_id}/pause")).content)
 
-    def resume(self, run_id: str) -> Run:
-        return Run.model_validate_json(self._call("POST", f"/v1/runs/{run_id}/resume").content)
+    async def resume(self, run_id: str) -> Run:
+        return Run.model_validate_json((await self._call("POST", f"/v1/runs/{run_id}/resume")).content)
 
-    def status(self, run_id: str) -> RunStatus:
-        return RunStatus.model_validate_json(self._call("GET", f"/v1/runs/{run_id}/status").content)
+    async def status(self, run_id: str) -> RunStatus:
+        return RunStatus.model_validate_json((await self._call("GET", f"/v1/runs/{run_id}/status")).content)
+
+
+@blocking_methods(AsyncDCSClient, [name for name in vars(AsyncDCSClient) if not name.startswith("_")
+                                   and name != "close"])
+class DCSClient(BlockingFacade):
+    """The blocking client: AsyncDCSClient's calls, run on a private event-loop thread."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0):
+        super().__init__(AsyncDCSClient(base_url, token, timeout_s), "dcs-client")

@@ -36,6 +36,35 @@ return -1
 """
 
 
+# A heartbeat of a registered node only: one that was unregistered meanwhile leaves no orphan beat.
+_HEARTBEAT = """
+local record = redis.call('HGET', KEYS[1], ARGV[1])
+if not record then return false end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return record
+"""
+
+# Move a role's cursor forward and collect the metadata every role is past, in one step: no replica can
+# interleave a cursor move between another's read of the cursors and its deletes.
+_SET_CURSOR = """
+local latest = tonumber(redis.call('GET', KEYS[1]) or '0')
+local v = tonumber(ARGV[2])
+if v > latest then return {'never', tostring(latest)} end
+local current = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if v < current then return {'backwards', tostring(current)} end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+local all = redis.call('HGETALL', KEYS[2])
+local floor = latest
+for i = 2, #all, 2 do floor = math.min(floor, tonumber(all[i])) end
+local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. floor)
+for _, version in ipairs(stale) do
+  redis.call('DEL', ARGV[3] .. version)
+  redis.call('ZREM', KEYS[3], version)
+end
+return {'ok', cjson.encode(all)}
+"""
+
+
 class RedisState:
     def __init__(self, redis_url: str, prefix: str, node_lease_s: float):
         self.redis = aioredis.from_url(redis_url, decode_responses=True)
@@ -43,6 +72,8 @@ class RedisState:
         self.node_lease_s = node_lease_s
         self.events_channel = f"{prefix}:events"
         self._publish = self.redis.register_script(_PUBLISH)
+        self._heartbeat = self.redis.register_script(_HEARTBEAT)
+        self._set_cursor = self.redis.register_script(_SET_CURSOR)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -74,13 +105,12 @@ class RedisState:
                         paused_seq=beat.get("paused_seq") or 0, error=beat.get("error"))
 
     async def heartbeat(self, node_id: str, hb: Heartbeat) -> NodeInfo:
-        if not await self.redis.hexists(f"{self.k}:nodes", node_id):
-            raise Missing(f"node {node_id} is not registered (re-register after a coordinator reset)")
         now = await self.now()
         beat = {"ts": now, **hb.model_dump()}
-        await self.redis.hset(f"{self.k}:beats", node_id, json.dumps(beat))
-        record = json.loads(await self.redis.hget(f"{self.k}:nodes", node_id))
-        return self._node(record, beat, now)
+        record = await self._heartbeat(keys=[f"{self.k}:nodes", f"{self.k}:beats"], args=[node_id, json.dumps(beat)])
+        if record is None:
+            raise Missing(f"node {node_id} is not registered (re-register after a coordinator reset)")
+        return self._node(json.loads(record), beat, now)
 
     async def unregister(self, node_id: str) -> bool:
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -132,24 +162,16 @@ class RedisState:
     async def set_cursor(self, role: str, version: int) -> dict[str, int]:
         """A receiver role says it has loaded `version` (0 at start declares the role). Metadata older
         than every declared role's cursor (and never the latest) is collected, so no role can clear
-        what another still needs; a role moves only its own cursor, and only forward."""
-        latest = await self.latest_version()
-        if version > latest:
-            raise Conflict(f"version {version} was never published (latest is {latest})")
-        cursors_key = f"{self.k}:cursors"
-        current = int(await self.redis.hget(cursors_key, role) or 0)
-        if version < current:
-            raise Conflict(f"role {role} already consumed version {current}; cursors only move forward")
-        await self.redis.hset(cursors_key, role, version)
-        cursors = {r: int(v) for r, v in (await self.redis.hgetall(cursors_key)).items()}
-        floor = min(cursors.values())
-        stale = await self.redis.zrangebyscore(f"{self.k}:weights:versions", "-inf", f"({min(floor, latest)}")
-        if stale:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.delete(*[f"{self.k}:weights:{v}" for v in stale])
-                pipe.zrem(f"{self.k}:weights:versions", *stale)
-                await pipe.execute()
-        return cursors
+        what another still needs; a role moves only its own cursor, and only forward. One script."""
+        outcome, value = await self._set_cursor(
+            keys=[f"{self.k}:weights:latest", f"{self.k}:cursors", f"{self.k}:weights:versions"],
+            args=[role, version, f"{self.k}:weights:"])
+        if outcome == "never":
+            raise Conflict(f"version {version} was never published (latest is {value})")
+        if outcome == "backwards":
+            raise Conflict(f"role {role} already consumed version {value}; cursors only move forward")
+        flat = json.loads(value)
+        return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     async def cursors(self) -> dict[str, int]:
         return {r: int(v) for r, v in (await self.redis.hgetall(f"{self.k}:cursors")).items()}

@@ -1,4 +1,4 @@
-"""The forward role's loop, one step at a time:
+"""The forward role, on the consumer driver (services/run_state/consumer.py), one step at a time:
 
     for step N from where the trainer is:
         wait for train_N (colocate: for the whole batch)
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from typing import Callable
 
 import torch
 from prometheus_client import Counter, Gauge
@@ -22,14 +23,14 @@ from services.dcs.models import NodeRegistration
 from services.dcs.sync.receiver import WeightReceiver, follow_weights
 from services.forward.config import ForwardConfig
 from services.model.loading import load_causal_lm
-from services.runtime.spans import span
 from services.run_contract.checkpoint import checkpoints
 from services.model.response_batch import ResponseBatch, response_log_probs
-from services.run_contract.partitions import SAMPLE_FIELDS, partition_name, step_of
+from services.run_contract.partitions import SAMPLE_FIELDS
 from services.run_state.connections import RunConnections
-from services.run_state.step_partitions import claim_or_done, put_once
+from services.run_state.consumer import Consumer, consume_partition, each_step
+from services.run_state.seams import Membership
 from services.runtime.role_service import RoleStatus, serve_role
-from services.transferqueue.client.queue import TransferQueue
+from services.transferqueue.codec import Batch
 
 log = logging.getLogger(__name__)
 ROWS = Counter("sluice_forward_rows_total", "samples whose log-probs were written")
@@ -40,15 +41,22 @@ OUTPUT_FIELD = {"actor_fwd": "log_probs", "reference": "ref_log_probs"}
 
 
 class ForwardService:
-    def __init__(self, config: ForwardConfig, status: RoleStatus):
+    """`connect` and `join` are the seams (services/run_state/seams.py): the run's connections and this
+    service's membership in it; tests pass in-memory fakes."""
+
+    def __init__(self, config: ForwardConfig, status: RoleStatus,
+                 connect: Callable[..., RunConnections | None] = RunConnections.open,
+                 join: Callable[..., Membership] = RunMembership):
         self.config = config
         self.status = status
+        self.connect = connect
+        self.join = join
         self.role = config.role
         self.field = OUTPUT_FIELD[config.role]
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
-        conn = RunConnections.open(c, halt)
+        conn = self.connect(c, halt)
         if conn is None:
             return
         self.run = run = conn.run
@@ -62,7 +70,7 @@ class ForwardService:
             return
         torch.manual_seed(run.optim.seed)
         self.model, _ = load_causal_lm(run.model, c.dtype, c.device)
-        membership = RunMembership(conn.dcs, NodeRegistration(role=self.role, host=c.advertise_host,
+        membership = self.join(conn.dcs, NodeRegistration(role=self.role, host=c.advertise_host,
                                                               ports={"http": c.port}, device=c.device, run_id=c.run_id))
         receives = self.role == "actor_fwd" or run.ref_update_interval > 0
         receiver = WeightReceiver(conn.dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device)
@@ -81,21 +89,20 @@ class ForwardService:
         n = run.n_samples_per_prompt
         micro = max(n, micro - micro % n)  # claims come in whole groups
         tq.register_task(self.role, SAMPLE_FIELDS, group_size=n)
+        consumer = Consumer(self.role, micro, self.compute, "forward", done=self.done,
+                            prepare=lambda: self._keep_current(receiver if receives else None, membership),
+                            version=lambda: receiver.version if receives else None)
         self.status.running()
+
+        def work(step: int, partition: str) -> None:
+            if self.role == "actor_fwd":  # log-probs of step N come from the weights step N trains with
+                needed = step + steps.trainer_progress().version_offset
+                while receiver.version < needed and not halt.is_set() and steps.info(step) is not None:
+                    pause()
+                    follow_weights(receiver, self.model, wait_s=1.0)
+            consume_partition(tq, partition, consumer, c.lease_s, n, pause, halt)
         try:
-            step = steps.first_step()
-            while step < run.num_steps and not halt.is_set():
-                pause()
-                if not steps.wait_for(step, halt, keep_up):
-                    step += 1
-                    continue
-                if self.role == "actor_fwd":  # log-probs of step N come from the weights step N trains with
-                    needed = step + steps.trainer_progress().version_offset
-                    while receiver.version < needed and not halt.is_set() and steps.info(step) is not None:
-                        pause()
-                        follow_weights(receiver, self.model, wait_s=1.0)
-                self._consume(tq, partition_name(step), micro, receiver if receives else None, membership, pause, halt)
-                step += 1
+            each_step(steps, run.num_steps, halt, pause, work, idle=keep_up)
             # the run's last versions still go to every receiver: keep taking them until training is done
             while receives and not halt.is_set() and steps.trainer_progress().next_step < run.num_steps:
                 pause()
@@ -118,7 +125,7 @@ class ForwardService:
             log.warning("restarted without the published weights: log-probs use the initial weights until the "
                         "next version arrives", extra={"version": version})
 
-    def _pause_point(self, membership: RunMembership, receiver, halt):
+    def _pause_point(self, membership: Membership, receiver, halt):
         """A pause safe point that keeps receiving weights: a sync the trainer began before it paused
         needs every receiver."""
         def keep_receiving() -> None:
@@ -126,31 +133,24 @@ class ForwardService:
                 halt.wait(0.05)
         return lambda: membership.safe_point(halt, keep_receiving)
 
-    def _consume(self, tq: TransferQueue, partition: str, micro: int, receiver, membership, pause, halt) -> None:
-        while not halt.is_set():
-            pause()
-            if receiver is not None:
-                follow_weights(receiver, self.model, wait_s=0)
-                VERSION.set(receiver.version)
-                membership.progress(weight_version=receiver.version)
-            step, version = step_of(partition), receiver.version if receiver is not None else None
-            with span("claim", step, version):
-                batch = claim_or_done(tq, partition, self.role, micro, self.config.lease_s)
-            if batch is None:
-                return
-            if not batch.rows:
-                continue
-            with span("forward", step, version):
-                rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
-                log_probs = response_log_probs(self.model, rb.to_device(self.config.device),
-                                               self.run.rollout.temperature).cpu()
-            with span("put", step, version):
-                put_once(tq, partition, {self.field: rb.to_ragged(log_probs)}, batch.rows,
-                         self.run.n_samples_per_prompt)
-            tq.ack(batch)
-            ROWS.inc(len(batch.rows))
-            TOKENS.inc(int(rb.attention_mask.sum()))
-            self.status.update(partition=partition, rows_done=self.status.fields.get("rows_done", 0) + len(batch.rows))
+    def _keep_current(self, receiver, membership) -> None:
+        """Before each claim: take any newly published weights (reference: only versions it is a member for)."""
+        if receiver is not None:
+            follow_weights(receiver, self.model, wait_s=0)
+            VERSION.set(receiver.version)
+            membership.progress(weight_version=receiver.version)
+
+    def compute(self, batch: Batch) -> dict:
+        rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
+        log_probs = response_log_probs(self.model, rb.to_device(self.config.device),
+                                       self.run.rollout.temperature).cpu()
+        TOKENS.inc(int(rb.attention_mask.sum()))
+        return {self.field: rb.to_ragged(log_probs)}
+
+    def done(self, batch: Batch) -> None:
+        ROWS.inc(len(batch.rows))
+        self.status.update(partition=batch.partition,
+                           rows_done=self.status.fields.get("rows_done", 0) + len(batch.rows))
 
 
 async def serve(config: ForwardConfig, stop: asyncio.Event) -> None:

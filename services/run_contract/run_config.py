@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"]
+from services.algorithms.names import Estimator, KLKind, LossAggregation
+
 
 
 class _Strict(BaseModel):
@@ -42,12 +43,12 @@ class AlgorithmSettings(_Strict):
     lam: float = Field(1.0, ge=0, le=1)
     kl_coef: float = Field(0.0, ge=0, description="weight of KL(pi || reference); 0 = no reference role")
     kl_in_reward: bool = Field(False, description="KL as a per-token reward penalty instead of a loss term")
-    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    kl_kind: KLKind = "k3"
     eps_clip: float = Field(0.2, gt=0, lt=1)
     eps_clip_high: float | None = Field(None, gt=0, description="upper clip (DAPO clip-higher); None = eps_clip")
     dual_clip_c: float | None = Field(None, gt=1, description="dual-clip bound for negative advantages")
     entropy_coef: float = Field(0.0, ge=0)
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
+    loss_agg: LossAggregation = "token_mean"
     decoupled: bool = Field(False, description="decoupled PPO: actor_fwd's log_probs are the proximal policy")
     tis_clip: float | None = Field(None, gt=0, description="truncated importance sampling cap vs rollout log-probs")
     value_clip: float | None = Field(0.2, gt=0, description="PPO value-loss clip (critic)")

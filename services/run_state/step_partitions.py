@@ -8,12 +8,11 @@ import threading
 from typing import Callable
 
 import grpc
-import redis
 
 from services.run_contract.run_config import RunConfig
 from services.run_contract.partitions import partition_name
-from services.run_state.trainer_progress import read_progress
-from services.transferqueue.client.queue import TransferQueue
+from services.run_state.seams import DataPlane
+from services.run_state.trainer_progress import TrainerProgress
 from services.transferqueue.errors import TQError
 
 
@@ -24,16 +23,14 @@ def partition_gone(exc: Exception) -> bool:
 
 
 class StepPartitions:
-    def __init__(self, tq: TransferQueue, redis_client: redis.Redis, run_id: str, run: RunConfig,
-                 poll_s: float = 0.2):
+    def __init__(self, tq: DataPlane, progress: Callable[[], TrainerProgress], run: RunConfig, poll_s: float = 0.2):
         self.tq = tq
-        self.redis = redis_client
-        self.run_id = run_id
+        self._progress = progress  # the trainer's progress record (Redis, services/run_state/trainer_progress.py)
         self.run = run
         self.poll_s = poll_s
 
-    def trainer_progress(self):
-        return read_progress(self.redis, self.run_id)
+    def trainer_progress(self) -> TrainerProgress:
+        return self._progress()
 
     def first_step(self) -> int:
         return self.trainer_progress().next_step
@@ -61,7 +58,7 @@ class StepPartitions:
         return False
 
 
-def claim_or_done(tq: TransferQueue, partition: str, task: str, rows: int, lease_s: float, wait_s: float = 1.0,
+def claim_or_done(tq: DataPlane, partition: str, task: str, rows: int, lease_s: float, wait_s: float = 1.0,
                   min_rows: int = 0):
     """The next batch of `task` rows (empty if none became ready within wait_s), or None once the
     partition is done for the task (sealed and consumed, or already cleared)."""
@@ -76,7 +73,7 @@ def claim_or_done(tq: TransferQueue, partition: str, task: str, rows: int, lease
     return batch
 
 
-def put_once(tq: TransferQueue, partition: str, columns: dict, rows: list[int], group_size: int) -> None:
+def put_once(tq: DataPlane, partition: str, columns: dict, rows: list[int], group_size: int) -> None:
     """Write fields of claimed rows, tolerating rows a previous holder of the claim already wrote
     (claims are at-least-once: a consumer that died after its put but before its ack leaves rows that
     come back with the field produced). On such a conflict each group is written on its own and the

@@ -13,7 +13,7 @@ from services.run_contract.run_config import RunConfig
 from services.model.response_batch import ResponseBatch
 from services.run_state.connections import RunConnections
 from services.run_contract.partitions import partition_name
-from services.run_state.step_partitions import claim_or_done, put_once
+from services.run_state.consumer import Consumer, consume_partition
 from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus
 from services.runtime.spans import span
@@ -93,18 +93,14 @@ class CriticTrainer:
             conn.close()
 
     def write_values(self, tq: TransferQueue, critic, partition: str, run: RunConfig, membership, halt) -> None:
-        while not halt.is_set():
-            membership.safe_point(halt)
-            n = run.n_samples_per_prompt
-            batch = claim_or_done(tq, partition, CRITIC_VALUES_TASK, max(n, run.micro_batch_size // n * n),
-                                  self.config.lease_s)
-            if batch is None:
-                return
-            if not batch.rows:
-                continue
+        """`values` for every row of the partition (the advantage role's GAE needs them)."""
+        n = run.n_samples_per_prompt
+
+        def values(batch) -> dict:
             rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
             with torch.no_grad():
                 critic.eval()
-                values = response_values(critic, rb.to_device(self.config.device)).cpu() * rb.mask
-            put_once(tq, partition, {"values": rb.to_ragged(values)}, batch.rows, run.n_samples_per_prompt)
-            tq.ack(batch)
+                out = response_values(critic, rb.to_device(self.config.device)).cpu() * rb.mask
+            return {"values": rb.to_ragged(out)}
+        consumer = Consumer(CRITIC_VALUES_TASK, max(n, run.micro_batch_size // n * n), values, "values")
+        consume_partition(tq, partition, consumer, self.config.lease_s, n, lambda: membership.safe_point(halt), halt)

@@ -22,6 +22,7 @@ import secrets
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from prometheus_client import Histogram
@@ -66,6 +67,8 @@ class ActorTrainer:
         self._last_lag_check = self._published_at = time.monotonic()
         self.gauges = gauges("sluice_trainer", ACTOR_GAUGES)
         self.staleness = _staleness_histogram()
+        self._clearer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="partition-clear")
+        self._clearing: Future | None = None
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
@@ -125,12 +128,13 @@ class ActorTrainer:
                                     version)
             with span("publish", step, version):
                 self.version = version = self.publish(version)
-            self.clear(step)
+            self.clear_later(step, halt)
             metrics["weight_version"] = version
             write_progress(self.redis, c.run_id, TrainerProgress(next_step=step + 1, version=version))
             record_trained(self.redis, c.run_id, step, ids, metrics)
             self.report(step, metrics)
             step += 1
+        self.clear_later(None, halt)  # the last partition is cleared (or its failure raised) before the loop ends
         if not halt.is_set():
             self.dp.share([0, step, self.version])  # the other ranks are done too
 
@@ -185,20 +189,10 @@ class ActorTrainer:
         rewards: list[float] = []
         wait_s = compute_s = 0.0
         iteration_metrics = []
-        nonce = secrets.randbits(62) if dp.is_leader else 0
+        nonce = secrets.randbits(62) if dp.is_leader else 0  # claim keys: the ranks claim the same rows
         for it in range(run.num_iters_per_train_update):
             t0 = time.perf_counter()
-            if dp.is_leader:
-                self.membership.safe_point(halt)
-                with span("claim", step, self.version):
-                    claimed = claim_global_batch(self.tq, partition, ACTOR_TASK, run.global_batch_size, c.lease_s,
-                                                 halt, lambda: self.waiting(step, halt), claim_key=f"{nonce}-{it}")
-                if dp.size > 1:
-                    dp.share([1 if claimed else 0, nonce])
-            else:
-                got, nonce = dp.share([0, 0])
-                claimed = self.tq.claim_rows(partition, ACTOR_TASK, run.global_batch_size, lease_s=c.lease_s,
-                                             claim_key=f"{nonce}-{it}") if got else None
+            claimed = self._claim(step, nonce, it, halt)
             wait_s += time.perf_counter() - t0
             if claimed is None:
                 if halt.is_set() or not dp.is_leader:
@@ -232,15 +226,34 @@ class ActorTrainer:
             return None, None
         means = [m.means() for m in iteration_metrics]
         metrics = {k: sum(x[k] for x in means if k in x) / len(means) for k in means[0] if k not in ("tokens",)}
-        violations = sum(n for s, n in staleness.items() if s > run.max_staleness)
+        metrics.update(reward_mean=sum(rewards) / len(rewards), tokens=totals.tokens, wait_s=wait_s,
+                       tokens_per_s=totals.tokens / max(compute_s, 1e-9), version_trained=version, dp_size=dp.size,
+                       **self._staleness_metrics(step, staleness))
+        return ids, metrics
+
+    def _claim(self, step: int, nonce: int, it: int, halt: threading.Event):
+        """Global batch `it` of step N: the leader claims it (waiting while the partition fills), the other
+        ranks claim the same rows by the claim key the leader shares. None when halted or none was found."""
+        run, c, dp = self.run, self.config, self.dp
+        partition = partition_name(step)
+        if not dp.is_leader:
+            got, nonce = dp.share([0, 0])
+            return self.tq.claim_rows(partition, ACTOR_TASK, run.global_batch_size, lease_s=c.lease_s,
+                                      claim_key=f"{nonce}-{it}") if got else None
+        self.membership.safe_point(halt)
+        with span("claim", step, self.version):
+            claimed = claim_global_batch(self.tq, partition, ACTOR_TASK, run.global_batch_size, c.lease_s,
+                                         halt, lambda: self.waiting(step, halt), claim_key=f"{nonce}-{it}")
+        if dp.size > 1:
+            dp.share([1 if claimed else 0, nonce])
+        return claimed
+
+    def _staleness_metrics(self, step: int, staleness: collections.Counter) -> dict:
+        violations = sum(n for s, n in staleness.items() if s > self.run.max_staleness)
         if violations:
             log.warning("samples exceeded max_staleness", extra={"step": step, "count": violations})
-        metrics.update(reward_mean=sum(rewards) / len(rewards), tokens=totals.tokens, wait_s=wait_s,
-                       tokens_per_s=totals.tokens / max(compute_s, 1e-9), staleness={str(k): v for k, v in
-                                                                                     sorted(staleness.items())},
-                       staleness_max=max(staleness), staleness_violations=violations, version_trained=version,
-                       dp_size=dp.size)
-        return ids, metrics
+        return {"staleness": {str(k): v for k, v in sorted(staleness.items())}, "staleness_max": max(staleness),
+                "staleness_violations": violations}
 
     def report(self, step: int, metrics: dict) -> None:
         for name, gauge in self.gauges.items():
@@ -281,8 +294,18 @@ class ActorTrainer:
                     version += 1
         raise RuntimeError(f"weight sync failed {attempts} times")
 
-    def clear(self, step: int) -> None:
-        """Clear train_<step> once every task of the run has consumed all of it."""
+    def clear_later(self, step: int | None, halt: threading.Event) -> None:
+        """Clear train_<step> on a worker thread: the next step need not wait for the slowest task to ack
+        the last rows (a clear takes a few round trips, and up to clear_wait_s when a task lags). A failed
+        clear is raised here at the next call; step None waits for the pending clear."""
+        if self._clearing is not None:
+            self._clearing.result()  # one clear at a time: a lagging task still holds the trainer back
+            self._clearing = None
+        if step is not None:
+            self._clearing = self._clearer.submit(self.clear, step, halt)
+
+    def clear(self, step: int, halt: threading.Event) -> None:
+        """Clear train_<step> once every task of the run has consumed all of it (unless halted first)."""
         partition = partition_name(step)
         deadline = time.monotonic() + self.config.clear_wait_s
         tasks = expected_tasks(self.run)
@@ -295,7 +318,8 @@ class ActorTrainer:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{partition} not consumed by every task in time: {consumed} of {info.rows}")
-            time.sleep(0.1)
+            if halt.wait(0.05):
+                return
         self.tq.clear_partition(partition)
 
     # ------------------------------------------------------------------ restart
@@ -323,7 +347,7 @@ class ActorTrainer:
             step = progress.next_step
         for covered in range(progress.next_step, step):
             if self.steps.info(covered) is not None:
-                self.clear(covered)
+                self.clear(covered, threading.Event())
         latest = self.latest_published()
         if latest > version:
             version = self.publish(latest + 1)  # renumber: receivers hold newer weights than ours

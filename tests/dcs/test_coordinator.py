@@ -65,7 +65,7 @@ def test_weight_versions_are_monotonic_and_long_poll_wakes(client):
     got = {}
 
     def waiter():
-        with DCSClient(client._http.base_url) as c:
+        with DCSClient(client.core.base_url) as c:
             t0 = time.monotonic()
             got["w"] = c.next_weights(start + 1, wait_s=20)
             got["s"] = time.monotonic() - t0

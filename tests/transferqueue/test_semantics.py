@@ -196,24 +196,27 @@ def test_schema_fixed_by_first_write(tq, uniq):
 # 7 ----------------------------------------------------------------------------------------------
 
 def test_put_whose_commit_fails_raises_and_leaves_nothing(tq_stack, tq, uniq):
-    from services.transferqueue.client.queue import TransferQueue
+    from services.transferqueue.client.queue import AsyncTransferQueue
 
     p, task = uniq("p"), uniq("t")
     tq.create_partition(p)
     tq.register_task(task, ["x"])
     held_before = sum(ShardClient(a).stats().bytes for a in tq_stack.shard_addresses)
-    real_commit = tq.controller.commit_put
+    real_commit = tq.core.controller.acommit_put  # the blocking client runs its asyncio core
 
-    def racing_commit(*args, **kwargs):
+    async def racing_commit(*args, **kwargs):
         # another writer fixes the field's schema first; our real commit then meets a real conflict
-        with TransferQueue(tq_stack.controller_address) as other:
-            other.put(p, {"x": torch.arange(3, dtype=torch.int32)})
-        return real_commit(*args, **kwargs)
+        other = AsyncTransferQueue(tq_stack.controller_address)
+        try:
+            await other.put(p, {"x": torch.arange(3, dtype=torch.int32)})
+        finally:
+            await other.close()
+        return await real_commit(*args, **kwargs)
 
-    tq.controller.commit_put = racing_commit
+    tq.core.controller.acommit_put = racing_commit
     with pytest.raises(TQError) as err:
         tq.put(p, {"x": torch.arange(100, dtype=torch.int64)})
-    tq.controller.commit_put = real_commit
+    tq.core.controller.acommit_put = real_commit
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     info = tq.partition(p)
     assert info.rows == 3 and info.allocated_rows == 103  # the failed put's rows never became rows

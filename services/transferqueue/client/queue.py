@@ -1,4 +1,4 @@
-"""TransferQueue (blocking) and AsyncTransferQueue (asyncio): the data plane as users see it.
+"""AsyncTransferQueue (asyncio) and its blocking facade TransferQueue: the data plane as users see it.
 
 A put: PreparePut (controller: validate schema, allocate rows) -> bytes to the shards that own the
 rows, in parallel -> CommitPut (controller: rows become readable). If the commit fails the bytes are
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -24,6 +23,7 @@ from services.transferqueue.client.shard_client import ShardClient
 from services.transferqueue.codec import Backing, Batch, decode_table, encode_columns
 from services.transferqueue.wire_format import from_ipc, to_ipc
 from services.transferqueue.errors import TQError
+from services.runtime.loop_thread import BlockingFacade, blocking_methods
 
 # slack on top of a claim's long-poll wait for the RPC deadline
 _WAIT_SLACK_S = 10.0
@@ -59,7 +59,9 @@ class _Backoff:
         return delay
 
 
-class _QueueBase:
+class AsyncTransferQueue:
+    """The data-plane client (asyncio). TransferQueue below is its blocking facade."""
+
     def __init__(self, controller: str, token: str | None = None, put_timeout_s: float = 60.0,
                  chunk_bytes: int | None = None):
         self.token = token
@@ -100,192 +102,6 @@ class _QueueBase:
         columns, lengths = decode_table(merge_in_order(tables, len(rows)), padded, pad_value, backing)
         return Batch(partition=partition, rows=list(rows), columns=columns, lengths=lengths, lease_id=lease_id)
 
-
-class TransferQueue(_QueueBase):
-    """Blocking client. Thread-safe for concurrent calls."""
-
-    def __init__(self, controller: str, token: str | None = None, put_timeout_s: float = 60.0,
-                 chunk_bytes: int | None = None, max_parallel_shards: int = 8):
-        super().__init__(controller, token, put_timeout_s, chunk_bytes)
-        self._pool = ThreadPoolExecutor(max_workers=max_parallel_shards, thread_name_prefix="tq-shard")
-
-    def close(self) -> None:
-        self.controller.close()
-        for client in self._shards.values():
-            client.close()
-        self._pool.shutdown(wait=False)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _parallel(self, fn, items):
-        if len(items) == 1:
-            return [fn(items[0])]
-        return list(self._pool.map(fn, items))
-
-    # ------------------------------------------------------------ admin
-
-    def create_partition(self, name: str, group_size: int = 1, exist_ok: bool = False, placement_block: int = 0):
-        return self.controller.create_partition(name, group_size, exist_ok, placement_block)
-
-    def partition(self, name: str):
-        return self.controller.get_partition(name)
-
-    def list_partitions(self, prefix: str = ""):
-        return list(self.controller.list_partitions(prefix).partitions)
-
-    def seal_partition(self, name: str):
-        return self.controller.seal_partition(name)
-
-    def clear_partition(self, name: str) -> bool:
-        self._placements.pop(name, None)
-        return self.controller.clear_partition(name).existed
-
-    def register_task(self, name: str, required_fields: Sequence[str], group_size: int = 1):
-        self._task_fields[name] = list(required_fields)
-        return self.controller.register_task(name, required_fields, group_size)
-
-    def reset_task(self, partition: str, task: str) -> int:
-        return self.controller.reset_task(partition, task).rows_ready
-
-    def schema(self, partition: str):
-        return list(self.controller.get_schema(partition).fields)
-
-    def wait_ready(self, partition: str, task: str, min_rows: int, wait_s: float):
-        return self.controller.wait_ready(partition, task, min_rows, int(wait_s * 1000),
-                                          timeout=wait_s + _WAIT_SLACK_S)
-
-    # ------------------------------------------------------------ placement
-
-    def _placement(self, partition: str, info=None) -> Placement:
-        if info is not None:
-            self._placements[partition] = Placement.of(info)
-        elif partition not in self._placements:
-            self._placements[partition] = Placement.of(self.controller.get_partition(partition))
-        placement = self._placements[partition]
-        if any(s not in self._shard_addresses for s in placement.shard_ids):
-            self._learn_shards(self.controller.list_shards())
-        return placement
-
-    # ------------------------------------------------------------ put
-
-    def put(self, partition: str, columns: Mapping[str, Any], rows: Sequence[int] | None = None) -> list[int]:
-        """Store columns as new rows (or as fields of existing `rows`); returns the row indices.
-        The rows are readable when this returns, and not before."""
-        n, schemas, batch = encode_columns(columns)
-        if rows is not None and len(rows) != n:
-            raise TQError(grpc.StatusCode.INVALID_ARGUMENT, f"{len(rows)} rows named for {n} rows of data")
-        prepared = self.controller.prepare_put(partition, schemas, 0 if rows is not None else n,
-                                               list(rows) if rows is not None else [])
-        rows = list(prepared.rows)
-        placement = self._placement(partition, prepared.partition)
-        plan = placement.split(rows)
-        row_array = np.asarray(rows, dtype=np.int64)
-
-        stored = []  # the parts that reached their shard: the only bytes an undo may delete
-
-        def send(item):
-            shard_id, positions = item
-            data = to_ipc(select(batch, positions))
-            backoff = _Backoff(self.put_timeout_s)
-            while True:
-                try:
-                    self._shard_for(shard_id).put(partition, row_array[positions].tolist(), data)
-                    stored.append(item)
-                    return
-                except TQError as err:
-                    time.sleep(backoff.next_delay(err))
-
-        fields = [s.name for s in schemas]
-        try:
-            self._parallel(send, plan)
-        except BaseException:
-            self._undo(partition, stored, row_array, fields)
-            raise
-        try:
-            self.controller.commit_put(partition, schemas, rows)
-        except TQError as err:
-            if err.code in _COMMIT_REFUSED:  # certainly not applied: its bytes must not linger
-                self._undo(partition, stored, row_array, fields)
-            raise
-        return rows
-
-    def _undo(self, partition, stored, row_array, fields) -> None:
-        for shard_id, positions in stored:
-            try:
-                self._shard_for(shard_id).delete(partition, row_array[positions].tolist(), fields, timeout=5)
-            except TQError:
-                pass  # unreadable anyway: never committed
-
-    # ------------------------------------------------------------ read
-
-    def _fetch(self, partition: str, rows: list[int], fields: list[str], padded, pad_value, lease_id="") -> Batch:
-        placement = self._placement(partition)
-
-        def fetch(item):
-            shard_id, positions = item
-            return positions, self._shard_for(shard_id).get(partition, [rows[i] for i in positions], fields)
-
-        tables = self._parallel(fetch, placement.split(rows))
-        return self._decoded(partition, rows, tables, padded, pad_value, lease_id)
-
-    def get(self, partition: str, rows: Sequence[int], fields: Sequence[str], padded=False, pad_value=0) -> Batch:
-        """Read fields of rows (no claim). Every row must have every field, else NOT_FOUND."""
-        rows, fields = list(rows), list(fields)
-        checked = self.controller.check_rows(partition, rows, fields)
-        self._placement(partition, checked.partition)
-        return self._fetch(partition, rows, fields, padded, pad_value)
-
-    def _fields_of(self, task: str) -> list[str]:
-        if task not in self._task_fields:
-            for t in self.controller.list_tasks().tasks:
-                self._task_fields[t.name] = list(t.required_fields)
-        if task not in self._task_fields:
-            raise TQError(grpc.StatusCode.NOT_FOUND, f"task {task} is not registered")
-        return self._task_fields[task]
-
-    def claim_rows(self, partition: str, task: str, batch_size: int, wait_s: float = 0.0, lease_s: float = 0.0,
-                   min_rows: int = 0, claim_key: str = "") -> ClaimedRows:
-        """Claim rows without reading them."""
-        res = self.controller.claim(partition, task, batch_size, int(wait_s * 1000), int(lease_s * 1000), min_rows,
-                                    claim_key, timeout=wait_s + _WAIT_SLACK_S)
-        return self._claimed(partition, task, res)
-
-    def claim(self, partition: str, task: str, batch_size: int, fields: Sequence[str] | None = None,
-              wait_s: float = 0.0, lease_s: float = 0.0, min_rows: int = 0, padded=False, pad_value=0) -> Batch:
-        """Claim up to batch_size ready rows (whole groups) and read `fields` (default: the task's
-        required fields). An empty batch means nothing was ready by the deadline; `batch.complete`
-        says the partition is sealed and fully consumed by this task."""
-        claimed = self.claim_rows(partition, task, batch_size, wait_s, lease_s, min_rows)
-        if not claimed.rows:
-            return Batch(partition=partition, rows=[], columns={}, complete=claimed.complete)
-        fields = list(fields) if fields is not None else self._fields_of(task)
-        try:
-            batch = self._fetch(partition, claimed.rows, fields, padded, pad_value, claimed.lease_id)
-        except BaseException:
-            self.release(claimed.lease_id)
-            raise
-        batch.complete = claimed.complete
-        return batch
-
-    def ack(self, lease: str | Batch, rows: Sequence[int] = ()) -> int:
-        lease_id = lease.lease_id if isinstance(lease, Batch) else lease
-        return self.controller.ack(lease_id, list(rows)).rows_acked
-
-    def release(self, lease: str | Batch) -> int:
-        lease_id = lease.lease_id if isinstance(lease, Batch) else lease
-        return self.controller.release(lease_id).rows_released
-
-    def extend_lease(self, lease: str | Batch, lease_s: float) -> int:
-        lease_id = lease.lease_id if isinstance(lease, Batch) else lease
-        return self.controller.extend_lease(lease_id, int(lease_s * 1000)).lease_expires_unix_ms
-
-
-class AsyncTransferQueue(_QueueBase):
-    """asyncio client; the same operations as TransferQueue, as coroutines."""
 
     async def close(self) -> None:
         await self.controller.aclose()
@@ -339,6 +155,8 @@ class AsyncTransferQueue(_QueueBase):
         return placement
 
     async def put(self, partition: str, columns: Mapping[str, Any], rows: Sequence[int] | None = None) -> list[int]:
+        """Store columns as new rows (or as fields of existing `rows`); returns the row indices.
+        The rows are readable when this returns, and not before."""
         n, schemas, batch = encode_columns(columns)
         if rows is not None and len(rows) != n:
             raise TQError(grpc.StatusCode.INVALID_ARGUMENT, f"{len(rows)} rows named for {n} rows of data")
@@ -392,6 +210,7 @@ class AsyncTransferQueue(_QueueBase):
         return self._decoded(partition, rows, tables, padded, pad_value, lease_id)
 
     async def get(self, partition: str, rows: Sequence[int], fields: Sequence[str], padded=False, pad_value=0) -> Batch:
+        """Read fields of rows (no claim). Every row must have every field, else NOT_FOUND."""
         rows, fields = list(rows), list(fields)
         checked = await self.controller.acheck_rows(partition, rows, fields)
         await self._placement(partition, checked.partition)
@@ -407,12 +226,16 @@ class AsyncTransferQueue(_QueueBase):
 
     async def claim_rows(self, partition: str, task: str, batch_size: int, wait_s: float = 0.0,
                          lease_s: float = 0.0, min_rows: int = 0, claim_key: str = "") -> ClaimedRows:
+        """Claim rows without reading them."""
         res = await self.controller.aclaim(partition, task, batch_size, int(wait_s * 1000), int(lease_s * 1000),
                                            min_rows, claim_key, timeout=wait_s + _WAIT_SLACK_S)
         return self._claimed(partition, task, res)
 
     async def claim(self, partition: str, task: str, batch_size: int, fields: Sequence[str] | None = None,
                     wait_s: float = 0.0, lease_s: float = 0.0, min_rows: int = 0, padded=False, pad_value=0) -> Batch:
+        """Claim up to batch_size ready rows (whole groups) and read `fields` (default: the task's
+        required fields). An empty batch means nothing was ready by the deadline; `batch.complete`
+        says the partition is sealed and fully consumed by this task."""
         claimed = await self.claim_rows(partition, task, batch_size, wait_s, lease_s, min_rows)
         if not claimed.rows:
             return Batch(partition=partition, rows=[], columns={}, complete=claimed.complete)
@@ -436,3 +259,18 @@ class AsyncTransferQueue(_QueueBase):
     async def extend_lease(self, lease: str | Batch, lease_s: float) -> int:
         lease_id = lease.lease_id if isinstance(lease, Batch) else lease
         return (await self.controller.aextend_lease(lease_id, int(lease_s * 1000))).lease_expires_unix_ms
+
+
+OPERATIONS = ("create_partition", "partition", "list_partitions", "seal_partition", "clear_partition", "register_task",
+              "reset_task", "schema", "wait_ready", "put", "get", "claim_rows", "claim", "ack", "release",
+              "extend_lease")
+
+
+@blocking_methods(AsyncTransferQueue, OPERATIONS)
+class TransferQueue(BlockingFacade):
+    """The blocking client: AsyncTransferQueue's operations, run on a private event-loop thread. Safe to
+    call from several threads at once."""
+
+    def __init__(self, controller: str, token: str | None = None, put_timeout_s: float = 60.0,
+                 chunk_bytes: int | None = None):
+        super().__init__(AsyncTransferQueue(controller, token, put_timeout_s, chunk_bytes), "tq-client")

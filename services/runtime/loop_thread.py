@@ -1,0 +1,78 @@
+"""An asyncio event loop on a thread of its own, and blocking facades over async clients built on it.
+
+Each client has one implementation, its asyncio core; the blocking class every thread-based role uses is a
+thin layer that runs the core's coroutines on the loop thread and waits for them. Nothing of a client's
+wire API is written twice."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from typing import Any, Awaitable, Callable, Iterable
+
+import uvloop
+
+
+class LoopThread:
+    """A running event loop (uvloop, as the services use) on a daemon thread."""
+
+    def __init__(self, name: str):
+        self.loop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Awaitable) -> Any:
+        """Run coro on the loop and wait for its result (or exception) in the calling thread."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a blocking call from the client's own event loop would wait forever")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class BlockingFacade:
+    """Base of a blocking client: its asyncio `core` runs on a private `loop_thread`. Subclasses get their
+    methods from `blocking_methods`."""
+
+    def __init__(self, core: Any, thread_name: str):
+        self.loop_thread = LoopThread(thread_name)
+        self.core = core
+
+    def close(self) -> None:
+        if not self.loop_thread.loop.is_closed():
+            self.loop_thread.run(self.core.close())
+            self.loop_thread.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def blocking_methods(async_cls: type, names: Iterable[str]) -> Callable[[type], type]:
+    """Class decorator: for each coroutine method of async_cls named, a blocking method of the same name
+    and signature that runs it on `self.loop_thread` against `self.core` (an async_cls instance)."""
+    def add(cls: type) -> type:
+        for name in names:
+            method = getattr(async_cls, name)
+            if not asyncio.iscoroutinefunction(method):
+                raise TypeError(f"{async_cls.__name__}.{name} is not a coroutine function")
+            setattr(cls, name, _blocking(name, method))
+        return cls
+    return add
+
+
+def _blocking(name: str, method):
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        return self.loop_thread.run(getattr(self.core, name)(*args, **kwargs))
+    return call
