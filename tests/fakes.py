@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -28,6 +30,12 @@ class PartitionInfo:
     name: str
     rows: int
     sealed: bool
+
+
+@dataclass
+class Ready:
+    ready_rows: int
+    partition_complete: bool
 
 
 class InMemoryDataPlane:
@@ -72,23 +80,56 @@ class InMemoryDataPlane:
                     p.rows[row][name] = value
         return list(rows)
 
+    def _ready_groups(self, partition: str, task: str) -> list[int]:
+        """First rows of the groups `task` can claim: every field it needs, not consumed, not leased."""
+        p, required = self.partitions[partition], self.tasks[task]
+        taken = {r for _, t, rows in self.leases.values() if t == task for r in rows}
+        done = p.consumed.setdefault(task, set())
+        return [r for r in range(0, len(p.rows) - len(p.rows) % p.group_size, p.group_size)
+                if all(all(f in p.rows[r + k] for f in required) for k in range(p.group_size))
+                and r not in done and r not in taken]
+
+    def _complete(self, partition: str, task: str) -> bool:
+        p = self.partitions[partition]
+        return p.sealed and len(p.consumed.setdefault(task, set())) == len(p.rows)
+
+    def claim_rows(self, partition: str, task: str, batch_size: int, wait_s: float = 0.0, lease_s: float = 0.0,
+                   min_rows: int = 0, claim_key: str = "") -> SimpleNamespace:
+        p = self.partitions[partition]
+        if min_rows and self.wait_ready(partition, task, min_rows, wait_s).ready_rows < min_rows:
+            return SimpleNamespace(partition=partition, task=task, lease_id="", rows=[],
+                                   complete=self._complete(partition, task), group_size=p.group_size)
+        with self._lock:
+            ready = self._ready_groups(partition, task)
+            rows = [r + k for r in ready[:max(1, batch_size // p.group_size)] for k in range(p.group_size)]
+            lease = f"lease-{next(self._ids)}" if rows else ""
+            if rows:
+                self.leases[lease] = (partition, task, rows)
+        return SimpleNamespace(partition=partition, task=task, lease_id=lease, rows=rows,
+                               complete=not rows and self._complete(partition, task), group_size=p.group_size)
+
     def claim(self, partition: str, task: str, batch_size: int, fields: Sequence[str] | None = None,
               wait_s: float = 0.0, lease_s: float = 0.0, min_rows: int = 0, padded: bool = False,
               pad_value: int = 0) -> Batch:
-        p = self.partitions[partition]
-        required = self.tasks[task]
+        claimed = self.claim_rows(partition, task, batch_size)
+        if not claimed.rows:
+            return Batch(partition, [], {}, complete=claimed.complete)
+        return self._batch(partition, claimed.rows, list(fields or self.tasks[task]), claimed.lease_id)
+
+    def wait_ready(self, partition: str, task: str, min_rows: int, wait_s: float) -> Ready:
         with self._lock:
-            taken = {r for _, t, rows in self.leases.values() if t == task for r in rows}
-            done = p.consumed.setdefault(task, set())
-            ready = [r for r in range(0, len(p.rows) - len(p.rows) % p.group_size, p.group_size)
-                     if all(all(f in p.rows[r + k] for f in required) for k in range(p.group_size))
-                     and r not in done and r not in taken]
-            rows = [r + k for r in ready[:max(1, batch_size // p.group_size)] for k in range(p.group_size)]
-            if not rows:
-                return Batch(partition, [], {}, complete=p.sealed and len(done) == len(p.rows))
-            lease = f"lease-{next(self._ids)}"
-            self.leases[lease] = (partition, task, rows)
-        return self._batch(partition, rows, list(fields or required), lease)
+            ready = len(self._ready_groups(partition, task)) * self.partitions[partition].group_size
+            complete = ready == 0 and self._complete(partition, task)
+        if ready < min_rows and not complete:
+            time.sleep(min(wait_s, 0.01))  # a long poll, briefly: the caller loops
+        return Ready(ready, complete)
+
+    def release(self, lease: str | Batch) -> int:
+        lease_id = lease.lease_id if isinstance(lease, Batch) else lease
+        return len(self.leases.pop(lease_id)[2])
+
+    def read_claimed(self, claimed, fields: Sequence[str], padded: bool = False, pad_value: int = 0) -> Batch:
+        return self._batch(claimed.partition, list(claimed.rows), list(fields), claimed.lease_id)
 
     def get(self, partition: str, rows: Sequence[int], fields: Sequence[str], padded: bool = False,
             pad_value: int = 0) -> Batch:

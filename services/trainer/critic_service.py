@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 import torch
 from services.dcs.membership import RunMembership
@@ -14,6 +15,7 @@ from services.model.response_batch import ResponseBatch
 from services.run_state.connections import RunConnections
 from services.run_contract.partitions import partition_name
 from services.run_state.consumer import Consumer, consume_partition
+from services.run_state.seams import DataPlane, Membership
 from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus
 from services.runtime.spans import span
@@ -22,15 +24,20 @@ from services.trainer.config import TrainerConfig
 from services.trainer.critic_update import (CRITIC_TRAIN_FIELDS, CRITIC_VALUE_FIELDS, critic_step, load_critic,
                                             response_values)
 from services.trainer.tasks import CRITIC_TRAIN_TASK, CRITIC_VALUES_TASK, claim_global_batch
-from services.transferqueue.client.queue import TransferQueue
 
 log = logging.getLogger(__name__)
 
 
 class CriticTrainer:
-    def __init__(self, config: TrainerConfig, status: RoleStatus):
+    """`connect` and `join` are the seams (services/run_state/seams.py); tests pass in-memory fakes."""
+
+    def __init__(self, config: TrainerConfig, status: RoleStatus,
+                 connect: Callable[..., RunConnections | None] = RunConnections.open,
+                 join: Callable[..., Membership] = RunMembership):
         self.config = config
         self.status = status
+        self.connect = connect
+        self.join = join
         self.gauges = gauges("sluice_critic", {"value_loss": "value loss of the last optimizer step",
                                                 "value_clip_fraction": "fraction of tokens whose value was clipped",
                                                 "grad_norm": "gradient norm before clipping",
@@ -38,7 +45,7 @@ class CriticTrainer:
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
-        conn = RunConnections.open(c, halt)
+        conn = self.connect(c, halt)
         if conn is None:
             return
         run, tq, steps = conn.run, conn.tq, conn.steps
@@ -55,7 +62,7 @@ class CriticTrainer:
                                       weight_decay=run.optim.weight_decay)
         if ckpt:
             load_optimizer_state(ckpt.path, optimizer)
-        membership = RunMembership(conn.dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
+        membership = self.join(conn.dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
                                                          device=c.device, run_id=c.run_id))
         n = run.n_samples_per_prompt
         tq.register_task(CRITIC_VALUES_TASK, CRITIC_VALUE_FIELDS, group_size=n)
@@ -74,7 +81,7 @@ class CriticTrainer:
                                                          c.lease_s, halt, lambda: membership.safe_point(halt))
                         if claimed is None:
                             break
-                        batch = tq.get(partition, claimed.rows, CRITIC_TRAIN_FIELDS)
+                        batch = tq.read_claimed(claimed, CRITIC_TRAIN_FIELDS)
                         with span("train", step):
                             m = critic_step(critic, optimizer, batch, run, run.micro_batch_size, c.device)
                         tq.ack(claimed.lease_id)
@@ -92,7 +99,7 @@ class CriticTrainer:
             membership.close()
             conn.close()
 
-    def write_values(self, tq: TransferQueue, critic, partition: str, run: RunConfig, membership, halt) -> None:
+    def write_values(self, tq: DataPlane, critic, partition: str, run: RunConfig, membership, halt) -> None:
         """`values` for every row of the partition (the advantage role's GAE needs them)."""
         n = run.n_samples_per_prompt
 

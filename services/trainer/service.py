@@ -199,7 +199,7 @@ class ActorTrainer:
                     return None
                 raise RuntimeError(f"{partition} ran out of rows before {run.rows_per_step} were trained")
             if dp.size == 1:
-                batch = info = self.tq.get(partition, claimed.rows, actor_fields(run))
+                batch = info = self.tq.read_claimed(claimed, actor_fields(run))
             else:  # the split needs every row's length; the leader's metrics need every row's ids
                 info = self.tq.get(partition, claimed.rows, ["response_length", "prompt_position", "sample_index",
                                                              "weight_version", "reward"])

@@ -7,7 +7,7 @@ from typing import Callable
 
 from services.run_contract.run_config import RunConfig
 from services.run_state.step_partitions import partition_gone
-from services.transferqueue.client.queue import TransferQueue
+from services.run_state.seams import DataPlane
 from services.transferqueue.errors import TQError
 
 ACTOR_TASK = "actor_train"
@@ -26,25 +26,24 @@ def expected_tasks(run: RunConfig) -> list[str]:
     return tasks
 
 
-def claim_global_batch(tq: TransferQueue, partition: str, task: str, rows: int, lease_s: float,
+def claim_global_batch(tq: DataPlane, partition: str, task: str, rows: int, lease_s: float,
                        halt: threading.Event, idle: Callable[[], None] = lambda: None, claim_key: str = ""):
     """Claim exactly `rows` rows (whole groups) without reading them, waiting while the partition fills;
     None if halted or the partition ran out. `idle` runs between polls (a pause safe point).
     Data-parallel ranks pass the leader's claim_key to get the same lease."""
     while not halt.is_set():
         idle()
-        try:
-            ready = tq.wait_ready(partition, task, rows, wait_s=2.0)
+        try:  # one long-polling claim that answers once `rows` are ready (fewer only at its deadline)
+            claimed = tq.claim_rows(partition, task, rows, wait_s=2.0, lease_s=lease_s, min_rows=rows,
+                                    claim_key=claim_key)
         except TQError as exc:
             if partition_gone(exc):
                 return None
             raise
-        if ready.ready_rows >= rows:
-            claimed = tq.claim_rows(partition, task, rows, lease_s=lease_s, claim_key=claim_key)
-            if len(claimed.rows) == rows:
-                return claimed
-            if claimed.rows:
-                tq.release(claimed.lease_id)
-        elif ready.partition_complete:
+        if len(claimed.rows) == rows:
+            return claimed
+        if claimed.rows:
+            tq.release(claimed.lease_id)
+        elif claimed.complete:
             return None
     return None

@@ -1,0 +1,68 @@
+"""The critic role against in-memory fakes of its seams (tests/fakes.py): it writes `values` for every row
+of a step, then, once the advantage role's `returns` are there, trains on them and acks every row."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from services.model.init_model import init_model
+from services.run_contract.run_config import RunConfig
+from services.run_state.connections import RunConnections
+from services.run_state.step_partitions import StepPartitions
+from services.run_state.trainer_progress import TrainerProgress
+from services.runtime.role_service import RoleStatus
+from services.trainer.config import TrainerConfig
+from services.trainer.critic_service import CriticTrainer
+from tests.fakes import FakeMembership, InMemoryDataPlane
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return init_model(str(tmp_path_factory.mktemp("tiny")), preset="tiny", arch="qwen2", seed=5)
+
+
+def _wait(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_critic_writes_values_then_trains_on_returns(model_dir):
+    torch.set_num_threads(1)
+    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=1, algorithm={"estimator": "ppo"})
+    plane = InMemoryDataPlane()
+    plane.create_partition("train_0", group_size=2)
+    prompts, responses = [[5, 6], [5, 6], [7, 8, 9], [7, 8, 9]], [[1, 2, 3], [4], [10, 11], [12, 13]]
+    plane.put("train_0", {"tokens": [torch.tensor(p + r) for p, r in zip(prompts, responses)],
+                          "prompt_length": torch.tensor([len(p) for p in prompts]),
+                          "response_length": torch.tensor([len(r) for r in responses]),
+                          "loss_mask": [torch.ones(len(r)) for r in responses]})
+    plane.seal_partition("train_0")
+    conn = RunConnections(dcs=None, run=run, tq=plane, redis=None,
+                          steps=StepPartitions(plane, lambda: TrainerProgress(next_step=0, version=0), run, poll_s=0))
+    membership, status = FakeMembership(), RoleStatus("critic")
+    critic = CriticTrainer(TrainerConfig(role="critic"), status, connect=lambda config, halt: conn,
+                           join=lambda dcs, registration: membership)
+    worker = threading.Thread(target=critic.run_loop, args=(threading.Event(),), daemon=True)
+    worker.start()
+
+    _wait(lambda: all(v is not None for v in plane.column("train_0", "values")))
+    values = plane.column("train_0", "values")
+    assert [len(v) for v in values] == [len(r) for r in responses]
+    assert "critic_train" not in plane.partitions["train_0"].consumed or \
+        not plane.partitions["train_0"].consumed["critic_train"]  # no returns yet: nothing to train on
+    plane.put("train_0", {"returns": [torch.ones(len(r)) for r in responses]}, rows=[0, 1, 2, 3])
+    worker.join(60)
+    assert not worker.is_alive(), "the critic did not finish the step"
+
+    assert plane.partitions["train_0"].consumed["critic_values"] == {0, 1, 2, 3}
+    assert plane.partitions["train_0"].consumed["critic_train"] == {0, 1, 2, 3}
+    assert membership.steps == [0]
+    loss = status.snapshot()["value_loss"]
+    assert loss > 0 and loss == loss  # a real, finite value loss against the returns
