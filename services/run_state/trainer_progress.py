@@ -41,10 +41,15 @@ def write_progress(client: redis.Redis, run_id: str, progress: TrainerProgress) 
     client.set(_key(run_id), progress.model_dump_json())
 
 
-def record_trained(client: redis.Redis, run_id: str, step: int, sample_ids: list[str], metrics: dict) -> None:
-    """The audit record of a finished step: which samples it trained and its metrics."""
-    client.hset(run_key(run_id, "trainer", "steps"), str(step),
-                json.dumps({"samples": sample_ids, "metrics": metrics}))
+def finish_step(client: redis.Redis, run_id: str, step: int, sample_ids: list[str], metrics: dict,
+                progress: TrainerProgress) -> None:
+    """Step N is done, in one transaction: its audit record (which samples it trained, its metrics) and the
+    progress that moves past it. Whoever sees the progress finds the record (and one round trip, not two)."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hset(run_key(run_id, "trainer", "steps"), str(step), json.dumps({"samples": sample_ids,
+                                                                              "metrics": metrics}))
+        pipe.set(_key(run_id), progress.model_dump_json())
+        pipe.execute()
 
 
 def trained_steps(client: redis.Redis, run_id: str) -> dict[int, dict]:

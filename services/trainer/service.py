@@ -34,7 +34,7 @@ from services.dcs.sync.publisher import SyncFailed, WeightPublisher
 from services.model.loading import load_causal_lm
 from services.run_contract.partitions import partition_name, sample_id
 from services.run_state.connections import RunConnections
-from services.run_state.trainer_progress import TrainerProgress, read_progress, record_trained, write_progress
+from services.run_state.trainer_progress import TrainerProgress, finish_step, read_progress, write_progress
 from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
@@ -130,8 +130,7 @@ class ActorTrainer:
                 self.version = version = self.publish(version)
             self.clear_later(step, halt)
             metrics["weight_version"] = version
-            write_progress(self.redis, c.run_id, TrainerProgress(next_step=step + 1, version=version))
-            record_trained(self.redis, c.run_id, step, ids, metrics)
+            finish_step(self.redis, c.run_id, step, ids, metrics, TrainerProgress(next_step=step + 1, version=version))
             self.report(step, metrics)
             step += 1
         self.clear_later(None, halt)  # the last partition is cleared (or its failure raised) before the loop ends
