@@ -79,9 +79,7 @@ class RolloutService:
         self.groups_per_step = run.rollout_batch_size
         self.total_groups = run.num_steps * run.rollout_batch_size
         self.cap = r.max_groups_in_flight or 2 * run.rollout_batch_size
-        # wakes admission the moment it may change: the engines' version moved, or a group finished generating
-        self.admission_changed = asyncio.Event()
-        self.generating = 0  # groups whose samples are being generated (not yet scoring or writing)
+        self.version_moved = asyncio.Event()  # wakes admission the moment the engines' version moves
         self.sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
         self._partitions: set[int] = set()
         self._prepared: dict[int, tuple[PromptRecord, list[int]]] = {}
@@ -148,22 +146,20 @@ class RolloutService:
             if position is None or position >= self.total_groups:
                 if not pending:
                     break
-            # the cap counts groups generating: a group scoring and writing its rows leaves the engines
-            # to the next one (the 2x bounds the groups still writing)
-            elif self.generating < self.cap and len(pending) < 2 * self.cap and await self._admissible(position):
+            elif len(pending) < self.cap and await self._admissible(position):
                 if blocked_since is not None:
                     BLOCKED.inc(time.monotonic() - blocked_since)
                     blocked_since = None
-                self.generating += 1  # counted from admission, so the next pass sees it
                 pending.add(asyncio.create_task(self.group(position)))
+                IN_FLIGHT.set(len(pending))
                 position = next(todo, None)
                 continue
             elif blocked_since is None:
                 blocked_since = time.monotonic()
                 if position is not None and position < self.total_groups:
                     await self._prepare(position)  # the wait is idle time: the next group starts sooner
-            self.admission_changed.clear()
-            moved = asyncio.ensure_future(self.admission_changed.wait())
+            self.version_moved.clear()
+            moved = asyncio.ensure_future(self.version_moved.wait())
             await asyncio.wait(pending | {moved}, timeout=self.config.version_poll_s,
                                return_when=asyncio.FIRST_COMPLETED)
             moved.cancel()
@@ -185,6 +181,7 @@ class RolloutService:
         for task in [t for t in pending if t.done()]:
             pending.discard(task)
             task.result()  # a failed group takes the service down (restart-safe: it is regenerated)
+        IN_FLIGHT.set(len(pending))
 
     async def _admissible(self, position: int) -> bool:
         progress = await aread_progress(self.redis, self.config.run_id)
@@ -194,7 +191,7 @@ class RolloutService:
     async def _poll_versions(self, stop: asyncio.Event) -> None:
         """Engine versions as they move (admission wakes at once), and this rollout's progress reports."""
         def moved() -> None:
-            self.admission_changed.set()
+            self.version_moved.set()
             self._report_versions()
         watcher = asyncio.create_task(self.pool.watch_versions(
             self.config.version_wait_s, self.config.version_poll_s, moved))
@@ -229,21 +226,15 @@ class RolloutService:
     async def group(self, position: int) -> None:
         run = self.run
         step = position // self.groups_per_step
+        record, prompt_ids = await self._prepare(position)
+        self._prepared.pop(position, None)
         n = run.n_samples_per_prompt
         seed = run.optim.seed * 1_000_003 + position * 4099
         version = self.pool.serving_version
-        IN_FLIGHT.set(self.generating)
-        try:  # admission counted this group as generating: it stops counting once its samples are back
-            record, prompt_ids = await self._prepare(position)
-            self._prepared.pop(position, None)
-            with span("generate", step, version):
-                samples = await self.pool.generate_group(  # one request per group: the prompt is prefilled once
-                    prompt_ids, [{**self.sampling, "sampling_seed": seed + k} for k in range(n)],
-                    run.rollout.max_new_tokens, [f"{self.config.run_id}-{position}-{k}" for k in range(n)])
-        finally:
-            self.generating -= 1
-            IN_FLIGHT.set(self.generating)
-            self.admission_changed.set()
+        with span("generate", step, version):
+            samples = await self.pool.generate_group(  # one request per group: the prompt is prefilled once
+                prompt_ids, [{**self.sampling, "sampling_seed": seed + k} for k in range(n)],
+                run.rollout.max_new_tokens, [f"{self.config.run_id}-{position}-{k}" for k in range(n)])
         with span("reward", step, version):
             texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
             rewards = await asyncio.gather(*(self.reward.score(record, t) for t in texts))
