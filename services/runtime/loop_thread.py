@@ -11,14 +11,17 @@ import functools
 import threading
 from typing import Any, Awaitable, Callable, Iterable
 
-import uvloop
+try:
+    import uvloop
+except ImportError:  # not on every platform: asyncio's own loop then
+    uvloop = None
 
 
 class LoopThread:
     """A running event loop (uvloop, as the services use) on a daemon thread."""
 
     def __init__(self, name: str):
-        self.loop = uvloop.new_event_loop()
+        self.loop = uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
