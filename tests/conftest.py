@@ -22,6 +22,7 @@ torch.set_num_threads(1)
 _names = itertools.count()
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     """The whole run has a deadline (SLUICE_TEST_DEADLINE_S, default 40 min, well under CI's 90): past it,
     faulthandler's own C thread (it needs no GIL, so it fires even when the main thread is wedged in C)
