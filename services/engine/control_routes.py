@@ -7,12 +7,11 @@ import asyncio
 
 from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.dcs.sync.groups import BroadcastGroup
 from services.engine.protocol import (ControlResult, DestroyGroupRequest, InitGroupRequest, ModelInfo, PauseRequest,
                                       UpdateWeightsRequest, WeightVersion)
-from services.runtime.spans import RECORDER
+from services.runtime.metrics import observability_router
 
 
 def result(message: str, ok: bool = True) -> JSONResponse:
@@ -124,19 +123,12 @@ def engine_info_router(engine) -> APIRouter:
 
 
 def service_router() -> APIRouter:
+    """/health, and /metrics and /spans (spans: generate = busy forward steps, pause, weight_load)."""
     router = APIRouter(tags=["service"])
 
     @router.get("/health")
     async def health():
         return Response(status_code=200)
 
-    @router.get("/metrics")
-    async def metrics():
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
-
-    @router.get("/spans")
-    async def spans(since: float = 0.0):
-        """Recent spans (generate = busy forward steps, pause, weight_load) that ended after `since`."""
-        return RECORDER.since(since)
-
+    router.include_router(observability_router())
     return router

@@ -1,10 +1,13 @@
-"""Prometheus /metrics endpoint for services."""
+"""Prometheus /metrics for services: a separate metrics port, or /metrics and /spans as FastAPI routes."""
 
 from __future__ import annotations
 
 import logging
 
-from prometheus_client import Gauge, start_http_server
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest, start_http_server
+
+from services.runtime.spans import RECORDER
 
 log = logging.getLogger(__name__)
 
@@ -23,3 +26,20 @@ def gauges(prefix: str, names: dict[str, str]) -> dict[str, Gauge]:
     """A set of gauges `{prefix}_{name}`, created by the role that sets them (so an actor and a critic process
     each export only their own)."""
     return {name: Gauge(f"{prefix}_{name}", help_text) for name, help_text in names.items()}
+
+
+def observability_router() -> APIRouter:
+    """GET /metrics (Prometheus text) and GET /spans (recent work spans, services/runtime/spans.py)."""
+    router = APIRouter(tags=["service"])
+
+    @router.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/spans")
+    async def spans(since: float = 0.0):
+        """Recent spans (the service's working intervals, tagged with step and weight version) that ended
+        after `since` (epoch seconds)."""
+        return RECORDER.since(since)
+
+    return router

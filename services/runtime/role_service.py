@@ -10,13 +10,12 @@ import threading
 from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import JSONResponse
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
 from services.runtime.http_service import serve_http
-from services.runtime.spans import RECORDER
+from services.runtime.metrics import observability_router
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +76,7 @@ def build_status_app(status: RoleStatus) -> FastAPI:
     async def current():
         return status.snapshot()
 
-    @app.get("/metrics")
-    async def metrics():
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/spans")
-    async def spans(since: float = 0.0):
-        """Recent spans (services/runtime/spans.py) that ended after `since` (epoch seconds)."""
-        return RECORDER.since(since)
-
+    app.include_router(observability_router())
     return app
 
 
