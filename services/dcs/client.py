@@ -109,7 +109,7 @@ class AsyncDCSClient:
         return SyncGroup.model_validate_json((await self._call("GET", f"/v1/sync-groups/{run_id}")).content)
 
     async def report_sync(self, report: SyncReport) -> None:
-        (await self._call("POST", "/v1/syncs", report))
+        await self._call("POST", "/v1/syncs", report)
 
     async def sync_reports(self, limit: int = 50) -> list[SyncReport]:
         response = await self._call("GET", "/v1/syncs", params={"limit": limit})
@@ -133,8 +133,7 @@ class AsyncDCSClient:
         return RunStatus.model_validate_json((await self._call("GET", f"/v1/runs/{run_id}/status")).content)
 
 
-@blocking_methods(AsyncDCSClient, [name for name in vars(AsyncDCSClient) if not name.startswith("_")
-                                   and name != "close"])
+@blocking_methods(AsyncDCSClient)
 class DCSClient(BlockingFacade):
     """The blocking client: AsyncDCSClient's calls, run on a private event-loop thread."""
 

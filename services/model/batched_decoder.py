@@ -230,7 +230,8 @@ class BatchedDecoder:
                 start_t = torch.tensor([starts[i] for i in members], device=device)
                 query_pos = start_t[:, None] + self.key_positions[None, :longest]           # [seqs, longest]
             hidden = key_pos > query_pos[:, :, None]                                        # [seqs, longest, keys]
-            bias = torch.zeros(hidden.shape, dtype=self.pool.keys.dtype, device=device).masked_fill_(hidden, float("-inf"))
+            bias = torch.zeros(hidden.shape, dtype=self.pool.keys.dtype, device=device)
+            bias.masked_fill_(hidden, float("-inf"))
             bias = bias[:, None, None].expand(-1, self.kv_heads, self.group_heads, -1, -1)
             pad_index = None
             if longest > 1:

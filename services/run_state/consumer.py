@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from services.run_contract.partitions import partition_name, step_of
+from services.run_state.seams import DataPlane
 from services.run_state.step_partitions import StepPartitions, claim_or_done, put_once
 from services.runtime.spans import span
-from services.run_state.seams import DataPlane
 from services.transferqueue.codec import Batch
 
 

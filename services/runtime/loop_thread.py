@@ -61,9 +61,14 @@ class BlockingFacade:
         self.close()
 
 
-def blocking_methods(async_cls: type, names: Iterable[str]) -> Callable[[type], type]:
-    """Class decorator: for each coroutine method of async_cls named, a blocking method of the same name
-    and signature that runs it on `self.loop_thread` against `self.core` (an async_cls instance)."""
+def blocking_methods(async_cls: type, names: Iterable[str] | None = None) -> Callable[[type], type]:
+    """Class decorator: for each coroutine method of async_cls named (default: every public one but close,
+    which BlockingFacade has), a blocking method of the same name and signature that runs it on
+    `self.loop_thread` against `self.core` (an async_cls instance)."""
+    if names is None:
+        names = [n for n, f in vars(async_cls).items()
+                 if not n.startswith("_") and n != "close" and asyncio.iscoroutinefunction(f)]
+
     def add(cls: type) -> type:
         for name in names:
             method = getattr(async_cls, name)

@@ -100,6 +100,7 @@ class ActorTrainer:
             else:
                 self.follow(halt)
         finally:
+            self._clearer.shutdown(wait=False)  # a clear in flight stops at its next check of halt
             if self.publisher is not None:
                 self.publisher.close()
             if self.membership is not None:
@@ -130,7 +131,8 @@ class ActorTrainer:
                 self.version = version = self.publish(version)
             self.clear_later(step, halt)
             metrics["weight_version"] = version
-            finish_step(self.redis, c.run_id, step, ids, metrics, TrainerProgress(next_step=step + 1, version=version))
+            finish_step(self.redis, c.run_id, step, ids, metrics,
+                        TrainerProgress(next_step=step + 1, version=version))
             self.report(step, metrics)
             step += 1
         self.clear_later(None, halt)  # the last partition is cleared (or its failure raised) before the loop ends

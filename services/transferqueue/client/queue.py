@@ -268,12 +268,7 @@ class AsyncTransferQueue:
         return (await self.controller.aextend_lease(lease_id, int(lease_s * 1000))).lease_expires_unix_ms
 
 
-OPERATIONS = ("create_partition", "partition", "list_partitions", "seal_partition", "clear_partition", "register_task",
-              "reset_task", "schema", "wait_ready", "put", "get", "claim_rows", "read_claimed", "claim", "ack", "release",
-              "extend_lease")
-
-
-@blocking_methods(AsyncTransferQueue, OPERATIONS)
+@blocking_methods(AsyncTransferQueue)
 class TransferQueue(BlockingFacade):
     """The blocking client: AsyncTransferQueue's operations, run on a private event-loop thread. Safe to
     call from several threads at once."""
