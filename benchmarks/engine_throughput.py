@@ -193,12 +193,11 @@ def _in_process_engine(model, tokenizer):
     """The engine's KV pool, decoder and scheduler factory, built as `sluice engine` builds them (server.py)."""
     from services.model.batched_decoder import BatchedDecoder
     from services.engine.config import EngineConfig
-    from services.engine.scheduler import Scheduler
-    from services.engine.server import make_pool
+    from services.engine.server import make_pool, make_scheduler
 
     config = EngineConfig(model="(in-process)")
     decoder = BatchedDecoder(model, make_pool(model, config))
-    return lambda: Scheduler(decoder, tokenizer, config.chunked_prefill_size)
+    return lambda: make_scheduler(decoder, tokenizer, config)
 
 
 def _scheduler_run(new_scheduler, workload: list[dict]) -> tuple[float, int]:

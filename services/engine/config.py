@@ -21,5 +21,10 @@ class EngineConfig(BaseSettings):
                                   "length, at most max_running); 0 = max_running x context length")
     chunked_prefill_size: int = Field(2048, ge=1, description="prompt tokens prefilled per step, batched "
                                       "with the decode tokens")
+    speculative_algorithm: str = Field("ngram", pattern="^(none|ngram)$", description="speculative decoding of "
+                                       "greedy requests: ngram drafts from the request's own context, verified "
+                                       "in the step's forward (outputs unchanged); none = one token a step")
+    speculative_num_draft_tokens: int = Field(8, ge=1, le=64, description="most draft tokens per request and "
+                                              "step (a step drafts at most max_running tokens in all)")
     weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
     log_level: str = Field("info", description="debug|info|warning|error")

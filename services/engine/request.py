@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from services.engine.sampling import SamplingParams
+from services.engine.speculation import NgramDrafter
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Generation:
     # sampling_params.n > 1: the first sample prefills the shared prompt; its siblings wait for the copy
     followers: list["Generation"] = field(default_factory=list)
     leader: "Generation | None" = None
+    drafter: NgramDrafter | None = None    # n-gram index of prompt + output (greedy speculative decoding)
+    draft: list[int] = field(default_factory=list)  # this step's draft tokens, verified after its forward
 
     @property
     def finished(self) -> bool:

@@ -25,14 +25,18 @@ import torch
 from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
 from services.engine.request import Generation
-from services.engine.sampling import sample_batch
+from services.engine.sampling import GREEDY_BELOW, sample_batch
+from services.engine.speculation import NgramDrafter, accept_greedy, draft_sizes
 from services.runtime.spans import RECORDER
 
 log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, decoder: BatchedDecoder, tokenizer, chunked_prefill_size: int = 4096):
+    def __init__(self, decoder: BatchedDecoder, tokenizer, chunked_prefill_size: int = 4096,
+                 num_draft_tokens: int = 0, draft_budget: int = 64):
+        """num_draft_tokens > 0: n-gram speculative decoding of greedy requests (services/engine/speculation.py),
+        at most that many drafts per request and `draft_budget` per step."""
         self.decoder = decoder
         self.pool: KVPool = decoder.pool
         self.tokenizer = tokenizer
@@ -45,6 +49,10 @@ class Scheduler:
         self.paused = False
         self._paused_at = 0.0
         self.steps = 0
+        self.num_draft_tokens = num_draft_tokens
+        self.draft_budget = draft_budget
+        self.drafted = 0                        # draft tokens verified, and of them accepted, since start
+        self.accepted = 0
         self._cv = threading.Condition()
         self._controls: deque = deque()
         self._stop = False
@@ -139,10 +147,16 @@ class Scheduler:
             return
         self.steps += 1
         wants_prompt = [r.logprob_start_len >= 0 and r.input_logprobs is None for r in batch]
-        logits, full = self.decoder.forward([r.slot for r in batch], chunks, wants_prompt)
+        logits, full = self.decoder.forward([r.slot for r in batch], chunks,
+                                            [w or bool(r.draft) for w, r in zip(wants_prompt, batch)])
         samplers: list[Generation] = []
         rows: list[int] = []
+        verifying = [i for i, req in enumerate(batch) if req.draft]
+        if verifying:
+            self._verify([batch[i] for i in verifying], [full[i] for i in verifying])
         for i, (req, chunk) in enumerate(zip(batch, chunks)):
+            if verifying and i in full and not wants_prompt[i]:
+                continue  # verified above
             req.cached += len(chunk)
             if i in full:
                 self._prompt_logprobs(req, full[i])
@@ -167,12 +181,14 @@ class Scheduler:
     def _plan(self) -> tuple[list[Generation], list[list[int]]]:
         """Which requests run this step and with which tokens: every decode, then prefill chunks in
         admission order up to the prefill budget. A request wanting prompt log-probs prefills whole."""
-        batch, chunks = [], []
+        batch, chunks, drafting = [], [], []
         budget = self.chunked_prefill_size
         for req in self.running:
             pending = req.pending()
             if req.finished or req.awaiting_prefix or not pending:
                 continue
+            if len(pending) == 1 and self._may_draft(req):
+                drafting.append(len(batch))
             if len(pending) > 1:
                 if budget <= 0 or (req.logprob_start_len >= 0 and len(pending) > budget and batch):
                     continue
@@ -181,7 +197,48 @@ class Scheduler:
                 budget -= len(pending)
             batch.append(req)
             chunks.append(pending)
+        if drafting:
+            size = draft_sizes(len(drafting), self.num_draft_tokens, self.draft_budget)
+            for i in drafting:
+                req = batch[i]
+                room = min(req.params.max_new_tokens - len(req.output), self.pool.slot_len - len(req.tokens)) - 1
+                req.draft = req.drafter.draft(min(size, room))
+                chunks[i] = chunks[i] + req.draft
         return batch, chunks
+
+    def _may_draft(self, req: Generation) -> bool:
+        """Greedy requests without per-token alternatives or EOS bans are drafted (their index brought up to
+        date here); the others decode one token a step."""
+        p = req.params
+        if not self.num_draft_tokens or p.temperature >= GREEDY_BELOW or req.top_logprobs_num \
+                or len(req.output) < p.min_new_tokens:
+            return False
+        if req.drafter is None:
+            req.drafter = NgramDrafter()
+            req.drafter.extend(req.prompt)
+        req.drafter.extend(req.output[len(req.drafter.tokens) - len(req.prompt):])
+        return True
+
+    def _verify(self, reqs: list[Generation], logits: list[torch.Tensor]) -> None:
+        """Each request takes its accepted drafts and the bonus token (speculation.accept_greedy) one by one,
+        as plain decoding would have, stopping at a finish; the KV cache keeps what was accepted."""
+        drafts = [req.draft for req in reqs]
+        for req, draft, (tokens, logprobs) in zip(reqs, drafts, accept_greedy(logits, drafts)):
+            req.draft = []
+            self.drafted += len(draft)
+            self.accepted += len(tokens) - 1
+            start = req.cached
+            for token, logprob in zip(tokens, logprobs):
+                req.output.append(token)
+                req.logprobs.append(logprob)
+                req.note_version(self.weight_version)
+                self._check_finished(req, token)
+                if req.finished:
+                    break  # _finish freed the slot and told the caller
+            else:
+                req.cached = start + len(tokens)  # the input's last token and the accepted drafts
+                self.pool.lengths[req.slot] = req.cached
+                req.on_update(req)
 
     def _share_prefix(self, req: Generation) -> list[Generation]:
         """A leader that has just prefilled its prompt hands its KV to its siblings; all sample next."""

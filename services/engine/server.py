@@ -31,6 +31,8 @@ RUNNING = Gauge("sluice_engine_running_requests", "sequences decoding (running o
 WAITING = Gauge("sluice_engine_waiting_requests", "sequences queued for admission")
 STEPS = Gauge("sluice_engine_steps", "forward steps run since start")
 KV_USED = Gauge("sluice_engine_kv_slots_used", "KV pool slots held by requests")
+DRAFTED = Gauge("sluice_engine_draft_tokens", "speculative draft tokens verified since start")
+ACCEPTED = Gauge("sluice_engine_accepted_draft_tokens", "speculative draft tokens accepted since start")
 
 
 def _error(message: str, status: int = 400) -> JSONResponse:
@@ -44,7 +46,7 @@ class Engine:
         self.config = config
         self.model, self.tokenizer = load_causal_lm(config.model, config.dtype, config.device)
         self.pool = make_pool(self.model, config)
-        self.scheduler = Scheduler(BatchedDecoder(self.model, self.pool), self.tokenizer, config.chunked_prefill_size)
+        self.scheduler = make_scheduler(BatchedDecoder(self.model, self.pool), self.tokenizer, config)
         self.version_moved = VersionWatch()
         self.weights = WeightUpdates(self.model, self.scheduler, config.device, self.version_moved.fire_threadsafe,
                                      bracket_timeout_s=config.weight_sync_timeout_s)
@@ -52,6 +54,8 @@ class Engine:
         WAITING.set_function(lambda: len(self.scheduler.waiting))
         STEPS.set_function(lambda: self.scheduler.steps)
         KV_USED.set_function(lambda: self.pool.slots - self.pool.free_slots)
+        DRAFTED.set_function(lambda: self.scheduler.drafted)
+        ACCEPTED.set_function(lambda: self.scheduler.accepted)
 
     async def run_control(self, fn):
         """Run fn on the engine thread between two steps; its result (or its exception, raised here)."""
@@ -93,6 +97,12 @@ class VersionWatch:
             except TimeoutError:
                 break
         return current()
+
+
+def make_scheduler(decoder: BatchedDecoder, tokenizer, config: EngineConfig) -> Scheduler:
+    drafts = config.speculative_num_draft_tokens if config.speculative_algorithm == "ngram" else 0
+    return Scheduler(decoder, tokenizer, config.chunked_prefill_size, num_draft_tokens=drafts,
+                     draft_budget=config.max_running)
 
 
 def make_pool(model, config: EngineConfig) -> KVPool:

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from services.model.kv_pool import KVPool
 
+SHORT_INPUT = 32  # inputs of at most this many tokens attend with the decode tokens, longer ones apart
+
 
 def _fuse_transposed(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The weights of several Linear layers concatenated and stored transposed, `[in, sum(out)]` contiguous,
@@ -80,6 +82,7 @@ class _Group:
     mask over key positions."""
     token_rows: torch.Tensor | None  # [tokens] rows of the flat batch, in group order (None: all, in order)
     pad_index: tuple | None       # (sequence, offset) of each token in the padded [seqs, longest] layout
+                                  # (None: every sequence has `longest` tokens, the flat rows are that layout)
     slots: torch.Tensor | slice   # which pool slots (a slice when consecutive: a view, no copy)
     bias: torch.Tensor            # [seqs * kv_heads, group_heads * longest, key_len]: 0 attend, -inf not
     seqs: int
@@ -157,14 +160,25 @@ class BatchedDecoder:
             hidden = self._layer(layer, hidden, cos, sin, kv_rows, groups)
         for s, start, n in zip(slots, starts, lengths):
             pool.lengths[s] = start + n
+        return self._logits(hidden, lengths, ends, full_logits, decode_only)
+
+    def _logits(self, hidden, lengths, ends, full_logits, decode_only) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Every sequence's last-token logits and, where `full_logits[i]`, all of sequence i's: one norm and
+        one lm_head matmul over just the rows wanted."""
         norm = self.inner.norm
-        last = hidden if decode_only else hidden[torch.tensor(ends, device=device) - 1]
-        logits = torch.mm(_rms_norm(last, norm), self.lm_head_t)
-        full = {}
-        for i, wanted in enumerate(full_logits or ()):
-            if wanted:
-                full[i] = torch.mm(_rms_norm(hidden[ends[i] - lengths[i]:ends[i]], norm), self.lm_head_t)
-        return logits, full
+        if not any(full_logits or ()):
+            last = hidden if decode_only else hidden[torch.tensor(ends, device=hidden.device) - 1]
+            return torch.mm(_rms_norm(last, norm), self.lm_head_t), {}
+        rows, last_at, spans = [], [], {}
+        for i, (end, n) in enumerate(zip(ends, lengths)):
+            if full_logits[i]:
+                spans[i] = (len(rows), n)
+                rows.extend(range(end - n, end))
+            else:
+                rows.append(end - 1)
+            last_at.append(len(rows) - 1)
+        logits = torch.mm(_rms_norm(hidden[torch.tensor(rows, device=hidden.device)], norm), self.lm_head_t)
+        return logits[torch.tensor(last_at, device=hidden.device)], {i: logits[o:o + n] for i, (o, n) in spans.items()}
 
     def _layer(self, layer: _Layer, hidden, cos, sin, kv_rows, groups) -> torch.Tensor:
         x = _rms_norm(hidden, layer.input_norm)
@@ -194,28 +208,32 @@ class BatchedDecoder:
         kv, gh, d, n = self.kv_heads, self.group_heads, self.head_dim, group.seqs
         keys = layer.keys[group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
         values = layer.values[group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
-        if group.pad_index is None:  # one token per sequence: the flat rows are the batch
-            padded = q.reshape(n * kv, gh, d)
+        L = group.longest
+        if group.pad_index is None:  # every sequence has `longest` tokens: the flat rows are already padded
+            padded = q.view(n, L, kv, gh, d)
         else:
-            padded = q.new_zeros(n, group.longest, self.heads, d)
+            padded = q.new_zeros(n, L, self.heads, d)
             padded[group.pad_index] = q
-            padded = padded.view(n, group.longest, kv, gh, d).permute(0, 2, 3, 1, 4)
-            padded = padded.reshape(n * kv, gh * group.longest, d)
+            padded = padded.view(n, L, kv, gh, d)
+        padded = padded.permute(0, 2, 3, 1, 4).reshape(n * kv, gh * L, d)  # a view when L == 1
         scores = torch.baddbmm(group.bias, padded, keys.transpose(1, 2), alpha=layer.scaling)
         attended = torch.bmm(torch.softmax(scores, dim=-1), values)  # [n * kv, gh * longest, d]
+        attended = attended.view(n, kv, gh, L, d).permute(0, 3, 1, 2, 4)
         if group.pad_index is None:
-            return attended.view(n, self.heads * d)
-        attended = attended.view(n, kv, gh, group.longest, d).permute(0, 3, 1, 2, 4)
+            return attended.reshape(q.shape[0], self.heads * d)
         return attended[group.pad_index].reshape(q.shape[0], self.heads * d)
 
     def _groups(self, slots, starts, lengths, ends, positions: torch.Tensor) -> list[_Group]:
-        """Decode tokens in one group, prefill chunks in another, each with its key mask. `positions`: every
+        """Decode tokens and short inputs in one group, prefill chunks in another, each with its key mask. `positions`: every
         token's position (a decode token's is its sequence's start)."""
         device = self.pool.keys.device
-        decode = [i for i, n in enumerate(lengths) if n == 1]
-        prefill = [i for i, n in enumerate(lengths) if n > 1]
+        # decode tokens and short inputs (a decode token with its speculative drafts) together: their slots
+        # stay consecutive, so their keys are a view of the pool; long prompt chunks apart, so the short
+        # ones are not padded to a chunk's length
+        short = [i for i, n in enumerate(lengths) if n <= SHORT_INPUT]
+        prefill = [i for i, n in enumerate(lengths) if n > SHORT_INPUT]
         groups = []
-        for members in (decode, prefill):
+        for members in (short, prefill):
             if not members:
                 continue
             member_slots = [slots[i] for i in members]
@@ -234,7 +252,7 @@ class BatchedDecoder:
             bias.masked_fill_(hidden, float("-inf"))
             bias = bias[:, None, None].expand(-1, self.kv_heads, self.group_heads, -1, -1)
             pad_index = None
-            if longest > 1:
+            if any(lengths[i] != longest for i in members):  # ragged: scatter into the padded layout
                 pad_index = (torch.tensor([k for k, i in enumerate(members) for _ in range(lengths[i])], device=device),
                              torch.tensor([j for i in members for j in range(lengths[i])], device=device))
             rows = None

@@ -1,0 +1,92 @@
+"""N-gram speculative decoding for greedy requests: draft tokens from the request's own context, verify them
+in one forward pass.
+
+Drafting (prompt lookup decoding, Saxena 2023; SGLang's and vLLM's `ngram` speculative algorithm): find the
+most recent earlier occurrence of the sequence's last n tokens (n from `max_ngram` down to 1) and propose the
+k tokens that followed it. The copy may run into the tokens it proposes (`full[e + j]` with `full` = the
+context followed by the draft so far), so a sequence that repeats with period p gets a whole draft of its
+cycle, not the at most p tokens left after the match.
+
+Verifying (speculative decoding, Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+Decoding"): the forward pass appends [last, d_1 .. d_k] and gives logits l_0 .. l_k at those positions.
+For a greedy request the accepted prefix is the longest with d_{j+1} = argmax l_j; the request then takes
+those tokens and the bonus token argmax l_a after them: a + 1 tokens, each exactly the one plain greedy
+decoding picks from the same logits, with log-prob log_softmax(l_j)[token]. The keys and values written for
+rejected drafts lie beyond the sequence's new length: masked out, then overwritten.
+
+Only greedy requests are drafted: for them acceptance is a comparison and the output is the same as
+without speculation (up to float rounding of the wider forward). Sampled requests decode one token a step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class NgramDrafter:
+    """The n-gram index of one request's context (prompt + output), extended as tokens are accepted.
+
+    `_seen[n]` maps each n-gram to the end (exclusive) of its most recent occurrence; `_previous[n]` is,
+    for the context's current last n-gram, the end of the occurrence before it (None if there is none).
+    Appending a token is O(max_ngram) dict operations, drafting O(k): no scan of the context."""
+
+    def __init__(self, max_ngram: int = 3):
+        self.max_ngram = max_ngram
+        self.tokens: list[int] = []
+        self._seen: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
+        self._previous: list[int | None] = [None] * (max_ngram + 1)
+
+    def extend(self, tokens) -> None:
+        for token in tokens:
+            self.tokens.append(token)
+            end = len(self.tokens)
+            for n in range(1, min(self.max_ngram, end) + 1):
+                gram = tuple(self.tokens[end - n:end])
+                seen = self._seen[n]
+                self._previous[n] = seen.get(gram)
+                seen[gram] = end
+
+    def draft(self, k: int) -> list[int]:
+        """Up to k tokens that followed the longest earlier match of the context's tail ([] if none)."""
+        if k <= 0:
+            return []
+        for n in range(min(self.max_ngram, len(self.tokens)), 0, -1):
+            start = self._previous[n]
+            if start is not None:
+                full = self.tokens
+                draft: list[int] = []
+                for j in range(k):
+                    at = start + j
+                    draft.append(full[at] if at < len(full) else draft[at - len(full)])
+                return draft
+        return []
+
+
+def draft_sizes(eligible: int, max_draft: int, budget: int) -> int:
+    """Draft tokens per eligible request this step: the step's extra rows are capped at `budget` (a verify
+    row costs a decode row's compute: a wide batch gains little from long drafts, a narrow one, the long
+    tail of a batch, gains most), at most `max_draft` each."""
+    if eligible <= 0:
+        return 0
+    return max(1, min(max_draft, budget // eligible))
+
+
+def accept_greedy(logits: list[torch.Tensor], drafts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    """The tokens each greedy request takes from one verify pass and their log-probs (one argmax and one
+    log-softmax for all requests of the step).
+
+    logits[i]: [len(drafts[i]) + 1, vocab], the logits after request i's last accepted token and after each
+    of its draft tokens. Returns per request its accepted drafts followed by the bonus token (at least one
+    token), and log_softmax(l_j)[token_j] for each."""
+    stacked = torch.cat(logits).float()
+    best = stacked.argmax(dim=-1)
+    logprobs = torch.log_softmax(stacked, dim=-1).gather(-1, best[:, None])[:, 0].tolist()
+    picks = best.tolist()
+    out, at = [], 0
+    for draft in drafts:
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == picks[at + accepted]:
+            accepted += 1
+        out.append((picks[at:at + accepted + 1], logprobs[at:at + accepted + 1]))
+        at += len(draft) + 1
+    return out

@@ -1,0 +1,128 @@
+"""N-gram speculative decoding: the drafter, greedy acceptance, and a scheduler with speculation giving exactly
+what plain greedy decoding gives, in fewer steps."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from services.engine.request import Generation
+from services.engine.sampling import SamplingParams
+from services.engine.scheduler import Scheduler
+from services.engine.speculation import NgramDrafter, accept_greedy, draft_sizes
+from services.model.batched_decoder import BatchedDecoder
+from services.model.kv_pool import KVPool
+from services.model.loading import load_causal_lm
+
+
+def test_drafter_copies_what_followed_the_latest_longest_match():
+    d = NgramDrafter(max_ngram=3)
+    d.extend([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3])
+    assert d.draft(2) == [7, 5]      # the latest earlier [1, 2, 3] was followed by 7, 5
+    assert d.draft(0) == []
+    d.extend([4])                    # [2, 3, 4], [3, 4] and [4] never occurred before
+    assert d.draft(3) == []
+    d.extend([8, 3])                 # no earlier [4, 8, 3] or [8, 3]; the latest earlier [3] was followed by 4, 8
+    assert d.draft(2) == [4, 8]
+
+
+def test_drafter_runs_into_its_own_draft_on_a_cycle():
+    d = NgramDrafter()
+    d.extend([5, 6, 5, 6])
+    # the match [5, 6] ends two tokens back: the copy continues through the draft itself
+    assert d.draft(5) == [5, 6, 5, 6, 5]
+    d2 = NgramDrafter()
+    d2.extend([7, 7, 7])
+    assert d2.draft(4) == [7, 7, 7, 7]
+
+
+def test_draft_sizes_share_the_step_budget():
+    assert draft_sizes(0, 8, 64) == 0
+    assert draft_sizes(4, 8, 64) == 8     # capped per request
+    assert draft_sizes(32, 8, 64) == 2
+    assert draft_sizes(100, 8, 64) == 1   # never less than one
+
+
+def test_accept_greedy_takes_the_agreeing_prefix_and_the_bonus_token():
+    vocab = 6
+
+    def rows(argmaxes):
+        out = torch.full((len(argmaxes), vocab), -1.0)
+        for i, a in enumerate(argmaxes):
+            out[i, a] = 2.0
+        return out
+
+    first, second, third = rows([3, 4, 1]), rows([2, 2]), rows([0, 5, 5])
+    result = accept_greedy([first, second, third], [[3, 4], [1], [0, 5]])
+    assert result[0][0] == [3, 4, 1]          # both drafts agree: two accepted and the bonus
+    assert result[1][0] == [2]                # the first draft disagrees: only the model's own token
+    assert result[2][0] == [0, 5, 5]
+    expected = torch.log_softmax(first[0], -1)[3].item()
+    assert result[0][1][0] == pytest.approx(expected)
+    assert all(len(tokens) == len(logprobs) for tokens, logprobs in result)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return load_causal_lm(tiny_model_dir)
+
+
+def _run(loaded, drafts: int, prompts: list[list[int]], **params) -> tuple[Scheduler, list[Generation]]:
+    model, tokenizer = loaded
+    cfg = model.config
+    pool = KVPool(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads, 8, 160)
+    sched = Scheduler(BatchedDecoder(model, pool), tokenizer, num_draft_tokens=drafts, draft_budget=16)
+    p = {"temperature": 0, "ignore_eos": True, "max_new_tokens": 60, **params}
+    reqs = [Generation(rid=f"r{i}", prompt=list(prompt), params=SamplingParams(**p), on_update=lambda r: None)
+            for i, prompt in enumerate(prompts)]
+    for req in reqs:
+        sched.submit([req])
+    for _ in range(1000):
+        if not (sched.waiting or sched.running):
+            return sched, reqs
+        sched.step()
+    raise AssertionError("the scheduler did not finish")
+
+
+def _prompts(count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = [[rng.randrange(3, 200) for _ in range(rng.randint(5, 30))] for _ in range(count - 2)]
+    return out + [[11, 12, 13] * 8, [40, 41] * 10]  # repetitive prompts: drafts from the start
+
+
+def test_speculative_greedy_equals_plain_greedy_in_fewer_steps(loaded):
+    prompts = _prompts(10)
+    plain, plain_reqs = _run(loaded, 0, prompts)
+    spec, spec_reqs = _run(loaded, 8, prompts)
+    assert spec.drafted > 0 and spec.accepted > 0
+    assert plain.drafted == 0
+    assert spec.steps < plain.steps
+    for a, b in zip(plain_reqs, spec_reqs):
+        assert b.output == a.output
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+        assert b.finish_reason == a.finish_reason == {"type": "length", "length": 60}
+        assert b.spans == a.spans
+    assert spec.pool.free_slots == spec.pool.slots  # every slot given back
+
+
+def test_speculation_stops_where_plain_decoding_stops(loaded):
+    prompts = _prompts(6, seed=1)
+    plain, plain_reqs = _run(loaded, 0, prompts, max_new_tokens=40)
+    # a stop token the plain run meets mid-way through a request's output
+    stop = plain_reqs[-1].output[17]
+    plain, plain_reqs = _run(loaded, 0, prompts, max_new_tokens=40, stop_token_ids=[stop])
+    spec, spec_reqs = _run(loaded, 8, prompts, max_new_tokens=40, stop_token_ids=[stop])
+    assert spec.accepted > 0
+    for a, b in zip(plain_reqs, spec_reqs):
+        assert b.output == a.output and b.finish_reason == a.finish_reason
+    assert any(r.finish_reason["type"] == "stop" for r in spec_reqs)
+    short, short_reqs = _run(loaded, 8, prompts, max_new_tokens=3)
+    assert all(len(r.output) == 3 for r in short_reqs)
+
+
+def test_sampled_requests_are_not_drafted(loaded):
+    spec, reqs = _run(loaded, 8, _prompts(4), temperature=1.0, max_new_tokens=20)
+    assert spec.drafted == 0
+    assert all(len(r.output) == 20 for r in reqs)
