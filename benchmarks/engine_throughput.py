@@ -8,8 +8,9 @@ random `sluice init-model` checkpoint, qwen2, --preset "small" (~3M parameters; 
 (~0.08M; --quick's default), float32 on CPU, one torch thread in every process.
 
 Measured, interleaved per repetition (one untimed warm-up repetition first, then the median of --reps):
-  engine       `sluice engine` in its own process; this process sends all N requests at once (asyncio
-               aiohttp, one connection each) to POST /generate. Wall = first send to last response;
+  engine       `sluice engine` in its own process (default flags: n-gram speculative decoding of these
+               greedy requests; --speculative-algorithm none to measure without); this process sends all N
+               requests at once (asyncio aiohttp, one connection each) to POST /generate. Wall = first send to last response;
                latency = each request's send to response. Its process's CPU seconds (/proc) are reported.
   hf_bucketed  transformers `model.generate` in this process, one left-padded greedy batch per output-length
                bucket (short <= 32, long > 32, short first), max_new_tokens = the bucket's longest, EOS off;
@@ -62,6 +63,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling hf_baselines module
 
+from engine_profile import profile_engine  # noqa: E402
 from hf_baselines import (SHORT_MAX, bucketed_computed_tokens, hf_batched_round, hf_bucketed_round,  # noqa: E402
                           hf_per_request_reference, start_continuous_batching)
 from services.model.init_model import init_model  # noqa: E402
@@ -111,10 +113,10 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_engine(model_dir: str, log_dir: str) -> tuple[ChildProcess, str]:
+def start_engine(model_dir: str, log_dir: str, *extra: str) -> tuple[ChildProcess, str]:
     port = free_port()
     proc = ChildProcess("engine", sluice_argv("engine", "--model", model_dir, "--host", "127.0.0.1",
-                                              "--port", str(port), "--log-level", "warning"),
+                                              "--port", str(port), "--log-level", "warning", *extra),
                         os.path.join(log_dir, f"engine-{port}.log"), env={"HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/health"), 120)
@@ -153,6 +155,20 @@ async def _engine_round(url: str, workload: list[dict]) -> tuple[float, list[flo
     return wall, [s for s, _ in results], [ids for _, ids in results]
 
 
+def engine_counters(url: str) -> dict:
+    """The engine's step and speculation counters (its /metrics) over every round, warm-up included."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith("sluice_engine_") and " " in line}
+    drafted = values.get("sluice_engine_draft_tokens", 0.0)
+    accepted = values.get("sluice_engine_accepted_draft_tokens", 0.0)
+    return {"steps": int(values.get("sluice_engine_steps", 0)), "draft_tokens": int(drafted),
+            "accepted_draft_tokens": int(accepted), "acceptance": round(accepted / drafted, 3) if drafted else None}
+
+
 def engine_round(url: str, pid: int, workload: list[dict]) -> dict:
     cpu0 = proc_cpu_seconds(pid)
     wall, latencies, outputs = asyncio.run(_engine_round(url, workload))
@@ -186,78 +202,6 @@ def greedy_agreement(a: list[list[int]], b: list[list[int]]) -> dict:
     return {"identical_requests": same, "of": len(a), "mean_common_prefix_fraction": round(float(np.mean(prefix)), 3)}
 
 
-# ---------------------------------------------------------------------------------- in-process profile
-
-
-def _in_process_engine(model, tokenizer):
-    """The engine's KV pool, decoder and scheduler factory, built as `sluice engine` builds them (server.py)."""
-    from services.model.batched_decoder import BatchedDecoder
-    from services.engine.config import EngineConfig
-    from services.engine.server import make_pool, make_scheduler
-
-    config = EngineConfig(model="(in-process)")
-    decoder = BatchedDecoder(model, make_pool(model, config))
-    return lambda: make_scheduler(decoder, tokenizer, config)
-
-
-def _scheduler_run(new_scheduler, workload: list[dict]) -> tuple[float, int]:
-    """Submit the whole workload to a fresh Scheduler, grouped as server.py groups a /generate batch, and
-    step it by hand until nothing is left."""
-    from services.engine.request import Generation, share_prompts
-    from services.engine.sampling import SamplingParams
-
-    sched = new_scheduler()
-    gens = [Generation(rid=f"p{i}", prompt=list(r["prompt"]), on_update=lambda g: None,
-                       params=SamplingParams(max_new_tokens=r["max_new_tokens"], temperature=0, ignore_eos=True))
-            for i, r in enumerate(workload)]
-    start = time.perf_counter()
-    for group in share_prompts(gens):
-        sched.submit(group)
-    while sched.waiting or sched.running:
-        sched.step()
-    seconds = time.perf_counter() - start
-    for gen, r in zip(gens, workload):
-        if len(gen.output) != r["max_new_tokens"]:
-            raise RuntimeError(f"in-process engine generated {len(gen.output)} tokens, asked {r['max_new_tokens']}")
-    return seconds, sched.steps
-
-
-def _top_functions(profiler, sort: str, top: int) -> list[dict]:
-    import io
-    import pstats
-
-    stats = pstats.Stats(profiler, stream=io.StringIO())
-    stats.sort_stats(sort)
-    rows = []
-    for func in stats.fcn_list[:top]:
-        _, calls, own, cum, _ = stats.stats[func]
-        where = os.path.relpath(func[0]) if func[0].startswith("/") else func[0]
-        rows.append({"function": f"{where}:{func[1]}({func[2]})", "calls": calls, "own_s": round(own, 3),
-                     "cum_s": round(cum, 3)})
-    return rows
-
-
-def profile_engine(model, tokenizer, workload: list[dict], top: int = 25) -> dict:
-    """One warm-up run, one plain timed run, one run under cProfile, all in this process."""
-    import cProfile
-
-    new_scheduler = _in_process_engine(model, tokenizer)
-    _scheduler_run(new_scheduler, workload)  # warm-up
-    plain_s, steps = _scheduler_run(new_scheduler, workload)
-    profiler = cProfile.Profile()
-    profiler.enable()
-    profiled_s, _ = _scheduler_run(new_scheduler, workload)
-    profiler.disable()
-    useful = sum(r["max_new_tokens"] for r in workload)
-    return {"in_process_wall_s": round(plain_s, 3), "in_process_tokens_per_s": round(useful / plain_s, 1),
-            "steps": steps, "ms_per_step": round(plain_s / steps * 1e3, 2), "profiled_wall_s": round(profiled_s, 3),
-            "top_cumulative": _top_functions(profiler, "cumulative", top),
-            "top_own": _top_functions(profiler, "tottime", top)}
-
-
-# ---------------------------------------------------------------------------------- main
-
-
 def prepare(args) -> dict:
     """Model, tokenizer and workload of this run."""
     torch.set_num_threads(1)
@@ -282,7 +226,7 @@ def run_reps(ctx: dict) -> dict:
     """Warm-up + reps, the systems interleaved in every repetition; returns the timed runs per system."""
     model, workload, pad_id, useful, reps = ctx["model"], ctx["workload"], ctx["pad_id"], ctx["useful"], ctx["reps"]
     runs: dict[str, list[dict]] = {"engine": [], "hf_batched": [], "hf_bucketed": [], "hf_continuous_batching": []}
-    proc, url = start_engine(ctx["model_dir"], ctx["log_dir"])
+    proc, url = start_engine(ctx["model_dir"], ctx["log_dir"], "--speculative-algorithm", ctx["speculative"])
     log(f"engine ready at {url} (pid {proc.proc.pid})")
     cb = None
     try:
@@ -312,6 +256,7 @@ def run_reps(ctx: dict) -> dict:
                 log(f"{tag}: {name} {run['wall_s']:.2f}s ({useful / run['wall_s']:.0f} useful tok/s{extra})")
                 if rep > 0:
                     runs[name].append(run)
+        ctx["engine_counters"] = engine_counters(url)
     finally:
         proc.stop()
         if cb is not None:
@@ -336,7 +281,8 @@ def describe(ctx: dict) -> dict:
 def systems(ctx: dict, runs: dict) -> dict:
     """The per-system summaries and the engine's ratios over each baseline."""
     workload, useful = ctx["workload"], ctx["useful"]
-    out = {"engine": summarize(runs["engine"], useful),
+    out = {"engine": {**summarize(runs["engine"], useful), "speculative_algorithm": ctx["speculative"],
+                      "counters_all_rounds": ctx["engine_counters"]},
            "hf_bucketed": summarize(runs["hf_bucketed"], useful, computed_tokens=bucketed_computed_tokens(workload)),
            "hf_batched": summarize(runs["hf_batched"], useful,
                                    computed_tokens=len(workload) * max(r["max_new_tokens"] for r in workload))}
@@ -367,7 +313,7 @@ def greedy(ctx: dict, runs: dict, reference: list[list[int]]) -> dict:
 
 def run_benchmark(args) -> dict:
     ctx = prepare(args)
-    ctx.update(quick=args.quick, seed=args.seed)
+    ctx.update(quick=args.quick, seed=args.seed, speculative=args.speculative_algorithm)
     config = describe(ctx)
     log(f"{ctx['n']} requests, {ctx['useful']} output tokens (max {config['output_tokens']['max']}), "
         f"{config['params'] / 1e6:.2f}M params; {ctx['reps']} reps + 1 warm-up; logs in {ctx['log_dir']}")
@@ -398,6 +344,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "writing a fresh one")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--profile", action="store_true", help="also cProfile the engine's scheduler in-process")
+    p.add_argument("--speculative-algorithm", choices=["ngram", "none"], default="ngram",
+                   help="the engine's --speculative-algorithm (its default: ngram)")
     return p.parse_args(argv)
 
 

@@ -201,7 +201,8 @@ class Scheduler:
             size = draft_sizes(len(drafting), self.num_draft_tokens, self.draft_budget)
             for i in drafting:
                 req = batch[i]
-                room = min(req.params.max_new_tokens - len(req.output), self.pool.slot_len - len(req.tokens)) - 1
+                room = min(req.params.max_new_tokens - len(req.output),
+                           self.pool.slot_len - len(req.prompt) - len(req.output)) - 1
                 req.draft = req.drafter.draft(min(size, room))
                 chunks[i] = chunks[i] + req.draft
         return batch, chunks

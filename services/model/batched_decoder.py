@@ -1,11 +1,13 @@
 """One batched forward pass over any mix of prefill chunks and decode tokens, against the KV pool: the core
 of the built-in engine.
 
-A step's new tokens (a whole prompt, a chunk of one, or one decode token per sequence) are flattened into one
-`[T, hidden]` batch, so every token-wise op (norms, projections, MLP, lm_head) is one call per layer for the
-whole step; q/k/v and gate/up are fused into one matmul each. Attention is one call per layer for the decode
-tokens (every decoding sequence at once, cache lengths masked) and one for the prefill chunks (padded to the
-longest chunk, causally masked); neither loops over sequences in Python.
+A step's new tokens (a whole prompt, a chunk of one, one decode token per sequence, or a decode token and its
+speculative drafts) are flattened into one `[T, hidden]` batch, so every token-wise op (norms, projections,
+MLP, lm_head) is one call per layer for the whole step; q/k/v and gate/up are fused into one matmul each.
+Attention is one call per layer for the decode tokens and short inputs (every decoding sequence at once,
+padded to the longest input, cache lengths and causality masked) and one for the prefill chunks (padded to the
+longest chunk, causally masked); neither loops over sequences in Python. lm_head runs on just the rows whose
+logits are wanted (each sequence's last, all of a sequence whose drafts are verified).
 
 The fused weights are built once and the Hugging Face modules' parameters are turned into views of them, so a
 weight update copied into the HF model's named parameters (as the engine's weight sync does) is what the next
@@ -108,9 +110,9 @@ class BatchedDecoder:
         positions = torch.arange(pool.slot_len, device=pool.keys.device)[None]
         probe = torch.zeros(1, 1, cfg.hidden_size, dtype=pool.keys.dtype, device=pool.keys.device)
         cos, sin = self.inner.rotary_emb(probe, positions)  # the model's own RoPE (scaling included)
-        # rotate_half(x) * sin == x[..., swap] * signed_sin: one gather instead of two slices, a neg and a cat
+        # rotate_half(x) * sin == roll(x, half) * signed_sin: one roll instead of two slices, a neg and a cat
+        # (and 2-5x faster than the same swap as an index gather, measured here at 6-2048 tokens)
         half = self.head_dim // 2
-        self.swap = torch.cat([torch.arange(half, self.head_dim), torch.arange(half)]).to(probe.device)
         sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device=probe.device, dtype=sin.dtype)
         self.cos, self.signed_sin = cos[0], sin[0] * sign
         self.kv_head_index = torch.arange(self.kv_heads, device=probe.device)
@@ -185,7 +187,7 @@ class BatchedDecoder:
         qkv = _matmul(x, layer.qkv_t, layer.qkv_bias).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
         rotated = self.heads + self.kv_heads  # RoPE on q and k together: one set of ops
         qk = qkv[:, :rotated]
-        qk = torch.addcmul(qk * cos, qk[..., self.swap], sin)
+        qk = torch.addcmul(qk * cos, torch.roll(qk, self.head_dim // 2, -1), sin)
         q = qk[:, :self.heads]
         layer.key_rows.index_copy_(0, kv_rows, qk[:, self.heads:].reshape(-1, self.head_dim))
         layer.value_rows.index_copy_(0, kv_rows, qkv[:, rotated:].reshape(-1, self.head_dim))
