@@ -86,7 +86,8 @@ class _Group:
     pad_index: tuple | None       # (sequence, offset) of each token in the padded [seqs, longest] layout
                                   # (None: every sequence has `longest` tokens, the flat rows are that layout)
     slots: torch.Tensor | slice   # which pool slots (a slice when consecutive: a view, no copy)
-    bias: torch.Tensor            # [seqs * kv_heads, group_heads * longest, key_len]: 0 attend, -inf not
+    mask: torch.Tensor            # [seqs, 1, longest, key_len]: 0 attend, -inf not
+    bias: torch.Tensor | None     # the same as [seqs * kv_heads, group_heads * longest, key_len] (short inputs)
     seqs: int
     longest: int
     key_len: int
@@ -207,6 +208,8 @@ class BatchedDecoder:
         """softmax(q k^T * scaling + bias) v for one group, as two batched matmuls over (sequence, KV head);
         grouped-query heads share their KV head (a view, not a copy).
         q: [tokens, heads, head_dim] -> [tokens, heads * head_dim]."""
+        if group.bias is None:
+            return self._attend_prefill(layer, q, group)
         kv, gh, d, n = self.kv_heads, self.group_heads, self.head_dim, group.seqs
         keys = layer.keys[group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
         values = layer.values[group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
@@ -224,6 +227,24 @@ class BatchedDecoder:
         if group.pad_index is None:
             return attended.reshape(q.shape[0], self.heads * d)
         return attended[group.pad_index].reshape(q.shape[0], self.heads * d)
+
+    def _attend_prefill(self, layer: _Layer, q: torch.Tensor, group: _Group) -> torch.Tensor:
+        """The same for a group of prompt chunks, with torch's fused attention over the padded layout: at a
+        prefill's tens of tokens per sequence it takes half the time of the two batched matmuls (measured
+        here: 40 chunks of up to 64 tokens, 3.3 vs 6.8 ms a layer), while for a decode step's one to a few
+        tokens it is slower."""
+        keys = layer.keys[group.slots, :, :group.key_len]       # [seqs, kv_heads, keys, head_dim]: a view
+        values = layer.values[group.slots, :, :group.key_len]
+        if group.pad_index is None:
+            padded = q.view(group.seqs, group.longest, self.heads, self.head_dim)
+        else:
+            padded = q.new_zeros(group.seqs, group.longest, self.heads, self.head_dim)
+            padded[group.pad_index] = q
+        out = F.scaled_dot_product_attention(padded.transpose(1, 2), keys, values, attn_mask=group.mask,
+                                             scale=layer.scaling, enable_gqa=True).transpose(1, 2)
+        if group.pad_index is not None:
+            out = out[group.pad_index]
+        return out.reshape(q.shape[0], self.heads * self.head_dim)
 
     def _groups(self, slots, starts, lengths, ends, positions: torch.Tensor) -> list[_Group]:
         """Decode tokens and short inputs in one group, prefill chunks in another, each with its key mask. `positions`: every
@@ -250,9 +271,12 @@ class BatchedDecoder:
                 start_t = torch.tensor([starts[i] for i in members], device=device)
                 query_pos = start_t[:, None] + self.key_positions[None, :longest]           # [seqs, longest]
             hidden = key_pos > query_pos[:, :, None]                                        # [seqs, longest, keys]
-            bias = torch.zeros(hidden.shape, dtype=self.pool.keys.dtype, device=device)
-            bias.masked_fill_(hidden, float("-inf"))
-            bias = bias[:, None, None].expand(-1, self.kv_heads, self.group_heads, -1, -1)
+            mask = torch.zeros(hidden.shape, dtype=self.pool.keys.dtype, device=device)
+            mask.masked_fill_(hidden, float("-inf"))
+            bias = None
+            if longest <= SHORT_INPUT:  # the batched-matmul path wants the mask per (sequence, KV head)
+                bias = mask[:, None, None].expand(-1, self.kv_heads, self.group_heads, -1, -1).reshape(
+                    len(members) * self.kv_heads, self.group_heads * longest, key_len)
             pad_index = None
             if any(lengths[i] != longest for i in members):  # ragged: scatter into the padded layout
                 pad_index = (torch.tensor([k for k, i in enumerate(members) for _ in range(lengths[i])], device=device),
@@ -263,6 +287,5 @@ class BatchedDecoder:
             groups.append(_Group(
                 token_rows=rows, pad_index=pad_index,
                 slots=slice(first, first + len(members)) if consecutive else torch.tensor(member_slots, device=device),
-                bias=bias.reshape(len(members) * self.kv_heads, self.group_heads * longest, key_len), seqs=len(members),
-                longest=longest, key_len=key_len))
+                mask=mask[:, None], bias=bias, seqs=len(members), longest=longest, key_len=key_len))
         return groups
