@@ -28,7 +28,7 @@ from services.model.response_batch import ResponseBatch, response_log_probs
 from services.run_contract.partitions import SAMPLE_FIELDS
 from services.run_state.connections import RunConnections
 from services.run_state.consumer import Consumer, consume_partition, each_step
-from services.run_state.seams import Membership
+from services.run_state.seams import Membership, WeightFollower
 from services.runtime.role_service import RoleStatus, serve_role
 from services.transferqueue.codec import Batch
 
@@ -41,16 +41,18 @@ OUTPUT_FIELD = {"actor_fwd": "log_probs", "reference": "ref_log_probs"}
 
 
 class ForwardService:
-    """`connect` and `join` are the seams (services/run_state/seams.py): the run's connections and this
-    service's membership in it; tests pass in-memory fakes."""
+    """`connect`, `join` and `receiver` are the seams (services/run_state/seams.py): the run's connections,
+    this service's membership in it, the weight broadcast's receiving end; tests pass in-memory fakes."""
 
     def __init__(self, config: ForwardConfig, status: RoleStatus,
                  connect: Callable[..., RunConnections | None] = RunConnections.open,
-                 join: Callable[..., Membership] = RunMembership):
+                 join: Callable[..., Membership] = RunMembership,
+                 receiver: Callable[..., WeightFollower] = WeightReceiver):
         self.config = config
         self.status = status
         self.connect = connect
         self.join = join
+        self.make_receiver = receiver
         self.role = config.role
         self.field = OUTPUT_FIELD[config.role]
 
@@ -73,7 +75,7 @@ class ForwardService:
         membership = self.join(conn.dcs, NodeRegistration(role=self.role, host=c.advertise_host,
                                                               ports={"http": c.port}, device=c.device, run_id=c.run_id))
         receives = self.role == "actor_fwd" or run.ref_update_interval > 0
-        receiver = WeightReceiver(conn.dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device)
+        receiver = self.make_receiver(conn.dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device)
         pause = self._pause_point(membership, receiver if receives else None, halt)
 
         def keep_up() -> None:  # while waiting for a partition: pause point, and take weights meanwhile

@@ -1,7 +1,11 @@
 """The rollout's engines: requests balanced across them (least in flight), their weight versions
 watched (a long poll where the engine offers one), and partial rollout: a sample whose request was
 aborted by a weight update (pause mode abort) is resubmitted as prompt + partial output under the new
-weights, keeping the version spans of every part."""
+weights, keeping the version spans of every part.
+
+Two seams, so a role test runs the real pool against in-memory engines (tests/fakes/): the pool takes
+`client`, what it makes each engine's client with (EngineClient: the SGLang protocol calls it uses), and the
+rollout takes the pool itself as a factory (Engines: what the service uses of it)."""
 
 from __future__ import annotations
 
@@ -9,12 +13,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import httpx
 
 from services.rollout.admission import parse_version
-from services.sglang_protocol.client import EngineUnreachable, SGLangClient, SGLangError
+from services.sglang_protocol.client import EngineUnreachable, Generation, SGLangClient, SGLangError
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +53,46 @@ class SampleOutput:
                 self.spans.append((version, base + start, base + end))
 
 
+class EngineClient(Protocol):
+    """What the pool uses of an engine's client (SGLangClient)."""
+
+    async def wait_weight_version(self, newer_than: str | None, wait_s: float) -> str: ...
+
+    async def generate_batch(self, inputs: Sequence[Sequence[int]], sampling_params: Sequence[dict],
+                             rids: Sequence[str] | None = None) -> list[Generation]: ...
+
+    async def aclose(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Engines(Protocol):
+    """What the rollout service uses of its engines (EnginePool)."""
+
+    versions: list[int]
+    reachable: list[bool]
+    requests: int
+    resubmits: int
+
+    @property
+    def serving_version(self) -> int: ...
+
+    async def watch_versions(self, wait_s: float, poll_s: float, on_change: Callable[[], None]) -> None: ...
+
+    async def generate_group(self, prompt_ids: Sequence[int], samplings: Sequence[dict], max_new_tokens: int,
+                             rids: Sequence[str]) -> list[SampleOutput]: ...
+
+    async def aclose(self) -> None: ...
+
+
 class EnginePool:
     def __init__(self, urls: Sequence[str], timeout_s: float = 600.0, api_key: str | None = None,
-                 max_resubmits: int = 64, max_connect_retries: int = 30):
+                 max_resubmits: int = 64, max_connect_retries: int = 30,
+                 client: Callable[..., EngineClient] = SGLangClient):
         if not urls:
             raise ValueError("the rollout needs at least one engine URL")
         self.urls = list(urls)
-        self.engines = [SGLangClient(u, timeout_s=timeout_s, api_key=api_key) for u in self.urls]
+        self.engines = [client(u, timeout_s=timeout_s, api_key=api_key) for u in self.urls]
         self.in_flight = [0] * len(self.engines)
         self.versions = [0] * len(self.engines)
         self.reachable = [True] * len(self.engines)

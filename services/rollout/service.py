@@ -14,27 +14,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Awaitable, Callable
 
-import redis.asyncio as aioredis
 import torch
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.dcs.client import DCSClient
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.run_contract.run_config import RunConfig
 from services.rollout.admission import may_admit
 from services.rollout.config import RolloutConfig
-from services.rollout.engine_pool import EnginePool, SampleOutput
+from services.rollout.connections import RolloutConnections, RolloutMembership, engine_pool
+from services.rollout.engine_pool import Engines, SampleOutput
 from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
 from services.rollout.rewards import build_reward
 from services.run_contract.partitions import partition_name, step_of
-from services.run_state.prompt_ledger import PromptLedger
-from services.run_state.trainer_progress import aread_progress
 from services.runtime.role_service import RoleStatus, serve_role
-from services.run_state.run_config_wait import wait_for_run
 from services.runtime.spans import span
-from services.transferqueue.client.queue import AsyncTransferQueue
 
 log = logging.getLogger(__name__)
 GROUPS = Counter("sluice_rollout_groups_total", "prompt groups written to TransferQueue")
@@ -48,18 +44,28 @@ RECOVER_TASK = "rollout_recover"
 
 
 class RolloutService:
-    def __init__(self, config: RolloutConfig, status: RoleStatus):
+    """`connect`, `join` and `engines` are the seams (services/rollout/connections.py): the run's connections,
+    a membership in it, the engines; tests pass in-memory fakes."""
+
+    def __init__(self, config: RolloutConfig, status: RoleStatus,
+                 connect: Callable[..., Awaitable[RolloutConnections | None]] = RolloutConnections.open,
+                 join: Callable[..., RolloutMembership] = RunMembership,
+                 engines: Callable[[RolloutConfig], Engines] = engine_pool):
         self.config = config
         self.status = status
-        self.dcs = DCSClient(config.dcs_url, token=config.auth_token or None)
-        self.memberships: list[RunMembership] = []
+        self.connect = connect
+        self.join = join
+        self.engines = engines
+        self.memberships: list[RolloutMembership] = []
 
     # ------------------------------------------------------------------ setup
 
-    def _setup(self, run: RunConfig) -> None:
+    def _setup(self, conn: RolloutConnections) -> None:
         from transformers import AutoTokenizer
 
-        self.run = run
+        self.conn = conn
+        self.dcs, self.tq, self.ledger, self.progress = conn.dcs, conn.tq, conn.ledger, conn.progress
+        self.run = run = conn.run
         r = run.rollout
         self.tokenizer = AutoTokenizer.from_pretrained(run.model, local_files_only=True)
         self.source = open_prompt_source(r.prompts, r.prompt_field, r.shuffle_seed)
@@ -71,11 +77,7 @@ class RolloutService:
             spec = DEMO_TASKS[task].reward
         self.reward = build_reward(spec, label_field=r.label_field, timeout_s=r.reward_timeout_s,
                                    retries=r.reward_retries, token=self.config.reward_token or None)
-        self.pool = EnginePool(self.config.engine_urls, timeout_s=self.config.request_timeout_s,
-                               api_key=self.config.engine_api_key or None)
-        self.tq = AsyncTransferQueue(self.config.tq_controller, token=self.config.auth_token or None)
-        self.redis = aioredis.from_url(self.config.redis_url, decode_responses=True)
-        self.ledger = PromptLedger(self.redis, self.config.run_id)
+        self.pool = self.engines(self.config)
         self.groups_per_step = run.rollout_batch_size
         self.total_groups = run.num_steps * run.rollout_batch_size
         self.cap = r.max_groups_in_flight or 2 * run.rollout_batch_size
@@ -87,13 +89,13 @@ class RolloutService:
     def _register(self) -> None:
         reg = NodeRegistration(role="rollout", host=self.config.advertise_host, ports={"http": self.config.port},
                                run_id=self.config.run_id)
-        self.memberships.append(RunMembership(self.dcs, reg))
+        self.memberships.append(self.join(self.dcs, reg))
         if self.config.register_engines:
             import httpx
             # (a rollout that died left registrations of these engines: RunMembership takes them over)
             for rank, url in enumerate(self.config.engine_urls):
                 u = httpx.URL(url)
-                self.memberships.append(RunMembership(self.dcs, NodeRegistration(
+                self.memberships.append(self.join(self.dcs, NodeRegistration(
                     role="engine", rank=rank, host=u.host, ports={"http": u.port or 80}, run_id=self.config.run_id)))
 
     def encode(self, prompt) -> list[int]:
@@ -108,10 +110,11 @@ class RolloutService:
     # ------------------------------------------------------------------ the loop
 
     async def run_loop(self, stop: asyncio.Event) -> None:
-        run = await asyncio.to_thread(wait_for_run, self.dcs, self.config.run_id, stop)
-        if run is None:
+        conn = await self.connect(self.config, stop)
+        if conn is None:
             return
-        self._setup(run)
+        self._setup(conn)
+        run = conn.run
         await asyncio.to_thread(self._register)
         try:
             await self.tq.register_task(RECOVER_TASK, ["prompt_position"], group_size=run.n_samples_per_prompt)
@@ -121,7 +124,7 @@ class RolloutService:
             try:
                 await self.generate(todo, stop)
                 # keep the engines registered (so they receive the last weights) until training is done
-                while not stop.is_set() and (await aread_progress(self.redis, self.config.run_id)).next_step < run.num_steps:
+                while not stop.is_set() and (await self.progress()).next_step < run.num_steps:
                     self.status.update(state="generated everything; waiting for the trainer")
                     if self.memberships[0].paused:
                         await self._paused()
@@ -184,7 +187,7 @@ class RolloutService:
         IN_FLIGHT.set(len(pending))
 
     async def _admissible(self, position: int) -> bool:
-        progress = await aread_progress(self.redis, self.config.run_id)
+        progress = await self.progress()
         return may_admit(position, self.run.max_staleness, self.pool.serving_version, progress.version_offset,
                          self.groups_per_step)
 
@@ -308,12 +311,16 @@ class RolloutService:
     async def _close(self) -> None:
         for m in self.memberships:
             await asyncio.to_thread(m.close)
-        for closer in (self.pool.aclose(), self.reward.aclose(), self.tq.close(), self.redis.aclose()):
+        closers = [self.pool.aclose(), self.reward.aclose(), self.tq.close()]
+        if self.conn.redis is not None:  # a role test gives no Redis
+            closers.append(self.conn.redis.aclose())
+        for closer in closers:
             try:
                 await closer
             except Exception as exc:
                 log.warning("close failed", extra={"error": str(exc)})
-        self.dcs.close()
+        if self.dcs is not None:
+            self.dcs.close()
 
 
 async def serve(config: RolloutConfig, stop: asyncio.Event) -> None:

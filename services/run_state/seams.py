@@ -1,11 +1,16 @@
-"""The seams a role is given rather than building itself, as `Protocol`s: the data plane and its membership
-in the run. The services pass the real ones (TransferQueue, RunMembership); a role's unit test passes the
-in-memory fakes of tests/fakes.py and runs the role in milliseconds, without Redis, gRPC or processes."""
+"""The seams a role is given rather than building itself, as `Protocol`s: the data plane (blocking, and the
+rollout's asyncio one), its membership in the run, the prompt ledger, and the two ends of the weight broadcast.
+The services pass the real ones (TransferQueue, AsyncTransferQueue, RunMembership, PromptLedger,
+WeightPublisher, WeightReceiver); a role's unit test passes the in-memory fakes of tests/fakes/ and runs the
+role in milliseconds, without Redis, gRPC or processes. (The rollout's engines are its own seam:
+services/rollout/engine_pool.py.)"""
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+
+import torch
 
 from services.transferqueue.codec import Batch
 
@@ -34,6 +39,71 @@ class DataPlane(Protocol):
     def ack(self, lease: str | Batch, rows: Sequence[int] = ()) -> int: ...
 
     def release(self, lease: str | Batch) -> int: ...
+
+    def reset_task(self, partition: str, task: str) -> int: ...
+
+    def clear_partition(self, name: str) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class AsyncDataPlane(Protocol):
+    """What the rollout uses of AsyncTransferQueue."""
+
+    async def create_partition(self, name: str, group_size: int = 1, exist_ok: bool = False,
+                               placement_block: int = 0) -> Any: ...
+
+    async def list_partitions(self, prefix: str = "") -> list: ...
+
+    async def seal_partition(self, name: str) -> Any: ...
+
+    async def register_task(self, name: str, required_fields: Sequence[str], group_size: int = 1) -> Any: ...
+
+    async def put(self, partition: str, columns: Mapping[str, Any], rows: Sequence[int] | None = None) -> list[int]: ...
+
+    async def claim(self, partition: str, task: str, batch_size: int, fields: Sequence[str] | None = None,
+                    wait_s: float = 0.0, lease_s: float = 0.0, min_rows: int = 0, padded: bool = False,
+                    pad_value: int = 0) -> Batch: ...
+
+    async def release(self, lease: str | Batch) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+class Ledger(Protocol):
+    """Which prompt groups the rollout has written (services/run_state/prompt_ledger.py has the semantics)."""
+
+    async def load(self) -> tuple[int, set[int]]: ...
+
+    async def mark_written(self, position: int, step: int) -> int: ...
+
+    async def groups_written(self, step: int) -> int: ...
+
+
+class WeightSender(Protocol):
+    """The trainer's end of the weight broadcast (services/dcs/sync/publisher.py: WeightPublisher)."""
+
+    receiver_roles: list[str]
+
+    def publish(self, named: Iterable[tuple[str, torch.Tensor]], version: int, announce: bool = True) -> Any: ...
+
+    def resume_engines(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class WeightFollower(Protocol):
+    """A forward role's end of it (services/dcs/sync/receiver.py: WeightReceiver, driven by follow_weights)."""
+
+    version: int
+
+    def declare(self) -> None: ...
+
+    def next(self, wait_s: float) -> Any: ...
+
+    def receive(self, published: Any, on_bucket: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]: ...
+
+    def loaded(self, published: Any, load_seconds: float) -> None: ...
 
     def close(self) -> None: ...
 

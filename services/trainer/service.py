@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 import torch
 from prometheus_client import Histogram
@@ -34,6 +35,7 @@ from services.dcs.sync.publisher import SyncFailed, WeightPublisher
 from services.model.loading import load_causal_lm
 from services.run_contract.partitions import partition_name, sample_id
 from services.run_state.connections import RunConnections
+from services.run_state.seams import Membership, WeightSender
 from services.run_state.trainer_progress import TrainerProgress, finish_step, read_progress, write_progress
 from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus, serve_role
@@ -60,9 +62,16 @@ def _staleness_histogram() -> Histogram:
 
 
 class ActorTrainer:
-    def __init__(self, config: TrainerConfig, status: RoleStatus):
+    """`connect`, `join` and `publisher` are the seams (services/run_state/seams.py): the run's connections,
+    this service's membership in it, the weight broadcast's sending end; tests pass in-memory fakes."""
+
+    def __init__(self, config: TrainerConfig, status: RoleStatus,
+                 connect: Callable[..., RunConnections | None] = RunConnections.open,
+                 join: Callable[..., Membership] = RunMembership,
+                 publisher: Callable[..., WeightSender] = WeightPublisher):
         self.config = config
         self.status = status
+        self.connect, self.join, self.make_publisher = connect, join, publisher
         self.version = 0
         self._last_lag_check = self._published_at = time.monotonic()
         self.gauges = gauges("sluice_trainer", ACTOR_GAUGES)
@@ -72,7 +81,7 @@ class ActorTrainer:
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
-        conn = RunConnections.open(c, halt)
+        conn = self.connect(c, halt)
         if conn is None:
             return
         self.dcs, self.run, self.tq, self.redis, self.steps = conn.dcs, conn.run, conn.tq, conn.redis, conn.steps
@@ -87,12 +96,12 @@ class ActorTrainer:
         self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master)
         self.membership = self.publisher = None
         if self.dp.is_leader:  # the other ranks follow it through the group, not the coordinator
-            self.membership = RunMembership(self.dcs, NodeRegistration(
+            self.membership = self.join(self.dcs, NodeRegistration(
                 role="trainer", host=c.advertise_host, ports={"http": c.port}, device=c.device, run_id=c.run_id,
                 parallel={"dp": c.dp_size}))
-            self.publisher = WeightPublisher(self.dcs, self.membership.node_id, c.master_address,
-                                             bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
-                                             pause_mode=c.pause_mode)
+            self.publisher = self.make_publisher(self.dcs, self.membership.node_id, c.master_address,
+                                                 bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
+                                                 pause_mode=c.pause_mode)
         self.tq.register_task(ACTOR_TASK, actor_fields(run), group_size=run.n_samples_per_prompt)
         try:
             if self.dp.is_leader:

@@ -1,7 +1,8 @@
-"""In-memory fakes of the seams roles are given (services/run_state/seams.py), for unit tests that run a
-role in milliseconds. They keep the semantics a role relies on: a task claims only rows that have every
-field it requires and it has not consumed, claims come in whole groups, a claim of a sealed partition the
-task consumed entirely says `complete`, a field is written once per row."""
+"""In-memory fakes of the data plane (services/run_state/seams.py: DataPlane, and the rollout's AsyncDataPlane).
+They keep the semantics a role relies on: a task claims only rows that have every field it requires and it has
+not consumed, claims come in whole groups, a claim of a sealed partition the task consumed entirely says
+`complete`, a field is written once per row, a partition that does not exist (or was cleared) is NOT_FOUND.
+Every ack and clear is logged, so a test can check each row was consumed exactly once."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
+import grpc
 import torch
 
 from services.transferqueue.codec import Batch
+from services.transferqueue.errors import TQError
 
 
 @dataclass
@@ -30,6 +33,8 @@ class PartitionInfo:
     name: str
     rows: int
     sealed: bool
+    allocated_rows: int = 0
+    tasks: list = field(default_factory=list)  # per task: .task, .consumed (rows acked)
 
 
 @dataclass
@@ -43,19 +48,35 @@ class InMemoryDataPlane:
         self.partitions: dict[str, _Partition] = {}
         self.tasks: dict[str, list[str]] = {}
         self.leases: dict[str, tuple[str, str, list[int]]] = {}
+        self.acks: list[tuple[str, str, list[int]]] = []  # (partition, task, rows) of every ack, in order
+        self.cleared: list[str] = []
         self._ids = itertools.count()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------ set-up, as the rollout would write
 
-    def create_partition(self, name: str, group_size: int = 1) -> None:
+    def create_partition(self, name: str, group_size: int = 1, exist_ok: bool = False) -> None:
+        if name in self.partitions:
+            if not exist_ok:
+                raise TQError(grpc.StatusCode.ALREADY_EXISTS, f"partition {name} exists")
+            return
         self.partitions[name] = _Partition(group_size)
 
     def seal_partition(self, name: str) -> None:
-        self.partitions[name].sealed = True
+        self._get(name).sealed = True
 
     def column(self, partition: str, name: str) -> list:
         return [row.get(name) for row in self.partitions[partition].rows]
+
+    def acked_rows(self, partition: str, task: str) -> list[int]:
+        """Every row `task` acked in `partition`, once per ack (a row acked twice is listed twice)."""
+        return sorted(r for p, t, rows in self.acks if (p, t) == (partition, task) for r in rows)
+
+    def _get(self, name: str) -> _Partition:
+        p = self.partitions.get(name)
+        if p is None:
+            raise TQError(grpc.StatusCode.NOT_FOUND, f"partition {name} not found")
+        return p
 
     # ------------------------------------------------------------ the DataPlane protocol
 
@@ -63,11 +84,13 @@ class InMemoryDataPlane:
         self.tasks[name] = list(required_fields)
 
     def partition(self, name: str) -> PartitionInfo:
-        p = self.partitions[name]
-        return PartitionInfo(name, len(p.rows), p.sealed)
+        with self._lock:
+            p = self._get(name)
+            tasks = [SimpleNamespace(task=t, consumed=len(rows)) for t, rows in p.consumed.items()]
+            return PartitionInfo(name, len(p.rows), p.sealed, len(p.rows), tasks)
 
     def put(self, partition: str, columns: Mapping[str, Any], rows: Sequence[int] | None = None) -> list[int]:
-        p = self.partitions[partition]
+        p = self._get(partition)
         n = len(next(iter(columns.values())))
         with self._lock:
             if rows is None:
@@ -76,27 +99,27 @@ class InMemoryDataPlane:
             for name, values in columns.items():
                 for row, value in zip(rows, values):
                     if name in p.rows[row]:
-                        raise ValueError(f"row {row} already has {name}")
+                        raise TQError(grpc.StatusCode.ALREADY_EXISTS, f"row {row} already has {name}")
                     p.rows[row][name] = value
         return list(rows)
 
     def _ready_groups(self, partition: str, task: str) -> list[int]:
         """First rows of the groups `task` can claim: every field it needs, not consumed, not leased."""
-        p, required = self.partitions[partition], self.tasks[task]
-        taken = {r for _, t, rows in self.leases.values() if t == task for r in rows}
+        p, required = self._get(partition), self.tasks[task]
+        taken = {r for part, t, rows in self.leases.values() if (part, t) == (partition, task) for r in rows}
         done = p.consumed.setdefault(task, set())
         return [r for r in range(0, len(p.rows) - len(p.rows) % p.group_size, p.group_size)
                 if all(all(f in p.rows[r + k] for f in required) for k in range(p.group_size))
                 and r not in done and r not in taken]
 
     def _complete(self, partition: str, task: str) -> bool:
-        p = self.partitions[partition]
+        p = self._get(partition)
         return p.sealed and len(p.consumed.setdefault(task, set())) == len(p.rows)
 
     def claim_rows(self, partition: str, task: str, batch_size: int, wait_s: float = 0.0, lease_s: float = 0.0,
                    min_rows: int = 0, claim_key: str = "") -> SimpleNamespace:
-        p = self.partitions[partition]
-        if min_rows and self.wait_ready(partition, task, min_rows, wait_s).ready_rows < min_rows:
+        p = self._get(partition)
+        if self.wait_ready(partition, task, max(min_rows, 1), wait_s).ready_rows < min_rows:
             return SimpleNamespace(partition=partition, task=task, lease_id="", rows=[],
                                    complete=self._complete(partition, task), group_size=p.group_size)
         with self._lock:
@@ -105,28 +128,29 @@ class InMemoryDataPlane:
             lease = f"lease-{next(self._ids)}" if rows else ""
             if rows:
                 self.leases[lease] = (partition, task, rows)
-        return SimpleNamespace(partition=partition, task=task, lease_id=lease, rows=rows,
-                               complete=not rows and self._complete(partition, task), group_size=p.group_size)
+            return SimpleNamespace(partition=partition, task=task, lease_id=lease, rows=rows,
+                                   complete=not rows and self._complete(partition, task), group_size=p.group_size)
 
     def claim(self, partition: str, task: str, batch_size: int, fields: Sequence[str] | None = None,
               wait_s: float = 0.0, lease_s: float = 0.0, min_rows: int = 0, padded: bool = False,
               pad_value: int = 0) -> Batch:
-        claimed = self.claim_rows(partition, task, batch_size)
+        claimed = self.claim_rows(partition, task, batch_size, wait_s, lease_s, min_rows)
         if not claimed.rows:
             return Batch(partition, [], {}, complete=claimed.complete)
         return self._batch(partition, claimed.rows, list(fields or self.tasks[task]), claimed.lease_id)
 
     def wait_ready(self, partition: str, task: str, min_rows: int, wait_s: float) -> Ready:
         with self._lock:
-            ready = len(self._ready_groups(partition, task)) * self.partitions[partition].group_size
+            ready = len(self._ready_groups(partition, task)) * self._get(partition).group_size
             complete = ready == 0 and self._complete(partition, task)
-        if ready < min_rows and not complete:
+        if ready < min_rows and not complete and wait_s > 0:
             time.sleep(min(wait_s, 0.01))  # a long poll, briefly: the caller loops
         return Ready(ready, complete)
 
     def release(self, lease: str | Batch) -> int:
         lease_id = lease.lease_id if isinstance(lease, Batch) else lease
-        return len(self.leases.pop(lease_id)[2])
+        with self._lock:
+            return len(self.leases.pop(lease_id)[2])
 
     def read_claimed(self, claimed, fields: Sequence[str], padded: bool = False, pad_value: int = 0) -> Batch:
         return self._batch(claimed.partition, list(claimed.rows), list(fields), claimed.lease_id)
@@ -137,16 +161,32 @@ class InMemoryDataPlane:
 
     def ack(self, lease: str | Batch, rows: Sequence[int] = ()) -> int:
         lease_id = lease.lease_id if isinstance(lease, Batch) else lease
-        partition, task, leased = self.leases.pop(lease_id)
-        self.partitions[partition].consumed.setdefault(task, set()).update(leased)
+        with self._lock:
+            partition, task, leased = self.leases.pop(lease_id)
+            self._get(partition).consumed.setdefault(task, set()).update(leased)
+            self.acks.append((partition, task, list(leased)))
         return len(leased)
+
+    def reset_task(self, partition: str, task: str) -> int:
+        """The task starts the partition over: nothing of it consumed, its leases dropped."""
+        with self._lock:
+            self._get(partition).consumed[task] = set()
+            for lease in [k for k, (p, t, _) in self.leases.items() if (p, t) == (partition, task)]:
+                del self.leases[lease]
+            return len(self._ready_groups(partition, task)) * self._get(partition).group_size
+
+    def clear_partition(self, name: str) -> bool:
+        with self._lock:
+            existed = self.partitions.pop(name, None) is not None
+            self.cleared.append(name)
+            return existed
 
     def close(self) -> None:
         pass
 
     def _batch(self, partition: str, rows: list[int], fields: list[str], lease: str) -> Batch:
         """Columns as the real decoder gives them: a tensor for scalars, a list of tensors for ragged fields."""
-        p = self.partitions[partition]
+        p = self._get(partition)
         columns = {}
         for name in fields:
             values = [p.rows[r][name] for r in rows]
@@ -156,24 +196,36 @@ class InMemoryDataPlane:
         return Batch(partition=partition, rows=rows, columns=columns, lease_id=lease)
 
 
-class FakeMembership:
-    """Always running; records the progress reported."""
+class AsyncInMemoryDataPlane:
+    """The rollout's asyncio data plane (AsyncDataPlane) over an InMemoryDataPlane, which the test reads."""
 
-    node_id = "fake-node"
-
-    def __init__(self, *args, **kwargs):
-        self.steps: list[int] = []
-        self.versions: list[int] = []
+    def __init__(self, plane: InMemoryDataPlane):
+        self.plane = plane
         self.closed = False
 
-    def safe_point(self, stop=None, while_paused=None) -> None:
-        pass
+    async def create_partition(self, name: str, group_size: int = 1, exist_ok: bool = False,
+                               placement_block: int = 0) -> None:
+        self.plane.create_partition(name, group_size, exist_ok)
 
-    def progress(self, step: int | None = None, weight_version: int | None = None) -> None:
-        if step is not None:
-            self.steps.append(step)
-        if weight_version is not None:
-            self.versions.append(weight_version)
+    async def list_partitions(self, prefix: str = "") -> list[PartitionInfo]:
+        return [self.plane.partition(name) for name in sorted(self.plane.partitions) if name.startswith(prefix)]
 
-    def close(self) -> None:
+    async def seal_partition(self, name: str) -> None:
+        self.plane.seal_partition(name)
+
+    async def register_task(self, name: str, required_fields: Sequence[str], group_size: int = 1) -> None:
+        self.plane.register_task(name, required_fields, group_size)
+
+    async def put(self, partition: str, columns: Mapping[str, Any], rows: Sequence[int] | None = None) -> list[int]:
+        return self.plane.put(partition, columns, rows)
+
+    async def claim(self, partition: str, task: str, batch_size: int, fields: Sequence[str] | None = None,
+                    wait_s: float = 0.0, lease_s: float = 0.0, min_rows: int = 0, padded: bool = False,
+                    pad_value: int = 0) -> Batch:
+        return self.plane.claim(partition, task, batch_size, fields)
+
+    async def release(self, lease: str | Batch) -> int:
+        return self.plane.release(lease)
+
+    async def close(self) -> None:
         self.closed = True

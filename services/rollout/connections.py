@@ -1,0 +1,62 @@
+"""What the rollout connects to before its loop starts, and the seams it is given (services/run_state/seams.py):
+the coordinator (and through it the run's config), TransferQueue (asyncio), the run state in Redis (the prompt
+ledger, the trainer's progress). A role test passes in-memory fakes instead (tests/fakes/)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Protocol
+
+import redis.asyncio as aioredis
+
+from services.dcs.client import DCSClient
+from services.rollout.config import RolloutConfig
+from services.rollout.engine_pool import EnginePool, Engines
+from services.run_contract.run_config import RunConfig
+from services.run_state.prompt_ledger import PromptLedger
+from services.run_state.run_config_wait import wait_for_run
+from services.run_state.seams import AsyncDataPlane, Ledger, Membership
+from services.run_state.trainer_progress import TrainerProgress, aread_progress
+from services.transferqueue.client.queue import AsyncTransferQueue
+
+
+class RolloutMembership(Membership, Protocol):
+    """The rollout's membership (and each engine's it registers): RunMembership, which also says whether
+    the run is paused and takes a pause acknowledgement without blocking."""
+
+    suspended: bool
+
+    @property
+    def paused(self) -> bool: ...
+
+    def acknowledge_pause(self) -> None: ...
+
+
+@dataclass
+class RolloutConnections:
+    dcs: DCSClient                                        # the memberships register through it
+    run: RunConfig
+    tq: AsyncDataPlane
+    ledger: Ledger
+    progress: Callable[[], Awaitable[TrainerProgress]]   # the trainer's progress record
+    redis: aioredis.Redis | None = None
+
+    @classmethod
+    async def open(cls, config: RolloutConfig, stop: asyncio.Event) -> "RolloutConnections | None":
+        """None if stopped before the run was created."""
+        token = config.auth_token or None
+        dcs = DCSClient(config.dcs_url, token=token)
+        run = await asyncio.to_thread(wait_for_run, dcs, config.run_id, stop)
+        if run is None:
+            dcs.close()
+            return None
+        client = aioredis.from_url(config.redis_url, decode_responses=True)
+        return cls(dcs, run, AsyncTransferQueue(config.tq_controller, token=token), PromptLedger(client, config.run_id),
+                   lambda: aread_progress(client, config.run_id), client)
+
+
+def engine_pool(config: RolloutConfig) -> Engines:
+    """The engines of `config` (the default of RolloutService's `engines` seam)."""
+    return EnginePool(config.engine_urls, timeout_s=config.request_timeout_s,
+                      api_key=config.engine_api_key or None)

@@ -1,0 +1,107 @@
+"""The actor trainer against in-memory fakes of its seams (tests/fakes/): the data plane, its membership, the
+weight broadcast and the Redis progress record in memory. Rows the rollout and advantage roles would have
+written are put before it starts; it trains two steps and the test checks what it claimed, trained, published,
+acked, cleared and recorded, against the same optimizer steps taken here by hand."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from services.model.init_model import init_model
+from services.model.loading import load_causal_lm
+from services.model.response_batch import ResponseBatch, response_log_probs
+from services.run_contract.partitions import partition_name
+from services.run_contract.run_config import RunConfig
+from services.run_state.connections import RunConnections
+from services.run_state.step_partitions import StepPartitions
+from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
+from services.runtime.role_service import RoleStatus
+from services.trainer.actor_update import actor_fields, actor_step
+from services.trainer.config import TrainerConfig
+from services.trainer.service import ActorTrainer
+from services.trainer.tasks import ACTOR_TASK
+from tests.fakes import FakeMembership, InMemoryCoordinator, InMemoryDataPlane, InMemoryRedis
+
+RUN_ID = "actor-test"
+PROMPTS = [[5, 6, 7], [9, 10]]
+RESPONSES = [[[1, 2], [3]], [[4, 5, 6], [8]]]  # per prompt, its group of 2 samples
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return init_model(str(tmp_path_factory.mktemp("tiny")), preset="tiny", arch="qwen2", seed=7)
+
+
+def write_step(plane: InMemoryDataPlane, step: int, initial_model, temperature: float) -> None:
+    """train_<step> as the rollout (generating under version 0) and the advantage role leave it."""
+    prompts = [p for p in PROMPTS for _ in range(2)]
+    responses = [r for group in RESPONSES for r in group]
+    tokens = [torch.tensor(p + r) for p, r in zip(prompts, responses)]
+    batch = ResponseBatch.build(tokens, [len(p) for p in prompts], [len(r) for r in responses])
+    with torch.no_grad():
+        rollout = response_log_probs(initial_model, batch, temperature)
+    signs = [1.0, -1.0, -1.0, 1.0] if step == 0 else [-1.0, 1.0, 1.0, -1.0]
+    plane.create_partition(partition_name(step), group_size=2)
+    plane.put(partition_name(step), {
+        "tokens": tokens, "prompt_length": torch.tensor([len(p) for p in prompts]),
+        "response_length": torch.tensor([len(r) for r in responses]),
+        "loss_mask": [torch.ones(len(r)) for r in responses],
+        "rollout_log_probs": [rollout[i, :len(r)].clone() for i, r in enumerate(responses)],
+        "reward": torch.tensor([1.0, 0.0, 0.0, 1.0]), "weight_version": torch.zeros(4, dtype=torch.int64),
+        "prompt_position": torch.tensor([2 * step, 2 * step, 2 * step + 1, 2 * step + 1]),
+        "sample_index": torch.tensor([0, 1, 0, 1]),
+        "advantages": [torch.full((len(r),), s) for r, s in zip(responses, signs)]})
+    plane.seal_partition(partition_name(step))
+    plane.register_task("advantage", ["advantages"], group_size=2)
+    plane.ack(plane.claim_rows(partition_name(step), "advantage", 4).lease_id)  # the advantage role is done
+
+
+def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_row_once(model_dir):
+    torch.set_num_threads(1)
+    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=2, max_staleness=1, optim={"lr": 1e-2})
+    initial, _ = load_causal_lm(model_dir, "float32")
+    plane, redis, coordinator = InMemoryDataPlane(), InMemoryRedis(), InMemoryCoordinator()
+    for step in range(2):
+        write_step(plane, step, initial, run.rollout.temperature)
+    batches = [plane.get(partition_name(step), [0, 1, 2, 3], actor_fields(run)) for step in range(2)]
+    conn = RunConnections(dcs=coordinator, run=run, tq=plane, redis=redis,
+                          steps=StepPartitions(plane, lambda: read_progress(redis, RUN_ID), run, poll_s=0))
+    membership, status = FakeMembership(), RoleStatus("trainer")
+    trainer = ActorTrainer(TrainerConfig(run_id=RUN_ID), status, connect=lambda config, halt: conn,
+                           join=lambda dcs, registration: membership, publisher=coordinator.publisher)
+    worker = threading.Thread(target=trainer.run_loop, args=(threading.Event(),), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "the trainer did not finish the run's steps"
+
+    # the same two optimizer steps, by hand, on the same rows: what each published version must hold
+    model, _ = load_causal_lm(model_dir, "float32")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=run.optim.lr, betas=run.optim.betas,
+                                  weight_decay=run.optim.weight_decay)
+    assert [(p.version, p.receiver_roles, p.announced) for p in coordinator.published] == \
+        [(1, ["engine"], True), (2, ["engine"], True)]
+    for step, published in enumerate(coordinator.published):
+        m = actor_step(model, optimizer, batches[step], run, run.micro_batch_size)
+        assert m.loss == m.loss and m.grad_norm > 0  # a real loss with a gradient
+        for name, expected in model.named_parameters():
+            torch.testing.assert_close(published.tensors[name], expected.detach(), atol=1e-6, rtol=1e-5)
+    last = coordinator.published[1].tensors
+    assert max(float((last[n] - p.detach()).abs().max()) for n, p in initial.named_parameters()) > 1e-3  # they moved
+
+    for step in range(2):  # each row trained and acked once, then the partition cleared
+        assert plane.acked_rows(partition_name(step), ACTOR_TASK) == [0, 1, 2, 3]
+    assert plane.cleared == ["train_0", "train_1"] and not plane.leases
+    assert read_progress(redis, RUN_ID) == TrainerProgress(next_step=2, version=2)
+    record = trained_steps(redis, RUN_ID)
+    assert sorted(record) == [0, 1]
+    assert record[1]["samples"] == ["2:0", "2:1", "3:0", "3:1"]
+    assert record[0]["metrics"]["staleness"] == {"0": 4} and record[1]["metrics"]["staleness"] == {"1": 4}
+    assert record[1]["metrics"]["version_trained"] == 1 and record[1]["metrics"]["weight_version"] == 2
+    assert (membership.steps, membership.versions) == ([0, 1], [1, 2])
+    assert status.snapshot()["weight_version"] == 2 and status.snapshot()["last_metrics"]["loss"] == \
+        record[1]["metrics"]["loss"]
+    assert coordinator.publishers[0].closed and membership.closed
