@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import time
 
-import httpx
-
 from services.dcs.client import DCSClient, DCSError
 from services.run_contract.run_config import RunConfig
 
@@ -26,7 +24,7 @@ def wait_for_run(dcs: DCSClient, run_id: str, stop=None, poll_s: float = 1.0) ->
             if not announced:
                 log.info("waiting for the run to be created", extra={"run_id": run_id})
                 announced = True
-        except (OSError, httpx.TransportError) as exc:  # it may come up after this service
+        except OSError as exc:  # DCSUnreachable: it may come up after this service
             log.warning("coordinator unreachable", extra={"error": str(exc)})
         time.sleep(poll_s)
     return None
