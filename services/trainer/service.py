@@ -8,8 +8,10 @@ Actor, one step N at a time (N from the checkpoint / progress, see resume()):
         check each sample's staleness (version now - version its generation began under)
         micro batches -> PPO-style loss -> backward; clip; optimizer step; ack the rows
     version += 1; checkpoint if due (before publishing, so a resume never goes backwards)
-    publish the weights through DCS (engines, actor_fwd, reference on its interval)
-    wait until every task consumed train_N, clear it; record progress (next step, version)
+    publish the weights through DCS (engines, actor_fwd, reference on its interval), then record progress
+        (next step, version): on a worker thread, while the loop goes on to claim step N+1's first rows;
+        the publish is waited for before those rows are trained (services/trainer/publishing.py)
+    clear train_N once every task consumed it (on another worker thread)
 
 The critic (PPO) is services/trainer/critic_service.py.
 """
@@ -31,7 +33,7 @@ from prometheus_client import Histogram
 from services.dcs.client import DCSError
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
-from services.dcs.sync.publisher import SyncFailed, WeightPublisher
+from services.dcs.sync.publisher import WeightPublisher
 from services.model.loading import load_causal_lm
 from services.run_contract.partitions import partition_name, sample_id
 from services.run_state.connections import RunConnections
@@ -45,6 +47,7 @@ from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_s
 from services.trainer.config import TrainerConfig
 from services.trainer.data_parallel import DataParallel
 from services.trainer.critic_service import CriticTrainer
+from services.trainer.publishing import WeightVersions
 from services.trainer.tasks import ACTOR_TASK, claim_global_batch, expected_tasks
 
 log = logging.getLogger(__name__)
@@ -73,7 +76,7 @@ class ActorTrainer:
         self.status = status
         self.connect, self.join, self.make_publisher = connect, join, publisher
         self.version = 0
-        self._last_lag_check = self._published_at = time.monotonic()
+        self.weights: WeightVersions | None = None
         self.gauges = gauges("sluice_trainer", ACTOR_GAUGES)
         self.staleness = _staleness_histogram()
         self._clearer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="partition-clear")
@@ -94,14 +97,15 @@ class ActorTrainer:
         if ckpt:
             load_optimizer_state(ckpt.path, self.optimizer)
         self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master)
-        self.membership = self.publisher = None
+        self.membership = None
         if self.dp.is_leader:  # the other ranks follow it through the group, not the coordinator
             self.membership = self.join(self.dcs, NodeRegistration(
                 role="trainer", host=c.advertise_host, ports={"http": c.port}, device=c.device, run_id=c.run_id,
                 parallel={"dp": c.dp_size}))
-            self.publisher = self.make_publisher(self.dcs, self.membership.node_id, c.master_address,
-                                                 bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
-                                                 pause_mode=c.pause_mode)
+            sender = self.make_publisher(self.dcs, self.membership.node_id, c.master_address,
+                                         bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
+                                         pause_mode=c.pause_mode)
+            self.weights = WeightVersions(sender, self.model, run, self.dcs, c.run_id, c.republish_check_s)
         self.tq.register_task(ACTOR_TASK, actor_fields(run), group_size=run.n_samples_per_prompt)
         try:
             if self.dp.is_leader:
@@ -110,8 +114,8 @@ class ActorTrainer:
                 self.follow(halt)
         finally:
             self._clearer.shutdown(wait=False)  # a clear in flight stops at its next check of halt
-            if self.publisher is not None:
-                self.publisher.close()
+            if self.weights is not None:
+                self.weights.close()
             if self.membership is not None:
                 self.membership.close()
             self.dp.close()
@@ -136,17 +140,24 @@ class ActorTrainer:
                 with span("checkpoint", step, version):
                     save_checkpoint(c.checkpoint_dir, "actor", self.model, self.optimizer, run.model, step + 1,
                                     version)
-            with span("publish", step, version):
-                self.version = version = self.publish(version)
+            # published on a worker thread while the next step's rows are claimed; train_step settles it
+            # before the optimizer moves the weights again
+            self.weights.publish_later(step, version, lambda v, step=step, ids=ids, metrics=metrics:
+                                       self.finish(step, v, ids, metrics))
             self.clear_later(step, halt)
-            metrics["weight_version"] = version
-            finish_step(self.redis, c.run_id, step, ids, metrics,
-                        TrainerProgress(next_step=step + 1, version=version))
-            self.report(step, metrics)
             step += 1
+        self.weights.settle()
         self.clear_later(None, halt)  # the last partition is cleared (or its failure raised) before the loop ends
         if not halt.is_set():
             self.dp.share([0, step, self.version])  # the other ranks are done too
+
+    def finish(self, step: int, version: int, ids: list[str], metrics: dict) -> None:
+        """Step N is published as `version`: its audit record and the progress past it, then its report."""
+        self.version = version
+        metrics["weight_version"] = version
+        finish_step(self.redis, self.config.run_id, step, ids, metrics,
+                    TrainerProgress(next_step=step + 1, version=version))
+        self.report(step, metrics)
 
     def follow(self, halt: threading.Event) -> None:
         """A data-parallel rank other than 0: train each step the leader starts, on its share."""
@@ -162,30 +173,10 @@ class ActorTrainer:
     # ------------------------------------------------------------------ one step
 
     def waiting(self, step: int, halt: threading.Event) -> None:
-        """Runs while the trainer waits for data: a pause safe point, and every republish_check_s a
-        check that no engine lags behind the published version. An engine that restarted (or missed
-        a publish while its rollout was down) serves old weights and holds back admission of the very
-        samples this step waits for; only a new publish brings it up to date."""
+        """Runs while the trainer waits for data: a pause safe point, and the check for engines serving
+        older weights than the published version (WeightVersions.resend_if_lagging)."""
         self.membership.safe_point(halt)
-        now = time.monotonic()
-        # engine versions reach the coordinator on heartbeats: give a fresh publish time to show
-        if now - self._last_lag_check < self.config.republish_check_s or now - self._published_at < 5.0:
-            return
-        self._last_lag_check = now
-        lagging = [n.node_id for n in self.dcs.topology().roles.get("engine", [])
-                   if n.alive and n.run_id == self.config.run_id and n.weight_version is not None
-                   and n.weight_version < self.version]
-        if lagging:
-            # the same version again, to the engines only: no renumbering, so no sample gets staler
-            log.warning("engines lag behind the published weights; sending them again",
-                        extra={"engines": lagging, "version": self.version})
-            self.publisher.receiver_roles = ["engine"]
-            try:
-                self.publisher.publish(((n, p.detach()) for n, p in self.model.named_parameters()), self.version,
-                                       announce=False)
-                self._published_at = time.monotonic()
-            except SyncFailed as exc:  # tried again at the next check
-                log.warning("resending weights to engines failed", extra={"error": str(exc)})
+        self.weights.resend_if_lagging(self.version)
 
     def train_step(self, step: int, halt: threading.Event):
         """Train step N: num_iters_per_train_update global batches, each split across the ranks.
@@ -215,6 +206,8 @@ class ActorTrainer:
                                                              "weight_version", "reward"])
                 batch = self.tq.get(partition, dp.my_rows(claimed.rows, info["response_length"].tolist(), n),
                                     actor_fields(run))
+            if dp.is_leader:
+                self.weights.settle()  # the last step's weights are published before they change
             version = self.version  # the policy these samples are trained at
             t1 = time.perf_counter()
             tokens = dp.total(float(sum(float(m.sum()) for m in batch["loss_mask"])))
@@ -276,34 +269,6 @@ class ActorTrainer:
 
     # ------------------------------------------------------------------ weights and partitions
 
-    def receiver_roles(self, version: int) -> list[str]:
-        roles = ["engine"]
-        if self.run.uses_actor_fwd:
-            roles.append("actor_fwd")
-        if self.run.uses_reference and self.run.ref_update_interval and version % self.run.ref_update_interval == 0:
-            roles.append("reference")
-        return roles
-
-    def publish(self, version: int, attempts: int = 5) -> int:
-        """Publish the current weights as `version`. A failed sync is retried (with backoff, so a dead
-        receiver's lease lapses and it leaves the group) under the same number if it failed before the
-        coordinator recorded it, else under the next (a recorded number is never reused). Returns the
-        version published."""
-        for attempt in range(attempts):
-            if attempt:  # a receiver that died drops out of the group when its lease lapses
-                time.sleep(min(2.0 ** attempt, 10.0))
-            self.publisher.receiver_roles = self.receiver_roles(version)
-            try:
-                result = self.publisher.publish(((n, p.detach()) for n, p in self.model.named_parameters()), version)
-                self._published_at = time.monotonic()
-                log.info("weights published", extra={"version": version, "seconds": result.seconds})
-                return version
-            except SyncFailed as exc:
-                log.warning("weight sync failed", extra={"version": version, "attempt": attempt, "error": str(exc)})
-                if exc.result.announced:  # receivers may hold it as done: the retry needs a new number
-                    version += 1
-        raise RuntimeError(f"weight sync failed {attempts} times")
-
     def clear_later(self, step: int | None, halt: threading.Event) -> None:
         """Clear train_<step> on a worker thread: the next step need not wait for the slowest task to ack
         the last rows (a clear takes a few round trips, and up to clear_wait_s when a task lags). A failed
@@ -349,7 +314,7 @@ class ActorTrainer:
         progress does not are finished here. The step in progress is retrained from its first row."""
         progress = read_progress(self.redis, self.config.run_id)
         if progress.next_step > 0 or ckpt:
-            self.publisher.resume_engines()  # a predecessor killed mid-sync may have left them paused
+            self.weights.sender.resume_engines()  # a predecessor killed mid-sync may have left them paused
         step, version = (ckpt.next_step, ckpt.version) if ckpt else (0, 0)
         if progress.next_step > step:
             log.warning("steps after the checkpoint were lost with the process that trained them",
@@ -360,9 +325,9 @@ class ActorTrainer:
                 self.clear(covered, threading.Event())
         latest = self.latest_published()
         if latest > version:
-            version = self.publish(latest + 1)  # renumber: receivers hold newer weights than ours
+            version = self.weights.publish(latest + 1)  # renumber: receivers hold newer weights than ours
         elif latest < version:
-            version = self.publish(version)  # checkpointed but not yet published
+            version = self.weights.publish(version)  # checkpointed but not yet published
         if self.steps.info(step) is not None:
             self.tq.reset_task(partition_name(step), ACTOR_TASK)
         write_progress(self.redis, self.config.run_id, TrainerProgress(next_step=step, version=version))

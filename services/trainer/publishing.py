@@ -1,0 +1,117 @@
+"""The actor trainer's weight versions: numbering and retries, one publish in flight while the trainer waits for
+its next step's data, and re-sending to engines that fell behind."""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+import torch
+
+from services.dcs.sync.publisher import SyncFailed
+from services.run_contract.run_config import RunConfig
+from services.run_state.seams import WeightSender
+from services.runtime.spans import span
+
+log = logging.getLogger(__name__)
+
+
+class WeightVersions:
+    """Publishes the model's weights as numbered versions through `sender`.
+
+    `publish_later` runs a publish on a worker thread and returns at once: the trainer goes on to claim the
+    next step's rows while the broadcast runs (a publish is a few coordinator and engine round trips that
+    need no CPU of the trainer's), and calls `settle` before its optimizer touches the weights again, so
+    what is broadcast is exactly the version trained. At most one publish is in flight."""
+
+    def __init__(self, sender: WeightSender, model: torch.nn.Module, run: RunConfig, dcs, run_id: str,
+                 republish_check_s: float):
+        self.sender, self.model, self.run, self.dcs, self.run_id = sender, model, run, dcs, run_id
+        self.republish_check_s = republish_check_s
+        self._last_lag_check = self._published_at = time.monotonic()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
+        self._pending: Future | None = None
+
+    def receiver_roles(self, version: int) -> list[str]:
+        roles = ["engine"]
+        if self.run.uses_actor_fwd:
+            roles.append("actor_fwd")
+        if self.run.uses_reference and self.run.ref_update_interval and version % self.run.ref_update_interval == 0:
+            roles.append("reference")
+        return roles
+
+    def _weights(self):
+        return ((n, p.detach()) for n, p in self.model.named_parameters())
+
+    def publish(self, version: int, attempts: int = 5) -> int:
+        """Publish the current weights as `version`. A failed sync is retried (with backoff, so a dead
+        receiver's lease lapses and it leaves the group) under the same number if it failed before the
+        coordinator recorded it, else under the next (a recorded number is never reused). Returns the
+        version published."""
+        for attempt in range(attempts):
+            if attempt:  # a receiver that died drops out of the group when its lease lapses
+                time.sleep(min(2.0 ** attempt, 10.0))
+            self.sender.receiver_roles = self.receiver_roles(version)
+            try:
+                result = self.sender.publish(self._weights(), version)
+                self._published_at = time.monotonic()
+                log.info("weights published", extra={"version": version, "seconds": result.seconds})
+                return version
+            except SyncFailed as exc:
+                log.warning("weight sync failed", extra={"version": version, "attempt": attempt, "error": str(exc)})
+                if exc.result.announced:  # receivers may hold it as done: the retry needs a new number
+                    version += 1
+        raise RuntimeError(f"weight sync failed {attempts} times")
+
+    def publish_later(self, step: int, version: int, then: Callable[[int], None]) -> None:
+        """Publish step N's weights on the worker thread, then call `then(version published)` there."""
+        self.settle()
+
+        def publish_then() -> None:
+            with span("publish", step, version):
+                published = self.publish(version)
+            then(published)
+
+        self._pending = self._worker.submit(publish_then)
+
+    def settle(self) -> None:
+        """Wait for the publish in flight, if any; its failure is raised here."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def resend_if_lagging(self, version: int) -> None:
+        """Every republish_check_s (and not within 5 s of a publish: engine versions reach the coordinator on
+        heartbeats), send `version` again to the engines that serve an older one. An engine that restarted
+        (or missed a publish while its rollout was down) holds back admission of the very samples the
+        trainer waits for; only a new publish brings it up to date."""
+        now = time.monotonic()
+        if (now - self._last_lag_check < self.republish_check_s or now - self._published_at < 5.0
+                or (self._pending is not None and not self._pending.done())):
+            return
+        self._last_lag_check = now
+        lagging = [n.node_id for n in self.dcs.topology().roles.get("engine", [])
+                   if n.alive and n.run_id == self.run_id and n.weight_version is not None
+                   and n.weight_version < version]
+        if not lagging:
+            return
+        # the same version again, to the engines only: no renumbering, so no sample gets staler
+        log.warning("engines lag behind the published weights; sending them again",
+                    extra={"engines": lagging, "version": version})
+        self.sender.receiver_roles = ["engine"]
+        try:
+            self.sender.publish(self._weights(), version, announce=False)
+            self._published_at = time.monotonic()
+        except SyncFailed as exc:  # tried again at the next check
+            log.warning("resending weights to engines failed", extra={"error": str(exc)})
+
+    def close(self) -> None:
+        """Let a publish in flight finish (a half-sent version would leave engines waiting), then stop."""
+        try:
+            self.settle()
+        except Exception as exc:
+            log.warning("the last publish failed", extra={"error": str(exc)})
+        self._worker.shutdown(wait=True)
+        self.sender.close()
