@@ -55,6 +55,18 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return -(log_p.exp() * finite_log_p).sum(dim=-1)
 
 
+def log_probs_and_entropy(logits: Tensor, token_ids: Tensor, entropy_grad: bool) -> tuple[Tensor, Tensor]:
+    """log p(token) [B, T] and the entropy H [B, T] of softmax(logits) [B, T, V], from one log-softmax
+    (entropy_from_logits and a separate logsumexp would each pass over the vocabulary again). With
+    entropy_grad False the entropy is a metric only: computed without building its graph."""
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    picked = torch.gather(log_p, -1, token_ids.unsqueeze(-1)).squeeze(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        source = log_p if entropy_grad else log_p.detach()
+        entropy = -(source.exp() * source.clamp(min=torch.finfo(source.dtype).min)).sum(dim=-1)
+    return picked, entropy
+
+
 def aggregate(values: Tensor, mask: Tensor, mode: str, total_tokens: float | None = None,
               total_seqs: float | None = None) -> Tensor:
     """Reduce per-token values [B, T] to a scalar:

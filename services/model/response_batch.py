@@ -58,9 +58,15 @@ class ResponseBatch:
         steps = torch.arange(self.response_ids.shape[1], device=self.input_ids.device).unsqueeze(0)
         return (self.prompt_lengths.unsqueeze(1) - 1 + steps).clamp(max=self.input_ids.shape[1] - 1)
 
-    def gather_response(self, per_position: torch.Tensor) -> torch.Tensor:
-        """[B, L, ...] per-position values -> [B, T, ...] at the positions predicting response tokens."""
-        index = self.response_positions()
+    @property
+    def first_response_position(self) -> int:
+        """The first position whose output predicts a response token, over the whole batch."""
+        return int(self.prompt_lengths.min()) - 1
+
+    def gather_response(self, per_position: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """[B, L - offset, ...] per-position values (positions offset.. of the batch) -> [B, T, ...] at the
+        positions predicting response tokens."""
+        index = self.response_positions() - offset
         if per_position.dim() == 3:
             index = index.unsqueeze(-1).expand(-1, -1, per_position.shape[-1])
         return torch.gather(per_position, 1, index)
@@ -73,8 +79,12 @@ class ResponseBatch:
 def response_logits(model, batch: ResponseBatch, temperature: float = 1.0) -> torch.Tensor:
     """[B, T, V] logits predicting each response token (divided by the sampling temperature, so
     log-probs match what the engine sampled from)."""
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    logits = batch.gather_response(out.logits)
+    # lm_head only from the first position that predicts a response token (the prompts' own logits are not
+    # needed): the vocabulary projection and its backward are the largest matmuls of a small model
+    start = batch.first_response_position
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                logits_to_keep=batch.input_ids.shape[1] - start)
+    logits = batch.gather_response(out.logits, offset=start)
     return logits / temperature if temperature != 1.0 else logits
 
 

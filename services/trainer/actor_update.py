@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.algorithms.policy_loss import PolicyLossConfig, entropy_from_logits, policy_loss
+from services.algorithms.policy_loss import PolicyLossConfig, log_probs_and_entropy, policy_loss
 from services.run_contract.run_config import RunConfig
-from services.model.response_batch import ResponseBatch, response_logits, token_log_probs
+from services.model.response_batch import ResponseBatch, response_logits
 from services.transferqueue.codec import Batch
 
 
@@ -92,8 +92,7 @@ def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size:
         ref = pad(batch["ref_log_probs"][sl], width).to(device) if cfg.kl_loss_coef > 0 else None
         advantages = pad(batch["advantages"][sl], width).to(device)
         logits = response_logits(model, rb, temperature)
-        log_probs = token_log_probs(logits, rb.response_ids)
-        entropy = entropy_from_logits(logits if cfg.entropy_coef > 0 else logits.detach())
+        log_probs, entropy = log_probs_and_entropy(logits, rb.response_ids, entropy_grad=cfg.entropy_coef > 0)
         loss, m = policy_loss(log_probs, old, advantages, mask, cfg,
                               rollout_log_probs=rollout if run.uses_actor_fwd else None, ref_log_probs=ref,
                               entropy=entropy, total_tokens=total_tokens, total_seqs=total_seqs)

@@ -291,3 +291,22 @@ def test_bad_arguments():
         value_loss(x, x, torch.zeros(2, 4), mask)
     with pytest.raises(ValueError, match="V > 0"):
         entropy_from_logits(torch.zeros(2, 3, 0))
+
+
+def test_log_probs_and_entropy_from_one_log_softmax_equal_the_separate_functions():
+    from services.algorithms.policy_loss import log_probs_and_entropy
+    from services.model.response_batch import token_log_probs
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11, requires_grad=True)
+    ids = torch.randint(0, 11, (3, 5))
+    picked, entropy = log_probs_and_entropy(logits, ids, entropy_grad=True)
+    torch.testing.assert_close(picked, token_log_probs(logits, ids))
+    torch.testing.assert_close(entropy, entropy_from_logits(logits))
+    (picked.sum() + entropy.sum()).backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    (token_log_probs(logits, ids).sum() + entropy_from_logits(logits).sum()).backward()
+    torch.testing.assert_close(ours, logits.grad)
+    _, metric_only = log_probs_and_entropy(logits, ids, entropy_grad=False)
+    assert not metric_only.requires_grad  # a metric: no graph built for it
