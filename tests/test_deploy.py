@@ -114,3 +114,17 @@ def test_help_lists_every_flag(command, capsys):
     out = capsys.readouterr().out
     for field in service_config(command).model_fields:
         assert "--" + field.replace("_", "-") in out
+
+
+def test_package_accepts_the_torch_a_gpu_user_already_has():
+    """The package's metadata takes a range (./dev and the image install the pinned CPU wheel first): a user
+    with a CUDA build of another release can install Sluice next to it."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]
+    [torch] = [Requirement(d) for d in project["dependencies"] if Requirement(d).name == "torch"]
+    for version in ("2.5.1", "2.7.0+cu126", "2.13.0"):
+        assert torch.specifier.contains(version), version
+    assert not torch.specifier.contains("2.3.1")  # too old: no F.rms_norm / SDPA enable_gqa
