@@ -156,7 +156,7 @@ class Scheduler:
             self._verify([batch[i] for i in verifying], [full[i] for i in verifying])
         for i, (req, chunk) in enumerate(zip(batch, chunks)):
             if verifying and i in full and not wants_prompt[i]:
-                continue  # verified above
+                continue  # a verified draft: took its tokens above
             req.cached += len(chunk)
             if i in full:
                 self._prompt_logprobs(req, full[i])
