@@ -133,3 +133,28 @@ def test_bfloat16_matches_the_hf_forward_in_bfloat16(model, tmp_path):
     ref = _hf_logits(bf16, s)
     assert mine.dtype == torch.bfloat16
     assert torch.allclose(mine.float(), ref.float(), atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_chunks_short_inputs_and_decodes_in_one_step_match_full_forward(model, tmp_path, dtype):
+    """The three kinds of input a step mixes: prompt chunks longer than SHORT_INPUT (fused attention),
+    several tokens of one sequence (a decode token and its drafts) and single decode tokens (batched matmuls)."""
+    from services.model.batched_decoder import SHORT_INPUT
+
+    if dtype != torch.float32:  # an earlier test's decoder left the parameters as views of its fused weights
+        model.save_pretrained(tmp_path, state_dict={k: v.contiguous() for k, v in model.state_dict().items()})
+        model = type(model).from_pretrained(tmp_path, dtype=dtype).eval()
+    dec = _decoder(model, slot_len=160)
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (90, 50, 21, 8)]
+    slots = [dec.pool.allocate() for _ in seqs]
+    # step 1: long chunks of the first two, whole prompts of the others
+    _, first = dec.forward(slots, [seqs[0][:SHORT_INPUT + 20], seqs[1][:45], seqs[2][:20], seqs[3][:7]], [True] * 4)
+    # step 2: a long chunk, a 5-token input, a single token, a single token
+    _, second = dec.forward(slots, [seqs[0][SHORT_INPUT + 20:], seqs[1][45:], seqs[2][20:], seqs[3][7:]],
+                            [True] * 4)
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    for i, s in enumerate(seqs):
+        mine = torch.cat([first[i], second[i]]).float()
+        ref = _hf_logits(model, s).float()
+        assert torch.allclose(mine, ref, atol=tolerance, rtol=0), (i, (mine - ref).abs().max())
