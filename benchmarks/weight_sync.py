@@ -17,7 +17,7 @@ Measured (GB = 1e9 bytes; every figure is the median over the counted reps; one 
   headline  Sluice sync with the publisher's default bucket (64 MiB): the trainer's SyncResult
             seconds {metadata, pack, broadcast, total}, effective GB/s = SyncResult.bytes / total;
             the receivers' side: next() (metadata long-poll) and receive() wall time as measured
-            around the calls, and receive()'s own phases as reported to DCS (GET /v1/syncs);
+            around the calls, and receive()'s own phases as reported to DCS (GET /v1/runs/{run}/syncs);
             end_to_end = trainer's publish start -> the last receiver's receive() returned
             (CLOCK_MONOTONIC is shared by all processes).
   raw       the transport's limit: ONE flat uint8 tensor of the same number of bytes broadcast from
@@ -189,7 +189,7 @@ def run_worker(args) -> int:
         tensors = make_model(plan["shapes"])
         raw_buf = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
     else:
-        receiver = WeightReceiver(dcs, node.node_id, ROLE, timeout_s=timeout_s)
+        receiver = WeightReceiver(dcs, node.node_id, ROLE, timeout_s=timeout_s, run_id=RUN_ID)
         receiver.declare()
         raw_buf = torch.zeros(nbytes, dtype=torch.uint8)  # preallocated and touched
     ctrl = BroadcastGroup.open("bench-ctrl", "gloo", "127.0.0.1", plan["ctrl_port"], rank, 1 + RECEIVERS, timeout_s)
@@ -202,7 +202,8 @@ def run_worker(args) -> int:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"receivers did not show up as alive {ROLE} nodes in DCS")
             time.sleep(0.05)
-        publisher = WeightPublisher(dcs, node.node_id, "127.0.0.1", timeout_s=timeout_s, receiver_roles=[ROLE])
+        publisher = WeightPublisher(dcs, node.node_id, "127.0.0.1", timeout_s=timeout_s, receiver_roles=[ROLE],
+                                    run_id=RUN_ID)
     received: dict[str, torch.Tensor] | None = None
 
     for step in steps:
@@ -370,7 +371,7 @@ def run_benchmark(args) -> dict:
                                               "--out", outs[n]], os.path.join(tmp, f"{n}.log"))
             wait_workers(workers, outs["trainer"], len(steps), args.deadline_s)
             with DCSClient(dcs.url) as c:
-                raw_reports = c.sync_reports(1000)
+                raw_reports = c.sync_reports(RUN_ID, 1000)
         finally:
             for w in workers.values():
                 w.stop()

@@ -25,6 +25,7 @@ from services.algorithms.policy_loss import kl_estimate
 from services.advantage.config import AdvantageConfig
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
+from services.run_contract.partitions import task_name
 from services.run_contract.run_config import RunConfig
 from services.run_state.connections import RunConnections
 from services.run_state.consumer import Consumer, consume_partition, each_step
@@ -93,9 +94,9 @@ class AdvantageService:
         membership = self.join(conn.dcs, NodeRegistration(role="advantage", host=c.advertise_host,
                                                               ports={"http": c.port}, run_id=c.run_id))
         n = run.n_samples_per_prompt
-        tq.register_task(TASK, required_fields(run), group_size=n)
+        tq.register_task(task_name(run.name, TASK), required_fields(run), group_size=n)
         # min_rows: answer as soon as one group is ready, but take whatever else is ready too
-        consumer = Consumer(TASK, (c.max_groups_per_batch or run.rollout_batch_size) * n,
+        consumer = Consumer(task_name(run.name, TASK), (c.max_groups_per_batch or run.rollout_batch_size) * n,
                             lambda batch: self.compute(batch, run), "advantage", min_rows=n, done=self.done)
         self.status.running()
 

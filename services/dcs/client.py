@@ -93,48 +93,52 @@ class AsyncDCSClient:
     async def topology(self) -> Topology:
         return Topology.model_validate_json((await self._call("GET", "/v1/topology")).content)
 
-    # ------------------------------------------------------------ weights
+    # ------------------------------------------------------------ weights (per run)
 
-    async def publish_weights(self, metadata: WeightMetadata) -> PublishedWeights:
-        return PublishedWeights.model_validate_json((await self._call("POST", "/v1/weights", metadata)).content)
+    async def publish_weights(self, run_id: str, metadata: WeightMetadata) -> PublishedWeights:
+        response = await self._call("POST", f"/v1/runs/{run_id}/weights", metadata)
+        return PublishedWeights.model_validate_json(response.content)
 
-    async def latest_weights(self) -> PublishedWeights:
-        return PublishedWeights.model_validate_json((await self._call("GET", "/v1/weights/latest")).content)
+    async def latest_weights(self, run_id: str) -> PublishedWeights:
+        response = await self._call("GET", f"/v1/runs/{run_id}/weights/latest")
+        return PublishedWeights.model_validate_json(response.content)
 
-    async def weights(self, version: int) -> PublishedWeights:
-        return PublishedWeights.model_validate_json((await self._call("GET", f"/v1/weights/{version}")).content)
+    async def weights(self, run_id: str, version: int) -> PublishedWeights:
+        response = await self._call("GET", f"/v1/runs/{run_id}/weights/{version}")
+        return PublishedWeights.model_validate_json(response.content)
 
-    async def next_weights(self, after: int, wait_s: float) -> PublishedWeights | None:
-        """The newest version after `after`, waiting up to wait_s; None if none came."""
-        response = await self._call("GET", "/v1/weights/next", params={"after": after, "wait_s": wait_s},
-                                    timeout=wait_s + 10)
+    async def next_weights(self, run_id: str, after: int, wait_s: float) -> PublishedWeights | None:
+        """The run's newest version after `after`, waiting up to wait_s; None if none came."""
+        response = await self._call("GET", f"/v1/runs/{run_id}/weights/next",
+                                    params={"after": after, "wait_s": wait_s}, timeout=wait_s + 10)
         if response.status_code == 204:
             return None
         return PublishedWeights.model_validate_json(response.content)
 
-    async def set_cursor(self, role: str, version: int) -> dict[str, int]:
-        return Cursors.model_validate_json(
-            (await self._call("PUT", f"/v1/weights/cursors/{role}", CursorUpdate(version=version))).content).cursors
+    async def set_cursor(self, run_id: str, role: str, version: int) -> dict[str, int]:
+        response = await self._call("PUT", f"/v1/runs/{run_id}/cursors/{role}", CursorUpdate(version=version))
+        return Cursors.model_validate_json(response.content).cursors
 
-    async def cursors(self) -> dict[str, int]:
-        return Cursors.model_validate_json((await self._call("GET", "/v1/weights-cursors")).content).cursors
+    async def cursors(self, run_id: str) -> dict[str, int]:
+        return Cursors.model_validate_json((await self._call("GET", f"/v1/runs/{run_id}/cursors")).content).cursors
 
-    async def cursors_of(self, role: str) -> int:
-        return (await self.cursors()).get(role, 0)
+    async def cursors_of(self, run_id: str, role: str) -> int:
+        return (await self.cursors(run_id)).get(role, 0)
 
-    # ------------------------------------------------------------ sync groups
+    # ------------------------------------------------------------ sync groups (per run)
 
-    async def sync_group(self, request: SyncGroupRequest) -> SyncGroup:
-        return SyncGroup.model_validate_json((await self._call("POST", "/v1/sync-groups", request)).content)
+    async def sync_group(self, run_id: str, request: SyncGroupRequest) -> SyncGroup:
+        response = await self._call("POST", f"/v1/runs/{run_id}/sync-group", request)
+        return SyncGroup.model_validate_json(response.content)
 
     async def current_group(self, run_id: str) -> SyncGroup:
-        return SyncGroup.model_validate_json((await self._call("GET", f"/v1/sync-groups/{run_id}")).content)
+        return SyncGroup.model_validate_json((await self._call("GET", f"/v1/runs/{run_id}/sync-group")).content)
 
-    async def report_sync(self, report: SyncReport) -> None:
-        await self._call("POST", "/v1/syncs", report)
+    async def report_sync(self, run_id: str, report: SyncReport) -> None:
+        await self._call("POST", f"/v1/runs/{run_id}/syncs", report)
 
-    async def sync_reports(self, limit: int = 50) -> list[SyncReport]:
-        response = await self._call("GET", "/v1/syncs", params={"limit": limit})
+    async def sync_reports(self, run_id: str, limit: int = 50) -> list[SyncReport]:
+        response = await self._call("GET", f"/v1/runs/{run_id}/syncs", params={"limit": limit})
         return [SyncReport.model_validate(r) for r in response.json()]
 
     # ------------------------------------------------------------ runs

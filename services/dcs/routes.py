@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 SYNC_SECONDS = Histogram("sluice_dcs_sync_phase_seconds", "reported weight-sync phase times", ["phase"])
 SYNC_BYTES = Counter("sluice_dcs_sync_bytes_total", "bytes moved by reported weight syncs")
 SYNC_FAILURES = Counter("sluice_dcs_sync_failures_total", "weight syncs reported as failed")
-LATEST_VERSION = Gauge("sluice_dcs_latest_weight_version", "newest published weight version")
+LATEST_VERSION = Gauge("sluice_dcs_latest_weight_version", "newest published weight version", ["run"])
 
 
 def _name():
@@ -95,36 +95,42 @@ def node_router(config: DCSConfig, state: RedisState) -> APIRouter:
     return router
 
 
-def weight_router(config: DCSConfig, state: RedisState, events: RedisEvents) -> APIRouter:
-    """Weight versions and receiver cursors."""
-    router = APIRouter()
+def _run_id():
+    """The run a weight, cursor, group or sync route is scoped to."""
+    return Path(pattern=r"^[A-Za-z0-9_.\-]{1,128}$", description="the run id (RunConfig.name)")
 
-    @router.post("/v1/weights", response_model=PublishedWeights, status_code=201, tags=["weights"],
-              responses={409: {"model": Ok}})
-    async def publish(meta: WeightMetadata):
-        published = await state.publish(meta)
-        LATEST_VERSION.set(meta.version)
+
+def weight_router(config: DCSConfig, state: RedisState, events: RedisEvents) -> APIRouter:
+    """A run's weight versions and receiver cursors: everything under /v1/runs/{run_id}/."""
+    router = APIRouter(prefix="/v1/runs/{run_id}")
+
+    @router.post("/weights", response_model=PublishedWeights, status_code=201, tags=["weights"],
+                 responses={409: {"model": Ok}})
+    async def publish(meta: WeightMetadata, run_id: str = _run_id()):
+        published = await state.publish(run_id, meta)
+        LATEST_VERSION.labels(run_id).set(meta.version)
         return published
 
-    @router.get("/v1/weights/latest", response_model=PublishedWeights, tags=["weights"],
-             responses={404: {"model": Ok}})
-    async def latest():
-        version = await state.latest_version()
+    @router.get("/weights/latest", response_model=PublishedWeights, tags=["weights"],
+                responses={404: {"model": Ok}})
+    async def latest(run_id: str = _run_id()):
+        version = await state.latest_version(run_id)
         if version == 0:
-            raise Missing("no weights published yet")
-        return await state.weights(version)
+            raise Missing(f"run {run_id} has no weights published yet")
+        return await state.weights(run_id, version)
 
-    @router.get("/v1/weights/next", response_model=PublishedWeights, tags=["weights"],
-             responses={204: {"description": "nothing newer by the deadline"}})
-    async def next_version(after: int = Query(0, ge=0), wait_s: float = Query(0.0, ge=0, le=3600)):
-        """Long-poll: the latest version newer than `after`, waiting up to `wait_s` for one."""
+    @router.get("/weights/next", response_model=PublishedWeights, tags=["weights"],
+                responses={204: {"description": "nothing newer by the deadline"}})
+    async def next_version(run_id: str = _run_id(), after: int = Query(0, ge=0),
+                           wait_s: float = Query(0.0, ge=0, le=3600)):
+        """Long-poll: the run's latest version newer than `after`, waiting up to `wait_s` for one."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(wait_s, config.max_wait_s)
         while True:
-            event = events.waiter("weights")
-            version = await state.latest_version()
+            event = events.waiter(state.weights_topic(run_id))
+            version = await state.latest_version(run_id)
             if version > after:
-                return await state.weights(version)
+                return await state.weights(run_id, version)
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return Response(status_code=204)
@@ -133,50 +139,52 @@ def weight_router(config: DCSConfig, state: RedisState, events: RedisEvents) -> 
             except TimeoutError:
                 pass
 
-    @router.get("/v1/weights/{version}", response_model=PublishedWeights, tags=["weights"],
-             responses={404: {"model": Ok}})
-    async def weights(version: int):
-        return await state.weights(version)
+    @router.get("/weights/{version}", response_model=PublishedWeights, tags=["weights"],
+                responses={404: {"model": Ok}})
+    async def weights(version: int, run_id: str = _run_id()):
+        return await state.weights(run_id, version)
 
-    @router.put("/v1/weights/cursors/{role}", response_model=Cursors, tags=["weights"],
-             responses={409: {"model": Ok}})
-    async def set_cursor(update: CursorUpdate, role: str = Path(pattern=r"^[a-z_]{1,32}$")):
-        return Cursors(cursors=await state.set_cursor(role, update.version))
+    @router.put("/cursors/{role}", response_model=Cursors, tags=["weights"], responses={409: {"model": Ok}})
+    async def set_cursor(update: CursorUpdate, run_id: str = _run_id(),
+                         role: str = Path(pattern=r"^[a-z_]{1,32}$")):
+        return Cursors(cursors=await state.set_cursor(run_id, role, update.version))
 
-    @router.get("/v1/weights-cursors", response_model=Cursors, tags=["weights"])
-    async def cursors():
-        return Cursors(cursors=await state.cursors())
+    @router.get("/cursors", response_model=Cursors, tags=["weights"])
+    async def cursors(run_id: str = _run_id()):
+        return Cursors(cursors=await state.cursors(run_id))
 
     return router
 
 
 def sync_router(state: RedisState) -> APIRouter:
-    """Sync groups and sync reports."""
-    router = APIRouter()
+    """A run's sync group and sync reports."""
+    router = APIRouter(prefix="/v1/runs/{run_id}")
 
-    @router.post("/v1/sync-groups", response_model=SyncGroup, tags=["sync"], responses={404: {"model": Ok}})
-    async def sync_group(req: SyncGroupRequest):
-        return await state.sync_group(req)
+    @router.post("/sync-group", response_model=SyncGroup, tags=["sync"],
+                 responses={404: {"model": Ok}, 409: {"model": Ok}})
+    async def sync_group(req: SyncGroupRequest, run_id: str = _run_id()):
+        """The broadcast group for the source's live receivers of this run (same membership, same group)."""
+        return await state.sync_group(run_id, req)
 
-    @router.get("/v1/sync-groups/{run_id}", response_model=SyncGroup, tags=["sync"], responses={404: {"model": Ok}})
-    async def current_group(run_id: str = _name()):
+    @router.get("/sync-group", response_model=SyncGroup, tags=["sync"], responses={404: {"model": Ok}})
+    async def current_group(run_id: str = _run_id()):
         return await state.current_group(run_id)
 
-    @router.post("/v1/syncs", response_model=Ok, tags=["sync"])
-    async def report_sync(report: SyncReport):
-        await state.report_sync(report)
+    @router.post("/syncs", response_model=Ok, tags=["sync"])
+    async def report_sync(report: SyncReport, run_id: str = _run_id()):
+        await state.report_sync(run_id, report)
         for phase, seconds in report.seconds.items():
             SYNC_SECONDS.labels(phase).observe(seconds)
         SYNC_BYTES.inc(report.bytes)
         if not report.ok:
             SYNC_FAILURES.inc()
-            log.warning("sync failed", extra={"version": report.version, "node_id": report.node_id,
-                                              "error": report.error})
+            log.warning("sync failed", extra={"run_id": run_id, "version": report.version,
+                                              "node_id": report.node_id, "error": report.error})
         return Ok()
 
-    @router.get("/v1/syncs", response_model=list[SyncReport], tags=["sync"])
-    async def sync_reports(limit: int = Query(50, ge=1, le=1000)):
-        return await state.sync_reports(limit)
+    @router.get("/syncs", response_model=list[SyncReport], tags=["sync"])
+    async def sync_reports(run_id: str = _run_id(), limit: int = Query(50, ge=1, le=1000)):
+        return await state.sync_reports(run_id, limit)
 
     return router
 
@@ -223,6 +231,6 @@ def run_router(state: RedisState) -> APIRouter:
             services.append(ServiceStatus(node_id=n.node_id, role=n.role, rank=n.rank, state=node_state,
                                           step=n.step, weight_version=n.weight_version,
                                           last_heartbeat=n.last_heartbeat, pause_acknowledged=acked))
-        return RunStatus(run=run, latest_weight_version=await state.latest_version(), services=services)
+        return RunStatus(run=run, latest_weight_version=await state.latest_version(run_id), services=services)
 
     return router

@@ -1,5 +1,16 @@
 """All coordinator state, in Redis. Each mutation is one transaction or script, so replicas and a
-restarted coordinator see one truth. Timestamps come from Redis's clock, not the replica's."""
+restarted coordinator see one truth. Timestamps come from Redis's clock, not the replica's.
+
+Key layout (K = --key-prefix, R = run id):
+  K:nodes, K:beats          HASH  node id -> registration / last heartbeat (each names its run)
+  K:runs                    HASH  run id -> Run (config, desired state, pause_seq)
+  K:group_generation        STRING counter shared by every run's sync groups (names stay unique)
+  K:run:R:weights:latest    STRING the run's newest published version
+  K:run:R:weights:<V>       STRING version V's metadata;  K:run:R:weights:versions ZSET of live versions
+  K:run:R:cursors           HASH  receiver role -> version it has loaded
+  K:run:R:group             STRING the run's current sync group (and its membership key)
+  K:run:R:syncs             LIST  the run's newest 1000 sync reports
+  K:events                  pub/sub: topology, runs, groups, weights:R"""
 
 from __future__ import annotations
 
@@ -31,7 +42,7 @@ if v <= latest then return latest end
 redis.call('SET', KEYS[2], ARGV[2])
 redis.call('ZADD', KEYS[3], v, ARGV[1])
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('PUBLISH', KEYS[4], 'weights')
+redis.call('PUBLISH', KEYS[4], ARGV[3])
 return -1
 """
 
@@ -138,54 +149,68 @@ class RedisState:
                 return n
         raise Missing(f"node {node_id} is not registered")
 
-    # ------------------------------------------------------------ weights
+    # ------------------------------------------------------------ weights (per run)
 
-    async def publish(self, meta: WeightMetadata) -> PublishedWeights:
+    def run_key(self, run_id: str) -> str:
+        """Every piece of a run's weight, cursor, group and sync state lives under this prefix."""
+        return f"{self.k}:run:{run_id}"
+
+    @staticmethod
+    def weights_topic(run_id: str) -> str:
+        return f"weights:{run_id}"
+
+    async def publish(self, run_id: str, meta: WeightMetadata) -> PublishedWeights:
         published = PublishedWeights(**meta.model_dump(), published_at=await self.now())
+        rk = self.run_key(run_id)
         latest = await self._publish(
-            keys=[f"{self.k}:weights:latest", f"{self.k}:weights:{meta.version}", f"{self.k}:weights:versions",
+            keys=[f"{rk}:weights:latest", f"{rk}:weights:{meta.version}", f"{rk}:weights:versions",
                   self.events_channel],
-            args=[meta.version, published.model_dump_json()])
+            args=[meta.version, published.model_dump_json(), self.weights_topic(run_id)])
         if int(latest) >= 0:
-            raise Conflict(f"version {meta.version} is not newer than the latest published version {latest}")
+            raise Conflict(f"version {meta.version} is not newer than run {run_id}'s latest published "
+                           f"version {latest}")
         return published
 
-    async def latest_version(self) -> int:
-        return int(await self.redis.get(f"{self.k}:weights:latest") or 0)
+    async def latest_version(self, run_id: str) -> int:
+        return int(await self.redis.get(f"{self.run_key(run_id)}:weights:latest") or 0)
 
-    async def weights(self, version: int) -> PublishedWeights:
-        text = await self.redis.get(f"{self.k}:weights:{version}")
+    async def weights(self, run_id: str, version: int) -> PublishedWeights:
+        text = await self.redis.get(f"{self.run_key(run_id)}:weights:{version}")
         if text is None:
-            raise Missing(f"weight version {version} is unknown or was collected")
+            raise Missing(f"weight version {version} of run {run_id} is unknown or was collected")
         return PublishedWeights.model_validate_json(text)
 
-    async def set_cursor(self, role: str, version: int) -> dict[str, int]:
-        """A receiver role says it has loaded `version` (0 at start declares the role). Metadata older
-        than every declared role's cursor (and never the latest) is collected, so no role can clear
+    async def set_cursor(self, run_id: str, role: str, version: int) -> dict[str, int]:
+        """A receiver role of the run says it has loaded `version` (0 at start declares the role). Metadata
+        older than every declared role's cursor (and never the latest) is collected, so no role can clear
         what another still needs; a role moves only its own cursor, and only forward. One script."""
+        rk = self.run_key(run_id)
         outcome, value = await self._set_cursor(
-            keys=[f"{self.k}:weights:latest", f"{self.k}:cursors", f"{self.k}:weights:versions"],
-            args=[role, version, f"{self.k}:weights:"])
+            keys=[f"{rk}:weights:latest", f"{rk}:cursors", f"{rk}:weights:versions"],
+            args=[role, version, f"{rk}:weights:"])
         if outcome == "never":
-            raise Conflict(f"version {version} was never published (latest is {value})")
+            raise Conflict(f"version {version} was never published in run {run_id} (latest is {value})")
         if outcome == "backwards":
-            raise Conflict(f"role {role} already consumed version {value}; cursors only move forward")
+            raise Conflict(f"role {role} of run {run_id} already consumed version {value}; "
+                           "cursors only move forward")
         flat = json.loads(value)
         return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
-    async def cursors(self) -> dict[str, int]:
-        return {r: int(v) for r, v in (await self.redis.hgetall(f"{self.k}:cursors")).items()}
+    async def cursors(self, run_id: str) -> dict[str, int]:
+        return {r: int(v) for r, v in (await self.redis.hgetall(f"{self.run_key(run_id)}:cursors")).items()}
 
-    # ------------------------------------------------------------ sync groups
+    # ------------------------------------------------------------ sync groups (per run)
 
-    async def sync_group(self, req: SyncGroupRequest) -> SyncGroup:
+    async def sync_group(self, run_id: str, req: SyncGroupRequest) -> SyncGroup:
         """The group for the current live membership; the same group while membership is unchanged."""
         nodes = {n.node_id: n for n in await self.nodes()}
         source = nodes.get(req.source_node)
         if source is None or not source.alive:
             raise Missing(f"source node {req.source_node} is not a live registered node")
+        if source.run_id != run_id:
+            raise Conflict(f"source node {req.source_node} belongs to run {source.run_id}, not {run_id}")
         receivers = [n for n in nodes.values() if n.alive and n.role in req.receiver_roles
-                     and n.node_id != source.node_id and n.run_id == source.run_id]
+                     and n.node_id != source.node_id and n.run_id == run_id]
         members = [GroupMember(node_id=source.node_id, role=source.role, rank=0, ranks=1)]
         next_rank = 1
         for n in sorted(receivers, key=lambda n: (n.role, n.rank, n.node_id)):
@@ -195,7 +220,11 @@ class RedisState:
         # the port is not part of the identity: a reused group keeps the port it was created with
         key = hashlib.sha256(json.dumps([req.master_address, req.backend,
                                          [m.model_dump() for m in members]]).encode()).hexdigest()
-        current_key = f"{self.k}:group:{source.run_id}"
+        return await self._store_group(run_id, key, req, members, next_rank)
+
+    async def _store_group(self, run_id: str, key: str, req: SyncGroupRequest, members: list[GroupMember],
+                           world_size: int) -> SyncGroup:
+        current_key = f"{self.run_key(run_id)}:group"
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -206,9 +235,9 @@ class RedisState:
                         if stored["key"] == key:
                             return SyncGroup(**stored["group"])
                     generation = int(await pipe.incr(f"{self.k}:group_generation"))
-                    group = SyncGroup(name=f"sluice-sync-{source.run_id}-{generation}", generation=generation,
+                    group = SyncGroup(name=f"sluice-sync-{run_id}-{generation}", generation=generation,
                                       master_address=req.master_address, master_port=req.master_port,
-                                      world_size=next_rank, backend=req.backend, members=members)
+                                      world_size=world_size, backend=req.backend, members=members)
                     pipe.multi()
                     pipe.set(current_key, json.dumps({"key": key, "group": group.model_dump()}))
                     pipe.publish(self.events_channel, "groups")
@@ -218,19 +247,21 @@ class RedisState:
                     continue
 
     async def current_group(self, run_id: str) -> SyncGroup:
-        text = await self.redis.get(f"{self.k}:group:{run_id}")
+        text = await self.redis.get(f"{self.run_key(run_id)}:group")
         if text is None:
             raise Missing(f"run {run_id} has no sync group yet")
         return SyncGroup(**json.loads(text)["group"])
 
-    async def report_sync(self, report: SyncReport) -> None:
+    async def report_sync(self, run_id: str, report: SyncReport) -> None:
+        key = f"{self.run_key(run_id)}:syncs"
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.lpush(f"{self.k}:syncs", report.model_dump_json())
-            pipe.ltrim(f"{self.k}:syncs", 0, 999)
+            pipe.lpush(key, report.model_dump_json())
+            pipe.ltrim(key, 0, 999)
             await pipe.execute()
 
-    async def sync_reports(self, limit: int) -> list[SyncReport]:
-        return [SyncReport.model_validate_json(t) for t in await self.redis.lrange(f"{self.k}:syncs", 0, limit - 1)]
+    async def sync_reports(self, run_id: str, limit: int) -> list[SyncReport]:
+        texts = await self.redis.lrange(f"{self.run_key(run_id)}:syncs", 0, limit - 1)
+        return [SyncReport.model_validate_json(t) for t in texts]
 
     # ------------------------------------------------------------ runs
 

@@ -25,7 +25,7 @@ from services.forward.config import ForwardConfig
 from services.model.loading import load_causal_lm
 from services.run_contract.checkpoint import checkpoints
 from services.model.response_batch import ResponseBatch, response_log_probs
-from services.run_contract.partitions import SAMPLE_FIELDS
+from services.run_contract.partitions import SAMPLE_FIELDS, task_name
 from services.run_state.connections import RunConnections
 from services.run_state.consumer import Consumer, consume_partition, each_step
 from services.run_state.seams import Membership, WeightFollower
@@ -75,7 +75,8 @@ class ForwardService:
         membership = self.join(conn.dcs, NodeRegistration(role=self.role, host=c.advertise_host,
                                                               ports={"http": c.port}, device=c.device, run_id=c.run_id))
         receives = self.role == "actor_fwd" or run.ref_update_interval > 0
-        receiver = self.make_receiver(conn.dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device)
+        receiver = self.make_receiver(conn.dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device,
+                                      run_id=c.run_id)
         pause = self._pause_point(membership, receiver if receives else None, halt)
 
         def keep_up() -> None:  # while waiting for a partition: pause point, and take weights meanwhile
@@ -84,14 +85,14 @@ class ForwardService:
                 follow_weights(receiver, self.model, wait_s=0.2)
         if receives:
             receiver.declare()
-            receiver.version = conn.dcs.cursors_of(self.role)  # a restarted node waits for the next version
+            receiver.version = conn.dcs.cursors_of(c.run_id, self.role)  # a restarted node waits for the next
             if receiver.version > 0:
                 self._catch_up(receiver.version)
         micro = c.micro_batch_size or run.micro_batch_size
         n = run.n_samples_per_prompt
         micro = max(n, micro - micro % n)  # claims come in whole groups
-        tq.register_task(self.role, SAMPLE_FIELDS, group_size=n)
-        consumer = Consumer(self.role, micro, self.compute, "forward", done=self.done,
+        tq.register_task(task_name(run.name, self.role), SAMPLE_FIELDS, group_size=n)
+        consumer = Consumer(task_name(run.name, self.role), micro, self.compute, "forward", done=self.done,
                             prepare=lambda: self._keep_current(receiver if receives else None, membership),
                             version=lambda: receiver.version if receives else None)
         self.status.running()

@@ -1,5 +1,6 @@
 """A whole run on one machine: a private Redis, TransferQueue (controller + shard), the coordinator,
-built-in engines and every role the run needs, each its own process, stopped with SIGTERM."""
+built-in engines and every role the run needs, each its own process, stopped with SIGTERM. A second run
+can share the first one's stack (`stack=`): it starts only its own engines and roles, under its own run id."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from services.transferqueue.local_stack import LocalTransferQueue
 class LocalRun:
     def __init__(self, run: RunConfig, log_dir: str | None = None, engines: int = 1, token: str = "",
                  checkpoint_dir: str | None = None, engine_args: tuple[str, ...] = (),
-                 role_args: dict[str, list[str]] | None = None, trainer_ranks: int = 1):
+                 role_args: dict[str, list[str]] | None = None, trainer_ranks: int = 1,
+                 stack: "LocalRun | None" = None, submit: bool = True):
+        """`stack`: run on that run's Redis, TransferQueue and coordinator (which it keeps owning) instead of
+        starting new ones. `submit=False`: the roles start and wait until `submit()` creates the run."""
         self.run = run
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-run-")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -32,18 +36,27 @@ class LocalRun:
         self.trainer_ranks = trainer_ranks
         self.role_ports: dict[str, int] = {}  # a restarted role keeps its port, as under compose or k8s
         self.redis_proc = self.tq = self.dcs = None
+        self.owns_stack = stack is None
         try:
-            self.redis_proc, self.redis_url = start_redis(log_dir=self.log_dir)
-            self.tq = LocalTransferQueue(token=token, redis_url=self.redis_url, log_dir=self.log_dir)
-            self.dcs = LocalDCS(redis_url=self.redis_url, token=token, log_dir=self.log_dir)
+            if stack is None:
+                self.redis_proc, self.redis_url = start_redis(log_dir=self.log_dir)
+                self.tq = LocalTransferQueue(token=token, redis_url=self.redis_url, log_dir=self.log_dir)
+                self.dcs = LocalDCS(redis_url=self.redis_url, token=token, log_dir=self.log_dir)
+            else:
+                self.redis_url, self.tq, self.dcs = stack.redis_url, stack.tq, stack.dcs
             self.engine_args = engine_args
             self.engine_urls = [self._start_engine(i, engine_args) for i in range(engines)]
-            with self.dcs_client() as dcs:
-                dcs.create_run(run)
+            if submit:
+                self.submit()
             self._start_roles()
         except BaseException:
             self.stop()
             raise
+
+    def submit(self) -> None:
+        """Create the run with the coordinator (its roles wait for it)."""
+        with self.dcs_client() as dcs:
+            dcs.create_run(self.run)
 
     def dcs_client(self) -> DCSClient:
         return DCSClient(self.dcs.url, token=self.token or None)
@@ -133,6 +146,8 @@ class LocalRun:
     def stop(self) -> None:
         for proc in reversed(list(self.procs.values())):
             proc.stop()
+        if not self.owns_stack:  # the stack's owner stops it
+            return
         for part in (self.dcs, self.tq, self.redis_proc):
             if part is not None:
                 part.stop()

@@ -28,7 +28,7 @@ from services.rollout.connections import RolloutConnections, RolloutMembership, 
 from services.rollout.engine_pool import Engines, SampleOutput
 from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
 from services.rollout.rewards import build_reward
-from services.run_contract.partitions import partition_name, step_of
+from services.run_contract.partitions import partition_name, partition_prefix, step_of, task_name
 from services.runtime.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
 
@@ -117,7 +117,8 @@ class RolloutService:
         run = conn.run
         await asyncio.to_thread(self._register)
         try:
-            await self.tq.register_task(RECOVER_TASK, ["prompt_position"], group_size=run.n_samples_per_prompt)
+            await self.tq.register_task(task_name(run.name, RECOVER_TASK), ["prompt_position"],
+                                        group_size=run.n_samples_per_prompt)
             todo = await self.recover()
             self.status.running()
             poller = asyncio.create_task(self._poll_versions(stop))
@@ -242,10 +243,11 @@ class RolloutService:
             texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
             rewards = await asyncio.gather(*(self.reward.score(record, t) for t in texts))
         with span("put", step, version):
-            await self.tq.put(partition_name(step), self.columns(record, prompt_ids, samples, rewards, step))
+            columns = self.columns(record, prompt_ids, samples, rewards, step)
+            await self.tq.put(partition_name(run.name, step), columns)
         written = await self.ledger.mark_written(position, step)
         if written >= self.groups_per_step:
-            await self.tq.seal_partition(partition_name(step))
+            await self.tq.seal_partition(partition_name(run.name, step))
             log.info("step written", extra={"step": step})
         GROUPS.inc()
         for s, r in zip(samples, rewards):
@@ -277,8 +279,8 @@ class RolloutService:
 
     async def _ensure_partition(self, step: int) -> None:
         if step not in self._partitions:
-            await self.tq.create_partition(partition_name(step), group_size=self.run.n_samples_per_prompt,
-                                           exist_ok=True)
+            await self.tq.create_partition(partition_name(self.run.name, step),
+                                           group_size=self.run.n_samples_per_prompt, exist_ok=True)
             self._partitions.add(step)
 
     # ------------------------------------------------------------------ restart
@@ -286,11 +288,12 @@ class RolloutService:
     async def recover(self):
         """Positions still to generate, in order. Groups already in open partitions count as written
         even if the ledger missed them (a crash between the put and the mark)."""
-        for info in await self.tq.list_partitions("train_"):
+        for info in await self.tq.list_partitions(partition_prefix(self.run.name)):
             step = step_of(info.name)
             if step is None or info.allocated_rows == 0:
                 continue
-            batch = await self.tq.claim(info.name, RECOVER_TASK, batch_size=max(info.allocated_rows, 1))
+            batch = await self.tq.claim(info.name, task_name(self.run.name, RECOVER_TASK),
+                                        batch_size=max(info.allocated_rows, 1))
             if batch.rows:
                 await self.tq.release(batch)
                 for position in sorted({int(p) for p in batch.columns["prompt_position"]}):

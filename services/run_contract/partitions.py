@@ -1,6 +1,9 @@
-"""The data contract between roles: partition names and the fields each role writes.
+"""The data contract between roles: partition and task names and the fields each role writes.
 
-train_<N> holds the samples trained at step N, group_size = n_samples_per_prompt. Per sample:
+Every name is scoped by the run: many runs share one TransferQueue, and a run's roles reach only its own
+partitions and tasks. <run_id>/train_<N> holds the samples run <run_id> trains at step N, group_size =
+n_samples_per_prompt; its tasks are <run_id>/<task> (TransferQueue applies a task named "<scope>/..." only
+to partitions named "<scope>/...": docs/transferqueue.md). Per sample:
   rollout   tokens (int64, prompt + response), prompt_length, response_length (int64),
             loss_mask (float32, per response token), rollout_log_probs (float32, per response token),
             reward (float32), weight_version (int64: the version its generation began under),
@@ -15,19 +18,32 @@ train_<N> holds the samples trained at step N, group_size = n_samples_per_prompt
 from __future__ import annotations
 
 PREFIX = "train_"
+SCOPE = "/"  # run ids cannot contain it (RunConfig.name), so "<run_id>/" never prefixes another run's names
 
 
-def partition_name(step: int) -> str:
-    return f"{PREFIX}{step}"
+def partition_prefix(run_id: str) -> str:
+    """What every training partition of the run starts with (for list_partitions)."""
+    return f"{run_id}{SCOPE}{PREFIX}"
+
+
+def partition_name(run_id: str, step: int) -> str:
+    return f"{partition_prefix(run_id)}{step}"
 
 
 def step_of(partition: str) -> int | None:
-    if not partition.startswith(PREFIX):
+    """The step of a run's training partition (<run_id>/train_<N>); None for any other name."""
+    scope, sep, name = partition.rpartition(SCOPE)
+    if not sep or not scope or not name.startswith(PREFIX):
         return None
     try:
-        return int(partition[len(PREFIX):])
+        return int(name[len(PREFIX):])
     except ValueError:
         return None
+
+
+def task_name(run_id: str, task: str) -> str:
+    """The run's own TransferQueue task (e.g. <run_id>/actor_train)."""
+    return f"{run_id}{SCOPE}{task}"
 
 
 def sample_id(prompt_position: int, sample_index: int) -> str:

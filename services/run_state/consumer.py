@@ -67,5 +67,5 @@ def each_step(steps: StepPartitions, num_steps: int, halt: threading.Event, safe
     while step < num_steps and not halt.is_set():
         safe_point()
         if steps.wait_for(step, halt, idle or safe_point):
-            work(step, partition_name(step))
+            work(step, partition_name(steps.run.name, step))
         step += 1

@@ -1,4 +1,4 @@
-"""How a consuming role walks the steps: start where the trainer is, wait for train_<N> to appear,
+"""How a consuming role walks the steps: start where the trainer is, wait for <run_id>/train_<N> to appear,
 skip steps the trainer has already finished (their partitions are cleared), and in colocate mode
 wait for the whole batch before starting (no overlap with rollout)."""
 
@@ -37,7 +37,7 @@ class StepPartitions:
 
     def info(self, step: int):
         try:
-            return self.tq.partition(partition_name(step))
+            return self.tq.partition(partition_name(self.run.name, step))
         except TQError as exc:
             if exc.code == grpc.StatusCode.NOT_FOUND:
                 return None

@@ -13,7 +13,7 @@ from services.dcs.models import NodeRegistration
 from services.run_contract.run_config import RunConfig
 from services.model.response_batch import ResponseBatch
 from services.run_state.connections import RunConnections
-from services.run_contract.partitions import partition_name
+from services.run_contract.partitions import partition_name, task_name
 from services.run_state.consumer import Consumer, consume_partition
 from services.run_state.seams import DataPlane, Membership
 from services.runtime.metrics import gauges
@@ -65,19 +65,20 @@ class CriticTrainer:
         membership = self.join(conn.dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
                                                          device=c.device, run_id=c.run_id))
         n = run.n_samples_per_prompt
-        tq.register_task(CRITIC_VALUES_TASK, CRITIC_VALUE_FIELDS, group_size=n)
-        tq.register_task(CRITIC_TRAIN_TASK, CRITIC_TRAIN_FIELDS, group_size=n)
+        tq.register_task(task_name(run.name, CRITIC_VALUES_TASK), CRITIC_VALUE_FIELDS, group_size=n)
+        tq.register_task(task_name(run.name, CRITIC_TRAIN_TASK), CRITIC_TRAIN_FIELDS, group_size=n)
         self.status.running()
         try:
             step = steps.first_step()
             while step < run.num_steps and not halt.is_set():
                 membership.safe_point(halt)
                 if steps.wait_for(step, halt, lambda: membership.safe_point(halt)):
-                    partition = partition_name(step)
+                    partition = partition_name(run.name, step)
                     self.write_values(tq, critic, partition, run, membership, halt)
                     for _ in range(run.num_iters_per_train_update):
                         with span("claim", step):
-                            claimed = claim_global_batch(tq, partition, CRITIC_TRAIN_TASK, run.global_batch_size,
+                            claimed = claim_global_batch(tq, partition, task_name(run.name, CRITIC_TRAIN_TASK),
+                                                         run.global_batch_size,
                                                          c.lease_s, halt, lambda: membership.safe_point(halt))
                         if claimed is None:
                             break
@@ -109,5 +110,6 @@ class CriticTrainer:
                 critic.eval()
                 out = response_values(critic, rb.to_device(self.config.device)).cpu() * rb.mask
             return {"values": rb.to_ragged(out)}
-        consumer = Consumer(CRITIC_VALUES_TASK, max(n, run.micro_batch_size // n * n), values, "values")
+        consumer = Consumer(task_name(run.name, CRITIC_VALUES_TASK), max(n, run.micro_batch_size // n * n), values,
+                            "values")
         consume_partition(tq, partition, consumer, self.config.lease_s, n, lambda: membership.safe_point(halt), halt)

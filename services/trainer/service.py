@@ -35,7 +35,7 @@ from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.dcs.sync.publisher import WeightPublisher
 from services.model.loading import load_causal_lm
-from services.run_contract.partitions import partition_name, sample_id
+from services.run_contract.partitions import partition_name, sample_id, task_name
 from services.run_state.connections import RunConnections
 from services.run_state.seams import Membership, WeightSender
 from services.run_state.trainer_progress import TrainerProgress, finish_step, read_progress, write_progress
@@ -104,9 +104,10 @@ class ActorTrainer:
                 parallel={"dp": c.dp_size}))
             sender = self.make_publisher(self.dcs, self.membership.node_id, c.master_address,
                                          bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
-                                         pause_mode=c.pause_mode)
+                                         pause_mode=c.pause_mode, run_id=c.run_id)
             self.weights = WeightVersions(sender, self.model, run, self.dcs, c.run_id, c.republish_check_s)
-        self.tq.register_task(ACTOR_TASK, actor_fields(run), group_size=run.n_samples_per_prompt)
+        self.actor_task = task_name(run.name, ACTOR_TASK)  # the run's own task
+        self.tq.register_task(self.actor_task, actor_fields(run), group_size=run.n_samples_per_prompt)
         try:
             if self.dp.is_leader:
                 self.lead(ckpt, halt)
@@ -182,7 +183,7 @@ class ActorTrainer:
         """Train step N: num_iters_per_train_update global batches, each split across the ranks.
         Returns (trained sample ids, metrics) on the leader, (None, None) elsewhere; None if halted."""
         run, c, dp = self.run, self.config, self.dp
-        partition = partition_name(step)
+        partition = partition_name(run.name, step)
         n = run.n_samples_per_prompt
         ids: list[str] = []
         totals = StepMetrics()
@@ -238,14 +239,14 @@ class ActorTrainer:
         """Global batch `it` of step N: the leader claims it (waiting while the partition fills), the other
         ranks claim the same rows by the claim key the leader shares. None when halted or none was found."""
         run, c, dp = self.run, self.config, self.dp
-        partition = partition_name(step)
+        partition = partition_name(run.name, step)
         if not dp.is_leader:
             got, nonce = dp.share([0, 0])
-            return self.tq.claim_rows(partition, ACTOR_TASK, run.global_batch_size, lease_s=c.lease_s,
+            return self.tq.claim_rows(partition, self.actor_task, run.global_batch_size, lease_s=c.lease_s,
                                       claim_key=f"{nonce}-{it}") if got else None
         self.membership.safe_point(halt)
         with span("claim", step, self.version):
-            claimed = claim_global_batch(self.tq, partition, ACTOR_TASK, run.global_batch_size, c.lease_s,
+            claimed = claim_global_batch(self.tq, partition, self.actor_task, run.global_batch_size, c.lease_s,
                                          halt, lambda: self.waiting(step, halt), claim_key=f"{nonce}-{it}")
         if dp.size > 1:
             dp.share([1 if claimed else 0, nonce])
@@ -281,7 +282,7 @@ class ActorTrainer:
 
     def clear(self, step: int, halt: threading.Event) -> None:
         """Clear train_<step> once every task of the run has consumed all of it (unless halted first)."""
-        partition = partition_name(step)
+        partition = partition_name(self.run.name, step)
         deadline = time.monotonic() + self.config.clear_wait_s
         tasks = expected_tasks(self.run)
         while True:
@@ -301,7 +302,7 @@ class ActorTrainer:
 
     def latest_published(self) -> int:
         try:
-            return self.dcs.latest_weights().version
+            return self.dcs.latest_weights(self.config.run_id).version
         except DCSError as exc:
             if exc.status == 404:
                 return 0
@@ -329,7 +330,7 @@ class ActorTrainer:
         elif latest < version:
             version = self.weights.publish(version)  # checkpointed but not yet published
         if self.steps.info(step) is not None:
-            self.tq.reset_task(partition_name(step), ACTOR_TASK)
+            self.tq.reset_task(partition_name(self.run.name, step), self.actor_task)
         write_progress(self.redis, self.config.run_id, TrainerProgress(next_step=step, version=version))
         log.info("trainer position", extra={"next_step": step, "version": version,
                                             "checkpoint": ckpt.path if ckpt else None})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
+from services.run_contract.partitions import task_name
 from services.run_contract.run_config import RunConfig
 from services.run_state.step_partitions import partition_gone
 from services.run_state.seams import DataPlane
@@ -15,7 +16,7 @@ CRITIC_VALUES_TASK, CRITIC_TRAIN_TASK = "critic_values", "critic_train"
 
 
 def expected_tasks(run: RunConfig) -> list[str]:
-    """Every task that must consume a partition before it is cleared."""
+    """Every task of the run (its scoped names) that must consume a partition before it is cleared."""
     tasks = [ACTOR_TASK, "advantage"]
     if run.uses_actor_fwd:
         tasks.append("actor_fwd")
@@ -23,7 +24,7 @@ def expected_tasks(run: RunConfig) -> list[str]:
         tasks.append("reference")
     if run.uses_critic:
         tasks += [CRITIC_VALUES_TASK, CRITIC_TRAIN_TASK]
-    return tasks
+    return [task_name(run.name, t) for t in tasks]
 
 
 def claim_global_batch(tq: DataPlane, partition: str, task: str, rows: int, lease_s: float,

@@ -79,7 +79,7 @@ def main() -> None:
         while sum(n.alive for n in dcs.topology().roles.get("actor_fwd", []) if n.run_id == args.run_id) < args.receivers:
             time.sleep(0.05)
         publisher = WeightPublisher(dcs, node.node_id, "127.0.0.1", bucket_bytes=args.bucket_bytes,
-                                    timeout_s=args.timeout_s, receiver_roles=["actor_fwd"])
+                                    timeout_s=args.timeout_s, receiver_roles=["actor_fwd"], run_id=args.run_id)
         for version in range(1, args.versions + 1):
             tensors = weights(version, dtype)
             try:
@@ -95,7 +95,7 @@ def main() -> None:
         return
 
     die_version, die_bucket = (int(x) for x in args.die_at.split(":")) if args.die_at else (-1, -1)
-    receiver = WeightReceiver(dcs, node.node_id, "actor_fwd", timeout_s=args.timeout_s)
+    receiver = WeightReceiver(dcs, node.node_id, "actor_fwd", timeout_s=args.timeout_s, run_id=args.run_id)
     receiver.declare()
     current = weights(0, dtype)  # the weights "serving" before any sync
     out.write(json.dumps({"event": "ready", "digest": digest(current)}) + "\n")

@@ -55,51 +55,80 @@ def test_nodes_heartbeat_and_die_after_their_lease(client, uniq):
     assert err.value.status == 404 and b.node_id in err.value.detail
 
 
-def test_weight_versions_are_monotonic_and_long_poll_wakes(client):
-    base = client.next_weights(0, 0)
-    start = base.version if base else 0
-    client.publish_weights(_meta(start + 1))
+def test_weight_versions_are_monotonic_and_long_poll_wakes(client, uniq):
+    run = uniq("run")
+    assert client.next_weights(run, 0, 0) is None
+    client.publish_weights(run, _meta(1))
     with pytest.raises(DCSError) as err:
-        client.publish_weights(_meta(start + 1))
-    assert err.value.status == 409
+        client.publish_weights(run, _meta(1))
+    assert err.value.status == 409 and run in err.value.detail
     got = {}
 
     def waiter():
         with DCSClient(client.core.base_url) as c:
             t0 = time.monotonic()
-            got["w"] = c.next_weights(start + 1, wait_s=20)
+            got["w"] = c.next_weights(run, 1, wait_s=20)
             got["s"] = time.monotonic() - t0
 
     thread = threading.Thread(target=waiter)
     thread.start()
     time.sleep(0.3)
-    client.publish_weights(_meta(start + 2))
+    client.publish_weights(run, _meta(2))
     thread.join(10)
-    assert got["w"].version == start + 2 and got["s"] < 5
-    assert client.next_weights(start + 2, wait_s=0.3) is None
-    assert client.latest_weights().version == start + 2
+    assert got["w"].version == 2 and got["s"] < 5
+    assert client.next_weights(run, 2, wait_s=0.3) is None
+    assert client.latest_weights(run).version == 2
 
 
-def test_each_receiver_role_has_its_own_cursor(client):
-    latest = client.latest_weights().version if client.next_weights(0, 0) else 0
-    for v in range(latest + 1, latest + 4):
-        client.publish_weights(_meta(v))
-    top = latest + 3
-    client.set_cursor("reference", client.cursors_of("reference"))  # a role declares itself at start
-    client.set_cursor("engine", top)
-    assert client.weights(latest + 1).version == latest + 1  # reference has not consumed it: kept
-    cursors = client.set_cursor("reference", latest + 2)
-    assert cursors["engine"] == top and cursors["reference"] == latest + 2
+def test_each_receiver_role_has_its_own_cursor(client, uniq):
+    run = uniq("run")
+    for v in range(1, 4):
+        client.publish_weights(run, _meta(v))
+    client.set_cursor(run, "reference", client.cursors_of(run, "reference"))  # a role declares itself at start
+    client.set_cursor(run, "engine", 3)
+    assert client.weights(run, 1).version == 1  # reference has not consumed it: kept
+    cursors = client.set_cursor(run, "reference", 2)
+    assert cursors == {"engine": 3, "reference": 2}
     with pytest.raises(DCSError) as err:
-        client.weights(latest + 1)  # now below every role's cursor: collected
+        client.weights(run, 1)  # now below every role's cursor: collected
     assert err.value.status == 404
-    assert client.weights(latest + 2).version == latest + 2
+    assert client.weights(run, 2).version == 2
     with pytest.raises(DCSError) as err:
-        client.set_cursor("reference", latest + 1)  # a role cannot move backwards
+        client.set_cursor(run, "reference", 1)  # a role cannot move backwards
     assert err.value.status == 409
     with pytest.raises(DCSError) as err:
-        client.set_cursor("engine", top + 10)
+        client.set_cursor(run, "engine", 13)
     assert err.value.status == 409
+
+
+def test_runs_keep_their_own_weights_cursors_groups_and_reports(client, uniq):
+    a, b = uniq("run-a"), uniq("run-b")
+    for v in (1, 2, 3):
+        client.publish_weights(a, _meta(v))
+    client.publish_weights(b, _meta(1))  # version 1 of b is not "older than a's latest"
+    assert client.latest_weights(a).version == 3 and client.latest_weights(b).version == 1
+    assert client.next_weights(b, 1, wait_s=0.2) is None  # a's publishes do not answer b's long-poll
+    client.set_cursor(a, "actor_fwd", 3)  # collects a's versions 1 and 2, none of b's
+    assert client.cursors(a) == {"actor_fwd": 3} and client.cursors(b) == {}
+    assert client.weights(b, 1).version == 1
+    with pytest.raises(DCSError) as err:
+        client.set_cursor(b, "actor_fwd", 3)  # b never published 3
+    assert err.value.status == 409 and b in err.value.detail
+    trainer_a, trainer_b = _node(client, "trainer", a), _node(client, "trainer", b)
+    engine_a, engine_b = _node(client, "engine", a), _node(client, "engine", b)
+    ga = client.sync_group(a, SyncGroupRequest(source_node=trainer_a.node_id, master_address="127.0.0.1",
+                                               master_port=29501))
+    gb = client.sync_group(b, SyncGroupRequest(source_node=trainer_b.node_id, master_address="127.0.0.1",
+                                               master_port=29502))
+    assert [m.node_id for m in ga.members] == [trainer_a.node_id, engine_a.node_id]
+    assert [m.node_id for m in gb.members] == [trainer_b.node_id, engine_b.node_id] and ga.name != gb.name
+    assert client.current_group(a) == ga and client.current_group(b) == gb
+    with pytest.raises(DCSError) as err:  # a's trainer cannot make b's group
+        client.sync_group(b, SyncGroupRequest(source_node=trainer_a.node_id, master_address="127.0.0.1",
+                                              master_port=29503))
+    assert err.value.status == 409 and a in err.value.detail and b in err.value.detail
+    client.report_sync(a, SyncReport(version=3, group=ga.name, node_id=trainer_a.node_id, ok=True))
+    assert [r.group for r in client.sync_reports(a)] == [ga.name] and client.sync_reports(b) == []
 
 
 def test_sync_group_reused_until_membership_changes(client, uniq):
@@ -108,17 +137,17 @@ def test_sync_group_reused_until_membership_changes(client, uniq):
     e1 = _node(client, "engine", run, parallel={"tp": 2})
     e2 = _node(client, "engine", run, rank=1)
     req = SyncGroupRequest(source_node=trainer.node_id, master_address="127.0.0.1", master_port=29500)
-    g1 = client.sync_group(req)
+    g1 = client.sync_group(run, req)
     assert g1.world_size == 4 and [m.rank for m in g1.members] == [0, 1, 3]
-    assert client.sync_group(req) == g1
+    assert client.sync_group(run, req) == g1
     assert client.current_group(run) == g1
     client.unregister(e2.node_id)  # membership change -> a new group
-    g2 = client.sync_group(req)
+    g2 = client.sync_group(run, req)
     assert g2.generation > g1.generation and g2.name != g1.name and g2.world_size == 3
     assert [m.node_id for m in g2.members] == [trainer.node_id, e1.node_id]
-    client.report_sync(SyncReport(version=1, group=g2.name, node_id=trainer.node_id, ok=True,
-                                  seconds={"broadcast": 0.1, "total": 0.2}, bytes=1000))
-    assert client.sync_reports(1)[0].group == g2.name
+    client.report_sync(run, SyncReport(version=1, group=g2.name, node_id=trainer.node_id, ok=True,
+                                       seconds={"broadcast": 0.1, "total": 0.2}, bytes=1000))
+    assert client.sync_reports(run, 1)[0].group == g2.name
 
 
 def test_pause_resume_round_trip_with_acks(client, uniq):
@@ -165,7 +194,10 @@ def test_bad_input_is_4xx_and_changes_nothing(dcs, client):
         assert r.status_code == 422 and "colocate" in r.text
         bad = _meta(10**6).model_dump()
         bad["tensors"][0]["nbytes"] = 10**9
-        assert http.post("/v1/weights", json=bad).status_code == 422
+        assert http.post("/v1/runs/r/weights", json=bad).status_code == 422
+        assert http.post("/v1/runs/bad run!/weights", json=_meta(1).model_dump()).status_code == 422
+        r = http.get("/v1/runs/nope/weights/latest")
+        assert r.status_code == 404 and "nope" in r.text
         assert http.get("/v1/runs/nope/status").status_code == 404
     assert _registrations(client) == before
 
@@ -174,11 +206,12 @@ def test_coordinator_restart_loses_nothing(tmp_path):
     with LocalDCS(log_dir=str(tmp_path)) as d, DCSClient(d.url) as c:
         node = _node(c, "trainer", "r")
         c.create_run(RunConfig(name="r", model="/m"))
-        c.publish_weights(_meta(7))
+        c.publish_weights("r", _meta(7))
+        c.set_cursor("r", "actor_fwd", 7)
         c.pause("r")
         d.proc.kill()
         d.start()
-        assert c.latest_weights().version == 7
+        assert c.latest_weights("r").version == 7 and c.cursors("r") == {"actor_fwd": 7}
         assert c.run("r").desired_state == "paused"
         assert c.heartbeat(node.node_id, Heartbeat(paused_seq=1)).pause_seq == 1
         assert [s.state for s in c.status("r").services] == ["paused"]
@@ -187,7 +220,8 @@ def test_coordinator_restart_loses_nothing(tmp_path):
 def test_token_required_on_every_endpoint_but_health(tmp_path):
     with LocalDCS(log_dir=str(tmp_path), token="s3cret") as d:
         with httpx.Client(base_url=d.url) as http:
-            for path in ("/openapi.json", "/docs", "/metrics", "/v1/topology", "/v1/weights/latest", "/v1/runs"):
+            for path in ("/openapi.json", "/docs", "/metrics", "/v1/topology", "/v1/runs/r/weights/latest",
+                         "/v1/runs"):
                 assert http.get(path).status_code == 401, path
             assert http.post("/v1/nodes", json={"role": "trainer", "host": "h"}).status_code == 401
             assert http.get("/healthz").status_code == 200 and http.get("/readyz").status_code == 200

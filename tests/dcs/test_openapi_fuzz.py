@@ -24,7 +24,7 @@ def test_no_input_causes_a_server_error(tmp_path):
             @given(case=operation.as_strategy())
             @settings(max_examples=20, deadline=None, database=None, suppress_health_check=list(HealthCheck))
             def fuzz(case):
-                if case.path == "/v1/weights/next":
+                if case.path == "/v1/runs/{run_id}/weights/next":
                     case.query = {**(case.query or {}), "wait_s": 0}  # do not long-poll
                 response = case.call(base_url=dcs.url, timeout=10)
                 statuses.append(response.status_code)

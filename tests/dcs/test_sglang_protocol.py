@@ -48,7 +48,7 @@ def test_engines_of_every_release_get_the_weights_and_version(tmp_path, dtype):
                 _wait_engines(dcs, "r", 3)
                 trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="r"))
                 publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", bucket_bytes=50_000, timeout_s=20,
-                                            receiver_roles=["engine"], pause_mode="retract")
+                                            receiver_roles=["engine"], pause_mode="retract", run_id="r")
                 for version in (1, 2):
                     tensors = weights(version, dtype)
                     result = publisher.publish(tensors.items(), version)
@@ -58,7 +58,7 @@ def test_engines_of_every_release_get_the_weights_and_version(tmp_path, dtype):
                         assert stats["digest"] == digest(tensors) and stats["version"] == str(version)
                         assert SGLangClient(url).weight_version() == str(version)
                 publisher.close()  # sends the reports still queued
-                group_names = {r.group for r in dcs.sync_reports(10)}
+                group_names = {r.group for r in dcs.sync_reports("r", 10)}
                 assert len(group_names) == 1  # the group was initialised once and reused
             stats = {url: httpx.get(url + "/stats").json() for _, url in engines}
             assert stats[engines[0][1]]["pauses"] == ["abort", "abort"]  # 0.5.5 cannot retract
@@ -76,7 +76,8 @@ def test_failed_engine_update_fails_the_sync_and_generation_still_continues(tmp_
             with DCSClient(local.url) as dcs:
                 _wait_engines(dcs, "f", 1)
                 trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="f"))
-                publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", timeout_s=20, receiver_roles=["engine"])
+                publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", timeout_s=20, receiver_roles=["engine"],
+                                            run_id="f")
                 publisher.publish(weights(1, torch.float32).items(), 1)
                 with pytest.raises(SyncFailed) as err:
                     publisher.publish(weights(2, torch.float32).items(), 2)
@@ -90,6 +91,6 @@ def test_failed_engine_update_fails_the_sync_and_generation_still_continues(tmp_
                 assert stats["serving"] is True and stats["version"] == "3"
                 assert stats["digest"] == digest(weights(3, torch.float32))
                 publisher.close()  # sends the reports still queued
-                assert len({r.group for r in dcs.sync_reports(10)}) == 2
+                assert len({r.group for r in dcs.sync_reports("f", 10)}) == 2
         finally:
             proc.stop()

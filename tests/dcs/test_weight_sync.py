@@ -42,10 +42,10 @@ def test_trainer_and_two_receivers_get_bit_identical_tensors(tmp_path, dtype):
             got = {e["version"]: e["digest"] for e in _events(tmp_path / f"recv{i}.jsonl") if e["event"] == "received"}
             assert got == {v: published[v]["digest"] for v in (1, 2)}
         with DCSClient(dcs.url) as c:
-            assert c.latest_weights().version == 2
+            assert c.latest_weights("r").version == 2
             receivers_seen = c.topology().roles["actor_fwd"]
             assert all(n.weight_version == 2 for n in receivers_seen)  # versions visible in status
-            reports = c.sync_reports(20)
+            reports = c.sync_reports("r", 20)
             assert any(r.ok and r.bytes > 0 and "broadcast" in r.seconds for r in reports)
             assert any("load" in r.seconds for r in reports)  # receivers report the load phase too
 

@@ -4,7 +4,6 @@ rollout, forward roles, advantage, trainer and critic) on a tiny model and a dem
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 
@@ -15,7 +14,7 @@ from services.run_contract.run_config import RunConfig
 from services.launch.local_run import LocalRun
 from services.launch.timeline import fetch_spans, step_table
 from services.model.init_model import init_model
-from services.transferqueue.client.queue import TransferQueue
+from tests.e2e.run_checks import assert_run_complete
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -23,39 +22,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return init_model(str(tmp_path_factory.mktemp("tiny")), preset="tiny", arch="qwen2", seed=7)
-
-
-def finite_numbers(metrics: dict) -> list:
-    return [v for v in metrics.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-
-
-def assert_run_complete(lr: LocalRun, run: RunConfig, staleness_bounded: bool = True) -> dict[int, dict]:
-    steps = lr.trained_steps()
-    assert sorted(steps) == list(range(run.num_steps))
-    # every sample of every prompt position trained exactly once: none skipped, none repeated
-    trained = [i for rec in steps.values() for i in rec["samples"]]
-    expected = {f"{p}:{k}" for p in range(run.num_steps * run.rollout_batch_size)
-                for k in range(run.n_samples_per_prompt)}
-    assert len(trained) == len(set(trained)) and set(trained) == expected
-    for step, rec in steps.items():
-        m = rec["metrics"]
-        assert len(rec["samples"]) == run.rows_per_step
-        # staleness bound: trained at version <= the version generation began under + max_staleness
-        violations = sum(n for s, n in m["staleness"].items() if int(s) > run.max_staleness)
-        assert m["staleness_violations"] == violations  # reported as measured
-        if staleness_bounded:
-            assert violations == 0
-        assert all(math.isfinite(v) for v in finite_numbers(m)), m
-        assert m["tokens"] > 0
-    versions = [steps[s]["metrics"]["weight_version"] for s in sorted(steps)]
-    assert versions == sorted(set(versions)) and lr.progress().version == versions[-1]
-    # every partition was consumed by every task and cleared (the trainer clears only then)
-    with TransferQueue(lr.tq.controller_address) as tq:
-        assert tq.list_partitions("train_") == []
-    # every engine serves the last published weights
-    for url in lr.engine_urls:
-        assert httpx.get(url + "/weight_version").json()["weight_version"] == str(versions[-1])
-    return steps
 
 
 def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
@@ -96,9 +62,9 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
                       if line.startswith("sluice_engine_requests_total{")]
             assert sum(float(line.split()[-1]) for line in counts) > 0
         with lr.dcs_client() as dcs:  # actor_fwd took every version, the reference every second one
-            cursors = dcs.cursors()
+            cursors = dcs.cursors(run.name)
             assert cursors["actor_fwd"] == 4 and cursors["reference"] == 4
-            loads = [(r.node_id, r.version) for r in dcs.sync_reports(200) if "load" in r.seconds]
+            loads = [(r.node_id, r.version) for r in dcs.sync_reports(run.name, 200) if "load" in r.seconds]
         assert sorted(v for node, v in loads if topology.get(node) == "reference") == [2, 4]
         assert sorted(v for node, v in loads if topology.get(node) == "actor_fwd") == [1, 2, 3, 4]
         # the rollout notices the trainer's last step on its next progress poll

@@ -32,7 +32,7 @@ def _publisher(dcs: DCSClient, engine_url: str, bucket_bytes: int, pause_mode: s
     dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": port}, run_id="w"))
     trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="w"))
     return WeightPublisher(dcs, trainer.node_id, "127.0.0.1", bucket_bytes=bucket_bytes, timeout_s=20,
-                           receiver_roles=["engine"], pause_mode=pause_mode)
+                           receiver_roles=["engine"], pause_mode=pause_mode, run_id="w")
 
 
 def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights(tiny_model_dir, tmp_path):
@@ -102,7 +102,7 @@ def test_live_update_keeps_generating_and_wakes_version_long_polls(tiny_model_di
             crossing = _Streaming(url, input_ids=[11, 22, 33], sampling_params=LONG)
             assert crossing.started.wait(30)
             result = publisher.publish(other.state_dict().items(), 1)  # several buckets, loaded at once
-            assert result.ok and len({e.bucket for e in dcs.weights(1).tensors}) > 1
+            assert result.ok and len({e.bucket for e in dcs.weights("w", 1).tensors}) > 1
             poller.join(30)
             assert polled["version"] == "1" and polled["seconds"] < 25  # woken by the update, not the timeout
             ids, meta = crossing.result()

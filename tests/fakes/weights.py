@@ -33,13 +33,13 @@ class InMemoryCoordinator:
 
     # ------------------------------------------------------------ what roles call on their `dcs`
 
-    def latest_weights(self) -> Published:
+    def latest_weights(self, run_id: str) -> Published:
         announced = [p for p in self.published if p.announced]
         if not announced:
             raise DCSError(404, "no weights published")
         return announced[-1]
 
-    def cursors_of(self, role: str) -> int:
+    def cursors_of(self, run_id: str, role: str) -> int:
         return self.cursors.get(role, 0)
 
     def topology(self) -> SimpleNamespace:
@@ -74,7 +74,7 @@ class InMemoryCoordinator:
         return self.publishers[-1]
 
     def receiver(self, dcs, node_id: str, role: str, timeout_s: float = 60.0,
-                 device: str = "cpu") -> "FakeWeightReceiver":
+                 device: str = "cpu", *, run_id: str) -> "FakeWeightReceiver":
         """Made as WeightReceiver is: a forward role's `receiver` seam."""
         self.receivers.append(FakeWeightReceiver(self, role))
         return self.receivers[-1]

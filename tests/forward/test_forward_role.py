@@ -40,10 +40,10 @@ def test_reference_writes_teacher_forced_log_probs_of_every_response(model_dir):
     run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
                     micro_batch_size=2, num_steps=1, algorithm={"kl_coef": 0.1})
     plane = InMemoryDataPlane()
-    plane.create_partition("train_0", group_size=2)
+    plane.create_partition("r/train_0", group_size=2)
     prompts, responses = [[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]], [[1, 2], [3], [4, 5, 6], [8]]
-    _sample_rows(plane, "train_0", prompts, responses)
-    plane.seal_partition("train_0")
+    _sample_rows(plane, "r/train_0", prompts, responses)
+    plane.seal_partition("r/train_0")
     conn = RunConnections(dcs=None, run=run, tq=plane, redis=None,
                           steps=StepPartitions(plane, lambda: TrainerProgress(next_step=0, version=0), run, poll_s=0))
     membership = FakeMembership()
@@ -54,7 +54,7 @@ def test_reference_writes_teacher_forced_log_probs_of_every_response(model_dir):
     worker.join(30)
     assert not worker.is_alive(), "the role did not finish the run's step"
 
-    written = plane.column("train_0", "ref_log_probs")
+    written = plane.column("r/train_0", "ref_log_probs")
     model, _ = load_causal_lm(model_dir)
     batch = ResponseBatch.build([torch.tensor(p + r) for p, r in zip(prompts, responses)],
                                 [len(p) for p in prompts], [len(r) for r in responses])
@@ -62,7 +62,7 @@ def test_reference_writes_teacher_forced_log_probs_of_every_response(model_dir):
     for row, response in enumerate(responses):
         assert written[row].shape == (len(response),)
         torch.testing.assert_close(written[row], expected[row, :len(response)], atol=1e-5, rtol=0)
-    assert plane.partitions["train_0"].consumed["reference"] == {0, 1, 2, 3}
+    assert plane.partitions["r/train_0"].consumed["r/reference"] == {0, 1, 2, 3}
     assert membership.closed
 
 
@@ -90,9 +90,9 @@ def test_actor_fwd_writes_each_step_under_the_weights_that_step_is_trained_with(
     plane, coordinator, progress = InMemoryDataPlane(), InMemoryCoordinator(), ProgressBox()
     prompts, responses = [[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]], [[1, 2], [3], [4, 5, 6], [8]]
     for step in range(2):
-        plane.create_partition(partition_name(step), group_size=2)
-        _sample_rows(plane, partition_name(step), prompts, responses)
-        plane.seal_partition(partition_name(step))
+        plane.create_partition(partition_name("r", step), group_size=2)
+        _sample_rows(plane, partition_name("r", step), prompts, responses)
+        plane.seal_partition(partition_name("r", step))
     conn = RunConnections(dcs=coordinator, run=run, tq=plane, redis=None,
                           steps=StepPartitions(plane, progress.read, run, poll_s=0))
     membership = FakeMembership()
@@ -101,11 +101,11 @@ def test_actor_fwd_writes_each_step_under_the_weights_that_step_is_trained_with(
     worker = threading.Thread(target=service.run_loop, args=(threading.Event(),), daemon=True)
     worker.start()
 
-    _wait(lambda: all(v is not None for v in plane.column("train_0", "log_probs")))
-    assert all(v is None for v in plane.column("train_1", "log_probs"))  # version 1 is not there yet
+    _wait(lambda: all(v is not None for v in plane.column("r/train_0", "log_probs")))
+    assert all(v is None for v in plane.column("r/train_1", "log_probs"))  # version 1 is not there yet
     newer, _ = load_causal_lm(init_model(str(tmp_path / "v1"), preset="tiny", arch="qwen2", seed=11), "float32")
     coordinator.publish(newer.named_parameters(), 1, ["engine", "actor_fwd"])  # the trainer's publish of step 0
-    _wait(lambda: all(v is not None for v in plane.column("train_1", "log_probs")))
+    _wait(lambda: all(v is not None for v in plane.column("r/train_1", "log_probs")))
     progress.value = TrainerProgress(next_step=2, version=2)  # training is done: the role stops following
     worker.join(30)
     assert not worker.is_alive(), "the role did not finish the run's steps"
@@ -113,11 +113,11 @@ def test_actor_fwd_writes_each_step_under_the_weights_that_step_is_trained_with(
     initial, _ = load_causal_lm(model_dir, "float32")
     for step, model in enumerate([initial, newer]):
         expected = _expected(model, prompts, responses, run.rollout.temperature)
-        for written, want in zip(plane.column(partition_name(step), "log_probs"), expected):
+        for written, want in zip(plane.column(partition_name("r", step), "log_probs"), expected):
             torch.testing.assert_close(written, want, atol=1e-5, rtol=0)
-        assert plane.acked_rows(partition_name(step), "actor_fwd") == [0, 1, 2, 3]
+        assert plane.acked_rows(partition_name("r", step), "r/actor_fwd") == [0, 1, 2, 3]
     other = _expected(initial, prompts, responses, run.rollout.temperature)
-    assert all(not torch.allclose(a, b, atol=1e-3) for a, b in zip(other, plane.column("train_1", "log_probs")))
+    assert all(not torch.allclose(a, b, atol=1e-3) for a, b in zip(other, plane.column("r/train_1", "log_probs")))
     receiver = coordinator.receivers[0]
     assert receiver.declared and receiver.loads == [1] and coordinator.cursors["actor_fwd"] == 1
     assert max(membership.versions) == 1 and membership.closed and receiver.closed

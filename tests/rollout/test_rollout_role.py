@@ -71,7 +71,7 @@ class Rollout:
     pools: list[EnginePool] = field(default_factory=list)
 
     def sealed(self, step: int) -> bool:
-        p = self.plane.partitions.get(partition_name(step))
+        p = self.plane.partitions.get(partition_name("r", step))
         return p is not None and p.sealed
 
     async def play_trainer(self) -> None:
@@ -133,7 +133,7 @@ def test_writes_every_group_once_with_the_fields_of_its_samples(model_dir, promp
         version = begun[position]
         for k, row in enumerate(rows):
             seed, response = expected_response(position, k)
-            assert row["partition"] == partition_name(position // 2) and int(row["step"]) == position // 2
+            assert row["partition"] == partition_name("r", position // 2) and int(row["step"]) == position // 2
             assert row["tokens"].tolist() == prompt + response
             assert int(row["prompt_length"]) == len(prompt) and int(row["response_length"]) == len(response)
             assert row["loss_mask"].tolist() == [1.0] * len(response)
@@ -177,7 +177,7 @@ def test_a_weight_update_mid_generation_resumes_the_samples_under_the_new_versio
     prompt = tokenizer.encode(PROMPTS[0], add_special_tokens=False)
     first, resumed = r.engines.requests
     assert (first.version, resumed.version) == (0, 1)
-    rows = r.plane.partitions["train_0"].rows
+    rows = r.plane.partitions["r/train_0"].rows
     for k, row in enumerate(rows):
         seed, response = expected_response(0, k)
         assert resumed.inputs[k] == prompt + response[:2]  # prompt + the partial output, continued
@@ -193,13 +193,13 @@ def test_a_restarted_rollout_neither_skips_nor_repeats_a_group(model_dir, prompt
     """The previous rollout wrote groups 0 and 1 of step 0 but died before marking group 1 in the ledger."""
     r = Rollout(make_run(model_dir, prompts, num_steps=2, max_staleness=1), ledger=InMemoryLedger(frontier=1,
                                                                                                  steps={0: {0}}))
-    r.plane.create_partition("train_0", group_size=N)
+    r.plane.create_partition("r/train_0", group_size=N)
     for position in (0, 1):
-        r.plane.put("train_0", {"prompt_position": torch.tensor([position] * N), "sample_index": torch.arange(N)})
+        r.plane.put("r/train_0", {"prompt_position": torch.tensor([position] * N), "sample_index": torch.arange(N)})
     r.go()
 
     assert sorted(r.begun_under()) == [2, 3]  # only the groups not yet written were generated
-    assert r.sealed(0) and len(r.plane.partitions["train_0"].rows) == 2 * N  # recovery sealed step 0 as it was
-    assert sorted({int(row["prompt_position"]) for row in r.plane.partitions["train_1"].rows}) == [2, 3]
-    assert r.plane.tasks[RECOVER_TASK] == ["prompt_position"] and not r.plane.leases  # its read was released
+    assert r.sealed(0) and len(r.plane.partitions["r/train_0"].rows) == 2 * N  # recovery sealed step 0 as it was
+    assert sorted({int(row["prompt_position"]) for row in r.plane.partitions["r/train_1"].rows}) == [2, 3]
+    assert r.plane.tasks["r/" + RECOVER_TASK] == ["prompt_position"] and not r.plane.leases  # its read was released
     assert r.ledger.frontier == 4 and r.ledger.marks[:2] == [0, 1]  # group 1 marked from the partition first

@@ -44,8 +44,8 @@ def write_step(plane: InMemoryDataPlane, step: int, initial_model, temperature: 
     with torch.no_grad():
         rollout = response_log_probs(initial_model, batch, temperature)
     signs = [1.0, -1.0, -1.0, 1.0] if step == 0 else [-1.0, 1.0, 1.0, -1.0]
-    plane.create_partition(partition_name(step), group_size=2)
-    plane.put(partition_name(step), {
+    plane.create_partition(partition_name("r", step), group_size=2)
+    plane.put(partition_name("r", step), {
         "tokens": tokens, "prompt_length": torch.tensor([len(p) for p in prompts]),
         "response_length": torch.tensor([len(r) for r in responses]),
         "loss_mask": [torch.ones(len(r)) for r in responses],
@@ -54,9 +54,9 @@ def write_step(plane: InMemoryDataPlane, step: int, initial_model, temperature: 
         "prompt_position": torch.tensor([2 * step, 2 * step, 2 * step + 1, 2 * step + 1]),
         "sample_index": torch.tensor([0, 1, 0, 1]),
         "advantages": [torch.full((len(r),), s) for r, s in zip(responses, signs)]})
-    plane.seal_partition(partition_name(step))
-    plane.register_task("advantage", ["advantages"], group_size=2)
-    plane.ack(plane.claim_rows(partition_name(step), "advantage", 4).lease_id)  # the advantage role is done
+    plane.seal_partition(partition_name("r", step))
+    plane.register_task("r/advantage", ["advantages"], group_size=2)
+    plane.ack(plane.claim_rows(partition_name("r", step), "r/advantage", 4).lease_id)  # the advantage role is done
 
 
 def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_row_once(model_dir):
@@ -67,7 +67,7 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
     plane, redis, coordinator = InMemoryDataPlane(), InMemoryRedis(), InMemoryCoordinator()
     for step in range(2):
         write_step(plane, step, initial, run.rollout.temperature)
-    batches = [plane.get(partition_name(step), [0, 1, 2, 3], actor_fields(run)) for step in range(2)]
+    batches = [plane.get(partition_name("r", step), [0, 1, 2, 3], actor_fields(run)) for step in range(2)]
     conn = RunConnections(dcs=coordinator, run=run, tq=plane, redis=redis,
                           steps=StepPartitions(plane, lambda: read_progress(redis, RUN_ID), run, poll_s=0))
     membership, status = FakeMembership(), RoleStatus("trainer")
@@ -93,8 +93,8 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
     assert max(float((last[n] - p.detach()).abs().max()) for n, p in initial.named_parameters()) > 1e-3  # they moved
 
     for step in range(2):  # each row trained and acked once, then the partition cleared
-        assert plane.acked_rows(partition_name(step), ACTOR_TASK) == [0, 1, 2, 3]
-    assert plane.cleared == ["train_0", "train_1"] and not plane.leases
+        assert plane.acked_rows(partition_name("r", step), "r/" + ACTOR_TASK) == [0, 1, 2, 3]
+    assert plane.cleared == ["r/train_0", "r/train_1"] and not plane.leases
     assert read_progress(redis, RUN_ID) == TrainerProgress(next_step=2, version=2)
     record = trained_steps(redis, RUN_ID)
     assert sorted(record) == [0, 1]

@@ -37,13 +37,13 @@ def test_critic_writes_values_then_trains_on_returns(model_dir):
     run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
                     micro_batch_size=2, num_steps=1, algorithm={"estimator": "ppo"})
     plane = InMemoryDataPlane()
-    plane.create_partition("train_0", group_size=2)
+    plane.create_partition("r/train_0", group_size=2)
     prompts, responses = [[5, 6], [5, 6], [7, 8, 9], [7, 8, 9]], [[1, 2, 3], [4], [10, 11], [12, 13]]
-    plane.put("train_0", {"tokens": [torch.tensor(p + r) for p, r in zip(prompts, responses)],
+    plane.put("r/train_0", {"tokens": [torch.tensor(p + r) for p, r in zip(prompts, responses)],
                           "prompt_length": torch.tensor([len(p) for p in prompts]),
                           "response_length": torch.tensor([len(r) for r in responses]),
                           "loss_mask": [torch.ones(len(r)) for r in responses]})
-    plane.seal_partition("train_0")
+    plane.seal_partition("r/train_0")
     conn = RunConnections(dcs=None, run=run, tq=plane, redis=None,
                           steps=StepPartitions(plane, lambda: TrainerProgress(next_step=0, version=0), run, poll_s=0))
     membership, status = FakeMembership(), RoleStatus("critic")
@@ -52,17 +52,17 @@ def test_critic_writes_values_then_trains_on_returns(model_dir):
     worker = threading.Thread(target=critic.run_loop, args=(threading.Event(),), daemon=True)
     worker.start()
 
-    _wait(lambda: all(v is not None for v in plane.column("train_0", "values")))
-    values = plane.column("train_0", "values")
+    _wait(lambda: all(v is not None for v in plane.column("r/train_0", "values")))
+    values = plane.column("r/train_0", "values")
     assert [len(v) for v in values] == [len(r) for r in responses]
-    assert "critic_train" not in plane.partitions["train_0"].consumed or \
-        not plane.partitions["train_0"].consumed["critic_train"]  # no returns yet: nothing to train on
-    plane.put("train_0", {"returns": [torch.ones(len(r)) for r in responses]}, rows=[0, 1, 2, 3])
+    assert "critic_train" not in plane.partitions["r/train_0"].consumed or \
+        not plane.partitions["r/train_0"].consumed["r/critic_train"]  # no returns yet: nothing to train on
+    plane.put("r/train_0", {"returns": [torch.ones(len(r)) for r in responses]}, rows=[0, 1, 2, 3])
     worker.join(60)
     assert not worker.is_alive(), "the critic did not finish the step"
 
-    assert plane.partitions["train_0"].consumed["critic_values"] == {0, 1, 2, 3}
-    assert plane.partitions["train_0"].consumed["critic_train"] == {0, 1, 2, 3}
+    assert plane.partitions["r/train_0"].consumed["r/critic_values"] == {0, 1, 2, 3}
+    assert plane.partitions["r/train_0"].consumed["r/critic_train"] == {0, 1, 2, 3}
     assert membership.steps == [0]
     loss = status.snapshot()["value_loss"]
     assert loss > 0 and loss == loss  # a real, finite value loss against the returns

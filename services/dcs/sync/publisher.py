@@ -62,8 +62,9 @@ def _free_port(host: str) -> int:
 class WeightPublisher:
     def __init__(self, dcs: DCSClient, node_id: str, master_address: str, bucket_bytes: int = 64 << 20,
                  timeout_s: float = 60.0, receiver_roles: Iterable[str] = ("engine", "actor_fwd", "reference"),
-                 backend: str = "gloo", engine_role: str = "engine", pause_mode: str = "abort"):
+                 backend: str = "gloo", engine_role: str = "engine", pause_mode: str = "abort", *, run_id: str):
         self.dcs = dcs
+        self.run_id = run_id  # the run whose versions, group and engines these are
         self.node_id = node_id
         self.master_address = master_address
         self.bucket_bytes = bucket_bytes
@@ -122,7 +123,7 @@ class WeightPublisher:
         try:
             entries, sizes = plan_buckets(named, self.bucket_bytes)
             result.bytes = sum(sizes)
-            group_spec = self.dcs.sync_group(SyncGroupRequest(
+            group_spec = self.dcs.sync_group(self.run_id, SyncGroupRequest(
                 source_node=self.node_id, master_address=self.master_address,
                 master_port=_free_port(self.master_address),  # used only if DCS makes a new group
                 receiver_roles=self.receiver_roles, backend=self.backend, new_group=self._failed))
@@ -143,9 +144,9 @@ class WeightPublisher:
                     self._each_engine(lambda m, e: self._mode(e) != "none" and (e.pause(self._mode(e)),
                                                                                  paused.append(e)))
                 if announce:
-                    self.dcs.publish_weights(WeightMetadata(version=version, tensors=entries, bucket_bytes=sizes,
-                                                            publisher=self.node_id, sync_group=group_spec,
-                                                            transfer=transfer))
+                    self.dcs.publish_weights(self.run_id, WeightMetadata(
+                        version=version, tensors=entries, bucket_bytes=sizes, publisher=self.node_id,
+                        sync_group=group_spec, transfer=transfer))
                     result.announced = True
                 result.seconds["metadata"] = time.perf_counter() - t0
                 if self._group is None or self._group.name != group_spec.name:
@@ -185,11 +186,12 @@ class WeightPublisher:
 
     def resume_engines(self) -> int:
         """Send /continue_generation to every live engine: a publisher that died between pausing the
-        engines and resuming them (in its `finally`) leaves them paused. Returns how many answered."""
+        engines and resuming them (in its `finally`) leaves them paused. Only this run's engines (another run's
+        are its own trainer's). Returns how many answered."""
         resumed = 0
         for node in self.dcs.topology().roles.get(self.engine_role, []):
             port = node.ports.get("http")
-            if not node.alive or port is None:
+            if not node.alive or port is None or node.run_id != self.run_id:
                 continue
             engine = SGLangClient(f"http://{node.host}:{port}", timeout_s=self.timeout_s)
             try:
@@ -269,8 +271,8 @@ class WeightPublisher:
 
     def _report(self, result: SyncResult) -> None:
         try:
-            self.dcs.report_sync(SyncReport(version=result.version, group=result.group or "none",
-                                            node_id=self.node_id, ok=result.ok, error=result.error,
-                                            seconds=result.seconds, bytes=result.bytes))
+            self.dcs.report_sync(self.run_id, SyncReport(version=result.version, group=result.group or "none",
+                                                         node_id=self.node_id, ok=result.ok, error=result.error,
+                                                         seconds=result.seconds, bytes=result.bytes))
         except Exception as exc:  # reporting must not turn a good sync into a failure
             log.warning("could not report sync", extra={"error": str(exc)})

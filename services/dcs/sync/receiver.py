@@ -30,8 +30,10 @@ class WeightReceiver:
     page fault per page): the tensors `receive` returns are views that stay valid until the next
     `receive`; load them into the model (load_into) or copy them before that."""
 
-    def __init__(self, dcs: DCSClient, node_id: str, role: str, timeout_s: float = 60.0, device: str = "cpu"):
+    def __init__(self, dcs: DCSClient, node_id: str, role: str, timeout_s: float = 60.0, device: str = "cpu", *,
+                 run_id: str):
         self.dcs = dcs
+        self.run_id = run_id  # versions, cursors and sync reports are the run's own
         self._buffers: list[torch.Tensor] = []
         self.node_id = node_id
         self.role = role
@@ -47,10 +49,10 @@ class WeightReceiver:
 
     def declare(self) -> None:
         """Tell DCS this role consumes weights (its cursor holds metadata until it has read it)."""
-        self.dcs.set_cursor(self.role, self.dcs.cursors().get(self.role, 0))
+        self.dcs.set_cursor(self.run_id, self.role, self.dcs.cursors_of(self.run_id, self.role))
 
     def next(self, wait_s: float) -> PublishedWeights | None:
-        return self.dcs.next_weights(self.version, wait_s)
+        return self.dcs.next_weights(self.run_id, self.version, wait_s)
 
     def receive(self, published: PublishedWeights,
                 on_bucket: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
@@ -99,15 +101,15 @@ class WeightReceiver:
     def loaded(self, published: PublishedWeights, load_seconds: float) -> None:
         """After the caller swapped the tensors in (taking load_seconds): advance this role's cursor
         and report the load phase."""
-        self.dcs.set_cursor(self.role, published.version)
+        self.dcs.set_cursor(self.run_id, self.role, published.version)
         self._report(published, True, None, {"load": load_seconds}, nbytes=0)  # the bytes were counted
 
     def _report(self, published: PublishedWeights, ok: bool, error: str | None, seconds: dict,
                 nbytes: int | None = None) -> None:
         try:
-            self.dcs.report_sync(SyncReport(version=published.version, group=published.sync_group.name,
-                                            node_id=self.node_id, ok=ok, error=error, seconds=seconds,
-                                            bytes=sum(published.bucket_bytes) if nbytes is None else nbytes))
+            self.dcs.report_sync(self.run_id, SyncReport(
+                version=published.version, group=published.sync_group.name, node_id=self.node_id, ok=ok,
+                error=error, seconds=seconds, bytes=sum(published.bucket_bytes) if nbytes is None else nbytes))
         except Exception as exc:
             log.warning("could not report sync", extra={"error": str(exc)})
 

@@ -12,7 +12,7 @@ import grpc
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from services.transferqueue.errors import TQError
+from services.transferqueue.errors import TQError, task_applies
 from services.transferqueue.pb import transferqueue_pb2 as pb
 
 _FUNCTIONS = (pathlib.Path(__file__).parent / "tq_functions.lua").read_text()
@@ -111,7 +111,7 @@ class RedisMetadata:
             created_unix=int(meta["created"]) / 1000.0,
             fields=[pb.FieldProgress(field=f, produced=int(n)) for f, n in sorted(fcount.items())],
             tasks=[pb.TaskProgress(task=t, ready=int(nready.get(t, 0)), consumed=int(consumed.get(t, 0)),
-                                   leased=int(leased.get(t, 0))) for t in sorted(tasks)],
+                                   leased=int(leased.get(t, 0))) for t in sorted(tasks) if task_applies(name, t)],
             schema=[schema_from_json(f, s) for f, s in sorted(schema.items())],
         )
 

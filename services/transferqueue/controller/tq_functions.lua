@@ -5,7 +5,8 @@ operation is atomic and several controller replicas (or a restarted one) see one
 
 Key layout (K = key prefix, P = partition, T = task, row/group indices are decimal):
   K:partitions          ZSET  P -> created ms
-  K:tasks               HASH  T -> {"fields":[...],"group_size":n}
+  K:tasks               HASH  T -> {"fields":[...],"group_size":n}  (T = "<scope>/..." applies only to
+                              partitions P = "<scope>/...", e.g. one run's; an unscoped T to every P)
   K:shards              HASH  shard id -> address;  K:shard_ttl ZSET shard id -> expiry ms
   K:p:P                 HASH  gs, block, alloc, rows, sealed, created, shards
   K:p:P:schema          HASH  field -> canonical schema json (fixed by the first commit)
@@ -43,9 +44,20 @@ local function need_partition(K, P)
   return pk
 end
 
-local function need_task(K, T)
+-- A task named "<scope>/..." (a run's) applies only to partitions named "<scope>/..."; an unscoped task to all.
+local function applies(P, T)
+  local slash = string.find(T, '/', 1, true)
+  if not slash then return true end
+  return string.sub(P, 1, slash) == string.sub(T, 1, slash)
+end
+
+local function need_task(K, T, P)
   local def = redis.call('HGET', K .. ':tasks', T)
   if not def then fail('NOT_FOUND', 'task ' .. T .. ' is not registered') end
+  if P and not applies(P, T) then
+    fail('INVALID_ARGUMENT', 'task ' .. T .. ' is scoped to partitions ' .. string.match(T, '^[^/]*/') ..
+         '...; ' .. P .. ' is not one')
+  end
   local d = cjson.decode(def)
   return d.fields, tonumber(d.group_size)
 end
@@ -277,13 +289,13 @@ redis.register_function('tq_clear_partition', function(keys, args)
   if redis.call('EXISTS', pk) == 0 then return {0, ''} end
   local shards = redis.call('HGET', pk, 'shards') or ''
   local tasks = redis.call('HKEYS', K .. ':tasks')
-  for _, T in ipairs(tasks) do
+  for _, T in ipairs(tasks) do if applies(P, T) then
     local tk = tkey(K, P, T)
     for _, id in ipairs(redis.call('ZRANGE', tk .. ':leases', 0, -1)) do
       redis.call('DEL', K .. ':lease:' .. id, K .. ':lease:' .. id .. ':pend')
     end
     redis.call('DEL', tk .. ':rdy', tk .. ':gcnt', tk .. ':q', tk .. ':done', tk .. ':leases')
-  end
+  end end
   for _, f in ipairs(redis.call('HKEYS', pk .. ':schema')) do redis.call('DEL', pk .. ':f:' .. f) end
   redis.call('DEL', pk, pk .. ':schema', pk .. ':any', pk .. ':fcount', pk .. ':nready', pk .. ':consumed',
              pk .. ':leased')
@@ -313,8 +325,10 @@ redis.register_function('tq_register_task', function(keys, args)
   redis.call('HSET', K .. ':tasks', T, def)
   local d = cjson.decode(def)
   for _, P in ipairs(redis.call('ZRANGE', K .. ':partitions', 0, -1)) do
-    init_task_partition(K, P, T, d.fields, tonumber(d.group_size))
-    notify(K, P)
+    if applies(P, T) then
+      init_task_partition(K, P, T, d.fields, tonumber(d.group_size))
+      notify(K, P)
+    end
   end
   return 1
 end)
@@ -323,7 +337,7 @@ end)
 redis.register_function('tq_reset_task', function(keys, args)
   local K, P, T = args[1], args[2], args[3]
   local pk = need_partition(K, P)
-  local fields, gs = need_task(K, T)
+  local fields, gs = need_task(K, T, P)
   local tk = tkey(K, P, T)
   for _, id in ipairs(redis.call('ZRANGE', tk .. ':leases', 0, -1)) do
     local lk = K .. ':lease:' .. id
@@ -410,7 +424,9 @@ redis.register_function('tq_commit_put', function(keys, args)
   for j = 1, #tasks, 2 do
     local T, d = tasks[j], cjson.decode(tasks[j + 1])
     local touched = false
-    for _, f in ipairs(d.fields) do if fieldset[f] then touched = true end end
+    if applies(P, T) then
+      for _, f in ipairs(d.fields) do if fieldset[f] then touched = true end end
+    end
     if touched then
       mark_ready(K, P, T, tonumber(d.group_size), rows_with_fields(pk, d.fields, rows, fieldset))
     end
@@ -457,7 +473,7 @@ redis.register_function('tq_claim', function(keys, args)
   local K, P, T = args[1], args[2], args[3]
   local batch, min_rows, lease_ms, id, ckey = tonumber(args[4]), tonumber(args[5]), tonumber(args[6]), args[7], args[8]
   local pk = need_partition(K, P)
-  local fields, gs = need_task(K, T)
+  local fields, gs = need_task(K, T, P)
   if batch <= 0 or batch % gs ~= 0 then
     fail('INVALID_ARGUMENT', 'batch_size ' .. batch .. ' is not a positive multiple of task ' .. T .. "'s group size " .. gs)
   end
@@ -615,7 +631,7 @@ end)
 redis.register_function('tq_ready', function(keys, args)
   local K, P, T = args[1], args[2], args[3]
   local pk = need_partition(K, P)
-  need_task(K, T)
+  need_task(K, T, P)
   local tk = tkey(K, P, T)
   local now = now_ms()
   reap(K, P, T, now)

@@ -1,0 +1,44 @@
+"""What every whole run must show once it finished (tests/e2e)."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+
+from services.launch.local_run import LocalRun
+from services.run_contract.run_config import RunConfig
+from services.transferqueue.client.queue import TransferQueue
+
+
+def finite_numbers(metrics: dict) -> list:
+    return [v for v in metrics.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def assert_run_complete(lr: LocalRun, run: RunConfig, staleness_bounded: bool = True) -> dict[int, dict]:
+    steps = lr.trained_steps()
+    assert sorted(steps) == list(range(run.num_steps))
+    # every sample of every prompt position trained exactly once: none skipped, none repeated
+    trained = [i for rec in steps.values() for i in rec["samples"]]
+    expected = {f"{p}:{k}" for p in range(run.num_steps * run.rollout_batch_size)
+                for k in range(run.n_samples_per_prompt)}
+    assert len(trained) == len(set(trained)) and set(trained) == expected
+    for step, rec in steps.items():
+        m = rec["metrics"]
+        assert len(rec["samples"]) == run.rows_per_step
+        # staleness bound: trained at version <= the version generation began under + max_staleness
+        violations = sum(n for s, n in m["staleness"].items() if int(s) > run.max_staleness)
+        assert m["staleness_violations"] == violations  # reported as measured
+        if staleness_bounded:
+            assert violations == 0
+        assert all(math.isfinite(v) for v in finite_numbers(m)), m
+        assert m["tokens"] > 0
+    versions = [steps[s]["metrics"]["weight_version"] for s in sorted(steps)]
+    assert versions == sorted(set(versions)) and lr.progress().version == versions[-1]
+    # every partition of the run was consumed by every task and cleared (the trainer clears only then)
+    with TransferQueue(lr.tq.controller_address) as tq:
+        assert tq.list_partitions(f"{run.name}/") == []
+    # every engine serves the last published weights
+    for url in lr.engine_urls:
+        assert httpx.get(url + "/weight_version").json()["weight_version"] == str(versions[-1])
+    return steps
