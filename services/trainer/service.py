@@ -7,10 +7,10 @@ Actor, one step N at a time (N from the checkpoint / progress, see resume()):
         claim a global batch of actor_train rows (waiting while the partition fills)
         check each sample's staleness (version now - version its generation began under)
         micro batches -> PPO-style loss -> backward; clip; optimizer step; ack the rows
-    version += 1; checkpoint if due (before publishing, so a resume never goes backwards)
-    publish the weights through DCS (engines, actor_fwd, reference on its interval), then record progress
-        (next step, version): on a worker thread, while the loop goes on to claim step N+1's first rows;
-        the publish is waited for before those rows are trained (services/trainer/publishing.py)
+    version += 1; on a worker thread, while the loop goes on to claim step N+1's first rows: publish the
+        weights through DCS (engines, actor_fwd, reference on its interval), record progress (next step,
+        version), checkpoint if due; waited for before step N+1's rows are trained
+        (services/trainer/publishing.py)
     clear train_N once every task consumed it (on another worker thread)
 
 The critic (PPO) is services/trainer/critic_service.py.
@@ -123,7 +123,7 @@ class ActorTrainer:
             conn.close()
 
     def lead(self, ckpt, halt: threading.Event) -> None:
-        run, c = self.run, self.config
+        run = self.run
         step, self.version = self.resume(ckpt)
         self.status.running()
         while step < run.num_steps and not halt.is_set():
@@ -136,14 +136,9 @@ class ActorTrainer:
             if trained is None:  # halted mid-step: the rows go back to the queue on restart
                 return
             ids, metrics = trained
-            version = self.version + 1
-            if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
-                with span("checkpoint", step, version):
-                    save_checkpoint(c.checkpoint_dir, "actor", self.model, self.optimizer, run.model, step + 1,
-                                    version)
-            # published on a worker thread while the next step's rows are claimed; train_step settles it
-            # before the optimizer moves the weights again
-            self.weights.publish_later(step, version, lambda v, step=step, ids=ids, metrics=metrics:
+            # published, recorded and checkpointed on a worker thread while the next step's rows are claimed;
+            # train_step settles it before the optimizer moves the weights again
+            self.weights.publish_later(step, self.version + 1, lambda v, step=step, ids=ids, metrics=metrics:
                                        self.finish(step, v, ids, metrics))
             self.clear_later(step, halt)
             step += 1
@@ -153,11 +148,16 @@ class ActorTrainer:
             self.dp.share([0, step, self.version])  # the other ranks are done too
 
     def finish(self, step: int, version: int, ids: list[str], metrics: dict) -> None:
-        """Step N is published as `version`: its audit record and the progress past it, then its report."""
+        """Step N is published as `version`: its audit record and the progress past it, its checkpoint if due,
+        then its report. The checkpoint comes after the record: a process killed between the two resumes
+        past the recorded step with the older weights (resume()), and no trained step goes unrecorded."""
+        c, run = self.config, self.run
         self.version = version
         metrics["weight_version"] = version
-        finish_step(self.redis, self.config.run_id, step, ids, metrics,
-                    TrainerProgress(next_step=step + 1, version=version))
+        finish_step(self.redis, c.run_id, step, ids, metrics, TrainerProgress(next_step=step + 1, version=version))
+        if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
+            with span("checkpoint", step, version):
+                save_checkpoint(c.checkpoint_dir, "actor", self.model, self.optimizer, run.model, step + 1, version)
         self.report(step, metrics)
 
     def follow(self, halt: threading.Event) -> None:
