@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 
+import orjson
 import torch
 from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from prometheus_client import Counter
 
 from services.engine.protocol import AbortRequest, GenerateRequest, GenerateResult
@@ -149,8 +150,10 @@ def generate_router(engine) -> APIRouter:
             REQUESTS.labels(seq.finish_reason["type"]).inc()
             TOKENS_OUT.inc(len(seq.output))
         results = [result(s) for s in seqs]
-        # plain dicts: no jsonable_encoder pass over every token
-        return JSONResponse(results[0] if req.is_single() and items[0][1].n == 1 else results)
+        # plain dicts through orjson: no jsonable_encoder pass over every token, and the encoding (on the
+        # event loop, which shares the GIL with the engine thread) ~10x cheaper than json.dumps
+        return Response(orjson.dumps(results[0] if req.is_single() and items[0][1].n == 1 else results),
+                        media_type="application/json")
 
     @router.post("/abort_request")
     async def abort_request(req: AbortRequest | None = None):
