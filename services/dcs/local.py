@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import tempfile
 
-from services.runtime.processes import ChildProcess, free_port, http_ok, sluice_argv, start_redis
+from services.runtime.processes import ChildProcess, StopsOnExit, free_port, http_ok, sluice_argv, start_redis
 
 
-class LocalDCS:
+class LocalDCS(StopsOnExit):
     def __init__(self, redis_url: str | None = None, token: str = "", log_dir: str | None = None,
                  args: tuple[str, ...] = ()):
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-dcs-")
@@ -41,9 +41,3 @@ class LocalDCS:
             self.proc.stop()
         if self.redis:
             self.redis.stop()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()

@@ -14,11 +14,11 @@ from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
 from services.run_contract.run_config import RunConfig
 from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
-from services.runtime.processes import ChildProcess, free_port, http_ok, sluice_argv, start_redis
+from services.runtime.processes import ChildProcess, StopsOnExit, free_port, http_ok, sluice_argv, start_redis
 from services.transferqueue.local_stack import LocalTransferQueue
 
 
-class LocalRun:
+class LocalRun(StopsOnExit):
     def __init__(self, run: RunConfig, log_dir: str | None = None, engines: int = 1, token: str = "",
                  checkpoint_dir: str | None = None, engine_args: tuple[str, ...] = (),
                  role_args: dict[str, list[str]] | None = None, trainer_ranks: int = 1,
@@ -151,9 +151,3 @@ class LocalRun:
         for part in (self.dcs, self.tq, self.redis_proc):
             if part is not None:
                 part.stop()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()

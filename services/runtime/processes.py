@@ -72,6 +72,19 @@ class Reaper:
         self._send(f"-{pgid}")
 
 
+class StopsOnExit:
+    """A group of local processes used as a context manager: leaving the block calls its stop()."""
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
 class ChildProcess:
     """A child in its own session (so signals to our terminal group do not reach it), started without
     `preexec_fn` (CPython then uses vfork, which runs none of gRPC's fork handlers) and registered with this

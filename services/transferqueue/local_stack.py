@@ -8,7 +8,7 @@ import tempfile
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.runtime.processes import ChildProcess, free_port, sluice_argv, start_redis
+from services.runtime.processes import ChildProcess, StopsOnExit, free_port, sluice_argv, start_redis
 
 
 def grpc_serving(address: str, service: str = "") -> bool:
@@ -20,7 +20,7 @@ def grpc_serving(address: str, service: str = "") -> bool:
         return False
 
 
-class LocalTransferQueue:
+class LocalTransferQueue(StopsOnExit):
     def __init__(self, shards: int = 1, token: str = "", redis_url: str | None = None, log_dir: str | None = None,
                  shard_args: tuple[str, ...] = (), controller_args: tuple[str, ...] = ()):
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-tq-")
@@ -78,9 +78,3 @@ class LocalTransferQueue:
             self.controller.stop()
         if self.redis:
             self.redis.stop()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
