@@ -21,7 +21,6 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
-from services.run_contract.run_config import RunConfig
 from services.rollout.admission import may_admit
 from services.rollout.config import RolloutConfig
 from services.rollout.connections import RolloutConnections, RolloutMembership, engine_pool
