@@ -5,7 +5,8 @@ Workload: N prompts (64; 16 with --quick) of random token ids (fixed seed), prom
 exactly 8x = 256 (--quick: 4x = 128). Every request is greedy (temperature 0), EOS ignored, with its own
 fixed `max_new_tokens`, so every system generates exactly the requested counts (checked). The model is a
 random `sluice init-model` checkpoint, qwen2, --preset "small" (~3M parameters; the default) or "tiny"
-(~0.08M; --quick's default), float32 on CPU, one torch thread in every process.
+(~0.08M; --quick's default), float32 on CPU, one torch thread in every process (--threads N gives the engine
+(`--torch-threads N`) and the transformers baselines N intra-op threads alike).
 
 Measured, interleaved per repetition (one untimed warm-up repetition first, then the median of --reps):
   engine       `sluice engine` in its own process (default flags: n-gram speculative decoding of these
@@ -34,7 +35,7 @@ With --profile, the engine's Scheduler + BatchedDecoder run in this process (no 
 the same workload, stepped by hand, and a cProfile run's top functions are added to the JSON.
 
 Usage: python benchmarks/engine_throughput.py [--quick] [--preset small|tiny] [--reps 5] [--profile]
-       [--model-dir DIR]
+       [--model-dir DIR] [--threads 1]
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ def greedy_agreement(a: list[list[int]], b: list[list[int]]) -> dict:
 
 def prepare(args) -> dict:
     """Model, tokenizer and workload of this run."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     n = args.prompts or (16 if args.quick else 64)
     preset = args.preset or ("tiny" if args.quick else "small")
     log_dir = tempfile.mkdtemp(prefix="sluice-engine-bench-")
@@ -226,7 +227,8 @@ def run_reps(ctx: dict) -> dict:
     """Warm-up + reps, the systems interleaved in every repetition; returns the timed runs per system."""
     model, workload, pad_id, useful, reps = ctx["model"], ctx["workload"], ctx["pad_id"], ctx["useful"], ctx["reps"]
     runs: dict[str, list[dict]] = {"engine": [], "hf_batched": [], "hf_bucketed": [], "hf_continuous_batching": []}
-    proc, url = start_engine(ctx["model_dir"], ctx["log_dir"], "--speculative-algorithm", ctx["speculative"])
+    proc, url = start_engine(ctx["model_dir"], ctx["log_dir"], "--speculative-algorithm", ctx["speculative"],
+                             "--torch-threads", str(ctx["threads"]))
     log(f"engine ready at {url} (pid {proc.proc.pid})")
     cb = None
     try:
@@ -313,7 +315,7 @@ def greedy(ctx: dict, runs: dict, reference: list[list[int]]) -> dict:
 
 def run_benchmark(args) -> dict:
     ctx = prepare(args)
-    ctx.update(quick=args.quick, seed=args.seed, speculative=args.speculative_algorithm)
+    ctx.update(quick=args.quick, seed=args.seed, speculative=args.speculative_algorithm, threads=args.threads)
     config = describe(ctx)
     log(f"{ctx['n']} requests, {ctx['useful']} output tokens (max {config['output_tokens']['max']}), "
         f"{config['params'] / 1e6:.2f}M params; {ctx['reps']} reps + 1 warm-up; logs in {ctx['log_dir']}")
@@ -346,6 +348,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="also cProfile the engine's scheduler in-process")
     p.add_argument("--speculative-algorithm", choices=["ngram", "none"], default="ngram",
                    help="the engine's --speculative-algorithm (its default: ngram)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the engine (--torch-threads) "
+                   "and of the transformers baselines alike (default 1)")
     return p.parse_args(argv)
 
 

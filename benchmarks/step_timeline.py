@@ -13,8 +13,7 @@ and reports, over the steady state (steps [--warmup, --steps)):
   overlap         each service's busy seconds and busy fraction of the window, the ideal-overlap bound
                   (sum of busy / max busy) and how much of it the run reached (services/launch/timeline.py).
 
-The PNG (one lane per service, working spans coloured by name, waiting grey) needs matplotlib
-(`pip install -e .[bench]`).
+The PNG: one lane per service, working spans coloured by name, waiting grey.
 
 Usage: python benchmarks/step_timeline.py [--steps 8] [--warmup 2] [--out DIR]
 """

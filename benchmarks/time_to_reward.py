@@ -68,7 +68,8 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling warm_start module
-from warm_start import chat_messages, encode_prompt, greedy_eval, make_splits, warm_start  # noqa: E402
+from warm_start import chat_messages, greedy_eval, make_splits, warm_start  # noqa: E402
+from services.demo_tasks.warm_start import encode_prompt  # noqa: E402
 
 from services.run_contract.run_config import RunConfig  # noqa: E402
 from services.launch.local_run import LocalRun  # noqa: E402

@@ -1,5 +1,15 @@
 """`sluice`: one command for every Sluice service and tool.
 
+A whole run on this machine, from one YAML file (docs/configuration.md):
+
+    sluice run run.yaml            start every service, submit the run, follow it (live view / JSON lines)
+    sluice run --print-defaults    a complete, commented starting run file
+    sluice submit run.yaml         submit a run to a running coordinator (--coordinator, SLUICE_COORDINATOR_URL)
+    sluice status|pause|resume|stop RUN   a run's status / lifecycle, over the coordinator's REST API
+    sluice logs ROLE [-f]          a service's log of a `sluice run` on this machine
+
+The services and tools, one process each:
+
     sluice tq-controller [flags]   TransferQueue controller (gRPC, metadata in Redis)
     sluice tq-shard [flags]        TransferQueue storage shard (gRPC, Arrow in memory)
     sluice dcs [flags]             control plane: nodes, weight versions, sync groups, run control (HTTP)
@@ -9,61 +19,47 @@
     sluice advantage [flags]       advantage role: advantages and returns per prompt group
     sluice trainer [flags]         trainer role: actor (or --role critic) updates, weight publishing
     sluice init-model DIR [flags]  write a random HF causal LM + offline tokenizer (tests, demo)
+    sluice export CKPT OUT_DIR     a trainer checkpoint as a plain Hugging Face model directory
     sluice demo [flags]            the main job on one machine (see `sluice demo --help`)
+    sluice report RUN_DIR          a run's report.png and summary.json from its steps.jsonl (docs/tracking.md)
 
 Every service command takes --help; flags also come from environment variables (listed there).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 
-def _commands():
-    # imported lazily: `sluice tq-shard --help` should not pay for importing everything
-    def controller(argv):
-        from services.transferqueue.controller.main import main
-        return main(argv)
+# command -> (module, function), imported only when that command runs: `sluice tq-shard --help` should not
+# pay for importing everything
+_COMMANDS = {
+    "run": ("services.front_door.supervisor", "main"),
+    "submit": ("services.front_door.rest_commands", "submit_main"),
+    "status": ("services.front_door.rest_commands", "status_main"),
+    "pause": ("services.front_door.rest_commands", "pause_main"),
+    "resume": ("services.front_door.rest_commands", "resume_main"),
+    "stop": ("services.front_door.rest_commands", "stop_main"),
+    "logs": ("services.front_door.run_logs", "main"),
+    "tq-controller": ("services.transferqueue.controller.main", "main"),
+    "tq-shard": ("services.transferqueue.shard.main", "main"),
+    "dcs": ("services.dcs.main", "main"),
+    "engine": ("services.engine.main", "main"),
+    "rollout": ("services.rollout.main", "main"),
+    "forward": ("services.forward.main", "main"),
+    "advantage": ("services.advantage.main", "main"),
+    "trainer": ("services.trainer.main", "main"),
+    "init-model": ("services.model.init_model", "main"),
+    "demo": ("services.demo", "main"),
+    "export": ("services.model.export", "main"),
+    "report": ("services.tracking.report", "main"),
+}
 
-    def shard(argv):
-        from services.transferqueue.shard.main import main
-        return main(argv)
 
-    def dcs(argv):
-        from services.dcs.main import main
-        return main(argv)
-
-    def engine(argv):
-        from services.engine.main import main
-        return main(argv)
-
-    def rollout(argv):
-        from services.rollout.main import main
-        return main(argv)
-
-    def forward(argv):
-        from services.forward.main import main
-        return main(argv)
-
-    def advantage(argv):
-        from services.advantage.main import main
-        return main(argv)
-
-    def trainer(argv):
-        from services.trainer.main import main
-        return main(argv)
-
-    def init_model(argv):
-        from services.model.init_model import main
-        return main(argv)
-
-    def demo(argv):
-        from services.demo import main
-        return main(argv)
-
-    return {"tq-controller": controller, "tq-shard": shard, "dcs": dcs, "engine": engine, "rollout": rollout,
-            "forward": forward, "advantage": advantage, "trainer": trainer, "init-model": init_model,
-            "demo": demo}
+def _command(name: str):
+    module, function = _COMMANDS[name]
+    return getattr(importlib.import_module(module), function)
 
 
 def service_config(command: str):
@@ -97,15 +93,14 @@ def service_config(command: str):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = _commands()
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name not in commands:
-        print(f"sluice: unknown command {name!r}; one of: {', '.join(commands)}", file=sys.stderr)
+    if name not in _COMMANDS:
+        print(f"sluice: unknown command {name!r}; one of: {', '.join(_COMMANDS)}", file=sys.stderr)
         return 2
-    return commands[name](rest) or 0
+    return _command(name)(rest) or 0
 
 
 if __name__ == "__main__":

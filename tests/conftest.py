@@ -5,10 +5,13 @@ from __future__ import annotations
 import faulthandler
 import itertools
 import os
+import tempfile
 import urllib.request
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# a trainer made without an --output-dir writes its run dir here, not under ./runs of the checkout
+os.environ.setdefault("SLUICE_TRAINER_OUTPUT_DIR", tempfile.mkdtemp(prefix="sluice-test-runs-"))
 
 import pytest
 import torch

@@ -1,5 +1,7 @@
 """deploy/ stays true to the code: every service command, flag and env var it uses exists, and the
-values it sets are valid for the service's config."""
+values it sets are valid for the service's config; the deployments carry the user's run: one run file
+(submitted by `sluice submit`, the run id of every role), the model, data and reward code mounted where the
+run file points, no hard-coded run id."""
 
 from __future__ import annotations
 
@@ -14,6 +16,12 @@ from services.runtime.settings_cli import build_parser
 DEPLOY = pathlib.Path(__file__).resolve().parents[1] / "deploy"
 SERVICE_COMMANDS = ["tq-controller", "tq-shard", "dcs", "engine", "rollout", "forward", "advantage", "trainer"]
 # (command, --role) of every service a deployment runs; None = the command has no --role
+# where the deployments mount the user's files; the run file's paths point there
+RUN_FILE, MODEL, DATA, REWARDS = "/config/run.yaml", "/model", "/data", "/rewards"
+# every service reads the stack's token from these (services/runtime/auth_token.py), never from a flag
+TOKEN_ENVS = ("SLUICE_AUTH_TOKEN", "SLUICE_AUTH_TOKEN_FILE")
+# in the tests, the container paths are the example files under deploy/
+HOST_PATHS = {RUN_FILE: str(DEPLOY / "run.yaml")}
 EXPECTED = {("tq-controller", None), ("tq-shard", None), ("dcs", None), ("engine", None), ("rollout", None),
             ("forward", "actor_fwd"), ("forward", "reference"), ("advantage", None), ("trainer", "actor"),
             ("trainer", "critic")}
@@ -27,9 +35,10 @@ def _check(argv: list[str], env: dict[str, str | None]):
     model = service_config(command)
     parser = build_parser(model, command, "")
     given = vars(parser.parse_args(flags))  # exits (fails the test) on an unknown flag or a bad type
+    given = {k: HOST_PATHS.get(v, v) if isinstance(v, str) else v for k, v in given.items()}
     prefix = model.model_config["env_prefix"]
     field_of = {(prefix + f).upper(): f for f in model.model_fields}
-    unknown = [e for e in env if e.startswith("SLUICE_") and e not in field_of]
+    unknown = [e for e in env if e.startswith("SLUICE_") and e not in field_of and e not in TOKEN_ENVS]
     assert unknown == [], f"{command}: unknown env vars {unknown}"
     from_env = {field_of[e]: v for e, v in env.items() if e in field_of}
     both = sorted(set(from_env) & set(given))
@@ -60,7 +69,7 @@ def _k8s_containers():
 def _compose_services() -> list:
     ran = []
     for name, svc in _compose()["services"].items():
-        if not svc.get("image", "").startswith("sluice"):
+        if not svc.get("image", "").startswith("sluice") or name == "submit":
             continue
         assert "entrypoint" not in svc, name  # the image's entrypoint is `sluice`
         env = {k: (None if v is None else str(v)) for k, v in (svc.get("environment") or {}).items()}
@@ -128,3 +137,175 @@ def test_package_accepts_the_torch_a_gpu_user_already_has():
     for version in ("2.5.1", "2.7.0+cu126", "2.13.0"):
         assert torch.specifier.contains(version), version
     assert not torch.specifier.contains("2.3.1")  # too old: no F.rms_norm / SDPA enable_gqa
+
+
+# ---------------------------------------------------------------- the user's run: one file, mounts, no run id
+
+ROLE_COMMANDS = ("rollout", "forward", "advantage", "trainer")
+# what a container must have mounted, by the command it runs (rollout: tokenizer, prompts, reward code)
+NEEDS = {"engine": {MODEL}, "rollout": {RUN_FILE, MODEL, DATA, REWARDS}, "forward": {RUN_FILE, MODEL},
+         "trainer": {RUN_FILE, MODEL}, "advantage": {RUN_FILE}, "submit": {RUN_FILE, MODEL, DATA, REWARDS}}
+
+
+def _k8s_docs(name: str = "sluice.yaml") -> list[dict]:
+    return [d for d in yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()) if d]
+
+
+def _k8s_pods(name: str = "sluice.yaml"):
+    """(name, pod spec) of every workload: Deployments, StatefulSets, Jobs and bare Pods."""
+    for doc in _k8s_docs(name):
+        if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
+            yield doc["metadata"]["name"], doc["spec"]["template"]["spec"]
+        elif doc["kind"] == "Pod":
+            yield doc["metadata"]["name"], doc["spec"]
+
+
+def _compose_mounts(svc: dict) -> dict[str, tuple[str, bool]]:
+    """container path -> (source, read-only) of a compose service's volumes."""
+    mounts = {}
+    for volume in svc.get("volumes", []):
+        read_only = volume.endswith(":ro")
+        source, target = volume.removesuffix(":ro").removesuffix(":rw").rsplit(":", 1)
+        mounts[target] = (source, read_only)
+    return mounts
+
+
+def _k8s_mounts(pod: dict, container: dict) -> dict[str, tuple[dict, bool]]:
+    """container path -> (volume, read-only); the run ConfigMap mounted at /config counts as the run file."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = {}
+    for m in container.get("volumeMounts", []):
+        assert m["name"] in volumes, f"{container['name']}: mount {m['name']} has no volume"
+        volume = volumes[m["name"]]
+        path = RUN_FILE if volume.get("configMap", {}).get("name") == "sluice-run" else m["mountPath"]
+        if path == RUN_FILE:
+            assert m["mountPath"] == RUN_FILE.rsplit("/", 1)[0]
+        mounts[path] = (volume, bool(m.get("readOnly")))
+    return mounts
+
+
+def _containers() -> list[tuple[str, list[str], dict, dict]]:
+    """(where, argv, env, mounts) of every Sluice container of both deployments."""
+    found = []
+    for name, svc in _compose()["services"].items():
+        if svc.get("image", "").startswith("sluice"):
+            env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+            found.append((f"compose {name}", svc["command"], env, _compose_mounts(svc)))
+    for name, pod in _k8s_pods():
+        for c in pod["containers"]:
+            if c["image"].startswith("sluice:"):
+                env = {e["name"]: e.get("value", "(from elsewhere)") for e in c.get("env", [])}
+                found.append((f"k8s {name}", c["args"], env, _k8s_mounts(pod, c)))
+    return found
+
+
+def test_no_run_id_is_written_in_the_deployments_every_role_reads_the_run_file():
+    for path in (DEPLOY / "docker-compose.yml", DEPLOY / "k8s" / "sluice.yaml"):
+        assert "--run-id" not in path.read_text() and "RUN_ID" not in path.read_text(), path
+    roles = [(where, argv) for where, argv, _, _ in _containers() if argv[0] in ROLE_COMMANDS]
+    assert len(roles) == 2 * len(EXPECTED - {("tq-controller", None), ("tq-shard", None), ("dcs", None),
+                                            ("engine", None)})
+    for where, argv in roles:
+        assert argv[argv.index("--run-file") + 1] == RUN_FILE, where
+    name = yaml.safe_load((DEPLOY / "run.yaml").read_text())["name"]
+    for services in (_compose_services, _k8s_services):  # the run id each role parses is the run file's name
+        assert {config.run_id for command, config in services() if command in ROLE_COMMANDS} == {name}
+
+
+def test_one_submit_per_deployment_posts_the_run_file(capsys):
+    from services.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["submit", "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and "--coordinator" in out and "--exist-ok" in out
+    submits = [(where, argv, env) for where, argv, env, _ in _containers() if argv[0] == "submit"]
+    assert [where.split()[0] for where, _, _ in submits] == ["compose", "k8s"]
+    for where, argv, env in submits:
+        assert argv[-1] == RUN_FILE and argv[argv.index("--coordinator") + 1] == "http://dcs:7300", where
+        assert "SLUICE_AUTH_TOKEN" in env, where  # the token never goes on the command line
+        assert "--exist-ok" in argv, where  # a retried or restarted submit leaves the posted run as it is
+    [job] = [d for d in _k8s_docs() if d["kind"] == "Job"]
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"  # retried while the coordinator starts
+
+
+def test_every_container_mounts_what_its_command_reads():
+    for where, argv, env, mounts in _containers():
+        needed = NEEDS.get(argv[0], set())
+        assert needed <= set(mounts), f"{where}: missing {needed - set(mounts)}"
+        for path in needed:
+            assert mounts[path][1], f"{where}: {path} must be mounted read-only"
+        if REWARDS in needed:  # `import:module:function` rewards are imported from there
+            assert REWARDS in env.get("PYTHONPATH", "").split(":"), where
+
+
+def test_both_deployments_mount_the_same_sources_everywhere():
+    """One model, one data set, one run file per deployment: every container mounts the same source."""
+    compose_sources, k8s_sources = {}, {}
+    for where, _, _, mounts in _containers():
+        sources = compose_sources if where.startswith("compose") else k8s_sources
+        for path in (RUN_FILE, MODEL, DATA, REWARDS):
+            if path in mounts:
+                source = mounts[path][0]
+                sources.setdefault(path, set()).add(source if isinstance(source, str) else yaml.safe_dump(source))
+    for sources in (compose_sources, k8s_sources):
+        assert set(sources) == {RUN_FILE, MODEL, DATA, REWARDS}
+        assert all(len(s) == 1 for s in sources.values()), sources
+
+
+def test_the_volumes_claimed_exist_and_fill_volumes_fills_them():
+    claims = {d["metadata"]["name"] for d in _k8s_docs() if d["kind"] == "PersistentVolumeClaim"}
+    used = {v["persistentVolumeClaim"]["claimName"] for _, pod in _k8s_pods() for v in pod.get("volumes", [])
+            if "persistentVolumeClaim" in v}
+    assert used <= claims, used - claims
+    [(_, filler)] = list(_k8s_pods("fill-volumes.yaml"))
+    mounts = _k8s_mounts(filler, filler["containers"][0])
+    assert {p: v["persistentVolumeClaim"]["claimName"] for p, (v, _) in mounts.items()} == {
+        MODEL: "sluice-model", DATA: "sluice-data"}
+    assert not any(read_only for _, read_only in mounts.values())  # it writes them
+
+
+def test_the_example_run_file_points_into_the_mounts_and_passes_preflight(tmp_path, monkeypatch):
+    from services.model.init_model import init_model
+    from services.run_contract.preflight import check_run
+    from services.run_contract.run_config import RunConfig
+
+    from services.front_door.run_file import load_run_file
+
+    run = RunConfig(**yaml.safe_load((DEPLOY / "run.yaml").read_text()))
+    assert load_run_file(str(DEPLOY / "run.yaml")).run_config() == run  # as `sluice submit` reads it
+    assert run.model == MODEL and run.rollout.prompts.startswith(DATA + "/")
+    # with the mounts' contents at their places here (deploy/data, deploy/rewards), nothing is wrong with it
+    local = run.model_copy(update={
+        "model": init_model(str(tmp_path / "model"), preset="tiny"),
+        "rollout": run.rollout.model_copy(update={
+            "prompts": str(DEPLOY / "data" / run.rollout.prompts.removeprefix(DATA + "/"))})})
+    monkeypatch.syspath_prepend(str(DEPLOY / "rewards"))
+    assert check_run(local) == []
+
+
+def test_one_documented_build_command_builds_the_image_every_deployment_runs():
+    build = "docker build -f deploy/Dockerfile -t sluice:latest ."
+    assert build in (DEPLOY / "Dockerfile").read_text()
+    assert build in (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    images = {svc["image"] for svc in _compose()["services"].values() if "build" in svc}
+    images |= {c["image"] for f in ("sluice.yaml", "fill-volumes.yaml") for _, pod in _k8s_pods(f)
+               for c in pod["containers"] if not c["image"].startswith("redis")}
+    assert images == {"sluice:latest"}
+
+
+def test_every_sluice_container_gets_the_one_token_from_the_environment():
+    """Auth on everywhere or nowhere: each container (engine and submit included) reads SLUICE_AUTH_TOKEN from
+    the deployment's one source (compose: ${SLUICE_TOKEN}; Kubernetes: the sluice-token secret)."""
+    compose = _compose()["services"]
+    for name, svc in compose.items():
+        if svc.get("image", "").startswith("sluice"):
+            # required: without a token the engine refuses weight updates (docs/security.md)
+            assert (svc.get("environment") or {}).get("SLUICE_AUTH_TOKEN", "").startswith("${SLUICE_TOKEN:?"), name
+    for name, pod in _k8s_pods():
+        for c in pod["containers"]:
+            if c["image"].startswith("sluice:"):
+                [token] = [e for e in c.get("env", []) if e["name"] == "SLUICE_AUTH_TOKEN"]
+                assert token["valueFrom"]["secretKeyRef"] == {"name": "sluice-token", "key": "token"}, name
+    for path in (DEPLOY / "docker-compose.yml", DEPLOY / "k8s" / "sluice.yaml"):
+        assert "--auth-token " not in path.read_text() and '"--auth-token"' not in path.read_text()

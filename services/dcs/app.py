@@ -11,8 +11,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.dcs.config import DCSConfig
-from services.dcs.routes import health_router, node_router, run_router, sync_router, weight_router
+from services.dcs.routes import (
+    health_router, lifecycle_router, node_router, run_router, sync_router, weight_router,
+)
 from services.dcs.state import Conflict, Missing, RedisState
+from services.dcs.step_routes import steps_router
 from services.runtime.redis_events import RedisEvents
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -52,6 +55,6 @@ def build_app(config: DCSConfig, state: RedisState, events: RedisEvents) -> Fast
         return JSONResponse({"detail": f"state store unreachable: {exc}"}, status_code=503)
 
     for router in (health_router(state), node_router(config, state), weight_router(config, state, events),
-                   sync_router(state), run_router(state)):
+                   sync_router(state), run_router(state), lifecycle_router(state), steps_router(state)):
         app.include_router(router)
     return app

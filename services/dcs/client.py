@@ -9,10 +9,12 @@ from dataclasses import dataclass
 import aiohttp
 
 from services.dcs.models import (
-    Cursors, CursorUpdate, Heartbeat, HeartbeatReply, NodeInfo, NodeRegistration, PublishedWeights, Run,
-    RunConfig, RunStatus, SyncGroup, SyncGroupRequest, SyncReport, Topology, WeightMetadata,
+    MAX_FAILURE_MESSAGE, Cursors, CursorUpdate, FailureReport, Heartbeat, HeartbeatReply, NodeInfo,
+    NodeRegistration, PublishedWeights, Run, RunConfig, RunStatus, StepsPage, SyncGroup, SyncGroupRequest, SyncReport,
+    Topology, WeightMetadata,
 )
 from services.runtime.loop_thread import BlockingFacade, blocking_methods
+from services.runtime.tls import client_ssl_context
 
 
 class DCSError(Exception):
@@ -43,6 +45,9 @@ class AsyncDCSClient:
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0):
         self.base_url = base_url.rstrip("/")
+        self.token = token  # the stack's one token: also what its users send to the engines
+        # https: the server is verified (services/runtime/tls.py); None = aiohttp's default for http
+        self._ssl = client_ssl_context() if self.base_url.startswith("https://") else None
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self._timeout_s = timeout_s
         self._http: aiohttp.ClientSession | None = None  # made on first use, on the loop that uses it
@@ -63,7 +68,8 @@ class AsyncDCSClient:
         data = body.model_dump_json() if body is not None else None
         params = {k: str(v) for k, v in params.items()} if params else None
         if self._http is None:
-            self._http = aiohttp.ClientSession(headers=self._headers, connector=aiohttp.TCPConnector(limit=0))
+            self._http = aiohttp.ClientSession(headers=self._headers,
+                                               connector=aiohttp.TCPConnector(limit=0, ssl=self._ssl or True))
         try:
             async with self._http.request(method, self.base_url + path, data=data, headers=headers, params=params,
                                           timeout=aiohttp.ClientTimeout(total=timeout or self._timeout_s)) as r:
@@ -155,8 +161,29 @@ class AsyncDCSClient:
     async def resume(self, run_id: str) -> Run:
         return Run.model_validate_json((await self._call("POST", f"/v1/runs/{run_id}/resume")).content)
 
+    async def fail_run(self, run_id: str, role: str, message: str, node_id: str | None = None) -> Run:
+        """Report a fatal error of `role` (the run becomes failed unless it already ended or failed).
+        A message over the coordinator's bound is cut, keeping its end (where a traceback names the cause)."""
+        if len(message) > MAX_FAILURE_MESSAGE:
+            message = "..." + message[-(MAX_FAILURE_MESSAGE - 3):]
+        report = FailureReport(role=role, node_id=node_id, message=message or "failed")
+        return Run.model_validate_json((await self._call("POST", f"/v1/runs/{run_id}/fail", report)).content)
+
+    async def stop_run(self, run_id: str) -> Run:
+        """Every role of the run exits at its next safe point; the run's status becomes stopped."""
+        return Run.model_validate_json((await self._call("POST", f"/v1/runs/{run_id}/stop")).content)
+
+    async def finish_run(self, run_id: str) -> Run:
+        """The trainer trained num_steps: the run's status becomes finished."""
+        return Run.model_validate_json((await self._call("POST", f"/v1/runs/{run_id}/finish")).content)
+
     async def status(self, run_id: str) -> RunStatus:
         return RunStatus.model_validate_json((await self._call("GET", f"/v1/runs/{run_id}/status")).content)
+
+    async def steps(self, run_id: str, first: int = 0, limit: int = 100) -> StepsPage:
+        """The trainer's progress and the metrics of its recorded steps from `first` on."""
+        response = await self._call("GET", f"/v1/runs/{run_id}/steps", params={"first": first, "limit": limit})
+        return StepsPage.model_validate_json(response.content)
 
 
 @blocking_methods(AsyncDCSClient)
@@ -165,3 +192,4 @@ class DCSClient(BlockingFacade):
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0):
         super().__init__(AsyncDCSClient(base_url, token, timeout_s), "dcs-client")
+        self.token = token

@@ -1,8 +1,11 @@
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.auth_token import AuthTokenSettings
+from services.runtime.tls import TLSSettings
 
 
-class DCSConfig(BaseSettings):
+class DCSConfig(AuthTokenSettings, TLSSettings):
     """`sluice dcs`: the control plane (HTTP/FastAPI; all state in Redis): node registration and
     heartbeats, topology, versioned weight metadata, broadcast groups, run control."""
 
@@ -10,9 +13,10 @@ class DCSConfig(BaseSettings):
 
     host: str = Field("0.0.0.0", description="address to bind the HTTP server to")
     port: int = Field(7300, description="HTTP port")
+    metrics_port: int = Field(0, ge=0, le=65535, description="a second port serving only /metrics, without the "
+                              "token (for Prometheus scrapes inside the cluster); 0 = off")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding all coordinator state")
     key_prefix: str = Field("dcs", description="prefix of every Redis key")
-    auth_token: str = Field("", description="bearer token every endpoint but health requires; empty = no auth")
     node_lease_s: float = Field(10.0, gt=0, description="a node whose heartbeats stop for this long is dead")
     max_wait_s: float = Field(300.0, ge=0, description="upper bound on long-poll waits")
     log_level: str = Field("info", description="debug|info|warning|error")

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import tempfile
 
+from services.runtime.auth_token import token_env
 from services.runtime.processes import ChildProcess, StopsOnExit, free_port, http_ok, sluice_argv, start_redis
 
 
 class LocalDCS(StopsOnExit):
     def __init__(self, redis_url: str | None = None, token: str = "", log_dir: str | None = None,
-                 args: tuple[str, ...] = ()):
+                 args: tuple[str, ...] = (), port: int = 0):
+        """`port`: the HTTP port on 127.0.0.1; 0 = a free one."""
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-dcs-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.redis = None
@@ -19,7 +21,7 @@ class LocalDCS(StopsOnExit):
         self.redis_url = redis_url
         self.token = token
         self.args = args
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: ChildProcess | None = None
         try:
@@ -29,10 +31,10 @@ class LocalDCS(StopsOnExit):
             raise
 
     def start(self) -> ChildProcess:
-        auth = ["--auth-token", self.token] if self.token else []
+        # the token goes in the environment, not argv: argv is in every user's process list
         self.proc = ChildProcess("dcs", sluice_argv("dcs", "--host", "127.0.0.1", "--port", str(self.port),
-                                                     "--redis-url", self.redis_url, *auth, *self.args),
-                                 os.path.join(self.log_dir, "dcs.log"))
+                                                     "--redis-url", self.redis_url, *self.args),
+                                 os.path.join(self.log_dir, "dcs.log"), env=token_env(self.token))
         self.proc.wait_until(lambda: http_ok(self.url + "/readyz"), 30)
         return self.proc
 

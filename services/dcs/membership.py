@@ -8,14 +8,15 @@ import threading
 from typing import Callable
 
 from services.dcs.client import DCSClient, DCSError
-from services.dcs.models import Heartbeat, NodeRegistration
+from services.dcs.models import ENDED, Heartbeat, NodeRegistration
 
 log = logging.getLogger(__name__)
 
 
 class RunMembership:
     """Register `registration`, heartbeat every `interval_s`, and pause at `safe_point()` while the
-    run is paused (acknowledging the pause request so `status` shows it reached a safe point)."""
+    run is paused (acknowledging the pause request so `status` shows it reached a safe point). A run that
+    fails or is stopped releases a paused safe point (the role's loop is halted by serve_role)."""
 
     def __init__(self, dcs: DCSClient, registration: NodeRegistration, interval_s: float = 1.0):
         self.dcs = dcs
@@ -27,6 +28,7 @@ class RunMembership:
         self.weight_version: int | None = None
         self.error: str | None = None
         self._desired = "running"
+        self.run_status = "running"  # the run's lifecycle, from the last heartbeat reply
         self._pause_seq = 0
         self._acked_seq = 0
         self._changed = threading.Condition()
@@ -52,8 +54,13 @@ class RunMembership:
         return removed
 
     @property
+    def ended(self) -> bool:
+        """The run failed, finished or was stopped: nothing is left to pause for."""
+        return self.run_status in ENDED
+
+    @property
     def paused(self) -> bool:
-        return self._desired == "paused"
+        return self._desired == "paused" and not self.ended
 
     def progress(self, step: int | None = None, weight_version: int | None = None) -> None:
         if step is not None:
@@ -96,7 +103,7 @@ class RunMembership:
                 return
             raise
         with self._changed:
-            self._desired, self._pause_seq = reply.desired_state, reply.pause_seq
+            self._desired, self._pause_seq, self.run_status = reply.desired_state, reply.pause_seq, reply.status
             if reply.desired_state == "running":
                 self._acked_seq = 0
             self._changed.notify_all()

@@ -3,7 +3,7 @@ OpenAPI document generated from them (/openapi.json) is the contract other langu
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -12,6 +12,9 @@ from services.run_contract.run_config import RunConfig
 Name = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
 TorchDType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 NodeState = Literal["running", "pausing", "paused", "dead"]
+RunLifecycle = Literal["running", "paused", "failed", "finished", "stopped"]
+ENDED = frozenset({"failed", "finished", "stopped"})  # terminal: no transition leaves them
+MAX_FAILURE_MESSAGE = 4096
 
 
 class Strict(BaseModel):
@@ -54,6 +57,7 @@ class HeartbeatReply(Strict):
     desired_state: Literal["running", "paused"]
     pause_seq: int
     lease_s: float
+    status: RunLifecycle = Field("running", description="the run's lifecycle status; failed or stopped: exit")
 
 
 class Topology(Strict):
@@ -148,12 +152,31 @@ class SyncReport(Strict):
 # ------------------------------------------------------------------ runs
 
 
+class FailureReport(Strict):
+    """A role's fatal error, reported before it exits non-zero."""
+
+    role: str = Field(pattern=r"^[a-z_]{1,32}$", description="the role that failed (trainer, rollout, ...)")
+    node_id: str | None = Field(None, max_length=64, description="its node id, if it had registered")
+    message: str = Field(min_length=1, max_length=MAX_FAILURE_MESSAGE, description="what went wrong")
+
+
+class Failure(FailureReport):
+    at: float = Field(description="when the coordinator recorded it (epoch seconds, Redis clock)")
+
+
 class Run(Strict):
+    """A run and its lifecycle. `status`: running -> paused -> running (pause/resume); running or paused ->
+    failed (a role's first failure), finished (the trainer trained num_steps) or stopped (operator); those
+    three are terminal. `desired_state` is the pause request the roles follow, as before."""
+
     run_id: str
     config: RunConfig
     desired_state: Literal["running", "paused"]
     pause_seq: int
     created_at: float
+    status: RunLifecycle = Field("running", description="running | paused | failed | finished | stopped")
+    failure: Failure | None = Field(None, description="the first failure reported (status failed)")
+    ended_at: float | None = Field(None, description="when it became failed, finished or stopped")
 
 
 class ServiceStatus(Strict):
@@ -169,8 +192,25 @@ class ServiceStatus(Strict):
 
 class RunStatus(Strict):
     run: Run
+    status: RunLifecycle = Field(description="the run's lifecycle status (= run.status)")
+    failure: Failure | None = Field(None, description="the first failure reported (= run.failure)")
+    later_failures: list[Failure] = Field(default_factory=list,
+                                          description="failures reported after the first (the newest 10)")
     latest_weight_version: int
     services: list[ServiceStatus]
+
+
+class StepRecord(Strict):
+    step: int = Field(ge=0)
+    metrics: dict[str, Any] = Field(description="the trainer's metrics of the step (reward_mean, loss, ...)")
+
+
+class StepsPage(Strict):
+    """GET /v1/runs/{run_id}/steps: the trainer's progress and its recorded steps' metrics."""
+
+    next_step: int = Field(description="the step the trainer trains next (= steps finished)")
+    weight_version: int = Field(description="the weight version it trains that step with")
+    steps: list[StepRecord] = Field(description="recorded steps from `first` on, in order")
 
 
 class Ok(Strict):

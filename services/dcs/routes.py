@@ -12,10 +12,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, ge
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from services.dcs import lifecycle
 from services.dcs.config import DCSConfig
 from services.dcs.models import (
-    Cursors, CursorUpdate, Heartbeat, HeartbeatReply, NodeInfo, NodeRegistration, Ok, PublishedWeights, Run,
-    RunConfig, RunStatus, ServiceStatus, SyncGroup, SyncGroupRequest, SyncReport, Topology, WeightMetadata,
+    Cursors, CursorUpdate, FailureReport, Heartbeat, HeartbeatReply, NodeInfo, NodeRegistration, Ok,
+    PublishedWeights, Run, RunConfig, RunStatus, ServiceStatus, SyncGroup, SyncGroupRequest, SyncReport, Topology,
+    WeightMetadata,
 )
 from services.dcs.state import Missing, RedisState
 from services.runtime.redis_events import RedisEvents
@@ -72,10 +74,10 @@ def node_router(config: DCSConfig, state: RedisState) -> APIRouter:
         node = await state.heartbeat(node_id, hb)
         try:
             run = await state.run(node.run_id)
-            desired, seq = run.desired_state, run.pause_seq
+            desired, seq, lifecycle = run.desired_state, run.pause_seq, run.status
         except Missing:
-            desired, seq = "running", 0
-        return HeartbeatReply(desired_state=desired, pause_seq=seq, lease_s=config.node_lease_s)
+            desired, seq, lifecycle = "running", 0, "running"
+        return HeartbeatReply(desired_state=desired, pause_seq=seq, lease_s=config.node_lease_s, status=lifecycle)
 
     @router.delete("/v1/nodes/{node_id}", response_model=Ok, tags=["nodes"])
     async def unregister(node_id: str = _name()):
@@ -190,7 +192,7 @@ def sync_router(state: RedisState) -> APIRouter:
 
 
 def run_router(state: RedisState) -> APIRouter:
-    """Runs: create, pause, resume, status."""
+    """Runs: create, list, read, status."""
     router = APIRouter()
 
     @router.post("/v1/runs", response_model=Run, status_code=201, tags=["runs"], responses={409: {"model": Ok}})
@@ -205,32 +207,66 @@ def run_router(state: RedisState) -> APIRouter:
     async def run(run_id: str = _name()):
         return await state.run(run_id)
 
-    @router.post("/v1/runs/{run_id}/pause", response_model=Run, tags=["runs"], responses={404: {"model": Ok}})
-    async def pause(run_id: str = _name()):
-        """Ask every service of the run to pause at its next safe point (they acknowledge by heartbeat)."""
-        return await state.set_desired(run_id, "paused")
-
-    @router.post("/v1/runs/{run_id}/resume", response_model=Run, tags=["runs"], responses={404: {"model": Ok}})
-    async def resume(run_id: str = _name()):
-        return await state.set_desired(run_id, "running")
-
     @router.get("/v1/runs/{run_id}/status", response_model=RunStatus, tags=["runs"], responses={404: {"model": Ok}})
     async def status(run_id: str = _name()):
-        run = await state.run(run_id)
-        services = []
-        for n in await state.nodes():
-            if n.run_id != run_id:
-                continue
-            acked = run.desired_state == "paused" and n.paused_seq >= run.pause_seq
-            if not n.alive:
-                node_state = "dead"
-            elif run.desired_state == "paused":
-                node_state = "paused" if acked else "pausing"
-            else:
-                node_state = "running"
-            services.append(ServiceStatus(node_id=n.node_id, role=n.role, rank=n.rank, state=node_state,
-                                          step=n.step, weight_version=n.weight_version,
-                                          last_heartbeat=n.last_heartbeat, pause_acknowledged=acked))
-        return RunStatus(run=run, latest_weight_version=await state.latest_version(run_id), services=services)
+        return await run_status(state, run_id)
 
     return router
+
+
+def lifecycle_router(state: RedisState) -> APIRouter:
+    """A run's lifecycle: pause, resume, fail, stop, finish (the rules: lifecycle.py)."""
+    router = APIRouter()
+    refusals = {404: {"model": Ok}, 409: {"model": Ok, "description": "the run is failed, finished or stopped"}}
+
+    @router.post("/v1/runs/{run_id}/pause", response_model=Run, tags=["runs"], responses=refusals)
+    async def pause(run_id: str = _name()):
+        """Ask every service of the run to pause at its next safe point (they acknowledge by heartbeat)."""
+        return await lifecycle.set_desired(state, run_id, "paused")
+
+    @router.post("/v1/runs/{run_id}/resume", response_model=Run, tags=["runs"], responses=refusals)
+    async def resume(run_id: str = _name()):
+        return await lifecycle.set_desired(state, run_id, "running")
+
+    @router.post("/v1/runs/{run_id}/fail", response_model=Run, tags=["runs"], responses=refusals)
+    async def fail(report: FailureReport, run_id: str = _name()):
+        """A role reports a fatal error before it exits: the run becomes failed (the first report wins;
+        later ones are listed on /status) and every other role exits at its next safe point."""
+        log.error("run failed", extra={"run_id": run_id, "role": report.role, "node_id": report.node_id,
+                                       "error": report.message})
+        return await lifecycle.fail(state, run_id, report)
+
+    @router.post("/v1/runs/{run_id}/stop", response_model=Run, tags=["runs"], responses=refusals)
+    async def stop(run_id: str = _name()):
+        """Stop the run: every role exits cleanly at its next safe point. A stopped run stays stopped."""
+        return await lifecycle.end(state, run_id, "stopped")
+
+    @router.post("/v1/runs/{run_id}/finish", response_model=Run, tags=["runs"], responses=refusals)
+    async def finish(run_id: str = _name()):
+        """The trainer trained the run's num_steps."""
+        return await lifecycle.end(state, run_id, "finished")
+
+    return router
+
+
+async def run_status(state: RedisState, run_id: str) -> RunStatus:
+    """The run, its lifecycle and each of its nodes' state (pausing until it acknowledged a pause)."""
+    run = await state.run(run_id)
+    services = []
+    for n in await state.nodes():
+        if n.run_id != run_id:
+            continue
+        acked = run.desired_state == "paused" and n.paused_seq >= run.pause_seq
+        if not n.alive:
+            node_state = "dead"
+        elif run.desired_state == "paused":
+            node_state = "paused" if acked else "pausing"
+        else:
+            node_state = "running"
+        services.append(ServiceStatus(node_id=n.node_id, role=n.role, rank=n.rank, state=node_state,
+                                      step=n.step, weight_version=n.weight_version,
+                                      last_heartbeat=n.last_heartbeat, pause_acknowledged=acked))
+    return RunStatus(run=run, status=run.status, failure=run.failure,
+                     later_failures=await state.later_failures(run_id) if run.status == "failed" else [],
+                     latest_weight_version=await state.latest_version(run_id), services=services)
+

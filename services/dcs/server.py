@@ -20,7 +20,7 @@ async def serve(config: DCSConfig, stop: asyncio.Event) -> None:
     events_task = asyncio.create_task(events.run())
     log.info("dcs serving", extra={"port": config.port, "redis": config.redis_url})
     try:
-        await serve_http(build_app(config, state, events), config.host, config.port, stop)
+        await serve_http(build_app(config, state, events), config.host, config.port, stop, tls=config)
     finally:
         log.info("dcs stopping")
         events_task.cancel()

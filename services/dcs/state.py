@@ -3,13 +3,14 @@ restarted coordinator see one truth. Timestamps come from Redis's clock, not the
 
 Key layout (K = --key-prefix, R = run id):
   K:nodes, K:beats          HASH  node id -> registration / last heartbeat (each names its run)
-  K:runs                    HASH  run id -> Run (config, desired state, pause_seq)
+  K:runs                    HASH  run id -> Run (config, desired state, pause_seq, lifecycle status, failure)
   K:group_generation        STRING counter shared by every run's sync groups (names stay unique)
   K:run:R:weights:latest    STRING the run's newest published version
   K:run:R:weights:<V>       STRING version V's metadata;  K:run:R:weights:versions ZSET of live versions
   K:run:R:cursors           HASH  receiver role -> version it has loaded
   K:run:R:group             STRING the run's current sync group (and its membership key)
   K:run:R:syncs             LIST  the run's newest 1000 sync reports
+  K:run:R:failures          LIST  failures reported after the run's first (the newest 10)
   K:events                  pub/sub: topology, runs, groups, weights:R"""
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from typing import Callable
 
 import redis.asyncio as aioredis
 
 from services.dcs.models import (
-    GroupMember, Heartbeat, NodeInfo, NodeRegistration, PublishedWeights, Run, RunConfig, SyncGroup,
+    Failure, GroupMember, Heartbeat, NodeInfo, NodeRegistration, PublishedWeights, Run, RunConfig, SyncGroup,
     SyncGroupRequest, SyncReport, WeightMetadata,
 )
 
@@ -282,8 +284,10 @@ class RedisState:
     async def runs(self) -> list[Run]:
         return [Run.model_validate_json(t) for _, t in sorted((await self.redis.hgetall(f"{self.k}:runs")).items())]
 
-    async def set_desired(self, run_id: str, desired: str) -> Run:
-        """Pause bumps pause_seq (a new request every service must acknowledge); resume clears it."""
+    async def update_run(self, run_id: str, change: Callable[[Run], bool]) -> Run:
+        """Read the run, apply `change` (True: it changed the run, write it back and notify; it may raise
+        Conflict, which leaves the run as it was) and write it, in one optimistic transaction: replicas
+        never lose each other's changes. The rules of each change are in lifecycle.py."""
         key = f"{self.k}:runs"
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
@@ -293,10 +297,9 @@ class RedisState:
                     if text is None:
                         raise Missing(f"run {run_id} does not exist")
                     run = Run.model_validate_json(text)
-                    if run.desired_state != desired:
-                        run.desired_state = desired
-                        if desired == "paused":
-                            run.pause_seq += 1
+                    if not change(run):
+                        await pipe.reset()
+                        return run
                     pipe.multi()
                     pipe.hset(key, run_id, run.model_dump_json())
                     pipe.publish(self.events_channel, "runs")
@@ -304,3 +307,15 @@ class RedisState:
                     return run
                 except aioredis.WatchError:
                     continue
+
+    async def add_later_failure(self, run_id: str, failure: Failure) -> None:
+        """A failure reported after the run's first: kept, the newest 10."""
+        key = f"{self.run_key(run_id)}:failures"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(key, failure.model_dump_json())
+            pipe.ltrim(key, 0, 9)
+            await pipe.execute()
+
+    async def later_failures(self, run_id: str) -> list[Failure]:
+        texts = await self.redis.lrange(f"{self.run_key(run_id)}:failures", 0, -1)
+        return [Failure.model_validate_json(t) for t in texts]

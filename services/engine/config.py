@@ -1,8 +1,11 @@
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.auth_token import AuthTokenSettings
+from services.runtime.tls import TLSSettings
 
 
-class EngineConfig(BaseSettings):
+class EngineConfig(AuthTokenSettings, TLSSettings):
     """`sluice engine`: the built-in rollout engine: a Hugging Face causal LM served over SGLang's
     HTTP protocol (generate, pause modes, distributed weight updates), continuous batching on CPU or
     one GPU."""
@@ -11,7 +14,12 @@ class EngineConfig(BaseSettings):
 
     model: str = Field(..., description="local Hugging Face model directory")
     host: str = Field("0.0.0.0", description="address to bind")
-    port: int = Field(30000, description="HTTP port (also /metrics)")
+    port: int = Field(30000, description="HTTP port (also /metrics, with the token like every route)")
+    metrics_port: int = Field(0, ge=0, le=65535, description="a second port serving only /metrics, without "
+                              "the token (for Prometheus scrapes inside the cluster); 0 = off")
+    allow_unauthenticated_weight_updates: bool = Field(False, description=(
+        "with no token configured, still accept the weight-update routes (anyone who reaches the port can then "
+        "replace the model's weights); without it they answer 403 until a token is set"))
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="weights dtype")
     device: str = Field("cpu", description="cpu or cuda[:N]")
     max_running: int = Field(64, ge=1, description="most requests decoded together (KV slots in the pool)")
@@ -26,5 +34,8 @@ class EngineConfig(BaseSettings):
                                        "in the step's forward (outputs unchanged); none = one token a step")
     speculative_num_draft_tokens: int = Field(8, ge=1, le=64, description="most draft tokens per request and "
                                               "step (a step drafts at most max_running tokens in all)")
+    torch_threads: int = Field(1, ge=1, le=1024, description="intra-op threads of the forward; 1 suits a machine "
+                               "shared with other services (one thread each); an engine with cores to itself "
+                               "may use them all")
     weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
     log_level: str = Field("info", description="debug|info|warning|error")

@@ -10,7 +10,7 @@ import time
 from typing import Callable
 
 import torch
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import Gauge
@@ -24,6 +24,7 @@ from services.engine.weight_updates import WeightUpdates
 from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
 from services.model.loading import load_causal_lm
+from services.runtime.http_auth import require_bearer_token
 from services.runtime.http_service import serve_http
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ STEPS = Gauge("sluice_engine_steps", "forward steps run since start")
 KV_USED = Gauge("sluice_engine_kv_slots_used", "KV pool slots held by requests")
 DRAFTED = Gauge("sluice_engine_draft_tokens", "speculative draft tokens verified since start")
 ACCEPTED = Gauge("sluice_engine_accepted_draft_tokens", "speculative draft tokens accepted since start")
+# liveness only: a probe carries no secret, and /health says nothing an attacker could use
+OPEN_PATHS = frozenset({"/health"})
 
 
 def _error(message: str, status: int = 400) -> JSONResponse:
@@ -133,21 +136,42 @@ def build_app(engine: Engine) -> FastAPI:
     async def bad(_, exc: BadRequest):
         return _error(str(exc))
 
-    for router in (generate_router(engine), generation_control_router(engine), weight_update_router(engine),
+    weights = weight_update_router(engine)
+    for router in (generate_router(engine), generation_control_router(engine), weights,
                    engine_info_router(engine), service_router()):
         app.include_router(router)
+    if not engine.config.auth_token and not engine.config.allow_unauthenticated_weight_updates:
+        refuse_paths(app, {route.path for route in weights.routes}, "the engine has no auth token configured "
+                     "(SLUICE_AUTH_TOKEN or --auth-token-file), so weight updates are refused; "
+                     "--allow-unauthenticated-weight-updates accepts them anyway")
+    require_bearer_token(app, engine.config.auth_token, OPEN_PATHS)
     return app
 
 
+def refuse_paths(app: FastAPI, paths: set[str], why: str) -> None:
+    """403 with `why` on `paths`, before their routes run."""
+    @app.middleware("http")
+    async def refuse(request: Request, call_next):
+        if request.url.path in paths:
+            return _error(why, 403)
+        return await call_next(request)
+
+
 async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(config.torch_threads)
+    if not config.auth_token:
+        log.warning("no auth token (SLUICE_AUTH_TOKEN or --auth-token-file): every route but weight updates is "
+                    "open to anyone who reaches the port")
+        if config.allow_unauthenticated_weight_updates:
+            log.warning("UNAUTHENTICATED WEIGHT UPDATES ALLOWED: anyone who reaches this port can replace the "
+                        "model's weights (--allow-unauthenticated-weight-updates)")
     engine = await asyncio.get_running_loop().run_in_executor(None, Engine, config)
     engine.version_moved.loop = asyncio.get_running_loop()
     closer = asyncio.create_task(engine.version_moved.close_when(stop))
     engine.scheduler.start()
     log.info("engine serving", extra={"port": config.port, "model": config.model})
     try:
-        await serve_http(build_app(engine), config.host, config.port, stop)
+        await serve_http(build_app(engine), config.host, config.port, stop, tls=config)
     finally:
         closer.cancel()
         engine.scheduler.stop()

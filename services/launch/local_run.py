@@ -14,6 +14,7 @@ from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
 from services.run_contract.run_config import RunConfig
 from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
+from services.runtime.auth_token import token_env
 from services.runtime.processes import ChildProcess, StopsOnExit, free_port, http_ok, sluice_argv, start_redis
 from services.transferqueue.local_stack import LocalTransferQueue
 
@@ -22,13 +23,18 @@ class LocalRun(StopsOnExit):
     def __init__(self, run: RunConfig, log_dir: str | None = None, engines: int = 1, token: str = "",
                  checkpoint_dir: str | None = None, engine_args: tuple[str, ...] = (),
                  role_args: dict[str, list[str]] | None = None, trainer_ranks: int = 1,
-                 stack: "LocalRun | None" = None, submit: bool = True):
+                 stack: "LocalRun | None" = None, submit: bool = True, redis_url: str | None = None,
+                 dcs_port: int = 0, python_path: tuple[str, ...] = ()):
         """`stack`: run on that run's Redis, TransferQueue and coordinator (which it keeps owning) instead of
-        starting new ones. `submit=False`: the roles start and wait until `submit()` creates the run."""
+        starting new ones. `submit=False`: the roles start and wait until `submit()` creates the run.
+        `redis_url`: keep state in that Redis instead of a private one; `dcs_port`: the coordinator's port
+        (0 = a free one); `python_path`: directories first on the engines' and roles' PYTHONPATH (where an
+        `import:` reward's module is)."""
         self.run = run
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-run-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.token = token
+        self.python_path = python_path
         self.checkpoint_dir = checkpoint_dir
         self.procs: dict[str, ChildProcess] = {}
         self.role_argv: dict[str, list[str]] = {}
@@ -39,9 +45,11 @@ class LocalRun(StopsOnExit):
         self.owns_stack = stack is None
         try:
             if stack is None:
-                self.redis_proc, self.redis_url = start_redis(log_dir=self.log_dir)
+                if redis_url is None:
+                    self.redis_proc, redis_url = start_redis(log_dir=self.log_dir)
+                self.redis_url = redis_url
                 self.tq = LocalTransferQueue(token=token, redis_url=self.redis_url, log_dir=self.log_dir)
-                self.dcs = LocalDCS(redis_url=self.redis_url, token=token, log_dir=self.log_dir)
+                self.dcs = LocalDCS(redis_url=self.redis_url, token=token, log_dir=self.log_dir, port=dcs_port)
             else:
                 self.redis_url, self.tq, self.dcs = stack.redis_url, stack.tq, stack.dcs
             self.engine_args = engine_args
@@ -67,9 +75,11 @@ class LocalRun(StopsOnExit):
     def _start_engine(self, i: int, args, port: int | None = None) -> str:
         port = port or free_port()
         url = f"http://127.0.0.1:{port}"
+        # without a token, a stack bound to 127.0.0.1 still updates its engines' weights (docs/security.md)
+        unauthenticated = [] if self.token else ["--allow-unauthenticated-weight-updates"]
         proc = ChildProcess(f"engine-{i}", sluice_argv("engine", "--model", self.run.model, "--host", "127.0.0.1",
-                                                       "--port", str(port), *args),
-                            os.path.join(self.log_dir, f"engine-{i}.log"), env={"HF_HUB_OFFLINE": "1"})
+                                                       "--port", str(port), *unauthenticated, *args),
+                            os.path.join(self.log_dir, f"engine-{i}.log"), env=self._env())
         self.procs[f"engine-{i}"] = proc
         proc.wait_until(lambda: http_ok(url + "/health"), 120)
         return url
@@ -81,14 +91,21 @@ class LocalRun(StopsOnExit):
         self._start_engine(i, self.engine_args, port)
 
     def _common(self) -> list[str]:
-        auth = ["--auth-token", self.token] if self.token else []
         return ["--run-id", self.run.name, "--dcs-url", self.dcs.url, "--tq-controller", self.tq.controller_address,
-                "--redis-url", self.redis_url, "--host", "127.0.0.1", *auth]
+                "--redis-url", self.redis_url, "--host", "127.0.0.1"]
+
+    def _env(self) -> dict[str, str]:
+        """A service's environment: the token travels here, never in argv (every user's process list)."""
+        env = {"HF_HUB_OFFLINE": "1", **token_env(self.token)}
+        if self.python_path:
+            env["PYTHONPATH"] = os.pathsep.join([*self.python_path, *filter(None, [os.environ.get("PYTHONPATH")])])
+        return env
 
     def _start_roles(self) -> None:
         ckpt = ["--checkpoint-dir", self.checkpoint_dir] if self.checkpoint_dir else []
-        roles = {"trainer": ["trainer", *ckpt], "rollout": ["rollout", "--engine-url", ",".join(self.engine_urls)],
-                 "advantage": ["advantage"]}
+        # the trainer's run dir (steps.jsonl, tracking files) is <log_dir>/<run name>; role_args may move it
+        roles = {"trainer": ["trainer", *ckpt, "--output-dir", self.log_dir],
+                 "rollout": ["rollout", "--engine-url", ",".join(self.engine_urls)], "advantage": ["advantage"]}
         if self.run.uses_critic:
             roles["critic"] = ["trainer", "--role", "critic", *ckpt]
         if self.run.uses_actor_fwd:
@@ -107,11 +124,20 @@ class LocalRun(StopsOnExit):
     def start_role(self, name: str) -> ChildProcess:
         port = self.role_ports.setdefault(name, free_port())
         proc = ChildProcess(name, sluice_argv(*self.role_argv[name], *self._common(), "--port", str(port)),
-                            os.path.join(self.log_dir, f"{name}.log"), env={"HF_HUB_OFFLINE": "1"})
+                            os.path.join(self.log_dir, f"{name}.log"), env=self._env())
         proc.status_url = f"http://127.0.0.1:{port}"
         self.procs[name] = proc
         proc.wait_until(lambda: http_ok(proc.status_url + "/healthz"), 60)
         return proc
+
+    def processes(self) -> dict[str, ChildProcess]:
+        """Every process this run started: its stack's (when it owns the stack), engines and roles."""
+        stack = {}
+        if self.owns_stack:
+            tq = [("tq-controller", self.tq.controller)] + [(p.name, p) for p in self.tq.shards]
+            stack = {name: proc for name, proc in [("redis", self.redis_proc), *tq, ("dcs", self.dcs.proc)]
+                     if proc is not None}
+        return {**stack, **self.procs}
 
     def service_urls(self) -> dict[str, str]:
         """HTTP base URL of every role service and engine (each serves /spans, /metrics)."""

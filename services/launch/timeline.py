@@ -3,8 +3,9 @@
 `fetch_spans` reads `GET /spans` from each service; `stage_busy` says how long each service was busy over a
 window (the union of its working spans, so concurrent groups in the rollout are not counted twice);
 `step_table` splits each trained step's wall time (from the end of the previous step's publish to the end of
-its own) into the trainer's phases and every other service's busy time in that window; `draw_gantt` draws one
-lane per service, working spans coloured by name and waiting spans (claim, pause) in grey.
+its own) into the trainer's phases and every other service's busy time in that window; `draw_lanes` draws one
+lane per service, working spans coloured by name and waiting spans (claim, pause) in grey (`draw_gantt` as a PNG
+of its own; `sluice report` as a panel of the run's report).
 
 Ideal-overlap bound: with perfect overlap a step takes as long as its busiest stage, so over a run
 `sum(stage busy) / max(stage busy)` is the speed-up that overlapping the stages could give over running them
@@ -19,15 +20,22 @@ from collections import defaultdict
 
 import httpx
 
+from services.runtime.tls import client_ssl_context
+
 WAITING = {"claim", "pause"}  # spans that are waiting, not working
 
 
-def fetch_spans(urls: dict[str, str], since: float = 0.0, timeout_s: float = 10.0) -> dict[str, list[dict]]:
-    """{lane: spans} from each service's /spans; a service that does not answer gets no lane."""
+def fetch_spans(urls: dict[str, str], since: float = 0.0, timeout_s: float = 10.0,
+                token: str = "") -> dict[str, list[dict]]:
+    """{lane: spans} from each service's /spans (with the stack's `token`, when it has one); a service that
+    does not answer gets no lane."""
     out = {}
+    headers = {"authorization": f"Bearer {token}"} if token else {}
     for lane, url in urls.items():
         try:
-            r = httpx.get(url.rstrip("/") + "/spans", params={"since": since}, timeout=timeout_s)
+            verify = client_ssl_context() if url.startswith("https://") else True  # docs/security.md
+            r = httpx.get(url.rstrip("/") + "/spans", params={"since": since}, timeout=timeout_s, headers=headers,
+                          verify=verify)
             r.raise_for_status()
             out[lane] = r.json()["spans"]
         except (httpx.HTTPError, KeyError, ValueError):
@@ -110,15 +118,12 @@ COLOURS = {"generate": "tab:blue", "reward": "tab:cyan", "put": "tab:olive", "fo
            "weight_load": "tab:green"}
 
 
-def draw_gantt(spans_by_lane: dict[str, list[dict]], path: str, start: float, end: float, title: str = "") -> None:
-    """A PNG: one lane per service, working spans coloured by name, waiting spans grey (matplotlib, the
-    `bench` extra)."""
-    import matplotlib
-    matplotlib.use("Agg")
+def draw_lanes(ax, spans_by_lane: dict[str, list[dict]], start: float, end: float) -> None:
+    """One lane per service on `ax` (a matplotlib Axes), seconds from `start` on x: working spans coloured by
+    name, waiting spans grey, with a legend below."""
     import matplotlib.pyplot as plt
 
     lanes = list(spans_by_lane)
-    fig, ax = plt.subplots(figsize=(14, 1 + 0.6 * len(lanes)))
     for y, lane in enumerate(lanes):
         for s in spans_by_lane[lane]:
             lo, hi = max(s["start"], start), min(s["end"], end)
@@ -135,6 +140,16 @@ def draw_gantt(spans_by_lane: dict[str, list[dict]], path: str, start: float, en
     handles.append(plt.Rectangle((0, 0), 1, 1, color="lightgrey"))
     ax.legend(handles, [*COLOURS, "waiting (claim, pause)"], loc="upper center", ncol=5, fontsize=8,
               bbox_to_anchor=(0.5, -0.25 if len(lanes) > 3 else -0.4))
+
+
+def draw_gantt(spans_by_lane: dict[str, list[dict]], path: str, start: float, end: float, title: str = "") -> None:
+    """A PNG of `draw_lanes` alone (matplotlib, Agg backend)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(14, 1 + 0.6 * len(spans_by_lane)))
+    draw_lanes(ax, spans_by_lane, start, end)
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -13,9 +13,8 @@ class RolloutConfig(RoleSettings):
     model_config = SettingsConfigDict(env_prefix="SLUICE_ROLLOUT_")
 
     engine_url: str = Field("http://127.0.0.1:30000", description="comma-separated engine base URLs (SGLang protocol)")
-    engine_api_key: str = Field("", description="bearer token for the engines, if they need one")
     reward_token: str = Field("", description="bearer token for a remote HTTP reward endpoint (never the "
-                                               "cluster's --auth-token: the endpoint may be a third party)")
+                                               "stack's auth token: the endpoint may be a third party)")
     register_engines: bool = Field(True, description="register the engines with the coordinator (so the trainer "
                                                      "updates their weights); off when they register themselves")
     port: int = Field(7500, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")

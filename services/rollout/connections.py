@@ -1,6 +1,6 @@
 """What the rollout connects to before its loop starts, and the seams it is given (services/run_state/seams.py):
 the coordinator (and through it the run's config), TransferQueue (asyncio), the run state in Redis (the prompt
-ledger, the trainer's progress). A role test passes in-memory fakes instead (tests/fakes/)."""
+ledger, the trainer's progress, the eval results). A role test passes in-memory fakes instead (tests/fakes/)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ import redis.asyncio as aioredis
 from services.dcs.client import DCSClient
 from services.rollout.config import RolloutConfig
 from services.rollout.engine_pool import EnginePool, Engines
+from services.rollout.evaluation import Evaluations
 from services.run_contract.run_config import RunConfig
+from services.run_state.evaluations import EvaluationStore
 from services.run_state.prompt_ledger import PromptLedger
+from services.run_state.source_rewards import SourceRewards
 from services.run_state.run_config_wait import wait_for_run
 from services.run_state.seams import AsyncDataPlane, Ledger, Membership
 from services.run_state.trainer_progress import TrainerProgress, aread_progress
@@ -41,6 +44,8 @@ class RolloutConnections:
     ledger: Ledger
     progress: Callable[[], Awaitable[TrainerProgress]]   # the trainer's progress record
     redis: aioredis.Redis | None = None
+    evaluations: Evaluations | None = None               # where eval results go (RunConfig.eval)
+    source_rewards: SourceRewards | None = None          # reward per data source and step (tracking)
 
     @classmethod
     async def open(cls, config: RolloutConfig, stop: asyncio.Event) -> "RolloutConnections | None":
@@ -53,10 +58,11 @@ class RolloutConnections:
             return None
         client = aioredis.from_url(config.redis_url, decode_responses=True)
         return cls(dcs, run, AsyncTransferQueue(config.tq_controller, token=token), PromptLedger(client, config.run_id),
-                   lambda: aread_progress(client, config.run_id), client)
+                   lambda: aread_progress(client, config.run_id), client, EvaluationStore(client, config.run_id),
+                   SourceRewards(client, config.run_id))
 
 
 def engine_pool(config: RolloutConfig) -> Engines:
     """The engines of `config` (the default of RolloutService's `engines` seam)."""
     return EnginePool(config.engine_urls, timeout_s=config.request_timeout_s,
-                      api_key=config.engine_api_key or None)
+                      api_key=config.auth_token or None)  # the stack's one token (docs/security.md)

@@ -20,7 +20,9 @@ import random
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
+
+from services.demo_tasks import DEMO_LENGTH, DEMO_TASKS
 
 Prompt = str | list[dict]
 
@@ -165,35 +167,6 @@ def _json_compatible(t) -> bool:
     return False
 
 
-# ---------------------------------------------------------------------------------------- demo tasks
-
-DEMO_LENGTH = 100_000  # the generators take any index; a fixed length gives epochs and shuffles a meaning
-
-
-def arith_row(index: int) -> tuple[Prompt, dict]:
-    rng = random.Random(f"demo:arith:{index}")
-    a, b = rng.randint(0, 99), rng.randint(0, 99)
-    return f"What is {a} + {b}? Answer with the number.", {"label": str(a + b)}
-
-
-def letters_row(index: int) -> tuple[Prompt, dict]:
-    rng = random.Random(f"demo:letters:{index}")
-    letters = "".join(sorted(rng.sample("abcdefghijklmnopqrstuvwxyz", rng.randint(5, 8))))
-    return (f"Write a short word using only the letters {', '.join(letters)}. Answer with the word.",
-            {"letters": letters})
-
-
-class DemoTask(NamedTuple):
-    generate: Callable[[int], tuple[Prompt, dict]]  # row index -> (prompt, fields)
-    reward: str                                     # the default reward spec (services.rollout.rewards)
-
-
-DEMO_TASKS: dict[str, DemoTask] = {
-    "arith": DemoTask(arith_row, "arith"),
-    "letters": DemoTask(letters_row, "letters"),
-}
-
-
 # ---------------------------------------------------------------------------------------- opening
 
 SPEC_FORMS = "a .jsonl path, a .parquet path, or demo:<task> with task one of " + ", ".join(sorted(DEMO_TASKS))
@@ -220,3 +193,12 @@ def open_prompt_source(spec: str, prompt_field: str = "prompt", shuffle_seed: in
     if not rows:
         raise ValueError(f"prompt source {spec} is empty")
     return PromptSource(spec, len(rows), rows.__getitem__, shuffle_seed)
+
+
+def open_eval_source(spec: str, prompt_field: str = "prompt") -> PromptSource:
+    """The held-out prompts of RunConfig.eval, in file order. For demo:<task> they are the task's rows from index
+    DEMO_LENGTH on, which training never reaches (it reads row position % DEMO_LENGTH)."""
+    if isinstance(spec, str) and spec.startswith("demo:") and spec[len("demo:"):] in DEMO_TASKS:
+        generate = DEMO_TASKS[spec[len("demo:"):]].generate
+        return PromptSource(spec + " (held out)", DEMO_LENGTH, lambda i: generate(DEMO_LENGTH + i))
+    return open_prompt_source(spec, prompt_field)

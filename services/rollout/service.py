@@ -4,9 +4,15 @@
     loop:
         admit group at `position` while may_admit(...)  (services/rollout/admission.py)
             generate n samples (engine pool; aborted requests resume under new weights)
-            score them (reward function), put the whole group into train_<step>, mark it written
+            score them (reward function; a failing reward falls back: services/rollout/scoring.py)
+            put the whole group into train_<step>, mark it written
             the step's last group seals its partition
         otherwise wait for a group to finish or the engines' weight version to move
+    beside it: the eval task (services/rollout/evaluation.py) when the run has eval.prompts
+
+`position` in the loop is a group slot (the ledger's position): slot g belongs to step g // rollout_batch_size
+and holds prompt g, unless the group was dropped (reward_fallback skip_group) and the slot moved on to a spare
+prompt (services/run_state/prompt_ledger.py).
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from services.rollout.admission import may_admit
 from services.rollout.config import RolloutConfig
 from services.rollout.connections import RolloutConnections, RolloutMembership, engine_pool
 from services.rollout.engine_pool import Engines, SampleOutput
+from services.rollout.evaluation import Evaluator
 from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
 from services.rollout.rewards import build_reward
+from services.rollout.scoring import GroupScorer
 from services.run_contract.partitions import partition_name, partition_prefix, step_of, task_name
 from services.runtime.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
@@ -60,13 +68,13 @@ class RolloutService:
     # ------------------------------------------------------------------ setup
 
     def _setup(self, conn: RolloutConnections) -> None:
-        from transformers import AutoTokenizer
+        from services.model.loading import load_tokenizer  # an error naming the model directory and file
 
         self.conn = conn
         self.dcs, self.tq, self.ledger, self.progress = conn.dcs, conn.tq, conn.ledger, conn.progress
         self.run = run = conn.run
         r = run.rollout
-        self.tokenizer = AutoTokenizer.from_pretrained(run.model, local_files_only=True)
+        self.tokenizer = load_tokenizer(run.model)
         self.source = open_prompt_source(r.prompts, r.prompt_field, r.shuffle_seed)
         spec = r.reward
         if spec is None:
@@ -76,14 +84,24 @@ class RolloutService:
             spec = DEMO_TASKS[task].reward
         self.reward = build_reward(spec, label_field=r.label_field, timeout_s=r.reward_timeout_s,
                                    retries=r.reward_retries, token=self.config.reward_token or None)
+        self.scorer = GroupScorer(self.reward, r.reward_fallback)
         self.pool = self.engines(self.config)
+        self.evaluator = None
+        if run.eval.prompts is not None:
+            if conn.evaluations is None:
+                raise ValueError("the run has eval.prompts but the rollout was given nowhere to record evaluations")
+            self.evaluator = Evaluator(run, self.pool, self.reward, conn.evaluations, self.encode,
+                                       lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                                       lambda: bool(self.memberships and self.memberships[0].paused))
+        self.source_rewards = conn.source_rewards  # reward per data source and step, for tracking
         self.groups_per_step = run.rollout_batch_size
         self.total_groups = run.num_steps * run.rollout_batch_size
         self.cap = r.max_groups_in_flight or 2 * run.rollout_batch_size
         self.version_moved = asyncio.Event()  # wakes admission the moment the engines' version moves
         self.sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
         self._partitions: set[int] = set()
-        self._prepared: dict[int, tuple[PromptRecord, list[int]]] = {}
+        self._prepared: dict[int, tuple[PromptRecord, list[int]]] = {}  # prompt position -> record, its ids
+        self.replaced: dict[int, int] = {}  # slot -> the spare prompt position it holds (skip_group)
 
     def _register(self) -> None:
         reg = NodeRegistration(role="rollout", host=self.config.advertise_host, ports={"http": self.config.port},
@@ -95,7 +113,9 @@ class RolloutService:
             for rank, url in enumerate(self.config.engine_urls):
                 u = httpx.URL(url)
                 self.memberships.append(self.join(self.dcs, NodeRegistration(
-                    role="engine", rank=rank, host=u.host, ports={"http": u.port or 80}, run_id=self.config.run_id)))
+                    role="engine", rank=rank, host=u.host, run_id=self.config.run_id,
+                    # the port under its scheme: the trainer reaches an https engine over TLS
+                    ports={u.scheme: u.port or (443 if u.scheme == "https" else 80)})))
 
     def encode(self, prompt) -> list[int]:
         if isinstance(prompt, str) and not self.run.rollout.apply_chat_template:
@@ -121,21 +141,41 @@ class RolloutService:
             todo = await self.recover()
             self.status.running()
             poller = asyncio.create_task(self._poll_versions(stop))
+            evals = asyncio.create_task(self.evaluator.run_loop(max(self.config.version_poll_s, 0.1))) \
+                if self.evaluator else None
             try:
                 await self.generate(todo, stop)
                 # keep the engines registered (so they receive the last weights) until training is done
-                while not stop.is_set() and (await self.progress()).next_step < run.num_steps:
+                while not stop.is_set() and (progress := await self.progress()).next_step < run.num_steps:
                     self.status.update(state="generated everything; waiting for the trainer")
                     if self.memberships[0].paused:
                         await self._paused()
                     await asyncio.sleep(self.config.version_poll_s)
+                if evals is not None and not stop.is_set():
+                    evals.cancel()  # an eval of an older version in flight is dropped for the last one
+                    await asyncio.gather(evals, return_exceptions=True)
+                    self.status.update(state="evaluating the last version")
+                    await self.evaluator.finish(progress.version, wait_s=60.0)
             finally:
                 poller.cancel()
+                if evals is not None:
+                    evals.cancel()
         finally:
             await self._close()
 
     async def generate(self, todo, stop: asyncio.Event) -> None:
         pending: set[asyncio.Task] = set()
+        try:
+            await self._admit(todo, stop, pending)
+        except BaseException:
+            # a group failed: the others are abandoned, their errors retrieved (one failure, reported once;
+            # an unretrieved task error would be logged later from the garbage collector)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            raise
+
+    async def _admit(self, todo, stop: asyncio.Event, pending: set[asyncio.Task]) -> None:
         position = next(todo, None)
         blocked_since = None
         while not stop.is_set():
@@ -174,6 +214,8 @@ class RolloutService:
     async def _paused(self) -> None:
         """Nothing is generating: acknowledge the pause for the rollout and its engines and wait until
         the run resumes."""
+        if self.evaluator is not None:
+            await self.evaluator.drained()
         def engines_idle_too() -> None:  # each engine's membership learns of the pause on its own beat
             for engine_membership in self.memberships[1:]:
                 engine_membership.acknowledge_pause()
@@ -213,37 +255,55 @@ class RolloutService:
         for m, engine_version, reachable in zip(self.memberships[1:], self.pool.versions, self.pool.reachable):
             m.progress(weight_version=engine_version)  # each engine its own
             m.suspended = not reachable  # a dead engine must drop out of the next weight sync
-        self.status.update(engine_version=version, requests=self.pool.requests, resubmits=self.pool.resubmits)
+        self.status.update(engine_version=version, requests=self.pool.requests, resubmits=self.pool.resubmits,
+                           **self.scorer.counts())
 
     # ------------------------------------------------------------------ one group
 
-    async def _prepare(self, position: int) -> tuple[PromptRecord, list[int]]:
-        """The group's prompt, encoded, and its step's partition, made once (ahead of admission when the
+    async def _prepare(self, slot: int) -> tuple[PromptRecord, list[int]]:
+        """The slot's prompt, encoded, and its step's partition, made once (ahead of admission when the
         rollout waits for it)."""
+        position = self.replaced.get(slot, slot)
         if position not in self._prepared:
             record = self.source.record(position)
             self._prepared[position] = (record, self.encode(record.prompt))
-        await self._ensure_partition(position // self.groups_per_step)
+        await self._ensure_partition(slot // self.groups_per_step)
         return self._prepared[position]
 
+    async def _scored_group(self, slot: int, step: int) -> tuple[PromptRecord, list[int], list[SampleOutput], list]:
+        """The slot's prompt, its samples and their rewards; a group the reward fails on is dropped under
+        reward_fallback skip_group, and the slot generates the next spare prompt instead."""
+        run, n = self.run, self.run.n_samples_per_prompt
+        while True:
+            record, prompt_ids = await self._prepare(slot)
+            self._prepared.pop(record.position, None)
+            seed = run.optim.seed * 1_000_003 + record.position * 4099
+            version = self.pool.serving_version
+            with span("generate", step, version):
+                samples = await self.pool.generate_group(  # one request per group: the prompt is prefilled once
+                    prompt_ids, [{**self.sampling, "sampling_seed": seed + k} for k in range(n)],
+                    run.rollout.max_new_tokens, [f"{self.config.run_id}-{record.position}-{k}" for k in range(n)])
+            with span("reward", step, version):
+                texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
+                rewards = await self.scorer.score(record, texts)
+            if rewards is not None:
+                return record, prompt_ids, samples, rewards
+            self.replaced[slot] = await self.ledger.skip(slot, record.position, self.scorer.last_error,
+                                                         self.total_groups)
+            log.warning("group dropped (reward_fallback skip_group); its slot takes a spare prompt", extra={
+                "slot": slot, "position": record.position, "spare": self.replaced[slot]})
+
     async def group(self, position: int) -> None:
+        """Generate, score and write the group of slot `position`."""
         run = self.run
         step = position // self.groups_per_step
-        record, prompt_ids = await self._prepare(position)
-        self._prepared.pop(position, None)
-        n = run.n_samples_per_prompt
-        seed = run.optim.seed * 1_000_003 + position * 4099
-        version = self.pool.serving_version
-        with span("generate", step, version):
-            samples = await self.pool.generate_group(  # one request per group: the prompt is prefilled once
-                prompt_ids, [{**self.sampling, "sampling_seed": seed + k} for k in range(n)],
-                run.rollout.max_new_tokens, [f"{self.config.run_id}-{position}-{k}" for k in range(n)])
-        with span("reward", step, version):
-            texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
-            rewards = await asyncio.gather(*(self.reward.score(record, t) for t in texts))
-        with span("put", step, version):
+        record, prompt_ids, samples, rewards = await self._scored_group(position, step)
+        with span("put", step, min(s.begin_version for s in samples)):
             columns = self.columns(record, prompt_ids, samples, rewards, step)
             await self.tq.put(partition_name(run.name, step), columns)
+        source = record.fields.get(run.rollout.source_field)
+        if self.source_rewards is not None and source is not None:
+            await self.source_rewards.add(step, str(source), rewards)
         written = await self.ledger.mark_written(position, step)
         if written >= self.groups_per_step:
             await self.tq.seal_partition(partition_name(run.name, step))
@@ -253,7 +313,7 @@ class RolloutService:
             SAMPLES_TOKENS.inc(len(s.output_ids))
             RESUBMITS.inc(s.resubmits)
             REWARD.observe(r)
-        self.status.update(last_position=position, step=step)
+        self.status.update(last_position=position, step=step, **self.scorer.counts())
         for m in self.memberships[:1]:
             m.progress(step=step)
 
@@ -285,8 +345,11 @@ class RolloutService:
     # ------------------------------------------------------------------ restart
 
     async def recover(self):
-        """Positions still to generate, in order. Groups already in open partitions count as written
-        even if the ledger missed them (a crash between the put and the mark)."""
+        """Slots still to generate, in order. Groups already in open partitions count as written even if
+        the ledger missed them (a crash between the put and the mark); a row of a spare prompt counts for
+        the slot that took it."""
+        self.replaced = await self.ledger.replacements()
+        slot_of = {position: slot for slot, position in self.replaced.items()}
         for info in await self.tq.list_partitions(partition_prefix(self.run.name)):
             step = step_of(info.name)
             if step is None or info.allocated_rows == 0:
@@ -296,7 +359,7 @@ class RolloutService:
             if batch.rows:
                 await self.tq.release(batch)
                 for position in sorted({int(p) for p in batch.columns["prompt_position"]}):
-                    await self.ledger.mark_written(position, step)
+                    await self.ledger.mark_written(slot_of.get(position, position), step)
             if not info.sealed and await self.ledger.groups_written(step) >= self.groups_per_step:
                 await self.tq.seal_partition(info.name)
         frontier, written = await self.ledger.load()

@@ -1,16 +1,23 @@
 """Trainer checkpoints: <dir>/<role>/step_<N>/ holds a Hugging Face model directory (loadable by
-transformers and by `sluice engine --model`), the optimizer state and trainer_state.json (next step,
-weight version: the data position). Written to a temporary directory and renamed, so a crash
-mid-write leaves the previous checkpoint as the latest."""
+transformers and by `sluice engine --model`) with the run's tokenizer files and chat template, the optimizer
+state and trainer_state.json (next step, weight version: the data position). Written to a temporary directory
+and renamed, so a crash mid-write leaves the previous checkpoint as the latest; the newest `keep` are kept."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
 from dataclasses import dataclass
 
 import torch
+
+# What a model directory's tokenizer is made of, chat template included (tokenizer_config.json's
+# chat_template, or chat_template.jinja / chat_template.json beside it in newer transformers).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "vocab.txt", "merges.txt", "*.model", "*.tiktoken", "chat_template.jinja",
+                   "chat_template.json", "additional_chat_templates")  # *.model: sentencepiece vocabularies
 
 
 @dataclass
@@ -24,8 +31,31 @@ def _root(directory: str, role: str) -> str:
     return os.path.join(directory, role)
 
 
+def tokenizer_files(directory: str) -> list[str]:
+    """Names of the tokenizer files (and chat templates) in a model directory."""
+    return sorted(name for name in os.listdir(directory)
+                  if any(fnmatch.fnmatch(name, pattern) for pattern in TOKENIZER_FILES))
+
+
+def copy_tokenizer(source: str, target: str) -> list[str]:
+    """Copy the tokenizer files of model directory `source` into `target`; returns their names."""
+    names = tokenizer_files(source)
+    for name in names:
+        path = os.path.join(source, name)
+        if os.path.isdir(path):  # additional_chat_templates/
+            shutil.copytree(path, os.path.join(target, name), dirs_exist_ok=True)
+        else:
+            shutil.copy(path, target)
+    return names
+
+
 def save_checkpoint(directory: str, role: str, model, optimizer, tokenizer_dir: str | None, next_step: int,
                     version: int, keep: int = 2) -> str:
+    """Write <directory>/<role>/step_<next_step>/: the model (safetensors), the tokenizer files of
+    `tokenizer_dir` (the run's model directory), the optimizer state and trainer_state.json; then delete all
+    but the newest `keep` checkpoints of the role."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
     root = _root(directory, role)
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, f"step_{next_step:08d}")
@@ -33,9 +63,7 @@ def save_checkpoint(directory: str, role: str, model, optimizer, tokenizer_dir: 
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     if tokenizer_dir:
-        for name in os.listdir(tokenizer_dir):
-            if name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
-                shutil.copy(os.path.join(tokenizer_dir, name), tmp)
+        copy_tokenizer(tokenizer_dir, tmp)
     torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
     with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
         json.dump({"next_step": next_step, "version": version}, f)
@@ -54,14 +82,20 @@ def checkpoints(directory: str, role: str) -> list[CheckpointState]:
     found = []
     for name in sorted((d for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp")),
                        reverse=True):
-        path = os.path.join(root, name)
-        try:
-            with open(os.path.join(path, "trainer_state.json")) as f:
-                state = json.load(f)
-            found.append(CheckpointState(int(state["next_step"]), int(state["version"]), path))
-        except (OSError, ValueError, KeyError):
-            continue  # incomplete
+        state = read_checkpoint(os.path.join(root, name))
+        if state is not None:
+            found.append(state)
     return found
+
+
+def read_checkpoint(path: str) -> CheckpointState | None:
+    """The state of the checkpoint at `path`; None if it is not a complete checkpoint."""
+    try:
+        with open(os.path.join(path, "trainer_state.json")) as f:
+            state = json.load(f)
+        return CheckpointState(int(state["next_step"]), int(state["version"]), path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # incomplete
 
 
 def latest_checkpoint(directory: str, role: str) -> CheckpointState | None:

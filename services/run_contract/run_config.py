@@ -21,68 +21,148 @@ class _Strict(BaseModel):
 class RolloutSettings(_Strict):
     prompts: str = Field("demo:letters", min_length=1, max_length=1024,
                          description="a .jsonl or .parquet file, or demo:<task>")
-    prompt_field: str = Field("prompt", min_length=1, max_length=128)
+    prompt_field: str = Field("prompt", min_length=1, max_length=128,
+                              description="the prompts file's column holding the prompt (text or chat messages)")
     shuffle_seed: int | None = Field(None, description="shuffle each epoch with this seed; None = file order")
     reward: str | None = Field(None, max_length=1024, description=(
         "exact_match | math_answer | arith | letters | import:module:function | http(s)://url; "
         "None = the demo task's own verifier"))
-    label_field: str = Field("label", min_length=1, max_length=128)
-    reward_timeout_s: float = Field(30.0, gt=0)
-    reward_retries: int = Field(3, ge=0, le=20)
+    label_field: str = Field("label", min_length=1, max_length=128,
+                             description="the column the built-in rewards compare the response with")
+    source_field: str = Field("data_source", min_length=1, max_length=128, description=(
+        "the column naming a row's data source: rows that have it get their reward tracked per source and step "
+        "(reward_by_source/<source>)"))
+    reward_timeout_s: float = Field(30.0, gt=0, description="time limit of one reward call, seconds")
+    reward_retries: int = Field(3, ge=0, le=20, description="retries of a failed HTTP reward call")
     apply_chat_template: bool = Field(True, description="wrap text prompts as one user message")
-    max_new_tokens: int = Field(64, ge=1, le=1 << 20)
-    temperature: float = Field(1.0, gt=0, le=10)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1)
+    max_new_tokens: int = Field(64, ge=1, le=1 << 20, description="most tokens generated per sample")
+    temperature: float = Field(1.0, gt=0, le=10, description="sampling temperature of rollout generation")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest token set of this mass")
+    top_k: int = Field(-1, ge=-1, description="sample among the k likeliest tokens; -1 = all")
     max_groups_in_flight: int = Field(0, ge=0, description="cap on prompt groups generating at once; 0 = 2 steps' worth")
+    reward_fallback: Literal["zero", "skip_group"] = Field("zero", description=(
+        "when the reward fails on a sample (raises, or times out after reward_retries): zero = that sample gets "
+        "reward 0.0; skip_group = its whole group is dropped and the next spare prompt takes its place "
+        "(docs/rewards.md)"))
 
 
 class AlgorithmSettings(_Strict):
-    estimator: Estimator = "grpo"
-    gamma: float = Field(1.0, ge=0, le=1)
-    lam: float = Field(1.0, ge=0, le=1)
+    estimator: Estimator = Field("grpo", description="advantage estimator (docs/algorithms.md); ppo adds the "
+                                                     "critic role")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount of returns (reinforce_pp, ppo)")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda (ppo)")
     kl_coef: float = Field(0.0, ge=0, description="weight of KL(pi || reference); 0 = no reference role")
     kl_in_reward: bool = Field(False, description="KL as a per-token reward penalty instead of a loss term")
-    kl_kind: KLKind = "k3"
-    eps_clip: float = Field(0.2, gt=0, lt=1)
+    kl_kind: KLKind = Field("k3", description="KL estimator: k1 = x, k2 = x^2 / 2, k3 = exp(-x) - 1 + x, "
+                                              "x = log pi - log pi_ref")
+    eps_clip: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip: ratio in [1 - eps_clip, 1 + eps_clip]")
     eps_clip_high: float | None = Field(None, gt=0, description="upper clip (DAPO clip-higher); None = eps_clip")
     dual_clip_c: float | None = Field(None, gt=1, description="dual-clip bound for negative advantages")
-    entropy_coef: float = Field(0.0, ge=0)
-    loss_agg: LossAggregation = "token_mean"
+    entropy_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus in the loss")
+    loss_agg: LossAggregation = Field("token_mean", description=(
+        "how per-token losses are averaged: token_mean (over all tokens), seq_mean_token_mean (per sequence, "
+        "then over sequences), seq_mean_token_sum (summed per sequence, mean over sequences)"))
     decoupled: bool = Field(False, description="decoupled PPO: actor_fwd's log_probs are the proximal policy")
     tis_clip: float | None = Field(None, gt=0, description="truncated importance sampling cap vs rollout log-probs")
     value_clip: float | None = Field(0.2, gt=0, description="PPO value-loss clip (critic)")
 
 
 class OptimSettings(_Strict):
-    lr: float = Field(1e-6, gt=0)
-    critic_lr: float = Field(1e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    seed: int = 0
+    lr: float = Field(1e-6, gt=0, description="actor learning rate (AdamW)")
+    critic_lr: float = Field(1e-5, gt=0, description="critic learning rate (AdamW, ppo)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0, description="clip the gradient's global norm to this")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    seed: int = Field(0, description="seed of the trainer's random state")
+
+
+class CheckpointSettings(_Strict):
+    """Trainer checkpoints (docs/services.md, "Checkpoints"): written under the trainer's --checkpoint-dir, each a
+    Hugging Face model directory with the run's tokenizer and chat template (`sluice export` makes a plain one)."""
+
+    interval: int = Field(0, ge=0, description="checkpoint every N steps; 0 = only on stop (see on_stop)")
+    keep_last: int = Field(2, ge=1, le=1000, description="newest checkpoints kept per role; older ones are deleted")
+    on_stop: bool = Field(True, description="when the actor trainer stops (SIGTERM, a stopped run, the last step "
+                                            "done), checkpoint its last finished step if it has none yet")
+
+
+class TrackingSettings(_Strict):
+    """Experiment tracking by the trainer (docs/tracking.md): every step's metrics go to each backend of
+    `report_to` and to <run dir>/steps.jsonl (the input of `sluice report`)."""
+
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "none"]] = Field(
+        default_factory=lambda: ["tensorboard"], max_length=3,
+        description="tracking backends: tensorboard (event files), wandb (offline run), mlflow (local SQLite "
+                    "store), all under the run dir; none = only steps.jsonl")
+    completions_every: int = Field(10, ge=0, description="log a table of sample completions every N steps; 0 = never")
+    completions_rows: int = Field(8, ge=1, le=256, description="samples in each completions table")
+    project: str = Field("sluice", min_length=1, max_length=128, description="W&B project / MLflow experiment")
+    experiment: str | None = Field(None, max_length=128, description="name of this run in the backends; None = "
+                                                                     "the run's name")
+
+    @model_validator(mode="after")
+    def _report_to_is_a_set(self) -> "TrackingSettings":
+        if len(set(self.report_to)) != len(self.report_to) or ("none" in self.report_to and len(self.report_to) > 1):
+            raise ValueError(f"tracking.report_to: each backend at most once, and none alone; got {self.report_to}")
+        return self
+
+
+class EvalSettings(_Strict):
+    """Evaluation during training (docs/rewards.md, "Evaluation"): the rollout scores a held-out prompt set with
+    the run's reward at version 0, whenever the engines' weight version reaches a multiple of every_n_versions,
+    and at the last version. pass@k (k = n_samples) is the fraction of prompts with at least one of k samples
+    whose reward >= pass_threshold; mean_reward the mean over all samples."""
+
+    prompts: str | None = Field(None, min_length=1, max_length=1024, description=(
+        "held-out prompts: a .jsonl or .parquet file, or demo:<task> (rows the training never sees); None = no eval"))
+    every_n_versions: int = Field(10, ge=1, description="evaluate when the weight version reaches a multiple of this")
+    n_samples: int = Field(1, ge=1, le=256, description="samples per prompt: the k of pass@k")
+    temperature: float = Field(0.0, ge=0, le=10, description="sampling temperature; 0 = greedy (reproducible)")
+    max_new_tokens: int | None = Field(None, ge=1, le=1 << 20, description="None = rollout.max_new_tokens")
+    max_prompts: int = Field(64, ge=1, le=100_000, description="the first max_prompts rows of the held-out set")
+    pass_threshold: float = Field(1.0, allow_inf_nan=False, description="a sample passes when its reward is >= this")
+    concurrency: int = Field(2, ge=1, le=64, description="eval prompts generating at once (kept low so training "
+                                                         "rollout is not starved)")
+
+    @model_validator(mode="after")
+    def _prompt_source_form(self) -> "EvalSettings":
+        p = self.prompts
+        if p is not None and not (p.startswith("demo:") or p.lower().endswith((".jsonl", ".parquet"))):
+            raise ValueError(f"eval.prompts must be a .jsonl or .parquet file or demo:<task>, got {p!r}")
+        return self
 
 
 class RunConfig(_Strict):
     """What a run is; validated when it is created."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$", description="the run's id: every service of the "
+                      "run works under it")
     model: str = Field(min_length=1, max_length=1024, description="local model directory")
-    mode: Literal["fully_async", "colocate"] = "fully_async"
-    max_staleness: int = Field(1, ge=0, le=64)
-    n_samples_per_prompt: int = Field(8, ge=1, le=4096)
+    mode: Literal["fully_async", "colocate"] = Field("fully_async", description=(
+        "fully_async: rollout runs ahead of training by up to max_staleness versions; colocate: one after the "
+        "other (max_staleness 0)"))
+    max_staleness: int = Field(1, ge=0, le=64, description="most weight versions a trained sample may lag "
+                                                           "the policy it is trained with")
+    n_samples_per_prompt: int = Field(8, ge=1, le=4096, description="samples per prompt (the group size)")
     rollout_batch_size: int = Field(32, ge=1, description="prompt groups per step")
     global_batch_size: int = Field(256, ge=1, description="samples per optimizer step")
     micro_batch_size: int = Field(8, ge=1, description="samples per forward/backward pass")
     num_iters_per_train_update: int | None = Field(
         None, ge=1, description="optimizer steps per step (= per weight publish); "
                                 "None = rollout_batch_size * n_samples_per_prompt / global_batch_size")
-    num_steps: int = Field(100, ge=1)
+    num_steps: int = Field(100, ge=1, description="training steps (= weight versions published)")
     ref_update_interval: int = Field(0, ge=0, description="reference receives every Nth version; 0 = never")
-    checkpoint_interval: int = Field(0, ge=0, description="trainer checkpoints every N steps; 0 = never")
-    algorithm: AlgorithmSettings = Field(default_factory=AlgorithmSettings)
-    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
-    optim: OptimSettings = Field(default_factory=OptimSettings)
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings,
+                                           description="trainer checkpoints: interval, keep_last, on_stop")
+    algorithm: AlgorithmSettings = Field(default_factory=AlgorithmSettings,
+                                         description="advantage estimator and loss terms (docs/algorithms.md)")
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings,
+                                     description="prompts, sampling and rewards (docs/rewards.md)")
+    optim: OptimSettings = Field(default_factory=OptimSettings, description="the optimizers (AdamW)")
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings,
+                                       description="experiment tracking by the trainer (docs/tracking.md)")
+    eval: EvalSettings = Field(default_factory=EvalSettings, description="evaluation on held-out prompts during "
+                                                                         "training; off unless eval.prompts is set")
 
     @model_validator(mode="before")
     @classmethod
@@ -90,6 +170,24 @@ class RunConfig(_Strict):
         if isinstance(data, dict) and data.get("mode") == "colocate" and "max_staleness" not in data:
             data = {**data, "max_staleness": 0}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checkpoint_interval_alias(cls, data):
+        """`checkpoint_interval: N` (the older spelling) is `checkpoint: {interval: N}`."""
+        if isinstance(data, dict) and "checkpoint_interval" in data:
+            data = dict(data)
+            interval = data.pop("checkpoint_interval")
+            checkpoint = data.get("checkpoint")
+            checkpoint = checkpoint.model_dump() if isinstance(checkpoint, BaseModel) else dict(checkpoint or {})
+            if "interval" in checkpoint and checkpoint["interval"] != interval:
+                raise ValueError("checkpoint_interval and checkpoint.interval disagree; give only checkpoint.interval")
+            data["checkpoint"] = {**checkpoint, "interval": interval}
+        return data
+
+    @property
+    def checkpoint_interval(self) -> int:
+        return self.checkpoint.interval
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":

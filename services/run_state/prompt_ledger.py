@@ -2,10 +2,22 @@
 prompt: positions below `frontier` are all written; positions at or above it are written iff they
 are in the `written` set (groups complete out of order). A group is marked after its rows are in
 TransferQueue; the rollout also re-reads open partitions on start (see RolloutService.recover) to
-cover a crash between the two."""
+cover a crash between the two.
+
+A ledger position is a group *slot*: slot g belongs to step g // rollout_batch_size and normally holds the
+prompt at position g. When the run's reward fails on a group and `rollout.reward_fallback` is `skip_group`,
+the group is dropped and its slot gets a spare prompt instead, so the step still gets its rows:
+
+    spare prompt positions    first_spare, first_spare + 1, ...  (first_spare = every slot of the run)
+    rollout:replacements      hash slot -> the prompt position the slot holds now
+    rollout:skipped           hash prompt position -> why its group was dropped
+
+So every prompt position below first_spare + len(skipped) is either trained exactly once or skipped,
+never both (tests/e2e/run_checks.py checks it)."""
 
 from __future__ import annotations
 
+import redis
 import redis.asyncio as aioredis
 
 from services.run_state import run_key
@@ -25,6 +37,17 @@ redis.call('SET', KEYS[1], frontier)
 return {frontier, redis.call('SCARD', KEYS[3])}
 """
 
+# Drop the group of `slot` (prompt ARGV[2]) and give the slot the next spare prompt, atomically; a repeat (the
+# slot already moved on from that prompt) returns the slot's current prompt and allocates nothing.
+_SKIP = """
+local current = redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[1]
+if current ~= ARGV[2] then return tonumber(current) end
+local spare = tonumber(ARGV[4]) + redis.call('INCR', KEYS[3]) - 1
+redis.call('HSET', KEYS[1], ARGV[1], spare)
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+return spare
+"""
+
 
 class PromptLedger:
     def __init__(self, redis: aioredis.Redis, run_id: str):
@@ -33,6 +56,10 @@ class PromptLedger:
         self._frontier = run_key(run_id, "rollout", "frontier")
         self._written = run_key(run_id, "rollout", "written")
         self._mark = redis.register_script(_MARK)
+        self._replacements = run_key(run_id, "rollout", "replacements")
+        self._skipped = run_key(run_id, "rollout", "skipped")
+        self._spares = run_key(run_id, "rollout", "spares")
+        self._skip = redis.register_script(_SKIP)
 
     def _step_key(self, step: int) -> str:
         return run_key(self.run_id, "rollout", "step", str(step))
@@ -48,3 +75,25 @@ class PromptLedger:
 
     async def groups_written(self, step: int) -> int:
         return int(await self.redis.scard(self._step_key(step)))
+
+    async def replacements(self) -> dict[int, int]:
+        """slot -> the prompt position it holds, for the slots whose prompt was replaced."""
+        return {int(k): int(v) for k, v in (await self.redis.hgetall(self._replacements)).items()}
+
+    async def skip(self, slot: int, position: int, reason: str, first_spare: int) -> int:
+        """Drop the group of `slot` (prompt `position`, dropped because of `reason`) and return the spare
+        prompt position the slot holds from now on."""
+        return int(await self._skip(keys=[self._replacements, self._skipped, self._spares],
+                                    args=[slot, position, reason[:500], first_spare]))
+
+
+def skipped_prompts(client: redis.Redis, run_id: str) -> dict[int, str]:
+    """prompt position -> why its group was dropped (`rollout.reward_fallback: skip_group`), for any process."""
+    return {int(k): v for k, v in client.hgetall(run_key(run_id, "rollout", "skipped")).items()}
+
+
+def resume_ledger_at(client: redis.Redis, run_id: str, first_slot: int) -> None:
+    """A run resumed from a checkpoint on a new Redis (`sluice run --resume` with a private one): the slots of
+    the steps the checkpoint covers count as written, so the rollout starts at the checkpoint's step. Does
+    nothing to a ledger that exists."""
+    client.set(run_key(run_id, "rollout", "frontier"), first_slot, nx=True)

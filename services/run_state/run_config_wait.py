@@ -12,12 +12,17 @@ log = logging.getLogger(__name__)
 
 
 def wait_for_run(dcs: DCSClient, run_id: str, stop=None, poll_s: float = 1.0) -> RunConfig | None:
-    """The run's config once it exists (None if `stop` is set first). Connection errors are retried:
-    the coordinator may come up after this service."""
+    """The run's config once it exists (None if `stop` is set first, or if the run already failed or was
+    stopped: there is nothing to work for). Connection errors are retried: the coordinator may come up
+    after this service."""
     announced = False
     while stop is None or not stop.is_set():
         try:
-            return dcs.run(run_id).config
+            run = dcs.run(run_id)
+            if run.status in ("failed", "stopped"):
+                log.info("the run has ended; nothing to do", extra={"run_id": run_id, "status": run.status})
+                return None
+            return run.config
         except DCSError as exc:
             if exc.status != 404:
                 raise

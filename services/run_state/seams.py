@@ -79,6 +79,10 @@ class Ledger(Protocol):
 
     async def groups_written(self, step: int) -> int: ...
 
+    async def replacements(self) -> dict[int, int]: ...
+
+    async def skip(self, slot: int, position: int, reason: str, first_spare: int) -> int: ...
+
 
 class WeightSender(Protocol):
     """The trainer's end of the weight broadcast (services/dcs/sync/publisher.py: WeightPublisher)."""

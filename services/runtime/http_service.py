@@ -7,6 +7,8 @@ import contextlib
 
 import uvicorn
 
+from services.runtime.tls import TLSSettings
+
 
 class _Server(uvicorn.Server):
     def capture_signals(self):
@@ -14,9 +16,12 @@ class _Server(uvicorn.Server):
         return contextlib.nullcontext()
 
 
-async def serve_http(app, host: str, port: int, stop: asyncio.Event) -> None:
-    """Returns once `stop` is set (or the server exits) and in-flight requests have finished."""
-    server = _Server(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off"))
+async def serve_http(app, host: str, port: int, stop: asyncio.Event, tls: TLSSettings | None = None) -> None:
+    """Returns once `stop` is set (or the server exits) and in-flight requests have finished. HTTPS when `tls`
+    names a certificate (services/runtime/tls.py)."""
+    options = tls.uvicorn_options() if tls is not None else {}
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off",
+                                    **options))
     serving = asyncio.create_task(server.serve())
     stopping = asyncio.create_task(stop.wait())
     try:

@@ -1,6 +1,7 @@
 """What every role service (rollout, forward, advantage, trainer) shares around its step loop:
-the connection settings, an HTTP endpoint with /healthz, /readyz, /status and /metrics, and the
-bridge from SIGTERM to the loop's stop flag. The loop itself lives in the role's package."""
+the connection settings, an HTTP endpoint with /healthz, /readyz, /status and /metrics, the preflight
+of what it reads of the run, the bridge from SIGTERM and from the run's end (failed, stopped) to the
+loop's stop flag, and the report of its own fatal error. The loop itself lives in the role's package."""
 
 from __future__ import annotations
 
@@ -11,27 +12,44 @@ from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from pydantic import Field
-from pydantic_settings import BaseSettings
+from pydantic import Field, model_validator
 
+from services.run_contract.preflight import check_run, describe
+from services.run_contract.run_name import run_name_from_file
+from services.runtime.auth_token import AuthTokenSettings
+from services.runtime.tls import TLSSettings
+from services.runtime.http_auth import require_bearer_token
 from services.runtime.http_service import serve_http
 from services.runtime.metrics import observability_router
+from services.runtime.run_watch import RunWatch, failure_message
 
 log = logging.getLogger(__name__)
 
 
-class RoleSettings(BaseSettings):
+class RoleSettings(AuthTokenSettings, TLSSettings):
     """Connection settings of a role service; the run's own configuration comes from the coordinator."""
 
     run_id: str = Field("default", description="the run (created on the coordinator) this service works for")
     dcs_url: str = Field("http://127.0.0.1:7300", description="coordinator base URL")
     tq_controller: str = Field("127.0.0.1:7400", description="TransferQueue controller host:port")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis for run state (ledger, progress)")
-    auth_token: str = Field("", description="bearer token for the coordinator and TransferQueue")
     host: str = Field("0.0.0.0", description="address of the health/status/metrics endpoint")
     port: int = Field(0, ge=0, le=65535, description="port of /healthz /readyz /status /metrics; 0 = any free port")
+    metrics_port: int = Field(0, ge=0, le=65535, description="a second port serving only /metrics, without the "
+                              "token (for Prometheus scrapes inside the cluster); 0 = off")
     advertise_host: str = Field("127.0.0.1", description="address other nodes reach this one at")
     log_level: str = Field("info", description="debug|info|warning|error")
+    run_file: str = Field("", description="a run YAML (what `sluice submit` posts); its `name` is the run id, "
+                                          "so a deployment takes both from one file; empty = --run-id")
+
+    @model_validator(mode="after")
+    def _run_id_from_run_file(self) -> "RoleSettings":
+        if self.run_file:
+            name = run_name_from_file(self.run_file)
+            if "run_id" in self.model_fields_set and self.run_id != name:
+                raise ValueError(f"run_id {self.run_id!r} differs from the name {name!r} in run_file {self.run_file}")
+            self.run_id = name
+        return self
 
 
 class RoleStatus:
@@ -61,8 +79,10 @@ class RoleStatus:
             return {"role": self.role, "ready": self.ready, **self.fields}
 
 
-def build_status_app(status: RoleStatus) -> FastAPI:
+def build_status_app(status: RoleStatus, token: str = "") -> FastAPI:
+    """/healthz and /readyz for probes; /status, /metrics, /spans and /openapi.json need the token (if set)."""
     app = FastAPI(title=f"sluice {status.role}", docs_url=None, redoc_url=None)
+    require_bearer_token(app, token, ("/healthz", "/readyz"))
 
     @app.get("/healthz")
     async def healthz():
@@ -80,39 +100,72 @@ def build_status_app(status: RoleStatus) -> FastAPI:
     return app
 
 
+class PreflightFailed(RuntimeError):
+    """The run's config fails this role's preflight checks (services/run_contract/preflight.py)."""
+
+
 async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStatus,
                      loop: Callable[[threading.Event], None] | None = None,
-                     aloop: Callable[[asyncio.Event], Awaitable[None]] | None = None) -> None:
-    """Serve the status endpoint while the step loop runs; SIGTERM sets the loop's stop flag and the
-    loop returns at its next safe point. A loop that raises takes the service down (non-zero exit)."""
-    halt = threading.Event()
-    finished = asyncio.Event()
+                     aloop: Callable[[asyncio.Event], Awaitable[None]] | None = None,
+                     watch_poll_s: float = 1.0) -> None:
+    """Serve the status endpoint; wait for the run and check what this role reads of it (preflight); then
+    run the step loop. SIGTERM, or the run failing or being stopped, sets the loop's stop flag and the loop
+    returns at its next safe point; the process then exits 0 (a finished loop whose run goes on, or whose
+    run finished, keeps answering health until SIGTERM). A loop that raises, or a failed preflight, is
+    reported as the run's failure and takes the service down (non-zero exit)."""
     http_stop = asyncio.Event()
-    http = asyncio.create_task(serve_http(build_status_app(status), config.host, config.port, http_stop))
-
-    async def run_loop() -> None:
-        try:
-            if aloop is not None:
-                await aloop(stop)
-            else:
-                await asyncio.to_thread(loop, halt)
-        finally:
-            finished.set()
-
-    worker = asyncio.create_task(run_loop())
-    waiter = asyncio.create_task(stop.wait())
+    app = build_status_app(status, config.auth_token)
+    http = asyncio.create_task(serve_http(app, config.host, config.port, http_stop, tls=config))
+    watch = RunWatch(config.dcs_url, config.auth_token or None, config.run_id, status.role, watch_poll_s)
     try:
-        await asyncio.wait([worker, waiter], return_when=asyncio.FIRST_COMPLETED)
+        run = await watch.wait_for_run(stop)
+        if run is None or watch.ended:
+            status.update(state=watch.status or "stopped")
+            log.info("not starting: the run ended before this role started", extra={"status": watch.status})
+            return
+        problems = await asyncio.to_thread(check_run, run.config, status.role)
+        if problems:
+            message = f"preflight: {describe(problems)}"
+            status.update(state="failed", error=message)
+            await watch.report_failure(message, config.advertise_host, config.port)
+            raise PreflightFailed(message)
+        await _run_loop(config, stop, status, watch, loop, aloop)
+    finally:
+        await watch.close()
+        http_stop.set()
+        await asyncio.gather(http, return_exceptions=True)
+
+
+async def _run_loop(config: RoleSettings, stop: asyncio.Event, status: RoleStatus, watch: RunWatch,
+                    loop: Callable[[threading.Event], None] | None,
+                    aloop: Callable[[asyncio.Event], Awaitable[None]] | None) -> None:
+    """The step loop until it returns, halted by SIGTERM or the run ending; its error reported."""
+    halt = threading.Event()  # a thread loop's stop flag
+    loop_stop = asyncio.Event()  # an asyncio loop's
+    worker = asyncio.create_task(aloop(loop_stop) if aloop is not None else asyncio.to_thread(loop, halt))
+    waiter = asyncio.create_task(stop.wait())
+    follower = asyncio.create_task(watch.until_ended())
+    try:
+        await asyncio.wait([worker, waiter, follower], return_when=asyncio.FIRST_COMPLETED)
         if not worker.done():
             log.info("stopping at the next safe point")
             halt.set()
-        await worker  # re-raises the loop's error
+            loop_stop.set()
+        try:
+            await worker  # re-raises the loop's error
+        except Exception as exc:
+            message = failure_message(exc)
+            status.update(state="failed", error=message)
+            await watch.report_failure(message, config.advertise_host, config.port)
+            raise
         status.update(state="finished")
         log.info("step loop finished")
-        if not stop.is_set():  # done with the run: keep answering health until told to stop
-            await stop.wait()
+        if not stop.is_set() and not watch.ended:  # done with the run: keep answering health until told to stop
+            await asyncio.wait([waiter, follower], return_when=asyncio.FIRST_COMPLETED)
+        if watch.ended:
+            status.update(state=watch.status)
     finally:
         halt.set()
+        loop_stop.set()
         waiter.cancel()
-        http_stop.set()
-        await asyncio.gather(http, return_exceptions=True)
+        follower.cancel()

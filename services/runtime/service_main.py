@@ -4,10 +4,12 @@ service's async `serve(config, stop)` until SIGTERM/SIGINT sets `stop`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Awaitable, Callable, Sequence, TypeVar
 
 from pydantic_settings import BaseSettings
 
+from services.model.loading import ModelDirError
 from services.runtime.logs import configure_logging
 from services.runtime.metrics import serve_metrics
 from services.runtime.settings_cli import parse_settings
@@ -29,8 +31,12 @@ def run_service(model: type[C], command: str, serve: Callable[[C, asyncio.Event]
     async def run() -> None:
         await serve(config, shutdown_event())
 
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(run())
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(run())
+    except ModelDirError as exc:  # names the directory and the missing or bad file: a traceback adds nothing
+        logging.getLogger(command).error(str(exc))
+        return 2
     return 0
 
 

@@ -30,11 +30,13 @@ def _flag_type(annotation: object):
 
 
 def build_parser(model: type[S], prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    # no abbreviations: `--auth-token SECRET` must fail, not be taken for --auth-token-file
+    parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
     prefix = model.model_config.get("env_prefix", "")
     for name, field in model.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        env = (prefix + name).upper()
+        alias = field.validation_alias  # a field with an alias is read from that env var, without the prefix
+        env = alias.upper() if isinstance(alias, str) else (prefix + name).upper()
         default = field.default if field.default_factory is None else field.default_factory()
         help_text = f"{field.description or ''} [env {env}; default {default!r}]"
         kind = _flag_type(field.annotation)

@@ -19,6 +19,8 @@ from typing import Literal, Sequence
 import aiohttp
 import httpx
 
+from services.runtime.tls import client_ssl_context
+
 PauseMode = Literal["abort", "in_place", "retract"]
 
 
@@ -54,7 +56,9 @@ class SGLangClient:
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._headers = headers
         self._timeout_s = timeout_s
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        # https: the server is verified (services/runtime/tls.py); True = the libraries' defaults for http
+        self._ssl = client_ssl_context() if self.base_url.startswith("https://") else True
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers, verify=self._ssl)
         # generation is async, many requests in flight: aiohttp, whose per-request CPU cost is a fraction of
         # httpx's async pool (docs/performance.md); the blocking control calls use httpx
         self._session: aiohttp.ClientSession | None = None
@@ -102,7 +106,7 @@ class SGLangClient:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 base_url=self.base_url + "/", headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=0))  # the rollout bounds its own concurrency
+                connector=aiohttp.TCPConnector(limit=0, ssl=self._ssl))  # the rollout bounds its own concurrency
         timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout_s, sock_read=read_timeout_s)
         try:
             async with self._session.request(method, endpoint.lstrip("/"), json=body, params=params,

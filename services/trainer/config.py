@@ -16,6 +16,10 @@ class TrainerConfig(RoleSettings):
     role: str = Field("actor", pattern="^(actor|critic)$", description="actor or critic")
     port: int = Field(7530, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
     checkpoint_dir: str = Field("", description="where checkpoints go and are resumed from; empty = none")
+    output_dir: str = Field("runs", description=(
+        "the run's files go to <output_dir>/<run_id>: steps.jsonl, completions.jsonl and the tracking backends' "
+        "files (tensorboard/, wandb/, mlflow/; the run's tracking.report_to), the input of `sluice report`; "
+        "empty = none (actor rank 0 only)"))
     device: str = Field("cpu", description="cpu or cuda[:N]")
     master_address: str = Field("127.0.0.1", description="address receivers reach this trainer's broadcast group at")
     bucket_mb: int = Field(64, ge=1, description="weight-sync bucket size (MiB)")

@@ -92,8 +92,9 @@ class CriticTrainer:
                         self.gauges["value_clip_fraction"].set(means.get("value_clip_fraction", 0.0))
                         self.gauges["grad_norm"].set(m.grad_norm)
                         self.gauges["step"].set(step)
-                    if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
-                        save_checkpoint(c.checkpoint_dir, "critic", critic, optimizer, None, step + 1, 0)
+                    if c.checkpoint_dir and run.checkpoint.interval and (step + 1) % run.checkpoint.interval == 0:
+                        save_checkpoint(c.checkpoint_dir, "critic", critic, optimizer, run.model, step + 1, 0,
+                                        keep=run.checkpoint.keep_last)
                     membership.progress(step=step)
                 step += 1
         finally:

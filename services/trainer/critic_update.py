@@ -8,6 +8,7 @@ import torch
 
 from services.algorithms.policy_loss import value_loss
 from services.run_contract.run_config import RunConfig
+from services.model.loading import check_model_dir
 from services.model.response_batch import ResponseBatch
 from services.trainer.actor_update import StepMetrics, micro_batches, pad
 from services.transferqueue.codec import Batch
@@ -19,6 +20,7 @@ CRITIC_TRAIN_FIELDS = ["tokens", "prompt_length", "response_length", "loss_mask"
 def load_critic(directory: str, dtype=torch.float32):
     from transformers import AutoModelForTokenClassification
 
+    check_model_dir(directory, tokenizer=False)  # a clear error naming the directory and the missing file
     return AutoModelForTokenClassification.from_pretrained(directory, num_labels=1, dtype=dtype,
                                                            local_files_only=True)
 

@@ -33,6 +33,7 @@ class WeightVersions:
         self._last_lag_check = self._published_at = time.monotonic()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
         self._pending: Future | None = None
+        self.last_publish_s = 0.0  # how long the last publish's sync took (tracked with its step)
 
     def receiver_roles(self, version: int) -> list[str]:
         roles = ["engine"]
@@ -57,6 +58,7 @@ class WeightVersions:
             try:
                 result = self.sender.publish(self._weights(), version)
                 self._published_at = time.monotonic()
+                self.last_publish_s = result.seconds.get("total", 0.0)
                 log.info("weights published", extra={"version": version, "seconds": result.seconds})
                 return version
             except SyncFailed as exc:
@@ -75,6 +77,11 @@ class WeightVersions:
             then(published)
 
         self._pending = self._worker.submit(publish_then)
+
+    @property
+    def pending(self) -> Future | None:
+        """The publish (and the step's record after it) in flight, if any."""
+        return self._pending
 
     def settle(self) -> None:
         """Wait for the publish in flight, if any; its failure is raised here."""

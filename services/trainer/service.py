@@ -49,6 +49,7 @@ from services.trainer.data_parallel import DataParallel
 from services.trainer.critic_service import CriticTrainer
 from services.trainer.publishing import WeightVersions
 from services.trainer.tasks import ACTOR_TASK, claim_global_batch, expected_tasks
+from services.trainer.tracking_hook import NO_TRACKING, open_training_tracker, sample_stats
 
 log = logging.getLogger(__name__)
 ACTOR_GAUGES = {
@@ -81,6 +82,9 @@ class ActorTrainer:
         self.staleness = _staleness_histogram()
         self._clearer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="partition-clear")
         self._clearing: Future | None = None
+        self.tracking = NO_TRACKING  # rank 0's experiment tracking (services/trainer/tracking_hook.py)
+        self.checkpointed = 0  # next_step of the newest checkpoint, or where this process resumed
+        self.halted_mid_step = False  # an unfinished step's optimizer steps moved the weights
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
@@ -106,6 +110,7 @@ class ActorTrainer:
                                          bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
                                          pause_mode=c.pause_mode, run_id=c.run_id)
             self.weights = WeightVersions(sender, self.model, run, self.dcs, c.run_id, c.republish_check_s)
+            self.tracking = open_training_tracker(run, c.output_dir, c.run_id, self.redis, self.dcs)
         self.actor_task = task_name(run.name, ACTOR_TASK)  # the run's own task
         self.tq.register_task(self.actor_task, actor_fields(run), group_size=run.n_samples_per_prompt)
         try:
@@ -117,6 +122,7 @@ class ActorTrainer:
             self._clearer.shutdown(wait=False)  # a clear in flight stops at its next check of halt
             if self.weights is not None:
                 self.weights.close()
+            self.tracking.close()  # after the last publish, whose step it tracks
             if self.membership is not None:
                 self.membership.close()
             self.dp.close()
@@ -125,6 +131,7 @@ class ActorTrainer:
     def lead(self, ckpt, halt: threading.Event) -> None:
         run = self.run
         step, self.version = self.resume(ckpt)
+        self.checkpointed = step
         self.status.running()
         while step < run.num_steps and not halt.is_set():
             self.membership.safe_point(halt)
@@ -134,18 +141,44 @@ class ActorTrainer:
             self.dp.share([1, step, self.version])
             trained = self.train_step(step, halt)
             if trained is None:  # halted mid-step: the rows go back to the queue on restart
-                return
+                break
             ids, metrics = trained
             # published, recorded and checkpointed on a worker thread while the next step's rows are claimed;
             # train_step settles it before the optimizer moves the weights again
             self.weights.publish_later(step, self.version + 1, lambda v, step=step, ids=ids, metrics=metrics:
                                        self.finish(step, v, ids, metrics))
-            self.clear_later(step, halt)
+            self.clear_later(step, halt, recorded=self.weights.pending)
             step += 1
         self.weights.settle()
         self.clear_later(None, halt)  # the last partition is cleared (or its failure raised) before the loop ends
+        self.final_checkpoint(step)
         if not halt.is_set():
             self.dp.share([0, step, self.version])  # the other ranks are done too
+            try:
+                self.dcs.finish_run(self.config.run_id)  # the run's status: finished
+            except DCSError as exc:  # stopped (or failed) meanwhile: it keeps that status
+                log.warning("the run ended before it finished", extra={"error": str(exc)})
+
+    def write_checkpoint(self, next_step: int, version: int) -> None:
+        with span("checkpoint", next_step - 1, version):
+            save_checkpoint(self.config.checkpoint_dir, "actor", self.model, self.optimizer, self.run.model,
+                            next_step, version, keep=self.run.checkpoint.keep_last)
+        self.checkpointed = next_step
+
+    def final_checkpoint(self, next_step: int) -> None:
+        """Stopped (SIGTERM, a stopped run, or the last step done), with every finished step published and
+        recorded: checkpoint the last finished step, so that a restart resumes right after it and loses no step
+        and the trained model can be exported. Not when optimizer steps of the unfinished step already moved the
+        weights (num_iters_per_train_update > 1): those weights are no step's, and a restart resumes from the
+        previous checkpoint as after a crash."""
+        if not (self.config.checkpoint_dir and self.run.checkpoint.on_stop) or next_step == self.checkpointed:
+            return
+        if self.halted_mid_step:
+            log.warning("stopped inside a step whose optimizer steps had begun: no final checkpoint",
+                        extra={"next_step": next_step, "checkpointed": self.checkpointed})
+            return
+        self.write_checkpoint(next_step, self.version)
+        log.info("final checkpoint", extra={"next_step": next_step, "version": self.version})
 
     def finish(self, step: int, version: int, ids: list[str], metrics: dict) -> None:
         """Step N is published as `version`: its audit record and the progress past it, its checkpoint if due,
@@ -153,12 +186,12 @@ class ActorTrainer:
         past the recorded step with the older weights (resume()), and no trained step goes unrecorded."""
         c, run = self.config, self.run
         self.version = version
-        metrics["weight_version"] = version
+        metrics.update(weight_version=version, publish_s=self.weights.last_publish_s)
         finish_step(self.redis, c.run_id, step, ids, metrics, TrainerProgress(next_step=step + 1, version=version))
-        if c.checkpoint_dir and run.checkpoint_interval and (step + 1) % run.checkpoint_interval == 0:
-            with span("checkpoint", step, version):
-                save_checkpoint(c.checkpoint_dir, "actor", self.model, self.optimizer, run.model, step + 1, version)
+        if c.checkpoint_dir and run.checkpoint.interval and (step + 1) % run.checkpoint.interval == 0:
+            self.write_checkpoint(step + 1, version)
         self.report(step, metrics)
+        self.tracking.step_finished(step, metrics)
 
     def follow(self, halt: threading.Event) -> None:
         """A data-parallel rank other than 0: train each step the leader starts, on its share."""
@@ -189,6 +222,7 @@ class ActorTrainer:
         totals = StepMetrics()
         staleness = collections.Counter()
         rewards: list[float] = []
+        lengths: list[int] = []
         wait_s = compute_s = 0.0
         iteration_metrics = []
         nonce = secrets.randbits(62) if dp.is_leader else 0  # claim keys: the ranks claim the same rows
@@ -197,6 +231,7 @@ class ActorTrainer:
             claimed = self._claim(step, nonce, it, halt)
             wait_s += time.perf_counter() - t0
             if claimed is None:
+                self.halted_mid_step = it > 0
                 if halt.is_set() or not dp.is_leader:
                     return None
                 raise RuntimeError(f"{partition} ran out of rows before {run.rows_per_step} were trained")
@@ -223,6 +258,8 @@ class ActorTrainer:
                 staleness[int(s)] += 1
                 self.staleness.observe(s)
             rewards.extend(info["reward"].tolist())
+            lengths.extend(info["response_length"].tolist())
+            self.tracking.offer_samples(step, batch)
             iteration_metrics.append(m)
             totals.tokens += tokens
             ids.extend(sample_id(int(p), int(k)) for p, k in zip(info["prompt_position"], info["sample_index"]))
@@ -230,7 +267,7 @@ class ActorTrainer:
             return None, None
         means = [m.means() for m in iteration_metrics]
         metrics = {k: sum(x[k] for x in means if k in x) / len(means) for k in means[0] if k not in ("tokens",)}
-        metrics.update(reward_mean=sum(rewards) / len(rewards), tokens=totals.tokens, wait_s=wait_s,
+        metrics.update(**sample_stats(rewards, lengths), tokens=totals.tokens, wait_s=wait_s, compute_s=compute_s,
                        tokens_per_s=totals.tokens / max(compute_s, 1e-9), version_trained=version, dp_size=dp.size,
                        **self._staleness_metrics(step, staleness))
         return ids, metrics
@@ -270,18 +307,21 @@ class ActorTrainer:
 
     # ------------------------------------------------------------------ weights and partitions
 
-    def clear_later(self, step: int | None, halt: threading.Event) -> None:
+    def clear_later(self, step: int | None, halt: threading.Event, recorded: Future | None = None) -> None:
         """Clear train_<step> on a worker thread: the next step need not wait for the slowest task to ack
         the last rows (a clear takes a few round trips, and up to clear_wait_s when a task lags). A failed
-        clear is raised here at the next call; step None waits for the pending clear."""
+        clear is raised here at the next call; step None waits for the pending clear. `recorded`: the step's
+        publish and record in flight, which the clear waits for."""
         if self._clearing is not None:
             self._clearing.result()  # one clear at a time: a lagging task still holds the trainer back
             self._clearing = None
         if step is not None:
-            self._clearing = self._clearer.submit(self.clear, step, halt)
+            self._clearing = self._clearer.submit(self.clear, step, halt, recorded)
 
-    def clear(self, step: int, halt: threading.Event) -> None:
-        """Clear train_<step> once every task of the run has consumed all of it (unless halted first)."""
+    def clear(self, step: int, halt: threading.Event, recorded: Future | None = None) -> None:
+        """Clear train_<step> once every task of the run has consumed all of it and the step is recorded
+        (unless halted first). Not before the record: a trainer killed between the two would restart at
+        this step and find its rows gone."""
         partition = partition_name(self.run.name, step)
         deadline = time.monotonic() + self.config.clear_wait_s
         tasks = expected_tasks(self.run)
@@ -296,6 +336,11 @@ class ActorTrainer:
                 raise RuntimeError(f"{partition} not consumed by every task in time: {consumed} of {info.rows}")
             if halt.wait(0.05):
                 return
+        while recorded is not None and not recorded.done():
+            if halt.wait(0.05):
+                return
+        if recorded is not None and recorded.exception() is not None:
+            return  # not recorded (settle raises it): the rows stay for the step's retry or a restart
         self.tq.clear_partition(partition)
 
     # ------------------------------------------------------------------ restart
@@ -321,8 +366,10 @@ class ActorTrainer:
             log.warning("steps after the checkpoint were lost with the process that trained them",
                         extra={"from": step, "to": progress.next_step})
             step = progress.next_step
-        for covered in range(progress.next_step, step):
-            if self.steps.info(covered) is not None:
+        # steps the checkpoint covers, and the last finished one: its clear waits for its record, so a trainer
+        # stopped between the two left its rows (all consumed) behind
+        for covered in range(min(progress.next_step, step - 1, step), step):
+            if covered >= 0 and self.steps.info(covered) is not None:
                 self.clear(covered, threading.Event())
         latest = self.latest_published()
         if latest > version:

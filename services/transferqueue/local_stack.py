@@ -8,6 +8,7 @@ import tempfile
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.runtime.auth_token import token_env
 from services.runtime.processes import ChildProcess, StopsOnExit, free_port, sluice_argv, start_redis
 
 
@@ -45,15 +46,15 @@ class LocalTransferQueue(StopsOnExit):
             self.stop()
             raise
 
-    def _auth(self) -> list[str]:
-        return ["--auth-token", self.token] if self.token else []
+    def _env(self) -> dict[str, str]:
+        return token_env(self.token)  # the environment, not argv: argv is in every user's process list
 
     def start_controller(self) -> ChildProcess:
         self.controller = ChildProcess(
             "tq-controller",
             sluice_argv("tq-controller", "--host", "127.0.0.1", "--port", str(self.controller_port),
-                        "--redis-url", self.redis_url, *self._auth(), *self.controller_args),
-            os.path.join(self.log_dir, "controller.log"))
+                        "--redis-url", self.redis_url, *self.controller_args),
+            os.path.join(self.log_dir, "controller.log"), env=self._env())
         self.controller.wait_until(lambda: grpc_serving(self.controller_address), 30)
         return self.controller
 
@@ -63,9 +64,9 @@ class LocalTransferQueue(StopsOnExit):
         proc = ChildProcess(
             f"tq-shard {shard_id}",
             sluice_argv("tq-shard", "--host", "127.0.0.1", "--port", str(port), "--advertise-host", "127.0.0.1",
-                        "--shard-id", shard_id, "--controller", self.controller_address, *self._auth(),
+                        "--shard-id", shard_id, "--controller", self.controller_address,
                         *self.shard_args),
-            os.path.join(self.log_dir, f"{shard_id}.log"))
+            os.path.join(self.log_dir, f"{shard_id}.log"), env=self._env())
         proc.wait_until(lambda: grpc_serving(address), 30)
         self.shards.append(proc)
         self.shard_addresses.append(address)

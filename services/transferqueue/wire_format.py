@@ -7,6 +7,8 @@ large_string; bfloat16 travels as uint16 bits. See proto/sluice/transferqueue/v1
 
 from __future__ import annotations
 
+import struct
+
 import grpc
 import numpy as np
 import pyarrow as pa
@@ -47,6 +49,106 @@ def from_ipc(data) -> pa.Table:
         return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     except (pa.ArrowInvalid, pa.ArrowException, ValueError, OSError) as exc:
         raise _invalid(f"malformed Arrow IPC stream: {exc}") from None
+
+
+def _check_buffers(array: pa.Array, low: int, high: int, column: str) -> None:
+    """Every buffer must lie inside the received bytes: Arrow read from a buffer wraps it, so a buffer
+    elsewhere means the sender compressed the body (decompressed sizes are the sender's word)."""
+    for buf in array.buffers():
+        if buf is not None and buf.size and not (low <= buf.address and buf.address + buf.size <= high):
+            raise _invalid(f"column {column}: compressed or out-of-band Arrow buffers are not accepted")
+
+
+def _check_no_nulls(array: pa.Array, column: str) -> None:
+    while True:
+        if array.null_count:
+            raise _invalid(f"column {column} has nulls; Sluice columns never do")
+        if isinstance(array, pa.ExtensionArray):
+            array = array.storage
+        elif isinstance(array, (pa.FixedSizeListArray, pa.LargeListArray)):
+            array = array.values
+        else:
+            return
+
+
+def check_tensor_type(column: str, typ: pa.DataType, max_row_elements: int, max_rank: int) -> None:
+    shape = list(typ.shape)
+    if not 1 <= len(shape) <= max_rank or any(d < 1 for d in shape):
+        raise _invalid(f"column {column}: tensor shape {shape} needs 1-{max_rank} positive dims")
+    width = int(np.prod(shape, dtype=object))
+    if width > max_row_elements:
+        raise _invalid(f"column {column}: tensor shape {shape} has more than {max_row_elements} elements per row")
+    if typ.storage_type.list_size != width:
+        raise _invalid(f"column {column}: tensor storage holds {typ.storage_type.list_size} values per row, "
+                       f"shape {shape} needs {width}")
+    if typ.permutation is not None and list(typ.permutation) != list(range(len(shape))):
+        raise _invalid(f"column {column}: permuted tensors are not accepted")
+
+
+def _flatbuffer_field(buf: bytes, table: int, index: int) -> int | None:
+    """Position of field `index` of the flatbuffer table at `table`; None when the field is absent."""
+    vtable = table - struct.unpack_from("<i", buf, table)[0]
+    slot = 4 + 2 * index
+    if slot + 2 > struct.unpack_from("<H", buf, vtable)[0]:
+        return None
+    offset = struct.unpack_from("<H", buf, vtable + slot)[0]
+    return table + offset if offset else None
+
+
+def _body_compressed(metadata: bytes) -> bool:
+    """Whether an IPC message (Arrow's Message.fbs) is a record/dictionary batch with a `compression`
+    field: read from the metadata alone, so a compressed body is refused before it is inflated."""
+    root = struct.unpack_from("<I", metadata, 0)[0]
+    kind_at = _flatbuffer_field(metadata, root, 1)  # Message.header_type: 2 dictionary, 3 record batch
+    kind = metadata[kind_at] if kind_at is not None else 0
+    if kind not in (2, 3):
+        return False
+    at = _flatbuffer_field(metadata, root, 2)
+    table = at + struct.unpack_from("<I", metadata, at)[0]
+    if kind == 2:  # DictionaryBatch.data is the RecordBatch
+        at = _flatbuffer_field(metadata, table, 1)
+        table = at + struct.unpack_from("<I", metadata, at)[0]
+    return _flatbuffer_field(metadata, table, 3) is not None  # RecordBatch.compression
+
+
+def _refuse_compression(buffer: pa.Buffer) -> None:
+    try:
+        for message in pa.ipc.MessageReader.open_stream(buffer):
+            if _body_compressed(message.metadata.to_pybytes()):
+                raise _invalid("compressed Arrow IPC bodies are not accepted "
+                               "(their inflated size is the sender's word)")
+    except (pa.ArrowException, ValueError, OSError, struct.error, IndexError, TypeError) as exc:
+        raise _invalid(f"malformed Arrow IPC stream: {exc}") from None
+
+
+def from_untrusted_ipc(data, max_row_elements: int, max_rank: int = 8) -> pa.Table:
+    """Parse and fully validate an Arrow IPC stream from outside (a shard's put) before anything keeps it:
+    `validate(full=True)` on every record batch (offsets within their values, lengths consistent),
+    the wire schema, tensor shapes, no nulls, no compressed bodies (refused from the message metadata,
+    before anything is inflated), and every buffer inside the received bytes."""
+    buffer = pa.py_buffer(data)
+    low, high = buffer.address, buffer.address + buffer.size
+    _refuse_compression(buffer)
+    try:
+        reader = pa.ipc.open_stream(buffer)
+        check_wire_schema(reader.schema)
+        batches = []
+        for batch in reader:
+            batch.validate(full=True)
+            batches.append(batch)
+        table = pa.Table.from_batches(batches, schema=reader.schema)
+    except (pa.ArrowInvalid, pa.ArrowException, ValueError, OSError, TypeError) as exc:
+        raise _invalid(f"malformed Arrow IPC stream: {exc}") from None
+    if len(set(table.schema.names)) != len(table.schema.names):
+        raise _invalid("Arrow data names a column twice")
+    for arrow_field in table.schema:
+        if isinstance(arrow_field.type, pa.FixedShapeTensorType):
+            check_tensor_type(arrow_field.name, arrow_field.type, max_row_elements, max_rank)
+    for batch in batches:
+        for arrow_field, array in zip(batch.schema, batch.columns):
+            _check_no_nulls(array, arrow_field.name)
+            _check_buffers(array, low, high, arrow_field.name)
+    return table
 
 
 def check_wire_schema(schema: pa.Schema) -> None:

@@ -4,8 +4,8 @@ processes. Each keeps the semantics its role relies on (see each module)."""
 
 from tests.fakes.data_plane import AsyncInMemoryDataPlane, InMemoryDataPlane
 from tests.fakes.engines import FakeEngines
-from tests.fakes.run_state import FakeMembership, InMemoryLedger, InMemoryRedis, ProgressBox
+from tests.fakes.run_state import FakeMembership, InMemoryEvaluations, InMemoryLedger, InMemoryRedis, ProgressBox
 from tests.fakes.weights import InMemoryCoordinator
 
 __all__ = ["AsyncInMemoryDataPlane", "FakeEngines", "FakeMembership", "InMemoryCoordinator", "InMemoryDataPlane",
-           "InMemoryLedger", "InMemoryRedis", "ProgressBox"]
+           "InMemoryEvaluations", "InMemoryLedger", "InMemoryRedis", "ProgressBox"]

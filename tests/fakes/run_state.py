@@ -41,13 +41,16 @@ class FakeMembership:
 
 class InMemoryLedger:
     """The prompt ledger's semantics (services/run_state/prompt_ledger.py): positions below `frontier` are
-    written, positions at or above it iff in `written`; a repeated mark is not counted again."""
+    written, positions at or above it iff in `written`; a repeated mark is not counted again; a skipped group's
+slot holds the next spare prompt position."""
 
     def __init__(self, frontier: int = 0, written=(), steps: dict[int, set[int]] | None = None):
         self.frontier = frontier
         self.written = set(written)
         self.steps: dict[int, set[int]] = {k: set(v) for k, v in (steps or {}).items()}
         self.marks: list[int] = []  # every mark_written call, in order
+        self.replaced: dict[int, int] = {}  # slot -> the spare prompt position it holds
+        self.skipped: dict[int, str] = {}   # prompt position -> why its group was dropped
 
     async def load(self) -> tuple[int, set[int]]:
         return self.frontier, set(self.written)
@@ -65,6 +68,35 @@ class InMemoryLedger:
     async def groups_written(self, step: int) -> int:
         return len(self.steps.get(step, ()))
 
+    async def replacements(self) -> dict[int, int]:
+        return dict(self.replaced)
+
+    async def skip(self, slot: int, position: int, reason: str, first_spare: int) -> int:
+        """The slot's group is dropped; it holds the next spare prompt position from now on."""
+        if self.replaced.get(slot, slot) != position:  # a repeat: nothing more is allocated
+            return self.replaced[slot]
+        self.replaced[slot] = first_spare + len(self.skipped)
+        self.skipped[position] = reason
+        return self.replaced[slot]
+
+
+class InMemoryEvaluations:
+    """The rollout's eval results (services/rollout/evaluation.py: Evaluations); `fail_next` makes the next
+    record raise, as a Redis outage would."""
+
+    def __init__(self):
+        self.recorded: dict[int, object] = {}
+        self.fail_next = 0
+
+    async def record(self, evaluation) -> None:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise ConnectionError("redis went away")
+        self.recorded[evaluation.version] = evaluation
+
+    async def all(self) -> list:
+        return [self.recorded[v] for v in sorted(self.recorded)]
+
 
 class ProgressBox:
     """The trainer's progress as a test sets it (the role reads it through `read` or `aread`)."""
@@ -80,7 +112,8 @@ class ProgressBox:
 
 
 class InMemoryRedis:
-    """get / set / hset / hgetall and a transaction pipeline of them: what the trainer's progress record needs."""
+    """get / set / hset / hgetall / hvals and a transaction pipeline of them: what the trainer's progress record
+    and its tracking (the latest evaluation) need."""
 
     def __init__(self):
         self.strings: dict[str, str] = {}
@@ -103,6 +136,9 @@ class InMemoryRedis:
 
     def hgetall(self, key: str) -> dict[str, str]:
         return dict(self.hashes.get(key, {}))
+
+    def hvals(self, key: str) -> list[str]:
+        return list(self.hashes.get(key, {}).values())
 
     def pipeline(self, transaction: bool = True) -> "_Pipeline":
         return _Pipeline(self)

@@ -29,6 +29,7 @@ class InMemoryCoordinator:
         self.cursors: dict[str, int] = {}
         self.publishers: list[FakeWeightPublisher] = []
         self.receivers: list[FakeWeightReceiver] = []
+        self.finished: list[str] = []  # the runs the trainer said it finished
         self._changed = threading.Condition()
 
     # ------------------------------------------------------------ what roles call on their `dcs`
@@ -44,6 +45,9 @@ class InMemoryCoordinator:
 
     def topology(self) -> SimpleNamespace:
         return SimpleNamespace(roles={})  # no engine registered: none lags behind the published weights
+
+    def finish_run(self, run_id: str) -> None:
+        self.finished.append(run_id)
 
     def close(self) -> None:
         pass

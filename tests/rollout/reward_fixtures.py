@@ -20,6 +20,11 @@ async def prompt_length(response, fields, prompt):
     return len(prompt) / 100
 
 
+async def slow_async(response, fields, prompt):
+    await asyncio.sleep(60)
+    return 1.0
+
+
 def wrong_type(response, fields, prompt):
     return "high"
 

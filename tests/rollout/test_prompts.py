@@ -172,7 +172,7 @@ def test_demo_arith_is_deterministic_and_labelled():
 
 def test_demo_letters_is_deterministic():
     a, b = open_prompt_source("demo:letters"), open_prompt_source("demo:letters")
-    generate, reward = DEMO_TASKS["letters"]
+    generate, reward = DEMO_TASKS["letters"].generate, DEMO_TASKS["letters"].reward
     assert reward == "letters"
     for p in (0, 7, 100_007):
         record = a.record(p)
@@ -180,3 +180,16 @@ def test_demo_letters_is_deterministic():
         letters = record.fields["letters"]
         assert 5 <= len(letters) <= 8 and letters.isalpha() and letters.islower()
         assert ", ".join(letters) in record.prompt
+
+
+def test_demo_reverse_held_out_prompts_never_appear_in_training():
+    from services.rollout.prompts import open_eval_source
+
+    train, held_out = open_prompt_source("demo:reverse"), open_eval_source("demo:reverse")
+    assert DEMO_TASKS["reverse"].reward == "exact_match"
+    trained = {train.record(p).prompt for p in range(20_000)}
+    evaluated = [held_out.record(p) for p in range(200)]
+    assert not trained & {r.prompt for r in evaluated}
+    for r in evaluated[:20]:  # the label is the prompt's letters reversed
+        letters = r.prompt.removeprefix("Reverse: ").split()
+        assert r.fields["label"] == " ".join(reversed(letters)) and 3 <= len(letters) <= 5

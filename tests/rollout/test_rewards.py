@@ -162,8 +162,16 @@ async def test_imported_function_errors_name_the_function():
         await score(f"{FIXTURES}:wrong_type", row("1"), "x")
     with pytest.raises(RewardError, match="not_finite returned nan, expected a finite number"):
         await score(f"{FIXTURES}:not_finite", row("1"), "x")
-    with pytest.raises(RewardError, match="reward_fixtures:raises raised KeyError: 'answer'"):
+    with pytest.raises(RewardError, match="reward_fixtures:raises raised KeyError: 'answer'") as raised:
         await score(f"{FIXTURES}:raises", row("1"), "x")
+    assert raised.value.kind == "exception"
+
+
+async def test_an_imported_function_past_its_time_limit_is_a_timeout():
+    with pytest.raises(RewardError, match="slow_async gave no answer within 0.05s") as raised:
+        await score(f"{FIXTURES}:slow_async", row("1"), "x", timeout_s=0.05)
+    assert raised.value.kind == "timeout"
+    assert await score(f"{FIXTURES}:prompt_length", row(prompt="x" * 25), "", timeout_s=5) == 0.25  # in time
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -218,15 +226,17 @@ async def test_remote_reward_retries_5xx_then_succeeds(reward_server):
 
 
 async def test_remote_reward_gives_up_after_the_retries(reward_server):
-    with pytest.raises(RewardError, match=r"failed 3 time\(s\); last: HTTP 503: .*overloaded \(3\)"):
+    with pytest.raises(RewardError, match=r"failed 3 time\(s\); last: HTTP 503: .*overloaded \(3\)") as raised:
         await score(f"{reward_server}/flaky?fail=100", row("42", key="flaky100"), "42", retries=2)
+    assert raised.value.kind == "exception"
     assert requests_seen(reward_server, "flaky100")["counts"] == {"/flaky": 3}
 
 
 async def test_remote_reward_times_out_and_retries(reward_server):
     start = time.monotonic()
-    with pytest.raises(RewardError, match=r"failed 2 time\(s\); last: no answer within 0.3s"):
+    with pytest.raises(RewardError, match=r"failed 2 time\(s\); last: no answer within 0.3s") as raised:
         await score(f"{reward_server}/slow?sleep_s=3", row("42", key="slow"), "42", timeout_s=0.3, retries=1)
+    assert raised.value.kind == "timeout"
     assert time.monotonic() - start < 2.0
     assert requests_seen(reward_server, "slow")["counts"] == {"/slow": 2}
     # within the timeout it is an ordinary answer

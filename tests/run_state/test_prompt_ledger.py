@@ -1,9 +1,10 @@
 import asyncio
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
-from services.run_state.prompt_ledger import PromptLedger
+from services.run_state.prompt_ledger import PromptLedger, skipped_prompts
 from services.runtime.processes import start_redis
 
 
@@ -30,3 +31,20 @@ def test_out_of_order_marks_advance_the_frontier_and_count_per_step(redis_url):
         assert await again.load() == (3, set()) and await again.groups_written(1) == 1
         await client.aclose()
     asyncio.run(run())
+
+
+def test_a_skipped_group_gives_its_slot_the_next_spare_prompt_once(redis_url):
+    async def run():
+        client = aioredis.from_url(redis_url, decode_responses=True)
+        ledger = PromptLedger(client, "skip-test")
+        assert await ledger.replacements() == {}
+        assert await ledger.skip(3, 3, "KeyError: 'answer'", first_spare=8) == 8
+        assert await ledger.skip(3, 3, "again", first_spare=8) == 8  # a repeat allocates nothing
+        assert await ledger.skip(3, 8, "ValueError", first_spare=8) == 9  # the spare failed too
+        assert await ledger.skip(5, 5, "x" * 2000, first_spare=8) == 10
+        assert await PromptLedger(client, "skip-test").replacements() == {3: 9, 5: 10}
+        await client.aclose()
+    asyncio.run(run())
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        skipped = skipped_prompts(client, "skip-test")
+    assert sorted(skipped) == [3, 5, 8] and skipped[3] == "KeyError: 'answer'" and len(skipped[5]) == 500

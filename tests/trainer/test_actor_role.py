@@ -96,6 +96,7 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
         assert plane.acked_rows(partition_name("r", step), "r/" + ACTOR_TASK) == [0, 1, 2, 3]
     assert plane.cleared == ["r/train_0", "r/train_1"] and not plane.leases
     assert read_progress(redis, RUN_ID) == TrainerProgress(next_step=2, version=2)
+    assert coordinator.finished == [RUN_ID]  # the run's status becomes finished after its last step
     record = trained_steps(redis, RUN_ID)
     assert sorted(record) == [0, 1]
     assert record[1]["samples"] == ["2:0", "2:1", "3:0", "3:1"]

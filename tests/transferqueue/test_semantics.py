@@ -350,8 +350,13 @@ def test_malformed_input_is_invalid_argument(tq_stack, tq, uniq):
     p = uniq("p")
     tq.create_partition(p)
     shard = ShardClient(tq_stack.shard_addresses[0])
+    # a genuine reservation, so the shard gets as far as the bytes
+    from services.transferqueue.client.controller_client import ControllerClient
+
+    reservation = ControllerClient(tq_stack.controller_address).prepare_put(
+        p, [pb.FieldSchema(name="x", dtype="int64", kind=pb.SCALAR)], new_rows=1).reservation
     with pytest.raises(TQError) as err:
-        shard.put(p, [0], b"\x00not arrow at all" * 10)
+        shard.put(p, [0], b"\x00not arrow at all" * 10, reservation=reservation)
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     # valid Arrow, but a type no Sluice column has
     table = pa.table({"x": pa.array([{"a": 1}])})
@@ -359,7 +364,7 @@ def test_malformed_input_is_invalid_argument(tq_stack, tq, uniq):
     with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)
     with pytest.raises(TQError) as err:
-        shard.put(p, [0], sink.getvalue())
+        shard.put(p, [0], sink.getvalue(), reservation=reservation)
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     # undecodable protobuf, to both servers
     for address, method in ((tq_stack.controller_address, "/sluice.transferqueue.v1.Controller/Claim"),

@@ -59,6 +59,14 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def node_url(node) -> str | None:
+    """A node's base URL (an engine's, a role's status server): its 'https' port (TLS) if it registered one, else its 'http' port."""
+    for scheme in ("https", "http"):
+        if (port := node.ports.get(scheme)) is not None:
+            return f"{scheme}://{node.host}:{port}"
+    return None
+
+
 class WeightPublisher:
     def __init__(self, dcs: DCSClient, node_id: str, master_address: str, bucket_bytes: int = 64 << 20,
                  timeout_s: float = 60.0, receiver_roles: Iterable[str] = ("engine", "actor_fwd", "reference"),
@@ -190,10 +198,10 @@ class WeightPublisher:
         are its own trainer's). Returns how many answered."""
         resumed = 0
         for node in self.dcs.topology().roles.get(self.engine_role, []):
-            port = node.ports.get("http")
-            if not node.alive or port is None or node.run_id != self.run_id:
+            url = node_url(node)
+            if not node.alive or url is None or node.run_id != self.run_id:
                 continue
-            engine = SGLangClient(f"http://{node.host}:{port}", timeout_s=self.timeout_s)
+            engine = self._engine_client(url)
             try:
                 engine.continue_generation()
                 resumed += 1
@@ -203,15 +211,18 @@ class WeightPublisher:
                 engine.close()
         return resumed
 
+    def _engine_client(self, url: str) -> SGLangClient:
+        """An engine's client, with the stack's one token (the coordinator's)."""
+        return SGLangClient(url, timeout_s=self.timeout_s, api_key=self.dcs.token)
+
     def _connect_engines(self, spec) -> None:
         nodes = {n.node_id: n for ns in self.dcs.topology().roles.values() for n in ns}
         for m in self._current_engines:
             if m.node_id not in self._engines:
-                node = nodes[m.node_id]
-                port = node.ports.get("http")
-                if port is None:
-                    raise RuntimeError(f"engine node {m.node_id} registered no 'http' port")
-                self._engines[m.node_id] = SGLangClient(f"http://{node.host}:{port}", timeout_s=self.timeout_s)
+                url = node_url(nodes[m.node_id])
+                if url is None:
+                    raise RuntimeError(f"engine node {m.node_id} registered no 'http' or 'https' port")
+                self._engines[m.node_id] = self._engine_client(url)
 
     def _open_group(self, spec) -> None:
         """Engines join through /init_weights_update_group, which blocks until everyone joined, so

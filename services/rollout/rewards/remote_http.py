@@ -59,7 +59,7 @@ class RemoteReward(RewardFunction):
             raise RewardError(f"reward endpoint {self.url}: the row at position {record.position} "
                               f"cannot be sent as JSON: {e}") from e
         attempts = self.retries + 1
-        last_failure = ""
+        last_failure, timed_out = "", False
         for attempt in range(attempts):
             if attempt:
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
@@ -69,19 +69,20 @@ class RemoteReward(RewardFunction):
                 async with asyncio.timeout(self.timeout_s):
                     reply = await self._http.post(self.url, content=body)
             except (TimeoutError, httpx.TimeoutException):
-                last_failure = f"no answer within {self.timeout_s}s"
+                last_failure, timed_out = f"no answer within {self.timeout_s}s", True
                 continue
             except httpx.TransportError as e:
-                last_failure = f"{type(e).__name__}: {e}"
+                last_failure, timed_out = f"{type(e).__name__}: {e}", False
                 continue
             if reply.status_code >= 500:
-                last_failure = f"HTTP {reply.status_code}: {_excerpt(reply.text)}"
+                last_failure, timed_out = f"HTTP {reply.status_code}: {_excerpt(reply.text)}", False
                 continue
             if not 200 <= reply.status_code < 300:
                 raise RewardError(f"reward endpoint {self.url} refused the request: HTTP {reply.status_code}: "
                                   f"{_excerpt(reply.text)}")
             return self._reward(reply)
-        raise RewardError(f"reward endpoint {self.url} failed {attempts} time(s); last: {last_failure}")
+        raise RewardError(f"reward endpoint {self.url} failed {attempts} time(s); last: {last_failure}",
+                          "timeout" if timed_out else "exception")
 
     def _reward(self, reply: httpx.Response) -> float:
         try:

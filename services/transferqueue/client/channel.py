@@ -8,6 +8,7 @@ import asyncio
 import grpc
 
 from services.runtime.grpc_auth import auth_metadata
+from services.runtime.grpc_tls import TLS_SCHEME, channel_target
 from services.transferqueue.errors import TQError
 
 # Data moves in chunks far below this; the limit only guards against a runaway peer.
@@ -29,21 +30,25 @@ class GrpcTransport:
     default_timeout_s = 30.0
 
     def __init__(self, address: str, token: str | None = None):
-        self.address = address
+        """`address`: host:port, or tls://host:port for TLS (services/runtime/grpc_tls.py)."""
+        self.tls = address.startswith(TLS_SCHEME)
+        self.address, self._credentials = channel_target(address)
         self._metadata = auth_metadata(token)
         self._channel = self._stub = None
         self._achannel = self._astub = self._aloop = None
 
     def _sync(self):
         if self._stub is None:
-            self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            self._channel = grpc.secure_channel(self.address, self._credentials, options=CHANNEL_OPTIONS) \
+                if self._credentials else grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
             self._stub = self.stub_class(self._channel)
         return self._stub
 
     def _async(self):
         loop = asyncio.get_running_loop()
         if self._astub is None or self._aloop is not loop:  # aio channels belong to one event loop
-            self._achannel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            self._achannel = grpc.aio.secure_channel(self.address, self._credentials, options=CHANNEL_OPTIONS) \
+                if self._credentials else grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
             self._astub = self.stub_class(self._achannel)
             self._aloop = loop
         return self._astub

@@ -23,6 +23,7 @@ from services.transferqueue.client.shard_client import ShardClient
 from services.transferqueue.codec import Backing, Batch, decode_table, encode_columns
 from services.transferqueue.wire_format import from_ipc, to_ipc
 from services.transferqueue.errors import TQError
+from services.runtime.grpc_tls import with_tls
 from services.runtime.loop_thread import BlockingFacade, blocking_methods
 
 # slack on top of a claim's long-poll wait for the RPC deadline
@@ -52,7 +53,9 @@ class _Backoff:
         self.delay = 0.02
 
     def next_delay(self, err: TQError) -> float:
-        if err.code != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() + self.delay > self.deadline:
+        # only a full shard frees up; a put over a per-call cap never fits
+        full = err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and err.message.startswith("shard full")
+        if not full or time.monotonic() + self.delay > self.deadline:
             raise err
         delay = self.delay * (0.5 + random.random())
         self.delay = min(self.delay * 2, 1.0)
@@ -80,7 +83,9 @@ class AsyncTransferQueue:
             if address is None:
                 raise TQError(grpc.StatusCode.UNAVAILABLE, f"storage shard {shard_id} is not registered")
             kwargs = {"chunk_bytes": self.chunk_bytes} if self.chunk_bytes else {}
-            client = self._shards[shard_id] = ShardClient(address, self.token, **kwargs)
+            # a shard is dialled the way the controller is (TLS or not)
+            client = self._shards[shard_id] = ShardClient(with_tls(address, self.controller.tls), self.token,
+                                                          **kwargs)
         return client
 
     def _learn_shards(self, response) -> None:
@@ -176,7 +181,8 @@ class AsyncTransferQueue:
             backoff = _Backoff(self.put_timeout_s)
             while True:
                 try:
-                    await self._shard_for(shard_id).aput(partition, row_array[positions].tolist(), data)
+                    await self._shard_for(shard_id).aput(partition, row_array[positions].tolist(), data,
+                                                         reservation=prepared.reservation)
                     stored.append((shard_id, positions))
                     return
                 except TQError as err:

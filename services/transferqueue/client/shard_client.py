@@ -18,11 +18,12 @@ _PUT = "/sluice.transferqueue.v1.StorageShard/Put"
 _GET = "/sluice.transferqueue.v1.StorageShard/Get"
 
 
-def _put_chunks(partition: str, rows, data, chunk_bytes: int):
+def _put_chunks(partition: str, rows, data, chunk_bytes: int, reservation: bytes):
     """Serialized PutChunk messages: the header with the first chunk, then data-only chunks."""
     view = memoryview(data)
     total = len(view)
-    head = pb.PutChunk(header=pb.PutHeader(partition=partition, rows=rows, total_bytes=total)).SerializeToString()
+    header = pb.PutHeader(partition=partition, rows=rows, total_bytes=total, reservation=reservation)
+    head = pb.PutChunk(header=header).SerializeToString()
     yield encode_chunk(view[:chunk_bytes], head)
     for start in range(chunk_bytes, total, chunk_bytes):
         yield encode_chunk(view[start:start + chunk_bytes])
@@ -64,18 +65,21 @@ class ShardClient(GrpcTransport):
 
     # ------------------------------------------------------------ data
 
-    def put(self, partition: str, rows, ipc_data, timeout: float | None = None) -> pb.PutResponse:
+    def put(self, partition: str, rows, ipc_data, timeout: float | None = None,
+            reservation: bytes = b"") -> pb.PutResponse:
+        """`reservation`: PreparePutResponse.reservation for these rows (shards refuse puts without one)."""
         try:
             put = self._raw_call(False, "stream_unary", _PUT, None, pb.PutResponse.FromString)
-            return put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes),
+            return put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes, reservation),
                        timeout=timeout or self.default_timeout_s, metadata=self._metadata, wait_for_ready=True)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
 
-    async def aput(self, partition: str, rows, ipc_data, timeout: float | None = None) -> pb.PutResponse:
+    async def aput(self, partition: str, rows, ipc_data, timeout: float | None = None,
+                   reservation: bytes = b"") -> pb.PutResponse:
         try:
             put = self._raw_call(True, "stream_unary", _PUT, None, pb.PutResponse.FromString)
-            return await put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes),
+            return await put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes, reservation),
                              timeout=timeout or self.default_timeout_s, metadata=self._metadata, wait_for_ready=True)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import secrets
 import uuid
 from dataclasses import dataclass
 
@@ -45,13 +46,23 @@ class ClaimResult:
 
 
 class RedisMetadata:
-    def __init__(self, redis_url: str, prefix: str = "tq"):
+    def __init__(self, redis_url: str, prefix: str = "tq", max_partitions: int = 100_000, max_tasks: int = 10_000,
+                 max_partition_rows: int = 1 << 24):
         self.redis = aioredis.from_url(redis_url, decode_responses=True)
         self.prefix = prefix
         self.events_channel = f"{prefix}:events"
+        self.max_partitions = max_partitions
+        self.max_tasks = max_tasks
+        self.max_partition_rows = max_partition_rows
 
     async def load_functions(self) -> None:
         await self.redis.function_load(_FUNCTIONS, replace=True)
+
+    async def reservation_key(self) -> bytes:
+        """The key put reservations are signed with: created once, shared by every controller replica."""
+        key = f"{self.prefix}:reservation_key"
+        await self.redis.set(key, secrets.token_hex(32), nx=True)
+        return bytes.fromhex(await self.redis.get(key))
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -70,7 +81,7 @@ class RedisMetadata:
     # ------------------------------------------------------------ partitions
 
     async def create_partition(self, name: str, group_size: int, block: int, exist_ok: bool) -> None:
-        await self._call("tq_create_partition", name, group_size, block, int(exist_ok))
+        await self._call("tq_create_partition", name, group_size, block, int(exist_ok), self.max_partitions)
 
     async def clear_partition(self, name: str) -> tuple[bool, list[str]]:
         existed, shards = await self._call("tq_clear_partition", name)
@@ -119,7 +130,7 @@ class RedisMetadata:
 
     async def register_task(self, name: str, fields: list[str], group_size: int) -> None:
         definition = json.dumps({"fields": list(fields), "group_size": group_size}, separators=(",", ":"))
-        await self._call("tq_register_task", name, definition)
+        await self._call("tq_register_task", name, definition, self.max_tasks)
 
     async def tasks(self) -> list[pb.TaskInfo]:
         raw = await self.redis.hgetall(f"{self.prefix}:tasks")
@@ -142,7 +153,8 @@ class RedisMetadata:
         return args
 
     async def prepare_put(self, partition: str, fields, new_rows: int, rows: list[int]) -> list[int]:
-        first = int(await self._call("tq_prepare_put", partition, *self._schema_args(fields), new_rows, *rows))
+        first = int(await self._call("tq_prepare_put", partition, self.max_partition_rows,
+                                     *self._schema_args(fields), new_rows, *rows))
         return list(range(first, first + new_rows)) if new_rows > 0 else list(rows)
 
     async def commit_put(self, partition: str, fields, rows: list[int]) -> int:

@@ -13,10 +13,13 @@ from prometheus_client import Counter, Gauge
 
 from services.runtime.grpc_auth import BearerTokenInterceptor
 from services.runtime.grpc_strict import add_strict_servicer
+from services.runtime.grpc_tls import add_port, with_tls
 from services.runtime.redis_events import RedisEvents
 from services.transferqueue.client.shard_client import ShardClient
 from services.transferqueue.controller.config import ControllerConfig
 from services.transferqueue.controller.metadata import RedisMetadata
+from services.transferqueue import reservation
+from services.transferqueue.bounds import Limits, check_field_names, check_int, check_rows, check_schemas, invalid
 from services.transferqueue.errors import TQError, check_name
 from services.transferqueue.pb import transferqueue_pb2 as pb
 from services.transferqueue.pb import transferqueue_pb2_grpc as pb_grpc
@@ -34,47 +37,30 @@ SERVER = "controller"
 MAX_SLEEP_S = 2.0
 
 
-def _invalid(message: str) -> TQError:
-    return TQError(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-
-def _check_fields(fields) -> None:
-    seen = set()
-    for f in fields:
-        check_name("field", f.name)
-        if f.name in seen:
-            raise _invalid(f"field {f.name} appears twice")
-        seen.add(f.name)
-        if f.kind == pb.FIELD_KIND_UNSPECIFIED:
-            raise _invalid(f"field {f.name} has no kind")
-        if not f.dtype:
-            raise _invalid(f"field {f.name} has no dtype")
-        if f.kind == pb.TENSOR and (not f.shape or any(d <= 0 for d in f.shape)):
-            raise _invalid(f"tensor field {f.name} needs a positive shape, got {list(f.shape)}")
-
-
-def _check_rows(rows) -> None:
-    if any(r < 0 for r in rows):
-        raise _invalid("row indices must be >= 0")
-    if len(set(rows)) != len(rows):
-        raise _invalid("row indices repeat")
+_invalid = invalid
+MAX_ADDRESS_CHARS = 256
 
 
 class ControllerServicer(pb_grpc.ControllerServicer):
-    def __init__(self, config: ControllerConfig, meta: RedisMetadata, events: RedisEvents):
+    def __init__(self, config: ControllerConfig, meta: RedisMetadata, events: RedisEvents,
+                 reservation_key: bytes = b""):
         self.config = config
         self.meta = meta
         self.events = events
+        self.reservation_key = reservation_key
+        self.limits = Limits(max_rows_per_call=config.max_rows_per_call,
+                             max_partition_rows=config.max_partition_rows,
+                             max_fields_per_call=config.max_fields_per_call,
+                             max_row_elements=config.max_row_elements)
 
     # ------------------------------------------------------------ partitions
 
     @unary_handler(SERVER)
     async def CreatePartition(self, request, context):
         check_name("partition", request.name)
-        group_size = request.group_size or 1
-        block = request.placement_block or 64
-        if group_size < 0 or block < 0:
-            raise _invalid("group_size and placement_block must be positive")
+        # a group must fit in one claim; a block is a range of row indices
+        group_size = check_int("group_size", request.group_size or 1, 1, self.config.max_rows_per_call)
+        block = check_int("placement_block", request.placement_block or 64, 1, self.config.max_partition_rows)
         await self.meta.create_partition(request.name, group_size, block, request.exist_ok)
         return await self.meta.partition_info(request.name)
 
@@ -84,6 +70,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
 
     @unary_handler(SERVER)
     async def ListPartitions(self, request, context):
+        check_int("prefix length", len(request.prefix), 0, 300)
         infos = []
         for name in await self.meta.partition_names(request.prefix):
             try:
@@ -108,7 +95,9 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             address = addresses.get(shard_id)
             if address is None:
                 return
-            client = ShardClient(address, token=self.config.auth_token or None)
+            # shards of a TLS controller serve TLS too
+            client = ShardClient(with_tls(address, bool(self.config.tls_cert_file)),
+                                 token=self.config.auth_token or None)
             try:
                 await client.adrop_partition(partition, timeout=self.config.shard_call_timeout_s)
             except Exception as exc:
@@ -131,11 +120,8 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         check_name("task", request.name)
         if not request.required_fields:
             raise _invalid(f"task {request.name} must require at least one field")
-        for f in request.required_fields:
-            check_name("field", f)
-        group_size = request.group_size or 1
-        if group_size < 1:
-            raise _invalid("group_size must be >= 1")
+        check_field_names("required_fields", request.required_fields, self.limits)
+        group_size = check_int("group_size", request.group_size or 1, 1, self.config.max_rows_per_call)
         await self.meta.register_task(request.name, list(request.required_fields), group_size)
         return pb.TaskInfo(name=request.name, required_fields=request.required_fields, group_size=group_size)
 
@@ -153,22 +139,23 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     @unary_handler(SERVER)
     async def PreparePut(self, request, context):
         check_name("partition", request.partition)
-        if not request.fields:
-            raise _invalid("a put needs at least one field")
-        _check_fields(request.fields)
+        check_schemas(request.fields, self.limits)
         if request.new_rows < 0 or (request.new_rows > 0) == bool(request.rows):
             raise _invalid("give either new_rows > 0 or the existing rows to write")
-        _check_rows(request.rows)
+        check_int("new_rows", request.new_rows, 0, self.config.max_rows_per_call)
+        check_rows("rows", request.rows, self.limits)
         rows = await self.meta.prepare_put(request.partition, request.fields, request.new_rows, list(request.rows))
-        return pb.PreparePutResponse(rows=rows, partition=await self.meta.placement(request.partition))
+        signed = reservation.issue(self.reservation_key, request.partition, rows, self.config.reservation_ttl_s)
+        return pb.PreparePutResponse(rows=rows, partition=await self.meta.placement(request.partition),
+                                     reservation=signed)
 
     @unary_handler(SERVER)
     async def CommitPut(self, request, context):
         check_name("partition", request.partition)
         if not request.fields or not request.rows:
             raise _invalid("a commit needs fields and rows")
-        _check_fields(request.fields)
-        _check_rows(request.rows)
+        check_schemas(request.fields, self.limits)
+        check_rows("rows", request.rows, self.limits)
         n = await self.meta.commit_put(request.partition, request.fields, list(request.rows))
         ROWS_COMMITTED.inc(n)
         return pb.CommitPutResponse(rows_committed=n)
@@ -178,9 +165,8 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         check_name("partition", request.partition)
         if not request.fields:
             raise _invalid("name the fields to read")
-        for f in request.fields:
-            check_name("field", f)
-        _check_rows(request.rows)
+        check_field_names("fields", request.fields, self.limits)
+        check_rows("rows", request.rows, self.limits, allow_repeats=True)
         await self.meta.check_rows(request.partition, list(request.rows), list(request.fields))
         return pb.CheckRowsResponse(partition=await self.meta.placement(request.partition))
 
@@ -194,13 +180,12 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     async def Claim(self, request, context):
         partition = check_name("partition", request.partition)
         task = check_name("task", request.task)
-        if request.batch_size <= 0:
-            raise _invalid(f"batch_size must be positive, got {request.batch_size}")
-        if request.wait_ms < 0 or request.lease_ms < 0 or request.min_rows < 0:
-            raise _invalid("wait_ms, lease_ms and min_rows must be >= 0")
+        check_int("batch_size", request.batch_size, 1, self.config.max_rows_per_call)
+        check_int("min_rows", request.min_rows, 0, self.config.max_rows_per_call)
+        check_int("wait_ms", request.wait_ms, 0, (1 << 63) - 1)
+        lease_ms = check_int("lease_ms", request.lease_ms or self.config.default_lease_ms, 1, self.config.max_lease_ms)
         if request.claim_key:
             check_name("claim_key", request.claim_key)
-        lease_ms = request.lease_ms or self.config.default_lease_ms
         min_rows = request.min_rows or request.batch_size
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(request.wait_ms, self.config.max_wait_ms) / 1000.0
@@ -237,8 +222,10 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     async def WaitReady(self, request, context):
         partition = check_name("partition", request.partition)
         task = check_name("task", request.task)
+        check_int("min_rows", request.min_rows, 0, self.config.max_partition_rows)
+        check_int("wait_ms", request.wait_ms, 0, (1 << 63) - 1)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(max(request.wait_ms, 0), self.config.max_wait_ms) / 1000.0
+        deadline = loop.time() + min(request.wait_ms, self.config.max_wait_ms) / 1000.0
         while True:
             event = self.events.waiter(partition)
             ready, complete, _ = await self.meta.ready(partition, task)
@@ -251,13 +238,14 @@ class ControllerServicer(pb_grpc.ControllerServicer):
                 pass
 
     def _lease_id(self, lease_id: str) -> str:
-        if not lease_id or len(lease_id) > 64 or not lease_id.isalnum():
+        if not lease_id or len(lease_id) > 64 or not (lease_id.isascii() and lease_id.isalnum()):
             raise _invalid(f"lease id {lease_id!r} is malformed")
         return lease_id
 
     @unary_handler(SERVER)
     async def Ack(self, request, context):
-        n = await self.meta.ack(self._lease_id(request.lease_id), list(request.rows))
+        lease_id = self._lease_id(request.lease_id)
+        n = await self.meta.ack(lease_id, check_rows("rows", request.rows, self.limits))
         ROWS_ACKED.inc(n)
         return pb.AckResponse(rows_acked=n)
 
@@ -267,8 +255,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
 
     @unary_handler(SERVER)
     async def ExtendLease(self, request, context):
-        if request.lease_ms <= 0:
-            raise _invalid("lease_ms must be positive")
+        check_int("lease_ms", request.lease_ms, 1, self.config.max_lease_ms)
         expiry = await self.meta.extend_lease(self._lease_id(request.lease_id), request.lease_ms)
         return pb.ExtendLeaseResponse(lease_expires_unix_ms=expiry)
 
@@ -277,11 +264,11 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     @unary_handler(SERVER)
     async def RegisterShard(self, request, context):
         check_name("shard", request.shard_id)
-        if not request.address or ":" not in request.address:
-            raise _invalid(f"shard address {request.address!r} is not host:port")
-        ttl = request.ttl_ms or 15_000
+        if not request.address or ":" not in request.address or len(request.address) > MAX_ADDRESS_CHARS:
+            raise _invalid(f"shard address {request.address[:MAX_ADDRESS_CHARS]!r} is not host:port")
+        ttl = check_int("ttl_ms", request.ttl_ms or 15_000, 1, self.config.max_shard_ttl_ms)
         live = await self.meta.register_shard(request.shard_id, request.address, ttl)
-        return pb.RegisterShardResponse(live_partitions=live)
+        return pb.RegisterShardResponse(live_partitions=live, reservation_key=self.reservation_key)
 
     @unary_handler(SERVER)
     async def ListShards(self, request, context):
@@ -291,22 +278,25 @@ class ControllerServicer(pb_grpc.ControllerServicer):
 
 async def serve(config: ControllerConfig, stop: asyncio.Event, on_bound=None) -> None:
     """Run until `stop` is set; then stop taking calls and give in-flight ones `grace_s`."""
-    meta = RedisMetadata(config.redis_url, config.key_prefix)
+    meta = RedisMetadata(config.redis_url, config.key_prefix, max_partitions=config.max_partitions,
+                         max_tasks=config.max_tasks, max_partition_rows=config.max_partition_rows)
     await meta.load_functions()
+    key = await meta.reservation_key()
     events = RedisEvents(meta.redis, meta.events_channel)
     events_task = asyncio.create_task(events.run())
     await asyncio.wait_for(events.subscribed.wait(), timeout=10)
 
     interceptors = [BearerTokenInterceptor(config.auth_token)] if config.auth_token else []
     server = grpc.aio.server(interceptors=interceptors, options=[
-        ("grpc.max_receive_message_length", 64 << 20),
-        ("grpc.max_send_message_length", 64 << 20),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.so_reuseport", 0),
     ])
-    add_strict_servicer(server, ControllerServicer(config, meta, events), pb.DESCRIPTOR.services_by_name["Controller"])
+    add_strict_servicer(server, ControllerServicer(config, meta, events, key),
+                        pb.DESCRIPTOR.services_by_name["Controller"])
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = add_port(server, f"{config.host}:{config.port}", config)
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("sluice.transferqueue.v1.Controller", health_pb2.HealthCheckResponse.SERVING)

@@ -220,10 +220,15 @@ local function init_task_partition(K, P, T, fields, gs)
   end
 end
 
-local function requeue_lease(K, id, new_state)
+local function requeue_lease(K, id, new_state, tk_hint)
   local lk = K .. ':lease:' .. id
   local P = redis.call('HGET', lk, 'p')
   local T = redis.call('HGET', lk, 't')
+  if not P or not T then
+    -- a lease id without its hash (never expected): drop it so it cannot be reaped over and over
+    if tk_hint then redis.call('ZREM', tk_hint .. ':leases', id) end
+    return 0
+  end
   local gs = tonumber(redis.call('HGET', lk, 'gs'))
   local tk = tkey(K, P, T)
   local pend = redis.call('HKEYS', lk .. ':pend')
@@ -240,7 +245,7 @@ end
 
 local function reap(K, P, T, now)
   local expired = redis.call('ZRANGEBYSCORE', tkey(K, P, T) .. ':leases', '-inf', now)
-  for _, id in ipairs(expired) do requeue_lease(K, id, 'expired') end
+  for _, id in ipairs(expired) do requeue_lease(K, id, 'expired', tkey(K, P, T)) end
   return #expired
 end
 
@@ -264,13 +269,17 @@ end
 
 ---------------------------------------------------------------- partitions
 
--- args: K, P, group_size, block, exist_ok(0|1)
+-- args: K, P, group_size, block, exist_ok(0|1), max_partitions
 redis.register_function('tq_create_partition', function(keys, args)
   local K, P, gs, block, exist_ok = args[1], args[2], tonumber(args[3]), tonumber(args[4]), args[5] == '1'
   local pk = pkey(K, P)
   if redis.call('EXISTS', pk) == 1 then
     if exist_ok and tonumber(redis.call('HGET', pk, 'gs')) == gs then return 0 end
     fail('ALREADY_EXISTS', 'partition ' .. P .. ' exists (group size ' .. redis.call('HGET', pk, 'gs') .. ')')
+  end
+  local cap = tonumber(args[6])
+  if redis.call('ZCARD', K .. ':partitions') >= cap then
+    fail('RESOURCE_EXHAUSTED', istr(cap) .. ' partitions exist (--max-partitions): clear some first')
   end
   local now = now_ms()
   local live = redis.call('ZRANGEBYSCORE', K .. ':shard_ttl', now, '+inf')
@@ -314,13 +323,17 @@ end)
 
 ---------------------------------------------------------------- tasks
 
--- args: K, T, definition json, fields... , group size
+-- args: K, T, definition json, max_tasks
 redis.register_function('tq_register_task', function(keys, args)
   local K, T, def = args[1], args[2], args[3]
   local cur = redis.call('HGET', K .. ':tasks', T)
   if cur then
     if cur == def then return 0 end
     fail('ALREADY_EXISTS', 'task ' .. T .. ' is registered as ' .. cur .. '; not as ' .. def)
+  end
+  local cap = tonumber(args[4])
+  if redis.call('HLEN', K .. ':tasks') >= cap then
+    fail('RESOURCE_EXHAUSTED', istr(cap) .. ' tasks are registered (--max-tasks)')
   end
   redis.call('HSET', K .. ':tasks', T, def)
   local d = cjson.decode(def)
@@ -357,13 +370,13 @@ end)
 ---------------------------------------------------------------- puts
 
 -- Validate schemas and allocate (or check) rows. Nothing becomes visible.
--- args: K, P, nf, (name, schema)*nf, new_rows, rows...
+-- args: K, P, max_partition_rows, nf, (name, schema)*nf, new_rows, rows...
 -- returns: first allocated row (new rows) or -1
 redis.register_function('tq_prepare_put', function(keys, args)
-  local K, P, nf = args[1], args[2], tonumber(args[3])
+  local K, P, cap, nf = args[1], args[2], tonumber(args[3]), tonumber(args[4])
   local pk = need_partition(K, P)
-  check_schemas(pk, args, 4, nf)
-  local new_rows = tonumber(args[4 + 2 * nf])
+  check_schemas(pk, args, 5, nf)
+  local new_rows = tonumber(args[5 + 2 * nf])
   if new_rows > 0 then
     if redis.call('HGET', pk, 'sealed') == '1' then
       fail('FAILED_PRECONDITION', 'partition ' .. P .. ' is sealed: no new rows')
@@ -372,18 +385,23 @@ redis.register_function('tq_prepare_put', function(keys, args)
     if new_rows % gs ~= 0 then
       fail('INVALID_ARGUMENT', 'partition ' .. P .. ' takes whole groups of ' .. gs .. ' rows; got ' .. new_rows)
     end
+    local alloc = tonumber(redis.call('HGET', pk, 'alloc'))
+    if alloc + new_rows > cap then
+      fail('RESOURCE_EXHAUSTED', 'partition ' .. P .. ' has ' .. istr(alloc) .. ' rows allocated; ' .. istr(new_rows) ..
+           ' more would pass ' .. istr(cap) .. ' (--max-partition-rows)')
+    end
     return redis.call('HINCRBY', pk, 'alloc', new_rows) - new_rows
   end
   local alloc = tonumber(redis.call('HGET', pk, 'alloc'))
   local rows = {}
-  for i = 5 + 2 * nf, #args do
+  for i = 6 + 2 * nf, #args do
     local r = tonumber(args[i])
     if r < 0 or r >= alloc then fail('NOT_FOUND', 'row ' .. args[i] .. ' of partition ' .. P .. ' does not exist') end
     rows[#rows + 1] = r
   end
   -- produced fields are immutable: producers add fields, they never rewrite what readers may have seen
   for i = 0, nf - 1 do
-    local f = args[4 + 2 * i]
+    local f = args[5 + 2 * i]
     local have = get_bits(pk .. ':f:' .. f, rows)
     for k, r in ipairs(rows) do
       if have[k] == 1 then

@@ -169,12 +169,14 @@ class PreparePutRequest(_message.Message):
     def __init__(self, partition: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[FieldSchema, _Mapping]]] = ..., new_rows: _Optional[int] = ..., rows: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PreparePutResponse(_message.Message):
-    __slots__ = ("rows", "partition")
+    __slots__ = ("rows", "partition", "reservation")
     ROWS_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedScalarFieldContainer[int]
     partition: PartitionInfo
-    def __init__(self, rows: _Optional[_Iterable[int]] = ..., partition: _Optional[_Union[PartitionInfo, _Mapping]] = ...) -> None: ...
+    reservation: bytes
+    def __init__(self, rows: _Optional[_Iterable[int]] = ..., partition: _Optional[_Union[PartitionInfo, _Mapping]] = ..., reservation: _Optional[bytes] = ...) -> None: ...
 
 class CommitPutRequest(_message.Message):
     __slots__ = ("partition", "fields", "rows")
@@ -337,10 +339,12 @@ class RegisterShardRequest(_message.Message):
     def __init__(self, shard_id: _Optional[str] = ..., address: _Optional[str] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
 
 class RegisterShardResponse(_message.Message):
-    __slots__ = ("live_partitions",)
+    __slots__ = ("live_partitions", "reservation_key")
     LIVE_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_KEY_FIELD_NUMBER: _ClassVar[int]
     live_partitions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, live_partitions: _Optional[_Iterable[str]] = ...) -> None: ...
+    reservation_key: bytes
+    def __init__(self, live_partitions: _Optional[_Iterable[str]] = ..., reservation_key: _Optional[bytes] = ...) -> None: ...
 
 class ShardInfo(_message.Message):
     __slots__ = ("shard_id", "address")
@@ -361,14 +365,16 @@ class ListShardsResponse(_message.Message):
     def __init__(self, shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ...) -> None: ...
 
 class PutHeader(_message.Message):
-    __slots__ = ("partition", "rows", "total_bytes")
+    __slots__ = ("partition", "rows", "total_bytes", "reservation")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
     partition: str
     rows: _containers.RepeatedScalarFieldContainer[int]
     total_bytes: int
-    def __init__(self, partition: _Optional[str] = ..., rows: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+    reservation: bytes
+    def __init__(self, partition: _Optional[str] = ..., rows: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., reservation: _Optional[bytes] = ...) -> None: ...
 
 class PutChunk(_message.Message):
     __slots__ = ("header", "data")

@@ -15,9 +15,12 @@ from prometheus_client import Counter, Gauge
 
 from services.runtime.grpc_auth import BearerTokenInterceptor
 from services.runtime.grpc_strict import add_strict_servicer
+from services.runtime.grpc_tls import add_port
 from services.transferqueue.client.controller_client import ControllerClient
-from services.transferqueue.wire_format import check_wire_schema, from_ipc, to_ipc
+from services.transferqueue import reservation
+from services.transferqueue.bounds import Limits, check_field_names, check_rows, invalid
 from services.transferqueue.data_chunks import data_only, encode_chunk
+from services.transferqueue.wire_format import from_untrusted_ipc, to_ipc
 from services.transferqueue.errors import TQError, check_name
 from services.transferqueue.pb import transferqueue_pb2 as pb
 from services.transferqueue.pb import transferqueue_pb2_grpc as pb_grpc
@@ -34,11 +37,8 @@ STORED_BYTES = Gauge("sluice_tq_shard_stored_bytes", "bytes held")
 STORED_ROWS = Gauge("sluice_tq_shard_stored_rows", "rows held")
 
 
-def _rows(values) -> np.ndarray:
-    rows = np.fromiter(values, dtype=np.int64, count=len(values))
-    if len(rows) == 0:
-        raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "no rows given")
-    return rows
+def _exhausted(message: str) -> TQError:
+    return TQError(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
 
 class ShardServicer(pb_grpc.StorageShardServicer):
@@ -46,6 +46,40 @@ class ShardServicer(pb_grpc.StorageShardServicer):
         self.config = config
         self.store = store
         self.shard_id = shard_id
+        self.limits = Limits(max_rows_per_call=config.max_rows_per_call, max_partition_rows=config.max_partition_rows,
+                             max_fields_per_call=config.max_fields_per_call, max_row_elements=config.max_row_elements)
+        # put reservations are checked with these (the controller's current key, and the one before it)
+        self.reservation_keys: list[bytes] = []
+
+    def learn_reservation_key(self, key: bytes) -> None:
+        if key and (not self.reservation_keys or self.reservation_keys[0] != key):
+            self.reservation_keys = [key, *self.reservation_keys[:1]]
+
+    def _rows(self, name: str, values, allow_repeats: bool = False) -> np.ndarray:
+        """Row indices, bounded before numpy ever sees them (a negative index would address other rows)."""
+        if len(values) == 0:
+            raise invalid(f"{name}: no rows given")
+        rows = check_rows(name, values, self.limits, allow_repeats=allow_repeats)
+        return np.asarray(rows, dtype=np.int64)
+
+    def _header(self, chunk) -> pb.PutHeader:
+        """Check a put's header before any of its bytes are kept: name, rows, size, reservation."""
+        if not chunk.HasField("header"):
+            raise invalid("first put message must carry the header")
+        header = chunk.header
+        check_name("partition", header.partition)
+        rows = self._rows("header.rows", header.rows)
+        if header.total_bytes <= 0:
+            raise invalid(f"header.total_bytes must be positive, got {header.total_bytes}")
+        if header.total_bytes > self.config.max_put_bytes:
+            raise _exhausted(f"put announces {header.total_bytes} bytes; one put may send at most "
+                             f"{self.config.max_put_bytes} (--max-put-bytes): split it")
+        if header.total_bytes > self.store.max_bytes:
+            raise TQError(grpc.StatusCode.OUT_OF_RANGE,
+                          f"put announces {header.total_bytes} bytes; budget is {self.store.max_bytes}")
+        reservation.verify(self.reservation_keys, header.partition, int(rows.min()), int(rows.max()),
+                           header.reservation)
+        return header
 
     def _gauges(self) -> None:
         STORED_BYTES.set(self.store.bytes)
@@ -64,24 +98,16 @@ class ShardServicer(pb_grpc.StorageShardServicer):
                         raise TQError(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a valid PutChunk: {exc}")
                     data = chunk.data
                 if header is None:
-                    if not chunk.HasField("header"):
-                        raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "first put message must carry the header")
-                    header = chunk.header
-                    check_name("partition", header.partition)
-                    if header.total_bytes <= 0 or header.total_bytes > self.store.max_bytes:
-                        raise TQError(grpc.StatusCode.INVALID_ARGUMENT if header.total_bytes <= 0
-                                      else grpc.StatusCode.OUT_OF_RANGE,
-                                      f"put announces {header.total_bytes} bytes; budget is {self.store.max_bytes}")
+                    header = self._header(chunk)
                     buf = bytearray(header.total_bytes)
                 if pos + len(data) > len(buf):
-                    raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "put sends more bytes than its header announced")
+                    raise _exhausted(f"put sends more than the {len(buf)} bytes its header announced")
                 buf[pos:pos + len(data)] = data
                 pos += len(data)
             if header is None or pos != len(buf):
                 raise TQError(grpc.StatusCode.INVALID_ARGUMENT, f"put ended after {pos} of its announced bytes")
-            table = from_ipc(buf)
-            check_wire_schema(table.schema)
-            nbytes = self.store.put(header.partition, _rows(header.rows), table)
+            table = from_untrusted_ipc(buf, self.config.max_row_elements)
+            nbytes = self.store.put(header.partition, np.asarray(header.rows, dtype=np.int64), table)
             BYTES_IN.inc(pos)
             self._gauges()
             return pb.PutResponse(rows=len(header.rows), bytes=nbytes)
@@ -91,11 +117,13 @@ class ShardServicer(pb_grpc.StorageShardServicer):
         async with rpc_scope(SERVER, "Get", context):
             check_name("partition", request.partition)
             if not request.fields:
-                raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "name the fields to read")
-            for f in request.fields:
-                check_name("field", f)
-            rows = _rows(request.rows)
-            data = to_ipc(self.store.get(request.partition, rows, list(request.fields)))
+                raise invalid("name the fields to read")
+            fields = check_field_names("fields", request.fields, self.limits)
+            table = self.store.get(request.partition, self._rows("rows", request.rows, allow_repeats=True), fields)
+            if table.nbytes > self.config.max_response_bytes:
+                raise _exhausted(f"get of {table.num_rows} rows is {table.nbytes} bytes; one get may return at most "
+                                 f"{self.config.max_response_bytes} (--max-response-bytes): read fewer rows")
+            data = to_ipc(table)
             view = memoryview(data)
             step = self.config.chunk_bytes
             total = len(view)
@@ -107,7 +135,8 @@ class ShardServicer(pb_grpc.StorageShardServicer):
     @unary_handler(SERVER)
     async def Delete(self, request, context):
         check_name("partition", request.partition)
-        cells = self.store.delete(request.partition, _rows(request.rows), list(request.fields))
+        fields = check_field_names("fields", request.fields, self.limits)
+        cells = self.store.delete(request.partition, self._rows("rows", request.rows), fields)
         self._gauges()
         return pb.DeleteResponse(cells=cells)
 
@@ -124,15 +153,18 @@ class ShardServicer(pb_grpc.StorageShardServicer):
                                 partitions=self.store.partition_names())
 
 
-async def _keep_registered(config: ShardConfig, store: ShardStore, shard_id: str, address: str,
+async def _keep_registered(config: ShardConfig, servicer: ShardServicer, address: str,
                            registered: asyncio.Event) -> None:
+    store, shard_id = servicer.store, servicer.shard_id
     controller = ControllerClient(config.controller, token=config.auth_token or None)
     ttl_ms = int(config.register_interval_s * 4000)
     try:
         while True:
             asked = time.time()
             try:
-                live = set((await controller.aregister_shard(shard_id, address, ttl_ms, timeout=5)).live_partitions)
+                reply = await controller.aregister_shard(shard_id, address, ttl_ms, timeout=5)
+                servicer.learn_reservation_key(reply.reservation_key)
+                live = set(reply.live_partitions)
                 if not registered.is_set():
                     log.info("registered with controller", extra={"controller": config.controller, "shard_id": shard_id})
                 registered.set()
@@ -152,13 +184,14 @@ async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
     store = ShardStore(config.max_rows, config.max_bytes)
     interceptors = [BearerTokenInterceptor(config.auth_token)] if config.auth_token else []
     server = grpc.aio.server(interceptors=interceptors, options=[
-        ("grpc.max_receive_message_length", 64 << 20),
-        ("grpc.max_send_message_length", 64 << 20),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.so_reuseport", 0),
     ])
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    shard_id = config.resolved_id(port)
-    add_strict_servicer(server, ShardServicer(config, store, shard_id), pb.DESCRIPTOR.services_by_name["StorageShard"],
+    port = add_port(server, f"{config.host}:{config.port}", config)
+    servicer = ShardServicer(config, store, config.resolved_id(port))
+    shard_id = servicer.shard_id
+    add_strict_servicer(server, servicer, pb.DESCRIPTOR.services_by_name["StorageShard"],
                         raw_requests=frozenset({"Put"}), raw_responses=frozenset({"Get"}))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -167,7 +200,7 @@ async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
     await server.start()
     registered = asyncio.Event()
     address = config.resolved_address(port)
-    keeper = asyncio.create_task(_keep_registered(config, store, shard_id, address, registered))
+    keeper = asyncio.create_task(_keep_registered(config, servicer, address, registered))
     # serving (for health) once the controller knows us: before that no partition can be placed here
     await _wait_either(registered, stop)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -145,7 +145,7 @@ export class TransferQueueClient {
     const stored = [];
     const send = async ([shardId, positions]) => {
       const ipc = toIpc(cols.map((c) => selectRows(c, positions)));
-      await this.putRetrying(shardId, partition, positions.map((p) => allocated[p]), ipc);
+      await this.putRetrying(shardId, partition, positions.map((p) => allocated[p]), ipc, prepared.reservation);
       stored.push([shardId, positions]);
     };
     const sent = await Promise.allSettled(plan.map(send));
@@ -164,14 +164,16 @@ export class TransferQueueClient {
   }
 
   // A full shard (RESOURCE_EXHAUSTED) is retried with jittered exponential backoff up to putTimeoutS.
-  async putRetrying(shardId, partition, rows, ipc) {
+  async putRetrying(shardId, partition, rows, ipc, reservation) {
     const deadlineMs = Date.now() + this.putTimeoutS * 1000;
     let delayMs = 20;
     for (;;) {
       try {
-        return await this.shard(shardId).put(partition, rows, ipc);
+        return await this.shard(shardId).put(partition, rows, ipc, { reservation });
       } catch (err) {
-        if (err.code !== Status.RESOURCE_EXHAUSTED || Date.now() + delayMs > deadlineMs) throw err;
+        // only a full shard frees up; a put over a per-call cap never fits
+        const full = err.code === Status.RESOURCE_EXHAUSTED && String(err.details ?? err.message).includes('shard full');
+        if (!full || Date.now() + delayMs > deadlineMs) throw err;
         await sleep(delayMs * (0.5 + Math.random()));
         delayMs = Math.min(delayMs * 2, 1000);
       }

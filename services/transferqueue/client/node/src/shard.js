@@ -17,7 +17,8 @@ export class ShardClient {
   }
 
   // Put: the header with the first chunk, then data-only chunks; all rows are stored or none.
-  async put(partition, rows, ipc, { timeoutS = DEFAULT_TIMEOUT_S } = {}) {
+  // reservation: PreparePut's reservation for these rows (shards refuse puts without one).
+  async put(partition, rows, ipc, { timeoutS = DEFAULT_TIMEOUT_S, reservation = Buffer.alloc(0) } = {}) {
     const data = Buffer.from(ipc.buffer, ipc.byteOffset, ipc.byteLength);
     let call;
     const done = new Promise((resolve, reject) => {
@@ -26,7 +27,7 @@ export class ShardClient {
         else resolve(res);
       });
     });
-    const header = { partition, rows, total_bytes: data.length };
+    const header = { partition, rows, total_bytes: data.length, reservation };
     for (let start = 0; start === 0 || start < data.length; start += this.chunkBytes) {
       const chunk = data.subarray(start, start + this.chunkBytes);
       const message = start === 0 ? { header, data: chunk } : { data: chunk };

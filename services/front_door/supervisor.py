@@ -1,0 +1,280 @@
+"""`sluice run run.yaml`: a whole run on this machine with one command.
+
+Validates the run file, runs the preflight checks (model, prompts, reward), starts every service the run
+needs as supervised processes (Redis unless stack.redis_url / --redis-url names one, TransferQueue, the
+coordinator, built-in engines and the roles), submits the run and follows it to the end: a live panel on
+a terminal, JSON lines otherwise. Exit status: 0 finished, 1 failed (the failing service and its message
+on stderr), 2 a bad run file, 3 stopped by an operator, 130 interrupted.
+
+Ctrl-C (or SIGTERM) pauses the run through the coordinator, then stops every service cleanly (the trainer
+checkpoints on the way out); `sluice run run.yaml --resume` continues from the last checkpoint.
+`sluice run --attach URL RUN_ID` follows a run on a stack started elsewhere (Ctrl-C only detaches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import redis
+
+from services.dcs.client import DCSClient, DCSError
+from services.front_door.command_flags import HelpWithDefaults, add_coordinator_flags, auth_token
+from services.front_door.config_reference import defaults_yaml
+from services.front_door.follower import RunFollower, RunProgress, exit_code
+from services.front_door.live_view import choose_view
+from services.front_door.run_file import RunFile, RunFileError, load_run_file, position_of
+from services.launch.local_run import LocalRun
+from services.run_contract.checkpoint import latest_checkpoint
+from services.run_state.evaluations import read_latest_evaluation
+from services.run_state.prompt_ledger import resume_ledger_at
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice run", description=__doc__, formatter_class=HelpWithDefaults)
+    parser.add_argument("run_file", nargs="?", help="the run's YAML file (docs/configuration.md)")
+    parser.add_argument("--print-defaults", action="store_true",
+                        help="write a complete, commented starting run file to stdout and exit")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run from the last checkpoint in its checkpoint directory")
+    parser.add_argument("--redis-url", default=None, help="use this Redis instead of starting a private one "
+                                                          "(overrides stack.redis_url)")
+    parser.add_argument("--attach", nargs=2, metavar=("URL", "RUN_ID"),
+                        help="follow a run on a coordinator elsewhere; nothing is started")
+    parser.add_argument("--view", choices=["auto", "live", "json"], default="auto",
+                        help="live panel, JSON lines, or auto: the panel when stdout is a terminal")
+    add_coordinator_flags(parser, url=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.print_defaults:
+        sys.stdout.write(defaults_yaml())
+        return 0
+    if args.attach:
+        return attach(args)
+    if not args.run_file:
+        parser.error("a run file is required (or --print-defaults, or --attach URL RUN_ID)")
+    try:
+        run_file = prepare(args)
+    except RunFileError as exc:
+        for problem in exc.problems:
+            print(f"sluice run: {problem}", file=sys.stderr)
+        return 2
+    options = RunOptions(view=args.view, resume=args.resume, token=auth_token(args), path=args.run_file)
+    try:
+        return start_and_follow(run_file, options)
+    except KeyboardInterrupt:  # a second Ctrl-C while pausing: every service has been stopped on the way out
+        print("sluice run: interrupted; services stopped", file=sys.stderr)
+        return 130
+
+
+def prepare(args) -> RunFile:
+    """The validated run file, its model written if asked, checked before anything starts."""
+    run_file = load_run_file(args.run_file)
+    if args.redis_url:
+        run_file = run_file.model_copy(update={"stack": run_file.stack.model_copy(
+            update={"redis_url": args.redis_url})})
+    if run_file.stack.init_model and not os.path.exists(run_file.model):
+        from services.model.init_model import init_model  # torch and transformers: only when needed
+
+        init_model(run_file.model, preset=run_file.stack.init_model)
+    sys.path.insert(0, run_file_directory(args.run_file))  # the preflight imports an import: reward from there
+    problems = [f"{position_of(args.run_file, p.key)}: {p.key}: {p.message}" for p in preflight(run_file)]
+    problems += resume_problems(run_file, args)
+    if problems:
+        raise RunFileError(problems)
+    return run_file
+
+
+def run_file_directory(path: str) -> str:
+    """Where a run file's `import:` reward module may be, beside the file (the services get it on PYTHONPATH)."""
+    return os.path.dirname(os.path.abspath(path))
+
+
+def preflight(run_file: RunFile) -> list:
+    from services.run_contract.preflight import check_run  # imports the model loader: only when running
+
+    return check_run(run_file.run_config())
+
+
+def resume_problems(run_file: RunFile, args) -> list[str]:
+    """A checkpoint is continued only when asked (--resume), and --resume needs one."""
+    directory = run_file.directories()["checkpoints"]
+    ckpt = latest_checkpoint(directory, "actor") if os.path.isdir(directory) else None
+    where = position_of(args.run_file, "stack.checkpoint_dir")
+    if ckpt is not None and not args.resume:
+        return [f"{where}: stack.checkpoint_dir: {directory} holds a checkpoint of an earlier run (next step "
+                f"{ckpt.next_step}): add --resume to continue it, or give this run another name or stack.output_dir"]
+    if ckpt is None and args.resume:
+        return [f"{where}: stack.checkpoint_dir: --resume, but {directory} holds no checkpoint to continue from"]
+    return []
+
+
+@dataclass
+class RunOptions:
+    """How `start_and_follow` runs a run file (the flags of `sluice run`; the demo sets its own)."""
+
+    view: str = "auto"  # auto | live | json
+    resume: bool = False
+    token: str = ""
+    path: str = ""  # the run file (how to resume it is shown on Ctrl-C)
+    check: Callable[[LocalRun, RunProgress], None] | None = None  # looks at a finished run, services still up
+
+
+def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
+    """Start the run's services, submit it, follow it to its end and stop them; the exit status."""
+    config, dirs, stack = run_file.run_config(), run_file.directories(), run_file.stack
+    view = choose_view(options.view)
+    view.note("starting", run=config.name, run_dir=dirs["run"], logs=dirs["logs"])
+    try:
+        local = LocalRun(config, log_dir=dirs["logs"], engines=stack.engines, token=options.token,
+                         checkpoint_dir=dirs["checkpoints"], engine_args=run_file.engine_argv(),
+                         role_args=run_file.role_argv(), trainer_ranks=stack.trainer_ranks, submit=False,
+                         redis_url=stack.redis_url, dcs_port=stack.coordinator_port,
+                         python_path=(run_file_directory(options.path),) if options.path else ())
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        print(f"sluice run: a service did not start: {exc}\nsluice run: logs in {dirs['logs']}", file=sys.stderr)
+        return 1
+    with local:
+        try:
+            submit(local, config.name, options.resume)
+        except DCSError as exc:
+            print(f"sluice run: the coordinator refused the run: {exc}", file=sys.stderr)
+            return 1
+        _write_stack_file(dirs, local, config.name)
+        view.note("running", coordinator=local.dcs.url, services=sorted(local.procs))
+        with local.dcs_client() as dcs:
+            def on_interrupt(progress: RunProgress) -> None:
+                pause(dcs, config.name, view)
+                view.note("stopping", **({"resume": f"sluice run {options.path} --resume"} if options.path else {}))
+
+            def before_summary(progress: RunProgress) -> None:
+                if progress.state == "finished" and options.check:
+                    options.check(local, progress)
+                if progress.state != "interrupted":
+                    progress.extra["report"] = write_run_report(dirs["run"], local, options.token)
+
+            progress = follow(dcs, config, view, liveness=lambda: dead_service(local),
+                              eval_reward=lambda: latest_eval_reward(local), on_interrupt=on_interrupt,
+                              before_summary=before_summary)
+    return _finish(progress, dirs["logs"])
+
+
+def follow(dcs: DCSClient, config, view, **kwargs) -> RunProgress:
+    follower = RunFollower(dcs, config.name, config.num_steps, config.rows_per_step, **kwargs)
+    with interrupts_set(follower.interrupt):
+        return follower.follow(view)
+
+
+def _finish(progress: RunProgress, log_dir: str | None) -> int:
+    if progress.state not in ("finished", "interrupted"):
+        where = f" (logs in {log_dir})" if log_dir else ""
+        print(f"sluice run: run {progress.run_id} {progress.state}: {progress.failure or ''}{where}",
+              file=sys.stderr)
+    return exit_code(progress)
+
+
+def submit(local: LocalRun, run_id: str, resume: bool) -> None:
+    """Create the run; on --resume with a Redis that still holds it, resume it instead. A resumed run on a
+    new Redis starts its rollout at the checkpoint's step (the prompts before it were trained)."""
+    if resume and local.redis_proc is not None:
+        ckpt = latest_checkpoint(local.checkpoint_dir, "actor")
+        with local.redis_client() as r:
+            resume_ledger_at(r, run_id, ckpt.next_step * local.run.rollout_batch_size)
+    try:
+        local.submit()
+    except DCSError as exc:
+        if not (resume and exc.status == 409):
+            raise
+        with local.dcs_client() as dcs:
+            dcs.resume(run_id)
+
+
+def write_run_report(run_dir: str, local: LocalRun, token: str) -> dict | None:
+    """The run's report (services/tracking/report.py: report.png, summary.json, the services' spans) while
+    the services still answer; None when nothing was trained. A report that fails is named, not fatal."""
+    from services.tracking.report import report_at_end  # matplotlib: only when a run ends
+
+    try:
+        return report_at_end(run_dir, local.service_urls(), token)
+    except Exception as exc:  # the run's outcome stands whatever the report does
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def dead_service(local: LocalRun) -> str | None:
+    """A service process that exited with an error, named with the end of its log (a role that finished
+    its work and left exits 0)."""
+    for name, proc in local.processes().items():
+        if not proc.alive() and proc.proc.returncode != 0:
+            tail = proc.log_tail(1500).strip().splitlines()[-6:]
+            return f"{name} exited with code {proc.proc.returncode}: " + " | ".join(tail)
+    return None
+
+
+def latest_eval_reward(local: LocalRun) -> float | None:
+    """The newest held-out eval's mean reward (RunConfig.eval), None before the first or without Redis."""
+    try:
+        with local.redis_client() as r:
+            latest = read_latest_evaluation(r, local.run.name)
+    except redis.RedisError:
+        return None
+    return latest.mean_reward if latest is not None else None
+
+
+def pause(dcs: DCSClient, run_id: str, view, wait_s: float = 30.0) -> None:
+    """Ask every service to pause at a safe point and wait (bounded) until the live ones acknowledge."""
+    try:
+        dcs.pause(run_id)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            live = [s for s in dcs.status(run_id).services if s.state != "dead"]
+            if all(s.pause_acknowledged for s in live):
+                break
+            time.sleep(0.2)
+        view.note("paused", run=run_id)
+    except (DCSError, OSError) as exc:  # an ended run cannot pause; stopping still goes on
+        view.note("not_paused", run=run_id, reason=str(exc))
+
+
+@contextlib.contextmanager
+def interrupts_set(event: threading.Event):
+    """While inside: SIGINT and SIGTERM set `event` (the follower then ends) instead of raising."""
+    previous = {sig: signal.signal(sig, lambda *_: event.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _write_stack_file(dirs: dict[str, str], local: LocalRun, run_id: str) -> None:
+    """<run_dir>/stack.json: where this run's coordinator and logs are (`sluice logs`, other terminals)."""
+    os.makedirs(dirs["run"], exist_ok=True)
+    with open(os.path.join(dirs["run"], "stack.json"), "w", encoding="utf-8") as f:
+        json.dump({"run_id": run_id, "coordinator": local.dcs.url, "redis_url": local.redis_url,
+                   "log_dir": dirs["logs"], "checkpoint_dir": dirs["checkpoints"], "pid": os.getpid()}, f, indent=1)
+
+
+def attach(args) -> int:
+    url, run_id = args.attach
+    view = choose_view(args.view)
+    with DCSClient(url, token=auth_token(args) or None) as dcs:
+        try:
+            config = dcs.run(run_id).config
+        except (DCSError, OSError) as exc:
+            print(f"sluice run: --attach {url} {run_id}: {exc}", file=sys.stderr)
+            return 1
+        view.note("attached", run=run_id, coordinator=url)
+        progress = follow(dcs, config, view)
+    return _finish(progress, None)

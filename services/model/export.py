@@ -1,0 +1,102 @@
+"""`sluice export CHECKPOINT OUT_DIR`: a trainer checkpoint as a plain Hugging Face model directory.
+
+OUT_DIR gets config.json, model.safetensors, generation_config.json (if the checkpoint has one) and the
+tokenizer files with the chat template; not the optimizer state or trainer_state.json. transformers'
+AutoModelForCausalLM and AutoTokenizer load it, and so do `sluice engine --model` and SGLang.
+
+CHECKPOINT is one checkpoint (`<checkpoint-dir>/actor/step_<N>`), or a trainer's --checkpoint-dir (or its
+`actor/` folder), whose newest complete checkpoint is taken."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import torch
+
+from services.model.loading import ModelDirError, check_model_dir, load_causal_lm
+from services.run_contract.checkpoint import copy_tokenizer, latest_checkpoint, read_checkpoint
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ExportError(ValueError):
+    """What `sluice export` was given cannot be exported; the message names the path and the problem."""
+
+
+def resolve_checkpoint(path: str) -> str:
+    """The checkpoint directory `path` names: itself, or the newest checkpoint under it (a --checkpoint-dir
+    or its actor/ folder)."""
+    if not os.path.isdir(path):
+        raise ExportError(f"checkpoint {path!r} does not exist or is not a directory")
+    if read_checkpoint(path) is not None:
+        return path
+    for directory, role in ((path, "actor"), (os.path.dirname(os.path.abspath(path)), os.path.basename(path))):
+        found = latest_checkpoint(directory, role)
+        if found is not None:
+            return found.path
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path  # a model directory (no trainer_state.json): exported as it is
+    raise ExportError(f"{path!r} is neither a checkpoint (no trainer_state.json) nor a directory holding "
+                      f"checkpoints (no complete actor/step_* under it)")
+
+
+def export_checkpoint(checkpoint: str, out_dir: str, dtype: str | None = None, force: bool = False) -> str:
+    """Write the model of `checkpoint` to `out_dir` as a Hugging Face directory, in `dtype` (None: as stored).
+    Written to a temporary directory and renamed; an existing non-empty `out_dir` is an error unless `force`.
+    Returns the checkpoint directory exported."""
+    source = resolve_checkpoint(checkpoint)
+    try:
+        check_model_dir(source)
+    except ModelDirError as exc:
+        raise ExportError(f"cannot export {source!r}: {exc.problem}") from None
+    out_dir = os.path.abspath(out_dir)
+    if os.path.commonpath([out_dir, os.path.abspath(source)]) == out_dir:  # --force would delete the source
+        raise ExportError(f"{out_dir!r} holds the checkpoint {source!r} itself: export to another directory")
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)) and not force:
+        raise ExportError(f"{out_dir!r} exists and is not empty (pass --force to replace it)")
+    model, _ = load_causal_lm(source, dtype or _stored_dtype(source))
+    tmp = out_dir.rstrip(os.sep) + ".export-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)  # config.json, generation_config.json, *.safetensors
+    copy_tokenizer(source, tmp)
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    elif os.path.exists(out_dir):
+        os.remove(out_dir)
+    os.replace(tmp, out_dir)
+    return source
+
+
+def _stored_dtype(model_dir: str) -> str:
+    """The dtype config.json says the weights are stored in (`dtype`, or `torch_dtype` in older files)."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    stored = config.get("dtype") or config.get("torch_dtype")
+    return stored if stored in DTYPES else "float32"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sluice export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="a checkpoint directory (<dir>/actor/step_<N>) or a --checkpoint-dir")
+    parser.add_argument("out_dir", help="the Hugging Face model directory to write")
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
+                        help="parameter dtype of the export (default: the checkpoint's own)")
+    parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists and is not empty")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    try:
+        source = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.force)
+    except (ExportError, ModelDirError) as exc:
+        print(f"sluice export: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported {source} -> {os.path.abspath(args.out_dir)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

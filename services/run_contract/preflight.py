@@ -1,0 +1,121 @@
+"""Preflight: what a process can check of a run's config before it spends minutes on it. The CLI calls
+`check_run(config)` before it submits a run; each role calls `check_run(config, role)` at start (for what
+it reads itself) and reports the problems as the run's failure (services/runtime/role_service.py).
+
+    model            the directory exists and holds config.json, weights (*.safetensors or pytorch_model*.bin)
+                     and, for the roles that read it, the tokenizer (tokenizer_config.json and a vocabulary)
+    rollout.prompts  (and eval.prompts) demo:<task> names a demo task, or the .jsonl/.parquet file exists, is
+                     readable, and its first row has rollout.prompt_field
+    rollout.reward   a built-in name, an import:module:function that imports and takes
+                     (response, fields, prompt), or an http(s) URL with a host (reward_spec.py)"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from services.demo_tasks import DEMO_TASKS
+from services.model.loading import ModelDirError, check_model_dir
+from services.run_contract.reward_spec import check_reward_spec
+from services.run_contract.run_config import RunConfig
+
+# what each role reads itself, so what it checks at start (None: the CLI, everything)
+ROLE_CHECKS: dict[str, frozenset[str]] = {
+    "rollout": frozenset({"tokenizer", "prompts", "reward"}),
+    "trainer": frozenset({"weights", "tokenizer"}),  # its checkpoints carry the tokenizer
+    "critic": frozenset({"weights"}),
+    "actor_fwd": frozenset({"weights"}),
+    "reference": frozenset({"weights"}),
+    "advantage": frozenset(),
+}
+EVERYTHING = frozenset({"weights", "tokenizer", "prompts", "reward"})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a run's config: the key (dotted, as in the run's YAML) and what is wrong."""
+
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
+
+
+def check_run(config: RunConfig, role: str | None = None) -> list[Problem]:
+    """Every problem found with `config` (empty: it may run). `role` limits the checks to what that role
+    reads (ROLE_CHECKS); None checks everything. Importing an import: reward runs its module's top level."""
+    checks = EVERYTHING if role is None else ROLE_CHECKS.get(role, frozenset())
+    problems = []
+    if checks & {"weights", "tokenizer"}:
+        try:
+            check_model_dir(config.model, weights="weights" in checks, tokenizer="tokenizer" in checks)
+        except ModelDirError as exc:
+            problems.append(Problem("model", str(exc)))
+    r = config.rollout
+    if "prompts" in checks:
+        problems += _prompt_problems("rollout.prompts", r.prompts, r.prompt_field)
+        eval_prompts = config.eval.prompts
+        if eval_prompts is not None:
+            problems += _prompt_problems("eval.prompts", eval_prompts, r.prompt_field)
+    if "reward" in checks:
+        message = check_reward_spec(r.reward, r.prompts)
+        if message is not None:
+            problems.append(Problem("rollout.reward", message))
+    return problems
+
+
+def describe(problems: list[Problem]) -> str:
+    """One line naming every problem (a failure report, a CLI error)."""
+    return "; ".join(str(p) for p in problems)
+
+
+def _prompt_problems(key: str, spec: str, prompt_field: str) -> list[Problem]:
+    if spec.startswith("demo:"):
+        if spec[len("demo:"):] in DEMO_TASKS:
+            return []
+        known = ", ".join("demo:" + t for t in sorted(DEMO_TASKS))
+        return [Problem(key, f"unknown demo task {spec!r}; known: {known}")]
+    suffix = os.path.splitext(spec)[1].lower()
+    if suffix not in (".jsonl", ".parquet"):
+        return [Problem(key, f"{spec!r} must be a .jsonl or .parquet file, or demo:<task>")]
+    if not os.path.isfile(spec):
+        return [Problem(key, f"{spec} does not exist" if not os.path.exists(spec) else f"{spec} is not a file")]
+    try:
+        first = _first_jsonl_row(spec) if suffix == ".jsonl" else _parquet_columns(spec)
+    except OSError as exc:
+        return [Problem(key, f"{spec} cannot be read: {exc.strerror or exc}")]
+    except ValueError as exc:
+        return [Problem(key, f"{spec}: {exc}")]
+    if prompt_field not in first:
+        return [Problem(key, f"{spec}: the first row has no {prompt_field!r} field (rollout.prompt_field); "
+                             f"it has {sorted(first)}")]
+    return []
+
+
+def _first_jsonl_row(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"line {line_no} is not valid JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"line {line_no} is a JSON {type(row).__name__}, not an object")
+                return row
+    raise ValueError("it holds no rows")
+
+
+def _parquet_columns(path: str) -> dict:
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path)
+    except pyarrow.ArrowException as exc:
+        raise ValueError(f"not a readable parquet file ({exc})") from None
+    if meta.metadata.num_rows == 0:
+        raise ValueError("it holds no rows")
+    return dict.fromkeys(meta.schema_arrow.names)

@@ -1,0 +1,1 @@
+"""Experiment tracking (TensorBoard, W&B offline, MLflow local) and the run report (`sluice report`)."""

@@ -1,0 +1,143 @@
+"""`sluice run run.yaml` as a user runs it: one subprocess that writes a tiny model, starts every service,
+submits the run, prints one JSON line per trained step and a summary, and exits 0; Ctrl-C pauses and stops
+it, and `--resume` continues from its last checkpoint; a service that cannot start fails it loudly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import redis
+
+from services.cli import main as sluice
+from services.run_state.trainer_progress import trained_steps
+from services.runtime.processes import start_redis
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+RUN = """name: {name}
+model: {model}
+num_steps: {steps}
+n_samples_per_prompt: 2
+rollout_batch_size: 2
+global_batch_size: 4
+micro_batch_size: 2
+checkpoint_interval: 1
+rollout:
+  max_new_tokens: 8
+{reward}optim:
+  lr: 1.0e-4
+stack:
+  init_model: tiny
+  coordinator_port: 0
+{stack}"""
+
+
+def write_run(directory, name: str, steps: int = 3, model: str = "model", stack: str = "", reward: str = "") -> str:
+    path = os.path.join(directory, "run.yaml")
+    with open(path, "w") as f:
+        f.write(RUN.format(name=name, steps=steps, model=model, stack=stack,
+                           reward=f"  reward: {reward}\n" if reward else ""))
+    return path
+
+
+def start(path: str, *flags: str, cwd: str | None = None) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "services.cli", "run", path, "--view", "json", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=cwd or os.path.dirname(path))
+
+
+def lines_of(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_sluice_run_trains_to_the_end_and_prints_a_line_per_step_and_a_summary(tmp_path, capsys):
+    redis_proc, redis_url = start_redis(log_dir=str(tmp_path))  # --redis-url: the run's state outlives it
+    # a reward module beside the run file, started from another directory: found all the same
+    (tmp_path / "my_scorer.py").write_text("def score(response, fields, prompt):\n    return len(response) % 2\n")
+    (tmp_path / "elsewhere").mkdir()
+    try:
+        proc = start(write_run(str(tmp_path), "cli-run", reward="import:my_scorer:score"), "--redis-url", redis_url,
+                     cwd=str(tmp_path / "elsewhere"))
+        out, err = proc.communicate(timeout=540)
+        assert proc.returncode == 0, err[-3000:]
+        with redis.Redis.from_url(redis_url, decode_responses=True) as r:
+            assert sorted(trained_steps(r, "cli-run")) == [0, 1, 2]
+    finally:
+        redis_proc.stop()
+    lines = lines_of(out)
+    assert [e.get("event") for e in lines[:2]] == ["starting", "running"]
+    assert [e["step"] for e in lines if "step" in e] == [0, 1, 2]
+    assert all(0 <= e["reward_mean"] <= 1 and e["weight_version"] == e["step"] + 1 for e in lines if "step" in e)
+    summary = lines[-1]
+    assert summary["event"] == "finished" and summary["steps"] == 3 and summary["failure"] is None
+    run_dir = tmp_path / "runs" / "cli-run"
+    assert (run_dir / "steps.jsonl").exists()  # the trainer's run files are in the run dir, with the report
+    assert summary["report"] and all(os.path.exists(p) for p in summary["report"].values()), summary["report"]
+    assert json.loads((run_dir / "stack.json").read_text())["log_dir"] == str(run_dir / "logs")
+    assert sluice(["logs", "trainer", "--run-dir", str(run_dir), "-n", "5"]) == 0
+    assert capsys.readouterr().out.strip()
+    # the same run dir again holds its checkpoints: a new run there must say --resume
+    again = start(str(tmp_path / "run.yaml"))
+    _, err = again.communicate(timeout=120)
+    assert again.returncode == 2 and "stack.checkpoint_dir:" in err and "add --resume" in err
+
+
+def test_ctrl_c_pauses_and_stops_and_resume_finishes_from_the_checkpoint(tmp_path):
+    path = write_run(str(tmp_path), "cli-resume", steps=30)  # far more than train while it pauses
+    proc = start(path)
+    seen = []
+    for line in proc.stdout:  # until the second step is recorded (each step is checkpointed)
+        seen.append(json.loads(line))
+        if seen[-1].get("step") == 1:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=180)
+    lines = seen + lines_of(out)
+    assert proc.returncode == 130, err[-3000:]
+    assert {"paused", "stopping"} <= {e.get("event") for e in lines}
+    assert lines[-1]["event"] == "interrupted" and lines[-1]["steps"] < 30
+    interrupted_at = lines[-1]["steps"]
+    resumed = start(path, "--resume")
+    out, err = resumed.communicate(timeout=540)
+    assert resumed.returncode == 0, err[-3000:]
+    lines = lines_of(out)
+    steps = [e["step"] for e in lines if "step" in e]
+    # from the checkpoint on (the trainer checkpoints each step and its last one on the way out; the step it
+    # was publishing when it paused may be recorded after the summary was written)
+    assert steps and steps == list(range(steps[0], 30)), (out, err[-2000:])
+    assert interrupted_at <= steps[0] <= interrupted_at + 1, (interrupted_at, steps)
+    assert lines[-1]["event"] == "finished" and lines[-1]["steps"] == 30
+
+
+def test_a_service_that_cannot_start_fails_the_run_loudly(tmp_path):
+    path = write_run(str(tmp_path), "cli-bad-flag", stack="  role_flags: {trainer: {warmup_steps: 3}}\n")
+    proc = start(path)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    assert "sluice run: a service did not start: trainer exited" in err and "--warmup-steps" in err
+    assert "logs in " in err
+
+
+def test_an_operator_stop_from_another_terminal_ends_sluice_run_with_3(tmp_path):
+    proc = start(write_run(str(tmp_path), "cli-stop", steps=30))
+    coordinator = None
+    for line in proc.stdout:  # the coordinator's URL, then the first trained step
+        event = json.loads(line)
+        coordinator = event.get("coordinator", coordinator)
+        if event.get("step") == 0:
+            break
+    env = {**os.environ, "SLUICE_COORDINATOR_URL": coordinator}
+    stop = subprocess.run([sys.executable, "-m", "services.cli", "stop", "cli-stop"], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert stop.returncode == 0, stop.stderr
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 3, err[-3000:]
+    summary = lines_of(out)[-1]
+    assert summary["event"] == "stopped" and summary["steps"] < 30
+    assert "run cli-stop stopped" in err

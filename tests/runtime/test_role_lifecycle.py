@@ -1,0 +1,109 @@
+"""serve_role (services/runtime/role_service.py) against a real coordinator process: a role's fatal error and a
+failed preflight become the run's failure, and a run that fails or is stopped ends every role's loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from services.dcs.client import DCSClient
+from services.dcs.local import LocalDCS
+from services.dcs.models import RunConfig
+from services.runtime.role_service import PreflightFailed, RoleSettings, RoleStatus, serve_role
+
+
+@pytest.fixture(scope="module")
+def dcs(tmp_path_factory):
+    with LocalDCS(log_dir=str(tmp_path_factory.mktemp("dcs"))) as d:
+        yield d
+
+
+@pytest.fixture
+def client(dcs):
+    with DCSClient(dcs.url) as c:
+        yield c
+
+
+@pytest.fixture
+def run_id(client, uniq):
+    name = uniq("run")
+    client.create_run(RunConfig(name=name, model="/nowhere/model"))
+    return name
+
+
+def settings(dcs, run_id: str) -> RoleSettings:
+    return RoleSettings(run_id=run_id, dcs_url=dcs.url, host="127.0.0.1", port=0)
+
+
+async def serve(dcs, run_id: str, role: str, loop=None, aloop=None, stop: asyncio.Event | None = None):
+    status = RoleStatus(role)
+    await serve_role(settings(dcs, run_id), stop or asyncio.Event(), status, loop=loop, aloop=aloop,
+                     watch_poll_s=0.1)
+    return status
+
+
+async def test_a_loop_that_raises_fails_the_run_and_the_process(dcs, client, run_id):
+    def loop(halt: threading.Event) -> None:
+        raise ConnectionResetError("shard 3 went away")
+    with pytest.raises(ConnectionResetError):
+        await serve(dcs, run_id, "advantage", loop=loop)
+    failure = client.status(run_id).failure
+    assert client.run(run_id).status == "failed" and failure.role == "advantage"
+    assert failure.message.startswith("ConnectionResetError: shard 3 went away (at ") and "test_role_lifecycle" in \
+        failure.message
+
+
+async def test_a_failed_preflight_fails_the_run_before_the_loop_starts(dcs, client, run_id):
+    started = []
+    with pytest.raises(PreflightFailed, match="model"):
+        await serve(dcs, run_id, "trainer", loop=started.append)
+    failure = client.run(run_id).failure
+    assert not started and failure.role == "trainer"
+    assert failure.message.startswith("preflight: model: ") and "/nowhere/model" in failure.message
+
+
+@pytest.mark.parametrize("end", ["stop", "fail"])
+async def test_a_waiting_thread_loop_exits_cleanly_when_the_run_ends(dcs, client, run_id, end):
+    waiting = threading.Event()
+
+    def loop(halt: threading.Event) -> None:  # a role waiting for rows that will never come
+        waiting.set()
+        halt.wait()
+    serving = asyncio.create_task(serve(dcs, run_id, "advantage", loop=loop))
+    assert await asyncio.to_thread(waiting.wait, 30)
+    if end == "stop":
+        await asyncio.to_thread(client.stop_run, run_id)
+    else:
+        await asyncio.to_thread(client.fail_run, run_id, "rollout", "the reward server is gone")
+    role_status = await asyncio.wait_for(serving, 60)  # returns: the process exits 0
+    assert role_status.snapshot()["state"] == ("stopped" if end == "stop" else "failed")
+    if end == "fail":  # the first failure stays the run's, and this role, which did not fail, added none
+        status = client.status(run_id)
+        assert status.failure.role == "rollout" and status.later_failures == []
+
+
+async def test_an_async_loop_is_stopped_too(dcs, client, run_id):
+    async def aloop(stop: asyncio.Event) -> None:
+        await asyncio.to_thread(client.stop_run, run_id)
+        await stop.wait()
+    status = await asyncio.wait_for(serve(dcs, run_id, "advantage", aloop=aloop), 60)
+    assert status.snapshot()["state"] == "stopped"
+
+
+async def test_a_role_started_after_the_run_ended_does_not_start_its_loop(dcs, client, run_id):
+    client.stop_run(run_id)
+    started = []
+    status = await asyncio.wait_for(serve(dcs, run_id, "advantage", loop=started.append), 60)
+    assert not started and status.snapshot()["state"] == "stopped"
+
+
+async def test_a_finished_loop_keeps_serving_until_sigterm(dcs, client, run_id):
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve(dcs, run_id, "advantage", loop=lambda halt: None, stop=stop))
+    await asyncio.to_thread(client.finish_run, run_id)
+    await asyncio.sleep(0.5)  # several polls of the run: finished is not a reason to exit
+    assert not serving.done()
+    stop.set()
+    assert (await asyncio.wait_for(serving, 30)).snapshot()["state"] == "finished"
