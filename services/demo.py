@@ -24,7 +24,7 @@ import tempfile
 
 from services.algorithms.names import ESTIMATORS
 from services.demo_tasks import DEMO_TASKS
-from services.front_door.command_flags import HelpWithDefaults
+from services.runtime.settings_cli import HelpWithDefaults
 from services.front_door.follower import RunProgress
 from services.front_door.run_file import RunFile
 from services.front_door.supervisor import RunOptions, start_and_follow
@@ -99,9 +99,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--task", nargs="?", const="", default="reverse",
                         help="the built-in task (demo:<task>); --task alone lists them")
     parser.add_argument("--steps", type=int, default=200, help="training steps")
-    parser.add_argument("--mode", choices=["fully_async", "colocate"], default="fully_async")
+    parser.add_argument("--mode", choices=["fully_async", "colocate"], default="fully_async",
+                        help="fully_async (overlapped) or colocate (synchronous, max_staleness 0)")
     parser.add_argument("--max-staleness", type=int, default=1, help="versions rollout may run ahead (fully_async)")
-    parser.add_argument("--estimator", default="grpo", choices=ESTIMATORS)
+    parser.add_argument("--estimator", default="grpo", choices=ESTIMATORS, help="advantage estimator")
     parser.add_argument("--prompts", default="", help="a .jsonl or .parquet file instead of the task's prompts "
                                                       "(no warm start, no eval)")
     parser.add_argument("--groups-per-step", type=int, default=8, help="prompt groups per step")

@@ -14,10 +14,6 @@ from services.runtime.auth_token import AuthTokenError, resolve_token
 DEFAULT_COORDINATOR = "http://127.0.0.1:7300"
 
 
-class HelpWithDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and each flag's default after its help."""
-
-
 def add_coordinator_flags(parser: argparse.ArgumentParser, url: bool = True) -> None:
     if url:
         parser.add_argument("--coordinator", default=os.environ.get("SLUICE_COORDINATOR_URL", DEFAULT_COORDINATOR),

@@ -11,8 +11,9 @@ import sys
 from typing import Callable
 
 from services.dcs.client import DCSError
-from services.front_door.command_flags import HelpWithDefaults, add_coordinator_flags, coordinator_client
+from services.front_door.command_flags import add_coordinator_flags, coordinator_client
 from services.front_door.run_file import RunFileError, load_run_file, position_of
+from services.runtime.settings_cli import HelpWithDefaults
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from services.front_door.command_flags import HelpWithDefaults
+from services.runtime.settings_cli import HelpWithDefaults
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,7 +27,7 @@ from typing import Callable
 import redis
 
 from services.dcs.client import DCSClient, DCSError
-from services.front_door.command_flags import HelpWithDefaults, add_coordinator_flags, auth_token
+from services.front_door.command_flags import add_coordinator_flags, auth_token
 from services.front_door.config_reference import defaults_yaml
 from services.front_door.follower import RunFollower, RunProgress, exit_code
 from services.front_door.live_view import choose_view
@@ -36,6 +36,7 @@ from services.launch.local_run import LocalRun
 from services.run_contract.checkpoint import latest_checkpoint
 from services.run_state.evaluations import read_latest_evaluation
 from services.run_state.prompt_ledger import resume_ledger_at
+from services.runtime.settings_cli import HelpWithDefaults
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ import torch
 
 from services.model.loading import ModelDirError, check_model_dir, load_causal_lm
 from services.run_contract.checkpoint import copy_tokenizer, latest_checkpoint, read_checkpoint
+from services.runtime.settings_cli import HelpWithDefaults
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -81,11 +82,11 @@ def _stored_dtype(model_dir: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sluice export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpWithDefaults)
     parser.add_argument("checkpoint", help="a checkpoint directory (<dir>/actor/step_<N>) or a --checkpoint-dir")
     parser.add_argument("out_dir", help="the Hugging Face model directory to write")
     parser.add_argument("--dtype", choices=DTYPES, default=None,
-                        help="parameter dtype of the export (default: the checkpoint's own)")
+                        help="parameter dtype of the export (None: the checkpoint's own)")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists and is not empty")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -9,6 +9,8 @@ import sys
 
 import torch
 
+from services.runtime.settings_cli import HelpWithDefaults
+
 
 def init_model(directory: str, preset: str = "tiny", arch: str = "qwen2", seed: int = 0,
                dtype: str = "float32", vocab_size: int = 1024) -> str:
@@ -31,13 +33,14 @@ def init_model(directory: str, preset: str = "tiny", arch: str = "qwen2", seed: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sluice init-model", description=__doc__)
-    parser.add_argument("directory")
-    parser.add_argument("--preset", choices=["tiny", "small"], default="tiny")
-    parser.add_argument("--arch", choices=["qwen2", "llama"], default="qwen2")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--vocab-size", type=int, default=1024)
+    parser = argparse.ArgumentParser(prog="sluice init-model", description=__doc__, formatter_class=HelpWithDefaults)
+    parser.add_argument("directory", help="where to write the model and its tokenizer")
+    parser.add_argument("--preset", choices=["tiny", "small"], default="tiny",
+                        help="model shape: tiny (~0.1M parameters, tests) or small (~3M, the demo and benchmarks)")
+    parser.add_argument("--arch", choices=["qwen2", "llama"], default="qwen2", help="architecture")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="parameter dtype")
+    parser.add_argument("--vocab-size", type=int, default=1024, help="vocabulary of the built tokenizer")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     path = init_model(args.directory, args.preset, args.arch, args.seed, args.dtype, args.vocab_size)

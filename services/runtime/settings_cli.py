@@ -17,6 +17,11 @@ from pydantic_settings import BaseSettings
 S = TypeVar("S", bound=BaseSettings)
 
 
+class HelpWithDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """For hand-written parsers (the front door, init-model, export, report): the description as written,
+    and each flag's default after its help."""
+
+
 def _flag_type(annotation: object):
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):

@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 
+from services.runtime.settings_cli import HelpWithDefaults
 from services.tracking.tracker import STEPS_FILE
 
 log = logging.getLogger(__name__)
@@ -217,10 +218,10 @@ def _thresholds(text: str) -> tuple[float, ...]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sluice report", description=(
         "Write report.png and summary.json into a run dir (<trainer --output-dir>/<run_id>) from its steps.jsonl "
-        "(and spans.json, for the per-service timeline); prints their paths as JSON."))
+        "(and spans.json, for the per-service timeline); prints their paths as JSON."), formatter_class=HelpWithDefaults)
     parser.add_argument("run_dir", help="the run dir: the trainer's <output_dir>/<run_id>")
-    parser.add_argument("--thresholds", type=_thresholds, default=DEFAULT_THRESHOLDS,
-                        help="reward thresholds for time-to-reward, comma-separated [default 0.25,0.5,0.75,0.9]")
+    parser.add_argument("--thresholds", type=_thresholds, default=",".join(str(t) for t in DEFAULT_THRESHOLDS),
+                        help="reward thresholds for time-to-reward, comma-separated")
     args = parser.parse_args(argv)
     try:
         paths = write_report(args.run_dir, args.thresholds)
