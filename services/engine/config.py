@@ -27,6 +27,11 @@ class EngineConfig(AuthTokenSettings, TLSSettings):
                                 "model's max_position_embeddings, at most 4096")
     max_total_tokens: int = Field(0, ge=0, description="KV pool size in tokens (slots = this // context "
                                   "length, at most max_running); 0 = max_running x context length")
+    max_queued_requests: int = Field(4096, ge=1, le=1 << 20, description="most samples waiting for a KV "
+                                     "slot; a /generate that would queue more answers 503 (one asking for more "
+                                     "samples than this alone: 400)")
+    max_new_tokens_limit: int = Field(0, ge=0, description="largest max_new_tokens a request may ask for "
+                                      "(400 above it); 0 = the context length")
     chunked_prefill_size: int = Field(2048, ge=1, description="prompt tokens prefilled per step, batched "
                                       "with the decode tokens")
     speculative_algorithm: str = Field("ngram", pattern="^(none|ngram)$", description="speculative decoding of "

@@ -122,12 +122,16 @@ def engine_info_router(engine) -> APIRouter:
     return router
 
 
-def service_router() -> APIRouter:
-    """/health, and /metrics and /spans (spans: generate = busy forward steps, pause, weight_load)."""
+def service_router(engine) -> APIRouter:
+    """/health (503 once the engine failed), and /metrics and /spans (spans: generate = busy forward steps,
+    pause, weight_load)."""
     router = APIRouter(tags=["service"])
 
-    @router.get("/health")
+    @router.get("/health", responses={503: {"description": "the engine failed (it exits and is restarted)"}})
     async def health():
+        if not engine.scheduler.alive():
+            return JSONResponse({"error": {"message": f"engine failed: {engine.scheduler.failure}"}},
+                                status_code=503)
         return Response(status_code=200)
 
     router.include_router(observability_router())

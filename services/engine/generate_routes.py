@@ -7,7 +7,7 @@ import json
 
 import orjson
 import torch
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from prometheus_client import Counter
 
@@ -19,8 +19,34 @@ TOKENS_OUT = Counter("sluice_engine_generated_tokens_total", "tokens generated")
 REQUESTS = Counter("sluice_engine_requests_total", "generate requests", ["finish"])
 
 
+# how often a non-streaming request that waits checks whether its client is still there
+DISCONNECT_CHECK_S = 1.0
+
+
 class BadRequest(ValueError):
     """A well-formed body the engine cannot serve (server.py answers 400 with the message)."""
+
+
+class Unavailable(RuntimeError):
+    """The engine cannot take the request now: its queue is full, or it failed (server.py answers 503)."""
+
+
+def check_capacity(engine, items) -> None:
+    """Refuse, before anything is queued, what is over the engine's limits (--max-new-tokens-limit,
+    --max-queued-requests) or arrives after the engine failed."""
+    config, sched = engine.config, engine.scheduler
+    limit = config.max_new_tokens_limit or engine.pool.slot_len
+    if any(params.max_new_tokens > limit for _, params, _ in items):
+        raise BadRequest(f"max_new_tokens must be at most {limit} (--max-new-tokens-limit, else the context length)")
+    samples = sum(params.n for _, params, _ in items)
+    if samples > config.max_queued_requests:
+        raise BadRequest(f"the request asks for {samples} samples; the engine queues at most "
+                         f"{config.max_queued_requests} (--max-queued-requests)")
+    if not sched.alive():
+        raise Unavailable(f"the engine failed and is restarting: {sched.failure or 'its engine thread stopped'}")
+    if sched.queued() + samples > config.max_queued_requests:
+        raise Unavailable(f"the queue is full ({config.max_queued_requests} samples waiting, --max-queued-requests);"
+                          " retry later")
 
 
 def prompts_of(engine, req: GenerateRequest) -> list[tuple[list[int], SamplingParams, str]]:
@@ -112,6 +138,18 @@ def _events(engine, seqs: list[Generation], queues: list[asyncio.Queue], result)
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
+async def _wait_all(request: Request, seqs: list[Generation], queues: list[asyncio.Queue]) -> bool:
+    """Until every sample finished (True) or the client disconnected (False)."""
+    for seq, q in zip(seqs, queues):
+        while not seq.finished:
+            try:
+                await asyncio.wait_for(q.get(), DISCONNECT_CHECK_S)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    return False
+    return True
+
+
 def _abort_unfinished(engine, seqs: list[Generation]) -> None:
     for seq in seqs:
         if not seq.finished:
@@ -122,10 +160,13 @@ def generate_router(engine) -> APIRouter:
     router = APIRouter(tags=["generation"])
     sched = engine.scheduler
 
-    @router.post("/generate", response_model=GenerateResult | list[GenerateResult])
-    async def generate(req: GenerateRequest):
+    @router.post("/generate", response_model=GenerateResult | list[GenerateResult],
+                 responses={400: {"description": "a body the engine cannot serve"},
+                            503: {"description": "the queue is full, or the engine failed"}})
+    async def generate(req: GenerateRequest, request: Request):
         """Generate for one input or a batch; `sampling_params.n` samples per input share its prefill."""
         items = prompts_of(engine, req)
+        check_capacity(engine, items)
         with_logprobs = req.return_logprob
         seqs, queues = samples_of(engine, items, req.stream, req.top_logprobs_num if with_logprobs else 0,
                                   req.logprob_start_len if with_logprobs else -1)
@@ -140,9 +181,9 @@ def generate_router(engine) -> APIRouter:
         if req.stream:
             return _events(engine, seqs, queues, result)
         try:
-            for seq, q in zip(seqs, queues):
-                while not seq.finished:
-                    await q.get()
+            if not await _wait_all(request, seqs, queues):
+                _abort_unfinished(engine, seqs)  # the client went away: its samples stop taking KV slots
+                return Response(status_code=499)
         except asyncio.CancelledError:
             _abort_unfinished(engine, seqs)
             raise

@@ -12,7 +12,7 @@ from services.engine.sampling import SamplingParams
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class GenerateRequest(_Body):

@@ -56,12 +56,28 @@ class Generation:
     def awaiting_prefix(self) -> bool:
         return self.leader is not None
 
+    def set_prompt_logprobs(self, rows: torch.Tensor) -> None:
+        """From the logits of the prompt's positions: log p(prompt[i] | prompt[:i]) for i >= logprob_start_len
+        (the first token has none)."""
+        logprobs = torch.log_softmax(rows.float(), dim=-1)
+        self.input_logprobs = [None if i == 0 else float(logprobs[i - 1, self.prompt[i]])
+                               for i in range(self.logprob_start_len, len(self.prompt))]
+
     def note_version(self, version: str) -> None:
         index = len(self.output) - 1
         if self.spans and self.spans[-1]["version"] == version:
             self.spans[-1]["end"] = index + 1
         else:
             self.spans.append({"version": version, "start": index, "end": index + 1})
+
+
+def still_waiting(req: Generation) -> list[Generation]:
+    """A queued request, or in place of an aborted leader its unfinished siblings, each on its own now."""
+    if not req.finished:
+        return [req]
+    for f in req.followers:
+        f.leader = None
+    return [f for f in req.followers if not f.finished]
 
 
 def share_prompts(requests: list[Generation]) -> list[list[Generation]]:

@@ -13,7 +13,8 @@ GREEDY_BELOW = 1e-6
 
 
 class SamplingParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # JSON as Python parses it has NaN and Infinity: no sampler setting may be either
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_new_tokens: int = Field(128, ge=0)
     temperature: float = Field(1.0, ge=0)
@@ -25,7 +26,8 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     min_new_tokens: int = Field(0, ge=0)
     n: int = Field(1, ge=1, le=1024)
-    sampling_seed: int | None = None
+    sampling_seed: int | None = Field(None, ge=0, le=(1 << 63) - 1, description="a torch.Generator seed (the "
+                                      "n samples take seed, seed + 1, ...)")
 
     @field_validator("top_k")
     @classmethod

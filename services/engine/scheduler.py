@@ -10,6 +10,10 @@ copy of its KV and sample from the same last-position logits.
 
 Control operations (pause modes, aborts, weight loads) run on this thread between steps, so they never race
 a forward pass.
+
+A step that raises is not retried: every request held fails with the error, `failure` says why, `on_fatal`
+tells the server (503, then exit non-zero for its supervisor to restart it) and the thread ends: a loop going
+on could serve from a corrupt KV pool, one silently dead would leave every caller waiting.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 
 from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
-from services.engine.request import Generation
+from services.engine.request import Generation, still_waiting
 from services.engine.sampling import GREEDY_BELOW, sample_batch
 from services.engine.speculation import NgramDrafter, accept_greedy, draft_sizes
 from services.runtime.spans import RECORDER
@@ -34,9 +38,11 @@ log = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(self, decoder: BatchedDecoder, tokenizer, chunked_prefill_size: int = 4096,
-                 num_draft_tokens: int = 0, draft_budget: int = 64):
+                 num_draft_tokens: int = 0, draft_budget: int = 64,
+                 on_fatal: Callable[[BaseException], None] | None = None):
         """num_draft_tokens > 0: n-gram speculative decoding of greedy requests (services/engine/speculation.py),
-        at most that many drafts per request and `draft_budget` per step."""
+        at most that many drafts per request and `draft_budget` per step. `on_fatal(error)`: called on the
+        engine thread when a step failed and the loop stopped."""
         self.decoder = decoder
         self.pool: KVPool = decoder.pool
         self.tokenizer = tokenizer
@@ -56,6 +62,8 @@ class Scheduler:
         self._cv = threading.Condition()
         self._controls: deque = deque()
         self._stop = False
+        self.failure: str | None = None         # why the loop stopped on an error (None: healthy)
+        self.on_fatal = on_fatal
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
 
     def start(self) -> None:
@@ -70,10 +78,23 @@ class Scheduler:
     # ------------------------------------------------------------ called from other threads
 
     def submit(self, group: list[Generation]) -> None:
-        """One request, or the n samples of one prompt (the leader first)."""
+        """One request, or the n samples of one prompt (the leader first). After a fatal error they fail
+        at once."""
         with self._cv:
-            self.waiting.append(group[0])
-            self._cv.notify_all()
+            if self.failure is None:
+                self.waiting.append(group[0])
+                self._cv.notify_all()
+                return
+        for req in group:
+            self._finish(req, {"type": "abort", "message": f"engine error: {self.failure}"})
+
+    def queued(self) -> int:
+        """Samples waiting for a KV slot (a waiting leader brings its siblings)."""
+        with self._cv:
+            return sum(1 + len(r.followers) for r in self.waiting)
+
+    def alive(self) -> bool:
+        return self.failure is None and self._thread.is_alive()
 
     def control(self, fn: Callable[[], object]) -> "threading.Event":
         """Run fn on the engine thread between steps; returns an event set when done (result/error on it)."""
@@ -112,11 +133,22 @@ class Scheduler:
                     # back-to-back steps are one busy interval on the timeline
                     RECORDER.merge("generate", began, time.time(), gap_s=0.005, version=self.weight_version)
                 except Exception as exc:  # never leave callers waiting on a dead loop
-                    log.exception("engine step failed; aborting the running requests")
-                    for req in self.running:
-                        if not req.finished:
-                            self._finish(req, {"type": "abort", "message": f"engine error: {exc}"})
-                    self.running = []
+                    self._fail(exc)
+                    return
+
+    def _fail(self, exc: Exception) -> None:
+        """A step raised: fail every request the engine holds with the error and stop (see the module doc)."""
+        log.exception("engine step failed: failing every request and stopping the engine")
+        with self._cv:
+            self.failure = f"{type(exc).__name__}: {exc}"
+            held = list(self.waiting) + [f for r in self.waiting for f in r.followers] + self.running + self.frozen
+            self.waiting.clear()
+        for req in held:
+            if not req.finished:
+                self._finish(req, {"type": "abort", "message": f"engine error: {self.failure}"})
+        self.running, self.frozen = [], []
+        if self.on_fatal is not None:
+            self.on_fatal(exc)
 
     def _admit(self) -> None:
         """Waiting requests into free slots, in arrival order; a leader brings as many siblings as fit."""
@@ -159,7 +191,7 @@ class Scheduler:
                 continue  # a verified draft: took its tokens above
             req.cached += len(chunk)
             if i in full:
-                self._prompt_logprobs(req, full[i])
+                req.set_prompt_logprobs(full[i])
             if req.pending():
                 continue  # a prefill chunk: more of the prompt to go
             for r in self._share_prefix(req):
@@ -270,15 +302,6 @@ class Scheduler:
             self._check_finished(req, token)
             req.on_update(req)
 
-    @staticmethod
-    def _prompt_logprobs(req: Generation, rows: torch.Tensor) -> None:
-        """log p(prompt[i] | prompt[:i]) for i >= logprob_start_len; the first token has none."""
-        logprobs = torch.log_softmax(rows.float(), dim=-1)
-        out: list[float | None] = []
-        for i in range(req.logprob_start_len, len(req.prompt)):
-            out.append(None if i == 0 else float(logprobs[i - 1, req.prompt[i]]))
-        req.input_logprobs = out
-
     def _check_finished(self, req: Generation, token: int) -> None:
         p = req.params
         stops = p.stop_strings()
@@ -339,6 +362,8 @@ class Scheduler:
                 self._requeue_followers(req)
         self.running = [r for r in self.running if not r.finished]
         self.frozen = [r for r in self.frozen if not r.finished]
+        with self._cv:  # aborted requests leave the queue at once (a paused engine's must not fill up with them)
+            self.waiting = deque(r for queued in self.waiting for r in still_waiting(queued))
         return count
 
     def pause(self, mode: str) -> None:

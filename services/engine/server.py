@@ -18,7 +18,7 @@ from prometheus_client import Gauge
 from services.engine.config import EngineConfig
 from services.engine.control_routes import (engine_info_router, generation_control_router, service_router,
                                             weight_update_router)
-from services.engine.generate_routes import BadRequest, generate_router
+from services.engine.generate_routes import BadRequest, Unavailable, generate_router
 from services.engine.scheduler import Scheduler
 from services.engine.weight_updates import WeightUpdates
 from services.model.batched_decoder import BatchedDecoder
@@ -26,6 +26,7 @@ from services.model.kv_pool import KVPool
 from services.model.loading import load_causal_lm
 from services.runtime.http_auth import require_bearer_token
 from services.runtime.http_service import serve_http
+from services.runtime.service_main import ServiceFailed
 
 log = logging.getLogger(__name__)
 RUNNING = Gauge("sluice_engine_running_requests", "sequences decoding (running or frozen by an in_place pause)")
@@ -136,9 +137,15 @@ def build_app(engine: Engine) -> FastAPI:
     async def bad(_, exc: BadRequest):
         return _error(str(exc))
 
+    @app.exception_handler(Unavailable)
+    async def unavailable(_, exc: Unavailable):
+        response = _error(str(exc), 503)
+        response.headers["Retry-After"] = "1"
+        return response
+
     weights = weight_update_router(engine)
     for router in (generate_router(engine), generation_control_router(engine), weights,
-                   engine_info_router(engine), service_router()):
+                   engine_info_router(engine), service_router(engine)):
         app.include_router(router)
     if not engine.config.auth_token and not engine.config.allow_unauthenticated_weight_updates:
         refuse_paths(app, {route.path for route in weights.routes}, "the engine has no auth token configured "
@@ -165,9 +172,12 @@ async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
         if config.allow_unauthenticated_weight_updates:
             log.warning("UNAUTHENTICATED WEIGHT UPDATES ALLOWED: anyone who reaches this port can replace the "
                         "model's weights (--allow-unauthenticated-weight-updates)")
-    engine = await asyncio.get_running_loop().run_in_executor(None, Engine, config)
-    engine.version_moved.loop = asyncio.get_running_loop()
+    loop = asyncio.get_running_loop()
+    engine = await loop.run_in_executor(None, Engine, config)
+    engine.version_moved.loop = loop
     closer = asyncio.create_task(engine.version_moved.close_when(stop))
+    # a failed step stops the server (its requests were failed): exit 1, and the supervisor restarts the engine
+    engine.scheduler.on_fatal = lambda exc: loop.call_soon_threadsafe(stop.set)
     engine.scheduler.start()
     log.info("engine serving", extra={"port": config.port, "model": config.model})
     try:
@@ -176,3 +186,5 @@ async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
         closer.cancel()
         engine.scheduler.stop()
         log.info("engine stopped")
+    if engine.scheduler.failure is not None:
+        raise ServiceFailed(f"an engine step failed: {engine.scheduler.failure}")

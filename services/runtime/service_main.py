@@ -19,6 +19,11 @@ from services.runtime.spans import RECORDER
 C = TypeVar("C", bound=BaseSettings)
 
 
+class ServiceFailed(RuntimeError):
+    """Raised by a service's serve() that cannot go on (its state may be corrupt): logged, and the process
+    exits 1 so that its supervisor (compose, k8s, `sluice run`) restarts it."""
+
+
 def run_service(model: type[C], command: str, serve: Callable[[C, asyncio.Event], Awaitable[None]],
                 argv: Sequence[str] | None) -> int:
     config = parse_settings(model, argv, f"sluice {command}", model.__doc__)
@@ -37,6 +42,9 @@ def run_service(model: type[C], command: str, serve: Callable[[C, asyncio.Event]
     except ModelDirError as exc:  # names the directory and the missing or bad file: a traceback adds nothing
         logging.getLogger(command).error(str(exc))
         return 2
+    except ServiceFailed as exc:
+        logging.getLogger(command).error(f"stopped on an error: {exc}")
+        return 1
     return 0
 
 
