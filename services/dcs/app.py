@@ -17,6 +17,7 @@ from services.dcs.routes import (
 from services.dcs.state import Conflict, Missing, RedisState
 from services.dcs.step_routes import steps_router
 from services.runtime.redis_events import RedisEvents
+from services.runtime.validation_errors import answer_validation_errors_without_input
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 HTTP_TOTAL = Counter("sluice_dcs_http_total", "DCS requests", ["route", "status"])
@@ -40,6 +41,8 @@ def build_app(config: DCSConfig, state: RedisState, events: RedisEvents) -> Fast
         route = request.scope.get("route")
         HTTP_TOTAL.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
         return response
+
+    answer_validation_errors_without_input(app)
 
     @app.exception_handler(Missing)
     async def _missing(request, exc):

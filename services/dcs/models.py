@@ -3,7 +3,7 @@ OpenAPI document generated from them (/openapi.json) is the contract other langu
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -17,8 +17,13 @@ ENDED = frozenset({"failed", "finished", "stopped"})  # terminal: no transition 
 MAX_FAILURE_MESSAGE = 4096
 
 
+MAX_VERSION = 1 << 62  # weight versions, steps and cursors: far past any run, and within Redis' int64
+MAX_BYTES = 1 << 50
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # unknown keys are errors; so are NaN and Infinity, which Python's JSON parser reads
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ------------------------------------------------------------------ nodes
@@ -28,9 +33,11 @@ class NodeRegistration(Strict):
     role: str = Field(pattern=r"^[a-z_]{1,32}$", description="trainer, rollout, engine, actor_fwd, reference, ...")
     rank: int = Field(0, ge=0, le=1 << 20)
     host: str = Field(min_length=1, max_length=253)
-    ports: dict[str, int] = Field(default_factory=dict, description="named ports, e.g. {'http': 30000}")
+    ports: dict[str, Annotated[int, Field(ge=1, le=65535)]] = Field(
+        default_factory=dict, max_length=16, description="named ports, e.g. {'http': 30000}")
     device: str = Field("cpu", max_length=64)
-    parallel: dict[str, int] = Field(default_factory=dict, description="layout, e.g. {'tp': 2, 'pp': 1, 'dp': 4}")
+    parallel: dict[str, Annotated[int, Field(ge=1, le=1 << 20)]] = Field(
+        default_factory=dict, max_length=16, description="layout, e.g. {'tp': 2, 'pp': 1, 'dp': 4}")
     master_port: int | None = Field(None, ge=1, le=65535, description="a free port it can host a sync group on")
     run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
 
@@ -47,9 +54,9 @@ class NodeInfo(NodeRegistration):
 
 
 class Heartbeat(Strict):
-    step: int | None = Field(None, ge=0)
-    weight_version: int | None = Field(None, ge=0)
-    paused_seq: int = Field(0, ge=0, description="the pause request it has reached a safe point for (0 = none)")
+    step: int | None = Field(None, ge=0, le=MAX_VERSION)
+    weight_version: int | None = Field(None, ge=0, le=MAX_VERSION)
+    paused_seq: int = Field(0, ge=0, le=MAX_VERSION, description="the pause request it has reached a safe point for (0 = none)")
     error: str | None = Field(None, max_length=4096)
 
 
@@ -70,16 +77,17 @@ class Topology(Strict):
 class WeightTensor(Strict):
     name: str = Field(min_length=1, max_length=512, description="Hugging Face parameter name")
     dtype: TorchDType
-    shape: list[int] = Field(max_length=16)
-    bucket: int = Field(ge=0)
-    offset: int = Field(ge=0, description="byte offset inside its bucket")
-    nbytes: int = Field(ge=0)
+    shape: list[Annotated[int, Field(ge=0, le=MAX_BYTES)]] = Field(max_length=16)
+    bucket: int = Field(ge=0, le=1 << 20)
+    offset: int = Field(ge=0, le=MAX_BYTES, description="byte offset inside its bucket")
+    nbytes: int = Field(ge=0, le=MAX_BYTES)
 
 
 class WeightMetadata(Strict):
-    version: int = Field(ge=1)
-    tensors: list[WeightTensor] = Field(min_length=1)
-    bucket_bytes: list[int] = Field(min_length=1, description="size of each flat bucket, in order")
+    version: int = Field(ge=1, le=MAX_VERSION)
+    tensors: list[WeightTensor] = Field(min_length=1, max_length=1 << 20)
+    bucket_bytes: list[Annotated[int, Field(ge=0, le=MAX_BYTES)]] = Field(
+        min_length=1, max_length=1 << 20, description="size of each flat bucket, in order")
     publisher: str | None = None
     sync_group: "SyncGroup | None" = Field(None, description="the group this version is broadcast in")
     transfer: Literal["flat_buckets", "per_tensor"] = Field(
@@ -102,7 +110,7 @@ class PublishedWeights(WeightMetadata):
 
 
 class CursorUpdate(Strict):
-    version: int = Field(ge=0)
+    version: int = Field(ge=0, le=MAX_VERSION)
 
 
 class Cursors(Strict):
@@ -116,7 +124,8 @@ class SyncGroupRequest(Strict):
     source_node: str = Field(description="the trainer's node id: rank 0 and the only source")
     master_address: str = Field(min_length=1, max_length=253)
     master_port: int = Field(ge=1, le=65535)
-    receiver_roles: list[str] = Field(default_factory=lambda: ["engine", "actor_fwd", "reference"])
+    receiver_roles: list[Annotated[str, Field(pattern=r"^[a-z_]{1,32}$")]] = Field(
+        default_factory=lambda: ["engine", "actor_fwd", "reference"], max_length=16)
     backend: Literal["gloo", "nccl"] = "gloo"
     new_group: bool = Field(False, description="a new group even if membership is unchanged (the last sync failed)")
 
@@ -139,14 +148,14 @@ class SyncGroup(Strict):
 
 
 class SyncReport(Strict):
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=MAX_VERSION)
     group: str = Field(max_length=128)
     node_id: str = Field(max_length=64)
     ok: bool
     error: str | None = Field(None, max_length=4096)
     seconds: dict[Literal["metadata", "open_group", "pack", "broadcast", "engines", "engine_load", "load", "total"],
-                  float] = Field(default_factory=dict)
-    bytes: int = Field(0, ge=0)
+                  Annotated[float, Field(ge=0, le=1e9)]] = Field(default_factory=dict)
+    bytes: int = Field(0, ge=0, le=MAX_BYTES)
 
 
 # ------------------------------------------------------------------ runs

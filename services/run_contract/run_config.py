@@ -14,8 +14,14 @@ from services.algorithms.names import Estimator, KLKind, LossAggregation
 
 
 
+# bounds that keep every number a run config carries finite and within what the services can act on
+BIG = 1 << 40          # steps, intervals, versions: more than any run will reach
+SEED_MAX = (1 << 63) - 1
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # unknown keys are errors; so are NaN and Infinity (which YAML and Python's JSON both read)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class RolloutSettings(_Strict):
@@ -23,7 +29,7 @@ class RolloutSettings(_Strict):
                          description="a .jsonl or .parquet file, or demo:<task>")
     prompt_field: str = Field("prompt", min_length=1, max_length=128,
                               description="the prompts file's column holding the prompt (text or chat messages)")
-    shuffle_seed: int | None = Field(None, description="shuffle each epoch with this seed; None = file order")
+    shuffle_seed: int | None = Field(None, ge=0, le=SEED_MAX, description="shuffle each epoch with this seed; None = file order")
     reward: str | None = Field(None, max_length=1024, description=(
         "exact_match | math_answer | arith | letters | import:module:function | http(s)://url; "
         "None = the demo task's own verifier"))
@@ -32,14 +38,14 @@ class RolloutSettings(_Strict):
     source_field: str = Field("data_source", min_length=1, max_length=128, description=(
         "the column naming a row's data source: rows that have it get their reward tracked per source and step "
         "(reward_by_source/<source>)"))
-    reward_timeout_s: float = Field(30.0, gt=0, description="time limit of one reward call, seconds")
+    reward_timeout_s: float = Field(30.0, gt=0, le=86400, description="time limit of one reward call, seconds")
     reward_retries: int = Field(3, ge=0, le=20, description="retries of a failed HTTP reward call")
     apply_chat_template: bool = Field(True, description="wrap text prompts as one user message")
     max_new_tokens: int = Field(64, ge=1, le=1 << 20, description="most tokens generated per sample")
     temperature: float = Field(1.0, gt=0, le=10, description="sampling temperature of rollout generation")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest token set of this mass")
-    top_k: int = Field(-1, ge=-1, description="sample among the k likeliest tokens; -1 = all")
-    max_groups_in_flight: int = Field(0, ge=0, description="cap on prompt groups generating at once; 0 = 2 steps' worth")
+    top_k: int = Field(-1, ge=-1, le=1 << 24, description="sample among the k likeliest tokens; -1 = all")
+    max_groups_in_flight: int = Field(0, ge=0, le=1 << 20, description="cap on prompt groups generating at once; 0 = 2 steps' worth")
     reward_fallback: Literal["zero", "skip_group"] = Field("zero", description=(
         "when the reward fails on a sample (raises, or times out after reward_retries): zero = that sample gets "
         "reward 0.0; skip_group = its whole group is dropped and the next spare prompt takes its place "
@@ -51,36 +57,42 @@ class AlgorithmSettings(_Strict):
                                                      "critic role")
     gamma: float = Field(1.0, ge=0, le=1, description="discount of returns (reinforce_pp, ppo)")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda (ppo)")
-    kl_coef: float = Field(0.0, ge=0, description="weight of KL(pi || reference); 0 = no reference role")
+    kl_coef: float = Field(0.0, ge=0, le=1e6, description="weight of KL(pi || reference); 0 = no reference role")
     kl_in_reward: bool = Field(False, description="KL as a per-token reward penalty instead of a loss term")
     kl_kind: KLKind = Field("k3", description="KL estimator: k1 = x, k2 = x^2 / 2, k3 = exp(-x) - 1 + x, "
                                               "x = log pi - log pi_ref")
     eps_clip: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip: ratio in [1 - eps_clip, 1 + eps_clip]")
-    eps_clip_high: float | None = Field(None, gt=0, description="upper clip (DAPO clip-higher); None = eps_clip")
-    dual_clip_c: float | None = Field(None, gt=1, description="dual-clip bound for negative advantages")
-    entropy_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus in the loss")
+    eps_clip_high: float | None = Field(None, gt=0, le=100, description="upper clip (DAPO clip-higher); None = eps_clip")
+    dual_clip_c: float | None = Field(None, gt=1, le=1e6, description="dual-clip bound for negative advantages")
+    entropy_coef: float = Field(0.0, ge=0, le=1e6, description="weight of the entropy bonus in the loss")
     loss_agg: LossAggregation = Field("token_mean", description=(
         "how per-token losses are averaged: token_mean (over all tokens), seq_mean_token_mean (per sequence, "
         "then over sequences), seq_mean_token_sum (summed per sequence, mean over sequences)"))
     decoupled: bool = Field(False, description="decoupled PPO: actor_fwd's log_probs are the proximal policy")
-    tis_clip: float | None = Field(None, gt=0, description="truncated importance sampling cap vs rollout log-probs")
-    value_clip: float | None = Field(0.2, gt=0, description="PPO value-loss clip (critic)")
+    tis_clip: float | None = Field(None, gt=0, le=1e6, description="truncated importance sampling cap vs rollout log-probs")
+    value_clip: float | None = Field(0.2, gt=0, le=1e6, description="PPO value-loss clip (critic)")
 
 
 class OptimSettings(_Strict):
-    lr: float = Field(1e-6, gt=0, description="actor learning rate (AdamW)")
-    critic_lr: float = Field(1e-5, gt=0, description="critic learning rate (AdamW, ppo)")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    grad_clip: float = Field(1.0, gt=0, description="clip the gradient's global norm to this")
+    lr: float = Field(1e-6, gt=0, le=10, description="actor learning rate (AdamW)")
+    critic_lr: float = Field(1e-5, gt=0, le=10, description="critic learning rate (AdamW, ppo)")
+    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0, le=1e6, description="clip the gradient's global norm to this")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
-    seed: int = Field(0, description="seed of the trainer's random state")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the trainer's random state")
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> "OptimSettings":
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas must each be in [0, 1), got {list(self.betas)}")
+        return self
 
 
 class CheckpointSettings(_Strict):
     """Trainer checkpoints (docs/services.md, "Checkpoints"): written under the trainer's --checkpoint-dir, each a
     Hugging Face model directory with the run's tokenizer and chat template (`sluice export` makes a plain one)."""
 
-    interval: int = Field(0, ge=0, description="checkpoint every N steps; 0 = only on stop (see on_stop)")
+    interval: int = Field(0, ge=0, le=BIG, description="checkpoint every N steps; 0 = only on stop (see on_stop)")
     keep_last: int = Field(2, ge=1, le=1000, description="newest checkpoints kept per role; older ones are deleted")
     on_stop: bool = Field(True, description="when the actor trainer stops (SIGTERM, a stopped run, the last step "
                                             "done), checkpoint its last finished step if it has none yet")
@@ -94,7 +106,7 @@ class TrackingSettings(_Strict):
         default_factory=lambda: ["tensorboard"], max_length=3,
         description="tracking backends: tensorboard (event files), wandb (offline run), mlflow (local SQLite "
                     "store), all under the run dir; none = only steps.jsonl")
-    completions_every: int = Field(10, ge=0, description="log a table of sample completions every N steps; 0 = never")
+    completions_every: int = Field(10, ge=0, le=BIG, description="log a table of sample completions every N steps; 0 = never")
     completions_rows: int = Field(8, ge=1, le=256, description="samples in each completions table")
     project: str = Field("sluice", min_length=1, max_length=128, description="W&B project / MLflow experiment")
     experiment: str | None = Field(None, max_length=128, description="name of this run in the backends; None = "
@@ -115,7 +127,7 @@ class EvalSettings(_Strict):
 
     prompts: str | None = Field(None, min_length=1, max_length=1024, description=(
         "held-out prompts: a .jsonl or .parquet file, or demo:<task> (rows the training never sees); None = no eval"))
-    every_n_versions: int = Field(10, ge=1, description="evaluate when the weight version reaches a multiple of this")
+    every_n_versions: int = Field(10, ge=1, le=BIG, description="evaluate when the weight version reaches a multiple of this")
     n_samples: int = Field(1, ge=1, le=256, description="samples per prompt: the k of pass@k")
     temperature: float = Field(0.0, ge=0, le=10, description="sampling temperature; 0 = greedy (reproducible)")
     max_new_tokens: int | None = Field(None, ge=1, le=1 << 20, description="None = rollout.max_new_tokens")
@@ -144,14 +156,14 @@ class RunConfig(_Strict):
     max_staleness: int = Field(1, ge=0, le=64, description="most weight versions a trained sample may lag "
                                                            "the policy it is trained with")
     n_samples_per_prompt: int = Field(8, ge=1, le=4096, description="samples per prompt (the group size)")
-    rollout_batch_size: int = Field(32, ge=1, description="prompt groups per step")
-    global_batch_size: int = Field(256, ge=1, description="samples per optimizer step")
-    micro_batch_size: int = Field(8, ge=1, description="samples per forward/backward pass")
+    rollout_batch_size: int = Field(32, ge=1, le=1 << 20, description="prompt groups per step")
+    global_batch_size: int = Field(256, ge=1, le=1 << 24, description="samples per optimizer step")
+    micro_batch_size: int = Field(8, ge=1, le=1 << 20, description="samples per forward/backward pass")
     num_iters_per_train_update: int | None = Field(
-        None, ge=1, description="optimizer steps per step (= per weight publish); "
+        None, ge=1, le=1 << 20, description="optimizer steps per step (= per weight publish); "
                                 "None = rollout_batch_size * n_samples_per_prompt / global_batch_size")
-    num_steps: int = Field(100, ge=1, description="training steps (= weight versions published)")
-    ref_update_interval: int = Field(0, ge=0, description="reference receives every Nth version; 0 = never")
+    num_steps: int = Field(100, ge=1, le=BIG, description="training steps (= weight versions published)")
+    ref_update_interval: int = Field(0, ge=0, le=BIG, description="reference receives every Nth version; 0 = never")
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings,
                                            description="trainer checkpoints: interval, keep_last, on_stop")
     algorithm: AlgorithmSettings = Field(default_factory=AlgorithmSettings,
