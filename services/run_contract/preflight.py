@@ -19,6 +19,7 @@ from services.demo_tasks import DEMO_TASKS
 from services.model.loading import ModelDirError, check_model_dir
 from services.run_contract.reward_spec import check_reward_spec
 from services.run_contract.run_config import RunConfig
+from services.run_contract.run_policy import RunPolicy
 
 # what each role reads itself, so what it checks at start (None: the CLI, everything)
 ROLE_CHECKS: dict[str, frozenset[str]] = {
@@ -43,9 +44,13 @@ class Problem:
         return f"{self.key}: {self.message}"
 
 
-def check_run(config: RunConfig, role: str | None = None) -> list[Problem]:
+def check_run(config: RunConfig, role: str | None = None, policy: RunPolicy | None = None) -> list[Problem]:
     """Every problem found with `config` (empty: it may run). `role` limits the checks to what that role
-    reads (ROLE_CHECKS); None checks everything. Importing an import: reward runs its module's top level."""
+    reads (ROLE_CHECKS); None checks everything. Importing an import: reward runs its module's top level, so
+    the operator's `policy` (run_policy.py) is checked first: a run outside it is refused before anything of
+    it is imported or read."""
+    if policy is not None and (outside := policy.violations(config)):
+        return [Problem(key, message) for key, message in outside]
     checks = EVERYTHING if role is None else ROLE_CHECKS.get(role, frozenset())
     problems = []
     if checks & {"weights", "tokenizer"}:

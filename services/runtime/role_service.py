@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
 from services.run_contract.preflight import check_run, describe
+from services.run_contract.run_policy import RunPolicySettings
 from services.run_contract.run_name import run_name_from_file
 from services.runtime.auth_token import AuthTokenSettings
 from services.runtime.tls import TLSSettings
@@ -26,7 +27,7 @@ from services.runtime.run_watch import RunWatch, failure_message
 log = logging.getLogger(__name__)
 
 
-class RoleSettings(AuthTokenSettings, TLSSettings):
+class RoleSettings(AuthTokenSettings, TLSSettings, RunPolicySettings):
     """Connection settings of a role service; the run's own configuration comes from the coordinator."""
 
     run_id: str = Field("default", description="the run (created on the coordinator) this service works for")
@@ -123,7 +124,7 @@ async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStat
             status.update(state=watch.status or "stopped")
             log.info("not starting: the run ended before this role started", extra={"status": watch.status})
             return
-        problems = await asyncio.to_thread(check_run, run.config, status.role)
+        problems = await asyncio.to_thread(check_run, run.config, status.role, config.run_policy())
         if problems:
             message = f"preflight: {describe(problems)}"
             status.update(state="failed", error=message)

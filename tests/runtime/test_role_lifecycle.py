@@ -107,3 +107,26 @@ async def test_a_finished_loop_keeps_serving_until_sigterm(dcs, client, run_id):
     assert not serving.done()
     stop.set()
     assert (await asyncio.wait_for(serving, 30)).snapshot()["state"] == "finished"
+
+
+async def test_a_run_outside_the_operators_policy_fails_before_its_reward_is_imported(dcs, client, uniq, tmp_path):
+    """--allow-reward-modules: a run whose reward names another module fails at the rollout's start, naming the
+    rule, and the module's top level never runs (it would leave a file behind)."""
+    module = tmp_path / "sneaky_reward.py"
+    marker = tmp_path / "imported"
+    module.write_text(f"open({str(marker)!r}, 'w').close()\ndef score(response, fields, prompt):\n    return 1.0\n")
+    name = uniq("policy")
+    client.create_run(RunConfig(name=name, model="/nowhere/model",
+                                rollout={"prompts": "demo:reverse", "reward": "import:sneaky_reward:score"}))
+    import sys
+    sys.path.insert(0, str(tmp_path))
+    try:
+        config = RoleSettings(run_id=name, dcs_url=dcs.url, host="127.0.0.1", port=0,
+                              allow_reward_modules="trusted_rewards")
+        with pytest.raises(PreflightFailed, match="allowed reward modules"):
+            await serve_role(config, asyncio.Event(), RoleStatus("rollout"), loop=lambda halt: None, watch_poll_s=0.1)
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert not marker.exists()
+    failure = client.run(name).failure
+    assert failure.role == "rollout" and "rollout.reward: module 'sneaky_reward'" in failure.message
