@@ -77,7 +77,7 @@ class OptimSettings(_Strict):
     lr: float = Field(1e-6, gt=0, le=10, description="actor learning rate (AdamW)")
     critic_lr: float = Field(1e-5, gt=0, le=10, description="critic learning rate (AdamW, ppo)")
     weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay")
-    grad_clip: float = Field(1.0, gt=0, le=1e6, description="clip the gradient's global norm to this")
+    grad_clip: float = Field(1.0, gt=0, description="clip the gradient's global norm to this")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the trainer's random state")
 
