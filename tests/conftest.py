@@ -16,6 +16,8 @@ os.environ.setdefault("SLUICE_TRAINER_OUTPUT_DIR", tempfile.mkdtemp(prefix="slui
 import pytest
 import torch
 
+from services.dcs.client import DCSClient
+from services.dcs.local import LocalDCS
 from services.runtime.processes import free_port
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.local_stack import LocalTransferQueue
@@ -50,6 +52,20 @@ def uniq():
     def make(prefix: str = "x") -> str:
         return f"{prefix}{next(_names)}_{os.getpid()}"
     return make
+
+
+@pytest.fixture(scope="module")
+def dcs(tmp_path_factory):
+    """A coordinator process on a private Redis, for a module's tests (modules needing flags define their own)."""
+    with LocalDCS(log_dir=str(tmp_path_factory.mktemp("dcs"))) as d:
+        yield d
+
+
+@pytest.fixture
+def client(dcs):
+    """A client of the module's coordinator (`dcs`)."""
+    with DCSClient(dcs.url) as c:
+        yield c
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ import aiohttp
 
 from services.dcs.models import (
     MAX_FAILURE_MESSAGE, Cursors, CursorUpdate, FailureReport, Heartbeat, HeartbeatReply, NodeInfo,
-    NodeRegistration, PublishedWeights, Run, RunConfig, RunStatus, StepsPage, SyncGroup, SyncGroupRequest, SyncReport,
-    Topology, WeightMetadata,
+    NodeRegistration, Ok, PublishedWeights, Run, RunConfig, RunStatus, StepsPage, SyncGroup, SyncGroupRequest,
+    SyncReport, Topology, WeightMetadata,
 )
 from services.runtime.loop_thread import BlockingFacade, blocking_methods
 from services.runtime.tls import client_ssl_context
@@ -172,6 +172,10 @@ class AsyncDCSClient:
     async def stop_run(self, run_id: str) -> Run:
         """Every role of the run exits at its next safe point; the run's status becomes stopped."""
         return Run.model_validate_json((await self._call("POST", f"/v1/runs/{run_id}/stop")).content)
+
+    async def delete_run(self, run_id: str) -> str:
+        """Forget an ended run and all state kept for it (409 while it runs: stop it first)."""
+        return Ok.model_validate_json((await self._call("DELETE", f"/v1/runs/{run_id}")).content).message
 
     async def finish_run(self, run_id: str) -> Run:
         """The trainer trained num_steps: the run's status becomes finished."""

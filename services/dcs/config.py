@@ -18,5 +18,7 @@ class DCSConfig(AuthTokenSettings, TLSSettings):
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding all coordinator state")
     key_prefix: str = Field("dcs", description="prefix of every Redis key")
     node_lease_s: float = Field(10.0, gt=0, description="a node whose heartbeats stop for this long is dead")
+    dead_node_ttl_s: float = Field(3600.0, gt=0, le=1e7, description="a dead node's record is dropped once its "
+                                   "last heartbeat is this old (a restarted role registers anew)")
     max_wait_s: float = Field(300.0, ge=0, description="upper bound on long-poll waits")
     log_level: str = Field("info", description="debug|info|warning|error")

@@ -207,6 +207,14 @@ def run_router(state: RedisState) -> APIRouter:
     async def run(run_id: str = _name()):
         return await state.run(run_id)
 
+    @router.delete("/v1/runs/{run_id}", response_model=Ok, tags=["runs"], responses={
+        404: {"model": Ok}, 409: {"model": Ok, "description": "the run is running or paused: stop it first"}})
+    async def delete_run(run_id: str = _name()):
+        """Forget an ended (failed, finished or stopped) run and all state kept for it; its id is free again."""
+        deleted = await state.delete_run(run_id)
+        log.info("run deleted", extra={"run_id": run_id, "keys": deleted})
+        return Ok(message=f"run {run_id} deleted ({deleted} keys)")
+
     @router.get("/v1/runs/{run_id}/status", response_model=RunStatus, tags=["runs"], responses={404: {"model": Ok}})
     async def status(run_id: str = _name()):
         return await run_status(state, run_id)

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 async def serve(config: DCSConfig, stop: asyncio.Event) -> None:
-    state = RedisState(config.redis_url, config.key_prefix, config.node_lease_s)
+    state = RedisState(config.redis_url, config.key_prefix, config.node_lease_s, config.dead_node_ttl_s)
     events = RedisEvents(state.redis, state.events_channel)
     events_task = asyncio.create_task(events.run())
     log.info("dcs serving", extra={"port": config.port, "redis": config.redis_url})

@@ -11,7 +11,9 @@ Key layout (K = --key-prefix, R = run id):
   K:run:R:group             STRING the run's current sync group (and its membership key)
   K:run:R:syncs             LIST  the run's newest 1000 sync reports
   K:run:R:failures          LIST  failures reported after the run's first (the newest 10)
-  K:events                  pub/sub: topology, runs, groups, weights:R"""
+  K:events                  pub/sub: topology, runs, groups, weights:R
+A node dead for --dead-node-ttl-s is dropped from K:nodes/K:beats; DELETE /v1/runs/R drops K:run:R:* and the
+roles' run state under sluice:R:* (services/run_state)."""
 
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ from typing import Callable
 import redis.asyncio as aioredis
 
 from services.dcs.models import (
-    Failure, GroupMember, Heartbeat, NodeInfo, NodeRegistration, PublishedWeights, Run, RunConfig, SyncGroup,
+    ENDED, Failure, GroupMember, Heartbeat, NodeInfo, NodeRegistration, PublishedWeights, Run, RunConfig, SyncGroup,
     SyncGroupRequest, SyncReport, WeightMetadata,
 )
+from services.run_state import run_key as run_state_key
 
 
 class Conflict(Exception):
@@ -79,10 +82,11 @@ return {'ok', cjson.encode(all)}
 
 
 class RedisState:
-    def __init__(self, redis_url: str, prefix: str, node_lease_s: float):
+    def __init__(self, redis_url: str, prefix: str, node_lease_s: float, dead_node_ttl_s: float = 3600.0):
         self.redis = aioredis.from_url(redis_url, decode_responses=True)
         self.k = prefix
         self.node_lease_s = node_lease_s
+        self.dead_node_ttl_s = max(dead_node_ttl_s, node_lease_s)
         self.events_channel = f"{prefix}:events"
         self._publish = self.redis.register_script(_PUBLISH)
         self._heartbeat = self.redis.register_script(_HEARTBEAT)
@@ -139,10 +143,16 @@ class RedisState:
             pipe.hgetall(f"{self.k}:beats")
             records, beats = await pipe.execute()
         now = await self.now()
-        out = []
+        out, expired = [], []
         for node_id, text in records.items():
             beat = json.loads(beats.get(node_id) or '{"ts": 0}')
+            if now - beat["ts"] > self.dead_node_ttl_s:
+                expired.append(node_id)  # dead long ago: forgotten, so topology does not grow without bound
+                continue
             out.append(self._node(json.loads(text), beat, now))
+        if expired:
+            await self.redis.hdel(f"{self.k}:nodes", *expired)
+            await self.redis.hdel(f"{self.k}:beats", *expired)
         return sorted(out, key=lambda n: (n.role, n.rank, n.node_id))
 
     async def node(self, node_id: str) -> NodeInfo:
@@ -280,6 +290,25 @@ class RedisState:
         if text is None:
             raise Missing(f"run {run_id} does not exist")
         return Run.model_validate_json(text)
+
+    async def delete_run(self, run_id: str) -> int:
+        """Forget an ended run: its record, its weight/cursor/group/sync keys and the run state its roles keep
+        beside them (`sluice:<run_id>:*`, services/run_state, in this Redis). Returns the keys deleted; a run
+        that has not ended is Conflict (stop it first). The run id can then be used again, from scratch."""
+        run = await self.run(run_id)
+        if run.status not in ENDED:
+            raise Conflict(f"run {run_id} is {run.status}: stop it before deleting it")
+        deleted = 0
+        for pattern in (f"{self.run_key(run_id)}:*", run_state_key(run_id, "*")):
+            batch = []
+            async for key in self.redis.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) == 1000:
+                    deleted += await self.redis.delete(*batch)
+                    batch = []
+            if batch:
+                deleted += await self.redis.delete(*batch)
+        return deleted + await self.redis.hdel(f"{self.k}:runs", run_id)
 
     async def runs(self) -> list[Run]:
         return [Run.model_validate_json(t) for _, t in sorted((await self.redis.hgetall(f"{self.k}:runs")).items())]

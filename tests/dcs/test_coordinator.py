@@ -21,12 +21,6 @@ def dcs(tmp_path_factory):
         yield d
 
 
-@pytest.fixture
-def client(dcs):
-    with DCSClient(dcs.url) as c:
-        yield c
-
-
 def _meta(version: int) -> WeightMetadata:
     return WeightMetadata(version=version, bucket_bytes=[64], tensors=[
         WeightTensor(name="model.embed_tokens.weight", dtype="float32", shape=[4, 4], bucket=0, offset=0, nbytes=64)])

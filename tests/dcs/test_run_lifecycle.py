@@ -15,18 +15,6 @@ from services.dcs.membership import RunMembership
 from services.dcs.models import MAX_FAILURE_MESSAGE, Heartbeat, NodeRegistration, RunConfig
 
 
-@pytest.fixture(scope="module")
-def dcs(tmp_path_factory):
-    with LocalDCS(log_dir=str(tmp_path_factory.mktemp("dcs"))) as d:
-        yield d
-
-
-@pytest.fixture
-def client(dcs):
-    with DCSClient(dcs.url) as c:
-        yield c
-
-
 @pytest.fixture
 def run_id(client, uniq):
     name = uniq("run")
@@ -148,3 +136,49 @@ def test_a_stopped_run_releases_a_role_waiting_at_a_pause(client, run_id):
         assert membership.ended and not membership.paused
     finally:
         membership.close()
+
+
+def test_an_ended_run_is_deleted_with_its_state_and_its_id_starts_afresh(dcs, client, run_id):
+    import redis
+
+    from services.dcs.models import WeightMetadata
+    from services.run_state import run_key
+
+    tensor = {"name": "w", "dtype": "float32", "shape": [2], "bucket": 0, "offset": 0, "nbytes": 8}
+    client.publish_weights(run_id, WeightMetadata(version=1, tensors=[tensor], bucket_bytes=[8]))
+    client.set_cursor(run_id, "engine", 1)
+    store = redis.Redis.from_url(dcs.redis_url, decode_responses=True)
+    store.set(run_key(run_id, "trainer", "progress"), "{}")  # run state a role keeps beside the coordinator's
+    other = run_id + "-other"
+    client.create_run(RunConfig(name=other, model="/models/tiny"))
+    store.set(run_key(other, "trainer", "progress"), "{}")
+    with pytest.raises(DCSError) as refused:  # still running: stop it first
+        client.delete_run(run_id)
+    assert refused.value.status == 409 and client.run(run_id).status == "running"
+    client.stop_run(run_id)
+    assert "deleted" in client.delete_run(run_id)
+    with pytest.raises(DCSError) as gone:
+        client.run(run_id)
+    assert gone.value.status == 404
+    assert store.keys(f"*{run_id}:*") == [] and store.exists(run_key(other, "trainer", "progress"))
+    assert client.run(other).status == "running"  # another run is untouched
+    client.create_run(RunConfig(name=run_id, model="/models/tiny"))  # the id is free, and starts from nothing
+    assert client.cursors(run_id) == {}
+    with pytest.raises(DCSError) as unpublished:
+        client.latest_weights(run_id)
+    assert unpublished.value.status == 404
+
+
+def test_a_node_dead_for_the_ttl_is_dropped_from_the_topology(tmp_path):
+    with LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "0.5", "--dead-node-ttl-s", "1")) as d, \
+            DCSClient(d.url) as c:
+        gone = c.register(NodeRegistration(role="engine", host="h", run_id="x"))
+        kept = c.register(NodeRegistration(role="rollout", host="h", run_id="x"))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            c.heartbeat(kept.node_id, Heartbeat())
+            ids = {n.node_id for ns in c.topology().roles.values() for n in ns}
+            if gone.node_id not in ids:
+                break
+            time.sleep(0.2)
+        assert gone.node_id not in ids and kept.node_id in ids

@@ -8,22 +8,8 @@ import threading
 
 import pytest
 
-from services.dcs.client import DCSClient
-from services.dcs.local import LocalDCS
 from services.dcs.models import RunConfig
 from services.runtime.role_service import PreflightFailed, RoleSettings, RoleStatus, serve_role
-
-
-@pytest.fixture(scope="module")
-def dcs(tmp_path_factory):
-    with LocalDCS(log_dir=str(tmp_path_factory.mktemp("dcs"))) as d:
-        yield d
-
-
-@pytest.fixture
-def client(dcs):
-    with DCSClient(dcs.url) as c:
-        yield c
 
 
 @pytest.fixture
