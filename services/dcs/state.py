@@ -29,6 +29,7 @@ from services.dcs.models import (
     SyncGroupRequest, SyncReport, WeightMetadata,
 )
 from services.run_state import run_key as run_state_key
+from services.runtime.redis_clients import async_redis
 
 
 class Conflict(Exception):
@@ -83,7 +84,7 @@ return {'ok', cjson.encode(all)}
 
 class RedisState:
     def __init__(self, redis_url: str, prefix: str, node_lease_s: float, dead_node_ttl_s: float = 3600.0):
-        self.redis = aioredis.from_url(redis_url, decode_responses=True)
+        self.redis = async_redis(redis_url)
         self.k = prefix
         self.node_lease_s = node_lease_s
         self.dead_node_ttl_s = max(dead_node_ttl_s, node_lease_s)

@@ -21,6 +21,7 @@ from services.run_state.source_rewards import SourceRewards
 from services.run_state.run_config_wait import wait_for_run
 from services.run_state.seams import AsyncDataPlane, Ledger, Membership
 from services.run_state.trainer_progress import TrainerProgress, aread_progress
+from services.runtime.redis_clients import async_redis
 from services.transferqueue.client.queue import AsyncTransferQueue
 
 
@@ -56,7 +57,7 @@ class RolloutConnections:
         if run is None:
             dcs.close()
             return None
-        client = aioredis.from_url(config.redis_url, decode_responses=True)
+        client = async_redis(config.redis_url)
         return cls(dcs, run, AsyncTransferQueue(config.tq_controller, token=token), PromptLedger(client, config.run_id),
                    lambda: aread_progress(client, config.run_id), client, EvaluationStore(client, config.run_id),
                    SourceRewards(client, config.run_id))

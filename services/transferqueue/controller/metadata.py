@@ -10,9 +10,9 @@ import uuid
 from dataclasses import dataclass
 
 import grpc
-import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from services.runtime.redis_clients import async_redis
 from services.transferqueue.errors import TQError, task_applies
 from services.transferqueue.pb import transferqueue_pb2 as pb
 
@@ -48,7 +48,7 @@ class ClaimResult:
 class RedisMetadata:
     def __init__(self, redis_url: str, prefix: str = "tq", max_partitions: int = 100_000, max_tasks: int = 10_000,
                  max_partition_rows: int = 1 << 24):
-        self.redis = aioredis.from_url(redis_url, decode_responses=True)
+        self.redis = async_redis(redis_url)
         self.prefix = prefix
         self.events_channel = f"{prefix}:events"
         self.max_partitions = max_partitions
