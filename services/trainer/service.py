@@ -336,9 +336,8 @@ class ActorTrainer:
                 raise RuntimeError(f"{partition} not consumed by every task in time: {consumed} of {info.rows}")
             if halt.wait(0.05):
                 return
-        while recorded is not None and not recorded.done():
-            if halt.wait(0.05):
-                return
+        # the record comes even when halted (a publish in flight is finished, within its deadlines, before the
+        # trainer stops), and a consumed, recorded partition is cleared then too: a restart need not find it
         if recorded is not None and recorded.exception() is not None:
             return  # not recorded (settle raises it): the rows stay for the step's retry or a restart
         self.tq.clear_partition(partition)
@@ -366,11 +365,15 @@ class ActorTrainer:
             log.warning("steps after the checkpoint were lost with the process that trained them",
                         extra={"from": step, "to": progress.next_step})
             step = progress.next_step
-        # steps the checkpoint covers, and the last finished one: its clear waits for its record, so a trainer
-        # stopped between the two left its rows (all consumed) behind
-        for covered in range(min(progress.next_step, step - 1, step), step):
-            if covered >= 0 and self.steps.info(covered) is not None:
+        # steps the checkpoint covers, and finished steps a stopped predecessor left uncleared (its clears run in
+        # step order and stop when it is halted mid-wait, so those are the steps just before `step`)
+        for covered in range(progress.next_step, step):
+            if self.steps.info(covered) is not None:
                 self.clear(covered, threading.Event())
+        for left in range(min(progress.next_step, step) - 1, -1, -1):
+            if self.steps.info(left) is None:
+                break
+            self.clear(left, threading.Event())
         latest = self.latest_published()
         if latest > version:
             version = self.weights.publish(latest + 1)  # renumber: receivers hold newer weights than ours

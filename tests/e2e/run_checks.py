@@ -46,7 +46,7 @@ def assert_run_complete(lr: LocalRun, run: RunConfig, staleness_bounded: bool = 
         deadline = time.monotonic() + 30
         while (left := tq.list_partitions(f"{run.name}/")) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert left == []
+        assert left == [], [(p.name, p.rows, p.sealed, [(t.task, t.consumed) for t in p.tasks]) for p in left]
     # every engine serves the last published weights
     for url in lr.engine_urls:
         assert httpx.get(url + "/weight_version").json()["weight_version"] == str(versions[-1])
