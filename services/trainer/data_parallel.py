@@ -70,6 +70,16 @@ class DataParallel:
         if self.size > 1:
             dist.barrier()
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 30.0) -> None:
+        """Leave the group. The ranks meet first (a bounded barrier, so a dead peer cannot hold a
+        shutdown): a rank that tears gloo down while a peer still talks to it can abort with
+        'terminate called without an active exception' (seen once in CI on the non-leader rank)."""
         if self.size > 1 and dist.is_initialized():
+            try:
+                if dist.get_backend() == "gloo":
+                    dist.monitored_barrier(timeout=timedelta(seconds=wait_s))
+                else:
+                    dist.barrier()
+            except RuntimeError:
+                pass  # a peer is gone: leave anyway
             dist.destroy_process_group()
