@@ -155,7 +155,12 @@ def _k8s_pods(name: str = "sluice.yaml"):
     """(name, pod spec) of every workload: Deployments, StatefulSets, Jobs and bare Pods."""
     for doc in _k8s_docs(name):
         if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
-            yield doc["metadata"]["name"], doc["spec"]["template"]["spec"]
+            pod = dict(doc["spec"]["template"]["spec"])
+            # a StatefulSet's per-pod claims are volumes of its pods too
+            claims = [{"name": t["metadata"]["name"], "volumeClaimTemplate": t}
+                      for t in doc["spec"].get("volumeClaimTemplates", [])]
+            pod["volumes"] = [*pod.get("volumes", []), *claims]
+            yield doc["metadata"]["name"], pod
         elif doc["kind"] == "Pod":
             yield doc["metadata"]["name"], doc["spec"]
 

@@ -19,7 +19,9 @@ class SamplingParams(BaseModel):
     max_new_tokens: int = Field(128, ge=0)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, description="-1 = the whole vocabulary")
+    # sampled rows carry top_k in an int64 tensor: a larger value would fail the engine's step (and stop the
+    # engine); anything past the vocabulary already means all of it
+    top_k: int = Field(-1, le=(1 << 63) - 1, description="-1 = the whole vocabulary")
     min_p: float = Field(0.0, ge=0, le=1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None

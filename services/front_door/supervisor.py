@@ -148,6 +148,7 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
         print(f"sluice run: a service did not start: {exc}\nsluice run: logs in {dirs['logs']}", file=sys.stderr)
         return 1
     with local:
+        local.supervise()  # a service that fails is started again (services/launch/supervision.py)
         try:
             submit(local, config.name, options.resume)
         except DCSError as exc:
@@ -214,9 +215,13 @@ def write_run_report(run_dir: str, local: LocalRun, token: str) -> dict | None:
 
 
 def dead_service(local: LocalRun) -> str | None:
-    """A service process that exited with an error, named with the end of its log (a role that finished
-    its work and left exits 0)."""
+    """A service process that exited with an error and is not started again, named with the end of its
+    log (a role that finished its work and left exits 0; under supervision, only one the supervisor gave
+    up on counts: it failed 5 times in 10 minutes)."""
+    given_up = local.supervisor.given_up if local.supervisor is not None else None
     for name, proc in local.processes().items():
+        if given_up is not None and name not in given_up:
+            continue
         if not proc.alive() and proc.proc.returncode != 0:
             tail = proc.log_tail(1500).strip().splitlines()[-6:]
             return f"{name} exited with code {proc.proc.returncode}: " + " | ".join(tail)

@@ -15,6 +15,7 @@ from services.dcs.local import LocalDCS
 from services.run_contract.run_config import RunConfig
 from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
 from services.runtime.auth_token import token_env
+from services.launch.supervision import ProcessSupervisor
 from services.runtime.processes import ChildProcess, StopsOnExit, free_port, http_ok, sluice_argv, start_redis
 from services.transferqueue.local_stack import LocalTransferQueue
 
@@ -24,12 +25,13 @@ class LocalRun(StopsOnExit):
                  checkpoint_dir: str | None = None, engine_args: tuple[str, ...] = (),
                  role_args: dict[str, list[str]] | None = None, trainer_ranks: int = 1,
                  stack: "LocalRun | None" = None, submit: bool = True, redis_url: str | None = None,
-                 dcs_port: int = 0, python_path: tuple[str, ...] = ()):
+                 dcs_port: int = 0, python_path: tuple[str, ...] = (), redis_data_dir: str | None = None):
         """`stack`: run on that run's Redis, TransferQueue and coordinator (which it keeps owning) instead of
         starting new ones. `submit=False`: the roles start and wait until `submit()` creates the run.
         `redis_url`: keep state in that Redis instead of a private one; `dcs_port`: the coordinator's port
         (0 = a free one); `python_path`: directories first on the engines' and roles' PYTHONPATH (where an
-        `import:` reward's module is)."""
+        `import:` reward's module is); `redis_data_dir`: the private Redis keeps an append-only file there
+        (synced on every write), so a Redis restart loses nothing. Shards journal under <log_dir>/tq-data."""
         self.run = run
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-run-")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -42,13 +44,16 @@ class LocalRun(StopsOnExit):
         self.trainer_ranks = trainer_ranks
         self.role_ports: dict[str, int] = {}  # a restarted role keeps its port, as under compose or k8s
         self.redis_proc = self.tq = self.dcs = None
+        self.redis_data_dir = redis_data_dir
+        self.supervisor: ProcessSupervisor | None = None
         self.owns_stack = stack is None
         try:
             if stack is None:
                 if redis_url is None:
-                    self.redis_proc, redis_url = start_redis(log_dir=self.log_dir)
+                    self.redis_proc, redis_url = start_redis(log_dir=self.log_dir, data_dir=redis_data_dir)
                 self.redis_url = redis_url
-                self.tq = LocalTransferQueue(token=token, redis_url=self.redis_url, log_dir=self.log_dir)
+                self.tq = LocalTransferQueue(token=token, redis_url=self.redis_url, log_dir=self.log_dir,
+                                             data_dir=os.path.join(self.log_dir, "tq-data"))
                 self.dcs = LocalDCS(redis_url=self.redis_url, token=token, log_dir=self.log_dir, port=dcs_port)
             else:
                 self.redis_url, self.tq, self.dcs = stack.redis_url, stack.tq, stack.dcs
@@ -83,6 +88,30 @@ class LocalRun(StopsOnExit):
         self.procs[f"engine-{i}"] = proc
         proc.wait_until(lambda: http_ok(url + "/health"), 120)
         return url
+
+    def restart(self, name: str) -> None:
+        """Start the named process of processes() again (same port, same data), killing it first if it runs."""
+        procs = self.processes()
+        procs[name].kill()
+        if name == "redis":
+            port = int(self.redis_url.rsplit(":", 1)[1].split("/")[0])
+            self.redis_proc, _ = start_redis(port, log_dir=self.log_dir, data_dir=self.redis_data_dir)
+        elif name == "tq-controller":
+            self.tq.start_controller()
+        elif name.startswith("tq-shard"):
+            self.tq.restart_shard([p.name for p in self.tq.shards].index(name))
+        elif name == "dcs":
+            self.dcs.start()
+        elif name.startswith("engine-"):
+            i = int(name.split("-")[1])
+            self._start_engine(i, self.engine_args, int(self.engine_urls[i].rsplit(":", 1)[1]))
+        else:
+            self.start_role(name)
+
+    def supervise(self, **kwargs) -> ProcessSupervisor:
+        """Restart every process of this run that fails, from now until stop() (services/launch/supervision.py)."""
+        self.supervisor = ProcessSupervisor(self.processes, self.restart, **kwargs).start()
+        return self.supervisor
 
     def restart_engine(self, i: int) -> None:
         """SIGKILL engine i and start it again on the same port (as a supervisor would)."""
@@ -154,7 +183,10 @@ class LocalRun(StopsOnExit):
             return trained_steps(r, self.run.name)
 
     def check_alive(self) -> None:
+        """A dead role or engine fails the caller; under supervise(), only one the supervisor gave up on."""
         for name, proc in self.procs.items():
+            if self.supervisor is not None and name not in self.supervisor.given_up:
+                continue
             if not proc.alive():
                 raise RuntimeError(f"{name} exited with {proc.proc.returncode}; log: {proc.log_tail()}")
 
@@ -170,6 +202,8 @@ class LocalRun(StopsOnExit):
         raise TimeoutError(f"trainer at {self.progress()} after {timeout_s}s; logs in {self.log_dir}")
 
     def stop(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
         for proc in reversed(list(self.procs.values())):
             proc.stop()
         if not self.owns_stack:  # the stack's owner stops it

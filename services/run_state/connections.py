@@ -14,6 +14,7 @@ from services.run_state.run_config_wait import wait_for_run
 from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import read_progress
 from services.run_state.seams import DataPlane
+from services.runtime.redis_clients import sync_redis
 from services.runtime.role_service import RoleSettings
 from services.transferqueue.client.queue import TransferQueue
 
@@ -36,7 +37,7 @@ class RunConnections:
             dcs.close()
             return None
         tq = TransferQueue(config.tq_controller, token=token)
-        client = redis.Redis.from_url(config.redis_url, decode_responses=True)
+        client = sync_redis(config.redis_url)
         return cls(dcs, run, tq, client, StepPartitions(tq, lambda: read_progress(client, config.run_id), run))
 
     def close(self) -> None:

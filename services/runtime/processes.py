@@ -106,6 +106,10 @@ class ChildProcess:
             self._forgotten = True
             self._reaper.forget(self.proc.pid)
 
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
     def alive(self) -> bool:
         if self.proc.poll() is None:
             return True
@@ -120,6 +124,7 @@ class ChildProcess:
             if ready():
                 return
             time.sleep(0.02)
+        self.kill()  # never left running unready and untracked (a restart would then find its port taken)
         raise TimeoutError(f"{self.name} not ready after {timeout_s}s; log: {self.log_tail()}")
 
     def log_tail(self, n: int = 4000) -> str:
@@ -154,16 +159,20 @@ def sluice_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "services.cli", *args]
 
 
-def start_redis(port: int | None = None, log_dir: str | None = None) -> tuple[ChildProcess, str]:
-    """A private, memory-only redis-server on a free port -> (process, url)."""
+def start_redis(port: int | None = None, log_dir: str | None = None,
+                data_dir: str | None = None) -> tuple[ChildProcess, str]:
+    """A private redis-server on a free port -> (process, url): memory only, or with `data_dir` an
+    append-only file synced on every write there (a restart on the same port and directory loses nothing)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
     port = port or free_port()
-    workdir = tempfile.mkdtemp(prefix="sluice-redis-")
+    workdir = data_dir or tempfile.mkdtemp(prefix="sluice-redis-")
+    os.makedirs(workdir, exist_ok=True)
     log_path = os.path.join(log_dir or workdir, f"redis-{port}.log")
+    persistence = ["--appendonly", "yes", "--appendfsync", "always"] if data_dir else ["--appendonly", "no"]
     proc = ChildProcess("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                  "--appendonly", "no", "--dir", workdir], log_path)
+                                  *persistence, "--dir", workdir], log_path)
 
     def ready() -> bool:
         try:

@@ -22,6 +22,7 @@ from services.runtime.tls import TLSSettings
 from services.runtime.http_auth import require_bearer_token
 from services.runtime.http_service import serve_http
 from services.runtime.metrics import observability_router
+from services.runtime.dependency_errors import dependency_unavailable
 from services.runtime.run_watch import RunWatch, failure_message
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,8 @@ async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStat
     run the step loop. SIGTERM, or the run failing or being stopped, sets the loop's stop flag and the loop
     returns at its next safe point; the process then exits 0 (a finished loop whose run goes on, or whose
     run finished, keeps answering health until SIGTERM). A loop that raises, or a failed preflight, is
-    reported as the run's failure and takes the service down (non-zero exit)."""
+    reported as the run's failure and takes the service down (non-zero exit); an error that says a
+    dependency is unreachable (runtime/dependency_errors.py) takes it down without failing the run."""
     http_stop = asyncio.Event()
     app = build_status_app(status, config.auth_token)
     http = asyncio.create_task(serve_http(app, config.host, config.port, http_stop, tls=config))
@@ -156,6 +158,11 @@ async def _run_loop(config: RoleSettings, stop: asyncio.Event, status: RoleStatu
             await worker  # re-raises the loop's error
         except Exception as exc:
             message = failure_message(exc)
+            if dependency_unavailable(exc):  # not the run's fault: exit, be restarted, carry on
+                status.update(state="restarting", error=message)
+                log.warning("a service this role needs is unavailable; exiting to be restarted",
+                            extra={"error": message})
+                raise
             status.update(state="failed", error=message)
             await watch.report_failure(message, config.advertise_host, config.port)
             raise

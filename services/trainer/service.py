@@ -379,8 +379,11 @@ class ActorTrainer:
             version = self.weights.publish(latest + 1)  # renumber: receivers hold newer weights than ours
         elif latest < version:
             version = self.weights.publish(version)  # checkpointed but not yet published
-        if self.steps.info(step) is not None:
-            self.tq.reset_task(partition_name(self.run.name, step), self.actor_task)
+        # rows a dead predecessor held under its lease go back now, not when the lease lapses: the step it was
+        # training, and the next one, whose rows it claims while the step before is published
+        for held in range(step, min(step + 2, self.run.num_steps)):
+            if self.steps.info(held) is not None:
+                self.tq.reset_task(partition_name(self.run.name, held), self.actor_task)
         write_progress(self.redis, self.config.run_id, TrainerProgress(next_step=step, version=version))
         log.info("trainer position", extra={"next_step": step, "version": version,
                                             "checkpoint": ckpt.path if ckpt else None})

@@ -23,7 +23,8 @@ def grpc_serving(address: str, service: str = "") -> bool:
 
 class LocalTransferQueue(StopsOnExit):
     def __init__(self, shards: int = 1, token: str = "", redis_url: str | None = None, log_dir: str | None = None,
-                 shard_args: tuple[str, ...] = (), controller_args: tuple[str, ...] = ()):
+                 shard_args: tuple[str, ...] = (), controller_args: tuple[str, ...] = (), data_dir: str | None = None):
+        """`data_dir`: each shard journals to data_dir/<shard id> (a killed shard restarts with its rows)."""
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-tq-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.token = token
@@ -32,6 +33,7 @@ class LocalTransferQueue(StopsOnExit):
             self.redis, redis_url = start_redis(log_dir=self.log_dir)
         self.redis_url = redis_url
         self.shard_args = shard_args
+        self.data_dir = data_dir
         self.controller_args = controller_args
         self.controller_port = free_port()
         self.controller_address = f"127.0.0.1:{self.controller_port}"
@@ -60,16 +62,29 @@ class LocalTransferQueue(StopsOnExit):
 
     def start_shard(self, shard_id: str, port: int | None = None) -> ChildProcess:
         port = port or free_port()
+        proc = self._spawn_shard(shard_id, port)
+        self.shards.append(proc)
+        self.shard_addresses.append(f"127.0.0.1:{port}")
+        return proc
+
+    def restart_shard(self, i: int) -> ChildProcess:
+        """Start shard i again (killing it first if it still runs) on its port and data directory, as a
+        supervisor would: with a data_dir it comes back with every row it had acknowledged."""
+        self.shards[i].kill()
+        shard_id = self.shards[i].name.split(" ", 1)[1]
+        self.shards[i] = self._spawn_shard(shard_id, int(self.shard_addresses[i].rsplit(":", 1)[1]))
+        return self.shards[i]
+
+    def _spawn_shard(self, shard_id: str, port: int) -> ChildProcess:
         address = f"127.0.0.1:{port}"
         proc = ChildProcess(
             f"tq-shard {shard_id}",
             sluice_argv("tq-shard", "--host", "127.0.0.1", "--port", str(port), "--advertise-host", "127.0.0.1",
                         "--shard-id", shard_id, "--controller", self.controller_address,
+                        *(("--data-dir", os.path.join(self.data_dir, shard_id)) if self.data_dir else ()),
                         *self.shard_args),
             os.path.join(self.log_dir, f"{shard_id}.log"), env=self._env())
         proc.wait_until(lambda: grpc_serving(address), 30)
-        self.shards.append(proc)
-        self.shard_addresses.append(address)
         return proc
 
     def stop(self) -> None:

@@ -1,7 +1,7 @@
 """A trainer or a receiver of weight syncs, as its own process, for the sync tests.
 
     python -m tests.dcs.sync_worker trainer --dcs URL --run-id R --versions 3 --receivers 2 --out F
-    python -m tests.dcs.sync_worker receiver --dcs URL --run-id R --until 3 --out F [--die-at V:K]
+    python -m tests.dcs.sync_worker receiver --dcs URL --run-id R --until 3 --out F [--die-at V:K] [--stop-at V:K]
 
 Each writes JSON lines to --out: what it published or received, with a SHA-256 of every tensor's
 bytes (bit-identity is checked by comparing digests)."""
@@ -52,7 +52,15 @@ def heartbeats(dcs_url: str, node_id: str, state: dict) -> None:
             time.sleep(0.2)
 
 
-def main() -> None:
+def wait_for_receivers(dcs: DCSClient, run_id: str, count: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sum(n.alive for n in dcs.topology().roles.get("actor_fwd", []) if n.run_id == run_id) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fewer than {count} receivers alive after {timeout_s} s")
+        time.sleep(0.05)
+
+
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("role", choices=["trainer", "receiver"])
     p.add_argument("--dcs", required=True)
@@ -63,53 +71,60 @@ def main() -> None:
     p.add_argument("--receivers", type=int, default=2)
     p.add_argument("--until", type=int, default=2)
     p.add_argument("--die-at", default="", help="V:K -> SIGKILL itself after bucket K of version V")
+    p.add_argument("--stop-at", default="", help="V:K -> SIGSTOP itself after bucket K of version V")
+    p.add_argument("--rejoin-version", type=int, default=0,
+                   help="trainer: before publishing this version, wait for --receivers live receivers again")
     p.add_argument("--timeout-s", type=float, default=3.0)
     p.add_argument("--bucket-bytes", type=int, default=40_000)
     p.add_argument("--retry-after-s", type=float, default=2.0)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def publish_versions(args, dcs: DCSClient, node_id: str, out) -> None:
     dtype = getattr(torch, args.dtype)
-    out = open(args.out, "a", buffering=1)
-    dcs = DCSClient(args.dcs)
-    role = "trainer" if args.role == "trainer" else "actor_fwd"
-    node = dcs.register(NodeRegistration(role=role, host="127.0.0.1", run_id=args.run_id))
-    state = {"version": 0}
-    threading.Thread(target=heartbeats, args=(args.dcs, node.node_id, state), daemon=True).start()
+    wait_for_receivers(dcs, args.run_id, args.receivers)
+    publisher = WeightPublisher(dcs, node_id, "127.0.0.1", bucket_bytes=args.bucket_bytes,
+                                timeout_s=args.timeout_s, receiver_roles=["actor_fwd"], run_id=args.run_id)
+    for version in range(1, args.versions + 1):
+        if version == args.rejoin_version:
+            wait_for_receivers(dcs, args.run_id, args.receivers)
+        tensors = weights(version, dtype)
+        try:
+            res = publisher.publish(tensors.items(), version)
+            out.write(json.dumps({"event": "published", "version": version, "digest": digest(tensors),
+                                  "world_size": res.world_size, "seconds": res.seconds}) + "\n")
+        except SyncFailed as exc:
+            out.write(json.dumps({"event": "failed", "version": version, "error": exc.result.error,
+                                  "seconds": exc.result.seconds}) + "\n")
+            time.sleep(args.retry_after_s)  # let the dead member's lease lapse
+        time.sleep(0.3)  # receivers see each version
+    publisher.close()
 
-    if args.role == "trainer":
-        while sum(n.alive for n in dcs.topology().roles.get("actor_fwd", []) if n.run_id == args.run_id) < args.receivers:
-            time.sleep(0.05)
-        publisher = WeightPublisher(dcs, node.node_id, "127.0.0.1", bucket_bytes=args.bucket_bytes,
-                                    timeout_s=args.timeout_s, receiver_roles=["actor_fwd"], run_id=args.run_id)
-        for version in range(1, args.versions + 1):
-            tensors = weights(version, dtype)
-            try:
-                res = publisher.publish(tensors.items(), version)
-                out.write(json.dumps({"event": "published", "version": version, "digest": digest(tensors),
-                                      "world_size": res.world_size, "seconds": res.seconds}) + "\n")
-            except SyncFailed as exc:
-                out.write(json.dumps({"event": "failed", "version": version, "error": exc.result.error,
-                                      "seconds": exc.result.seconds}) + "\n")
-                time.sleep(args.retry_after_s)  # let the dead member's lease lapse
-            time.sleep(0.3)  # receivers see each version
-        publisher.close()
-        return
 
-    die_version, die_bucket = (int(x) for x in args.die_at.split(":")) if args.die_at else (-1, -1)
-    receiver = WeightReceiver(dcs, node.node_id, "actor_fwd", timeout_s=args.timeout_s, run_id=args.run_id)
+def _at(spec: str) -> tuple[int, int]:
+    return tuple(int(x) for x in spec.split(":")) if spec else (-1, -1)
+
+
+def receive_versions(args, dcs: DCSClient, node_id: str, out, state: dict) -> None:
+    die_at, stop_at = _at(args.die_at), _at(args.stop_at)
+    receiver = WeightReceiver(dcs, node_id, "actor_fwd", timeout_s=args.timeout_s, run_id=args.run_id)
     receiver.declare()
-    current = weights(0, dtype)  # the weights "serving" before any sync
+    current = weights(0, getattr(torch, args.dtype))  # the weights "serving" before any sync
     out.write(json.dumps({"event": "ready", "digest": digest(current)}) + "\n")
     while receiver.version < args.until:
         published = receiver.next(wait_s=5)
         if published is None:
             continue
 
-        def maybe_die(k: int, version=published.version):
-            if version == die_version and k == die_bucket:
+        def on_bucket(k: int, version=published.version):
+            if (version, k) == die_at:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if (version, k) == stop_at:
+                out.write(json.dumps({"event": "stopping", "version": version}) + "\n")
+                os.kill(os.getpid(), signal.SIGSTOP)  # frozen, heartbeats too, until the test sends SIGCONT
 
         try:
-            tensors = receiver.receive(published, on_bucket=maybe_die)
+            tensors = receiver.receive(published, on_bucket=on_bucket)
         except NotInGroup:
             receiver.version = published.version
             continue
@@ -122,9 +137,23 @@ def main() -> None:
         current = {k: v.clone() for k, v in tensors.items()}  # the swap: only after every bucket arrived
         state["version"] = published.version
         receiver.loaded(published, time.perf_counter() - start)
-        dcs.heartbeat(node.node_id, Heartbeat(weight_version=published.version))  # report it at once
+        dcs.heartbeat(node_id, Heartbeat(weight_version=published.version))  # report it at once
         out.write(json.dumps({"event": "received", "version": published.version, "digest": digest(current)}) + "\n")
     receiver.close()
+
+
+def main() -> None:
+    args = parse_args()
+    out = open(args.out, "a", buffering=1)
+    dcs = DCSClient(args.dcs)
+    role = "trainer" if args.role == "trainer" else "actor_fwd"
+    node = dcs.register(NodeRegistration(role=role, host="127.0.0.1", run_id=args.run_id))
+    state = {"version": 0}
+    threading.Thread(target=heartbeats, args=(args.dcs, node.node_id, state), daemon=True).start()
+    if args.role == "trainer":
+        publish_versions(args, dcs, node.node_id, out)
+    else:
+        receive_versions(args, dcs, node.node_id, out, state)
 
 
 if __name__ == "__main__":

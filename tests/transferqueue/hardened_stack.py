@@ -1,5 +1,5 @@
 """A TransferQueue with small input caps, raw stubs to call it with, and a snapshot of all its state
-(every Redis key's DUMP, every shard's stats) so tests can assert that a rejected call changed nothing."""
+(every Redis key's contents, every shard's stats) so tests can assert that a rejected call changed nothing."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import redis
 from services.transferqueue.local_stack import LocalTransferQueue
 from services.transferqueue.pb import transferqueue_pb2 as pb
 from services.transferqueue.pb import transferqueue_pb2_grpc as pb_grpc
+from tests.redis_state import redis_digest
 
 ROWS_PER_CALL = 64
 PARTITION_ROWS = 256
@@ -44,8 +45,7 @@ class Stubs:
         self.redis = redis.Redis.from_url(stack.redis_url)
 
     def snapshot(self) -> tuple:
-        keys = sorted(k for k in self.redis.keys("*") if k not in _LIVE_KEYS)
-        dumped = tuple((k, self.redis.dump(k)) for k in keys)
+        dumped = tuple(k for k in redis_digest(self.redis) if k[0] not in _LIVE_KEYS)
         stats = self.shard.Stats(pb.StatsRequest(), timeout=10)
         return dumped, (stats.rows, stats.bytes, tuple(stats.partitions))
 

@@ -3,8 +3,9 @@
 Requests are built from the .proto descriptors with random fields: names valid and not, extreme
 integers, unknown enum values, lists over the per-call caps, reservations genuine, truncated and forged,
 and Arrow IPC that is valid, truncated, bit-flipped, compressed, null-carrying or lying about its
-offsets. Every call must end in a deliberate status (never INTERNAL, UNKNOWN, or a hang), and both
-servers must be healthy and working afterwards."""
+offsets. Every call must end in a deliberate status (never INTERNAL, UNKNOWN, or a hang) and, when it is
+refused, leave all state as it was (every Redis key and the shard's stats); both servers must be healthy
+and working afterwards."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.local_stack import grpc_serving
 from services.transferqueue.pb import transferqueue_pb2 as pb
+from tests.redis_state import changed_keys
 from tests.transferqueue import hardened_stack as hs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -114,7 +116,8 @@ def _methods(service: str):
     return [(service, m) for m in pb.DESCRIPTOR.services_by_name[service].methods]
 
 
-def _check(call, request, streaming_response: bool) -> None:
+def _check(stubs: hs.Stubs, call, request, streaming_response: bool) -> None:
+    before = stubs.snapshot()
     try:
         result = call(request, timeout=10)
         if streaming_response:
@@ -124,6 +127,9 @@ def _check(call, request, streaming_response: bool) -> None:
         CODES[err.code().name] += 1
         assert err.code() not in FORBIDDEN, f"{err.code()}: {err.details()}"
         assert err.details(), "a rejected call must say what was wrong"
+        after = stubs.snapshot()
+        changed = changed_keys(before[0], after[0]) + (["shard stats"] if before[1] != after[1] else [])
+        assert not changed, f"{err.code()} ({err.details()}), yet it changed {changed}"
 
 
 @pytest.mark.parametrize("service,method", _methods("Controller") + _methods("StorageShard"),
@@ -146,7 +152,7 @@ def test_every_method_survives_random_input(fuzzed, service, method):
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
     @given(request=requests)
     def run(request):
-        _check(call, iter(request) if method.client_streaming else request, method.server_streaming)
+        _check(fuzzed, call, iter(request) if method.client_streaming else request, method.server_streaming)
 
     run()
     assert grpc_serving(fuzzed.stack.controller_address) and grpc_serving(fuzzed.stack.shard_addresses[0])

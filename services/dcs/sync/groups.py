@@ -7,10 +7,13 @@ to several groups and never touches the default group. This is the same construc
 from __future__ import annotations
 
 import datetime
+import threading
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+FORM_SLACK_S = 5.0  # past the group's timeout, before a group that has not formed is given up
 
 
 @dataclass
@@ -26,6 +29,32 @@ class BroadcastGroup:
     @classmethod
     def open(cls, name: str, backend: str, master_address: str, master_port: int, rank: int, world_size: int,
              timeout_s: float) -> "BroadcastGroup":
+        """Join the group, within `timeout_s` (plus a little). A member killed while the mesh forms can
+        leave gloo waiting on its connection past every timeout (the chaos test saw the trainer sit in
+        gloo's Pair::waitUntilConnected for minutes after an actor_fwd died mid-handshake), so the group is
+        formed on a helper thread that is abandoned at the deadline: the sync fails on time, and the next
+        sync forms a new group on a new port."""
+        formed: dict = {}
+
+        def form() -> None:
+            try:
+                formed["group"] = cls._form(name, backend, master_address, master_port, rank, world_size,
+                                            timeout_s)
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+                formed["error"] = exc
+
+        thread = threading.Thread(target=form, name=f"form-{name}", daemon=True)
+        thread.start()
+        thread.join(timeout_s + FORM_SLACK_S)
+        if thread.is_alive():
+            raise TimeoutError(f"sync group {name} did not form within {timeout_s:g}s: a member is gone")
+        if "error" in formed:
+            raise formed["error"]
+        return formed["group"]
+
+    @classmethod
+    def _form(cls, name: str, backend: str, master_address: str, master_port: int, rank: int, world_size: int,
+              timeout_s: float) -> "BroadcastGroup":
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout,
                               wait_for_workers=False)

@@ -66,9 +66,12 @@ class AsyncTransferQueue:
     """The data-plane client (asyncio). TransferQueue below is its blocking facade."""
 
     def __init__(self, controller: str, token: str | None = None, put_timeout_s: float = 60.0,
-                 chunk_bytes: int | None = None):
+                 chunk_bytes: int | None = None, shard_wait_s: float = 20.0):
+        """`shard_wait_s`: how long a read waits for a shard that cannot be reached (a killed shard
+        restarted by its supervisor replays its journal and is back in seconds) before UNAVAILABLE."""
         self.token = token
         self.put_timeout_s = put_timeout_s
+        self.shard_wait_s = shard_wait_s
         self.chunk_bytes = chunk_bytes
         self.controller = ControllerClient(controller, token)
         self._shard_addresses: dict[str, str] = {}
@@ -212,10 +215,27 @@ class AsyncTransferQueue:
         placement = await self._placement(partition)
 
         async def fetch(shard_id, positions):
-            return positions, await self._shard_for(shard_id).aget(partition, [rows[i] for i in positions], fields)
+            return positions, await self._read_shard(shard_id, partition, [rows[i] for i in positions], fields)
 
         tables = await asyncio.gather(*(fetch(s, p) for s, p in placement.split(rows)))
         return self._decoded(partition, rows, tables, padded, pad_value, lease_id)
+
+    async def _read_shard(self, shard_id: str, partition: str, rows: list[int], fields) -> bytearray:
+        """One shard's part of a read. A shard that cannot be reached is retried for `shard_wait_s`, then
+        UNAVAILABLE naming it: a reader never sits out the two-minute RPC deadline on a dead shard."""
+        deadline = time.monotonic() + self.shard_wait_s
+        delay = 0.1
+        while True:
+            try:
+                return await self._shard_for(shard_id).aget(partition, rows, fields, wait_for_ready=False)
+            except TQError as err:
+                if err.code != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise TQError(grpc.StatusCode.UNAVAILABLE, f"storage shard {shard_id} did not answer for "
+                                  f"{self.shard_wait_s:g} s: {err.message}") from None
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
 
     async def get(self, partition: str, rows: Sequence[int], fields: Sequence[str], padded=False, pad_value=0) -> Batch:
         """Read fields of rows (no claim). Every row must have every field, else NOT_FOUND."""
@@ -280,5 +300,5 @@ class TransferQueue(BlockingFacade):
     call from several threads at once."""
 
     def __init__(self, controller: str, token: str | None = None, put_timeout_s: float = 60.0,
-                 chunk_bytes: int | None = None):
-        super().__init__(AsyncTransferQueue(controller, token, put_timeout_s, chunk_bytes), "tq-client")
+                 chunk_bytes: int | None = None, shard_wait_s: float = 20.0):
+        super().__init__(AsyncTransferQueue(controller, token, put_timeout_s, chunk_bytes, shard_wait_s), "tq-client")

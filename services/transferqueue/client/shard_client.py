@@ -97,13 +97,15 @@ class ShardClient(GrpcTransport):
             raise TQError.from_rpc(err) from None
         return out.result()
 
-    async def aget(self, partition: str, rows, fields, timeout: float | None = None) -> bytearray:
+    async def aget(self, partition: str, rows, fields, timeout: float | None = None,
+                   wait_for_ready: bool = True) -> bytearray:
+        """`wait_for_ready=False`: UNAVAILABLE at once while the shard cannot be reached."""
         request = pb.GetRequest(partition=partition, rows=rows, fields=fields)
         out = _Assembler()
         try:
             get = self._raw_call(True, "unary_stream", _GET, pb.GetRequest.SerializeToString, None)
             async for chunk in get(request, timeout=timeout or self.default_timeout_s, metadata=self._metadata,
-                                   wait_for_ready=True):
+                                   wait_for_ready=wait_for_ready):
                 out.add(chunk)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None

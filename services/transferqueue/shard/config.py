@@ -8,7 +8,8 @@ from services.runtime.tls import TLSSettings
 
 
 class ShardConfig(AuthTokenSettings, TLSSettings):
-    """`sluice tq-shard`: TransferQueue storage shard (gRPC; field data as Arrow in memory)."""
+    """`sluice tq-shard`: TransferQueue storage shard (gRPC; field data as Arrow in memory, journaled to
+    --data-dir when set)."""
 
     model_config = SettingsConfigDict(env_prefix="SLUICE_TQ_SHARD_")
 
@@ -22,6 +23,13 @@ class ShardConfig(AuthTokenSettings, TLSSettings):
     chunk_bytes: int = Field(4 << 20, gt=0, le=32 << 20, description="size of the data chunks it streams")
     register_interval_s: float = Field(3.0, gt=0, description="how often it renews its registration")
     orphan_grace_s: float = Field(30.0, ge=0, description="partitions unknown to the controller for this long are dropped")
+    data_dir: str = Field("", description="directory of the write-ahead journal; a restarted shard replays it and "
+                                          "holds every row it acknowledged. Empty: memory only (rows die with the "
+                                          "process)")
+    journal_fsync: bool = Field(False, description="fsync each journal write before acknowledging it (survives "
+                                                   "the machine failing, not only the process)")
+    journal_compact_bytes: int = Field(256 << 20, ge=1 << 20,
+                                       description="rewrite the journal once it is over this and twice what is held")
     metrics_port: int = Field(0, description="Prometheus /metrics port; 0 = disabled")
     grace_s: float = Field(5.0, ge=0, description="on SIGTERM, time in-flight calls get to finish")
     log_level: str = Field("info", description="debug|info|warning|error")

@@ -26,6 +26,7 @@ from services.transferqueue.pb import transferqueue_pb2 as pb
 from services.transferqueue.pb import transferqueue_pb2_grpc as pb_grpc
 from services.transferqueue.rpc import rpc_scope, unary_handler
 from services.transferqueue.shard.config import ShardConfig
+from services.transferqueue.shard.journal import ShardJournal
 from services.transferqueue.shard.store import ShardStore
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class ShardServicer(pb_grpc.StorageShardServicer):
             if header is None or pos != len(buf):
                 raise TQError(grpc.StatusCode.INVALID_ARGUMENT, f"put ended after {pos} of its announced bytes")
             table = from_untrusted_ipc(buf, self.config.max_row_elements)
-            nbytes = self.store.put(header.partition, np.asarray(header.rows, dtype=np.int64), table)
+            nbytes = self.store.put(header.partition, np.asarray(header.rows, dtype=np.int64), table, ipc=buf)
             BYTES_IN.inc(pos)
             self._gauges()
             return pb.PutResponse(rows=len(header.rows), bytes=nbytes)
@@ -180,8 +181,24 @@ async def _keep_registered(config: ShardConfig, servicer: ShardServicer, address
         await controller.aclose()
 
 
+def open_store(config: ShardConfig) -> ShardStore:
+    """The store, with what its journal holds when --data-dir is set (a restart after a kill)."""
+    if not config.data_dir:
+        return ShardStore(config.max_rows, config.max_bytes)
+    journal = ShardJournal(config.data_dir, fsync=config.journal_fsync, compact_bytes=config.journal_compact_bytes)
+    store = ShardStore(config.max_rows, config.max_bytes, journal)
+    started = time.monotonic()
+    records, report = journal.replay()
+    store.replay(records, config.max_row_elements)
+    log.info("journal replayed", extra={"data_dir": config.data_dir, "records": report.records,
+                                        "journal_bytes": report.bytes, "torn_bytes": report.torn_bytes,
+                                        "rows": store.rows, "bytes": store.bytes,
+                                        "seconds": round(time.monotonic() - started, 3)})
+    return store
+
+
 async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
-    store = ShardStore(config.max_rows, config.max_bytes)
+    store = open_store(config)
     interceptors = [BearerTokenInterceptor(config.auth_token)] if config.auth_token else []
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -215,6 +232,8 @@ async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
         keeper.cancel()
         await asyncio.gather(keeper, return_exceptions=True)
         await server.stop(config.grace_s)
+        if store.journal is not None:
+            store.journal.close()
         log.info("shard stopped")
 
 

@@ -3,19 +3,23 @@
 Each put keeps its Arrow arrays as they arrived (no per-row Python objects). A field column maps
 row -> (chunk, offset) with numpy index arrays; reads of rows that sit contiguously in one chunk
 are zero-copy slices, anything else is one `take` per chunk. Budgets are enforced before anything
-is stored, so a put is all-or-nothing.
+is stored, so a put is all-or-nothing. With a journal (shard/journal.py) every change is written to
+it, under the store's lock and before it is applied, so the journal's order is the store's.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Iterator
 
 import grpc
 import numpy as np
 import pyarrow as pa
 
 from services.transferqueue.errors import TQError
+from services.transferqueue.shard.journal import DELETE, DROP, PUT, Record, ShardJournal
+from services.transferqueue.wire_format import from_untrusted_ipc, to_ipc
 
 
 def _storage(array: pa.Array) -> pa.Array:
@@ -129,15 +133,17 @@ class PartitionData:
 class ShardStore:
     """Thread-safe; every public method is atomic with respect to the others."""
 
-    def __init__(self, max_rows: int, max_bytes: int):
+    def __init__(self, max_rows: int, max_bytes: int, journal: ShardJournal | None = None):
         self.max_rows = max_rows
         self.max_bytes = max_bytes
         self.rows = 0
         self.bytes = 0
         self.partitions: dict[str, PartitionData] = {}
+        self.journal = journal
         self._lock = threading.Lock()
 
-    def put(self, partition: str, rows: np.ndarray, table: pa.Table) -> int:
+    def put(self, partition: str, rows: np.ndarray, table: pa.Table, ipc=None) -> int:
+        """Store `table` at `rows`; `ipc` is the Arrow IPC stream it was read from (for the journal)."""
         if len(rows) != table.num_rows:
             raise TQError(grpc.StatusCode.INVALID_ARGUMENT,
                           f"header names {len(rows)} rows but the Arrow data has {table.num_rows}")
@@ -155,6 +161,8 @@ class ShardStore:
                 raise TQError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"shard full: holds {self.rows}/{self.max_rows} rows and {self.bytes}/{self.max_bytes} "
                               f"bytes; this put adds {fresh} rows and {nbytes} bytes")
+            if self.journal is not None:
+                self.journal.record_put(partition, rows, ipc if ipc is not None else to_ipc(table))
             if part is None:
                 part = self.partitions[partition] = PartitionData()
             freed = 0
@@ -168,6 +176,7 @@ class ShardStore:
             self.rows += part.mark_rows(rows)
             part.bytes += nbytes - freed
             self.bytes += nbytes - freed
+            self._compact_if_due()
             return nbytes
 
     def get(self, partition: str, rows: np.ndarray, fields: list[str]) -> pa.Table:
@@ -195,6 +204,8 @@ class ShardStore:
             part = self.partitions.get(partition)
             if part is None:
                 return 0
+            if self.journal is not None:
+                self.journal.record_delete(partition, rows, fields)
             cells = freed = 0
             for name in fields:
                 column = part.fields.get(name)
@@ -222,6 +233,9 @@ class ShardStore:
             part = self.partitions.pop(partition, None)
             if part is None:
                 return False, 0
+            if self.journal is not None:
+                self.journal.record_drop(partition)
+                self._compact_if_due()
             self.rows -= part.rows
             self.bytes -= part.bytes
             return True, part.bytes
@@ -234,3 +248,31 @@ class ShardStore:
         with self._lock:
             part = self.partitions.get(partition)
             return part.created if part else None
+
+    def replay(self, records: list[Record], max_row_elements: int) -> None:
+        """Apply a journal's records (at start, before serving); nothing is journaled again."""
+        journal, self.journal = self.journal, None
+        try:
+            for rec in records:
+                if rec.kind == PUT:  # its own buffer: a slice of the journal would keep the whole file alive
+                    self.put(rec.partition, rec.rows, from_untrusted_ipc(bytearray(rec.payload), max_row_elements))
+                elif rec.kind == DELETE:
+                    self.delete(rec.partition, rec.rows, rec.fields)
+                elif rec.kind == DROP:
+                    self.drop(rec.partition)
+        finally:
+            self.journal = journal
+
+    def _compact_if_due(self) -> None:
+        if self.journal is not None and self.journal.needs_compaction(self.bytes):
+            self.journal.compact(self._snapshot)
+
+    def _snapshot(self) -> Iterator[tuple[str, np.ndarray, pa.Buffer]]:
+        """What the store holds, as one put per (partition, field); called under the lock."""
+        for name, part in self.partitions.items():
+            for column in part.fields.values():
+                # chunk by chunk: racing uncommitted writers may have left chunks of different types
+                for cid in np.unique(column.chunk_of[column.chunk_of >= 0]).tolist():
+                    rows = np.nonzero(column.chunk_of == cid)[0]
+                    array, arrow_field = column.get(rows)
+                    yield name, rows, to_ipc(pa.Table.from_arrays([array], schema=pa.schema([arrow_field])))
