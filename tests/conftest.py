@@ -98,3 +98,11 @@ def metric_value(text: str, name: str, **labels) -> float:
         if all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+@pytest.fixture(scope="session")
+def node_client():
+    """The Node.js client package, its npm dependencies installed (tests/node_package.py)."""
+    from tests.node_package import install_node_package
+
+    return install_node_package()

@@ -24,6 +24,20 @@ def _worker(tmp_path, name, *args) -> ChildProcess:
                         str(tmp_path / f"{name}.log"))
 
 
+def start_three(tmp_path, dcs_url: str, run_id: str, versions: int, faulty: str, fault: list[str],
+                trainer_args: tuple[str, ...] = ()) -> tuple[ChildProcess, ChildProcess, ChildProcess]:
+    """A trainer publishing `versions` versions to two receivers, "survivor" and `faulty` (which takes the
+    `fault` flags); each writes its events to <name>.jsonl."""
+    common = ["--dcs", dcs_url, "--run-id", run_id, "--timeout-s", "3"]
+    survivor = _worker(tmp_path, "survivor", "receiver", *common, "--until", str(versions),
+                       "--out", str(tmp_path / "survivor.jsonl"))
+    other = _worker(tmp_path, faulty, "receiver", *common, "--until", str(versions), *fault,
+                    "--out", str(tmp_path / f"{faulty}.jsonl"))
+    trainer = _worker(tmp_path, "trainer", "trainer", *common, "--versions", str(versions), "--retry-after-s", "2",
+                      *trainer_args, "--out", str(tmp_path / "trainer.jsonl"))
+    return survivor, other, trainer
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_trainer_and_two_receivers_get_bit_identical_tensors(tmp_path, dtype):
     with LocalDCS(log_dir=str(tmp_path)) as dcs:
@@ -52,13 +66,7 @@ def test_trainer_and_two_receivers_get_bit_identical_tensors(tmp_path, dtype):
 
 def test_receiver_killed_mid_sync_fails_it_on_time_and_the_next_sync_succeeds(tmp_path):
     with LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "1.0")) as dcs:
-        common = ["--dcs", dcs.url, "--run-id", "k", "--timeout-s", "3"]
-        survivor = _worker(tmp_path, "survivor", "receiver", *common, "--until", "3",
-                           "--out", str(tmp_path / "survivor.jsonl"))
-        doomed = _worker(tmp_path, "doomed", "receiver", *common, "--until", "3", "--die-at", "2:1",
-                         "--out", str(tmp_path / "doomed.jsonl"))
-        trainer = _worker(tmp_path, "trainer", "trainer", *common, "--versions", "3", "--retry-after-s", "2",
-                          "--out", str(tmp_path / "trainer.jsonl"))
+        survivor, doomed, trainer = start_three(tmp_path, dcs.url, "k", 3, "doomed", ["--die-at", "2:1"])
         assert trainer.proc.wait(120) == 0, trainer.log_tail()
         assert survivor.proc.wait(60) == 0, survivor.log_tail()
         assert doomed.proc.wait(10) == -9  # it really died mid-sync

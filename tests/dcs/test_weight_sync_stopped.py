@@ -10,7 +10,7 @@ import time
 import pytest
 
 from services.dcs.local import LocalDCS
-from tests.dcs.test_weight_sync import _events, _worker
+from tests.dcs.test_weight_sync import _events, start_three
 
 pytestmark = pytest.mark.slow
 
@@ -27,13 +27,8 @@ def _wait_for(path, predicate, timeout_s: float = 60.0) -> list[dict]:
 
 def test_a_receiver_stopped_mid_sync_is_left_out_then_rejoins_after_sigcont(tmp_path):
     with LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "1.0")) as dcs:
-        common = ["--dcs", dcs.url, "--run-id", "s", "--timeout-s", "3"]
-        survivor = _worker(tmp_path, "survivor", "receiver", *common, "--until", "4",
-                           "--out", str(tmp_path / "survivor.jsonl"))
-        frozen = _worker(tmp_path, "frozen", "receiver", *common, "--until", "4", "--stop-at", "2:1",
-                         "--out", str(tmp_path / "frozen.jsonl"))
-        trainer = _worker(tmp_path, "trainer", "trainer", *common, "--versions", "4", "--retry-after-s", "2",
-                          "--rejoin-version", "4", "--out", str(tmp_path / "trainer.jsonl"))
+        survivor, frozen, trainer = start_three(tmp_path, dcs.url, "s", 4, "frozen", ["--stop-at", "2:1"],
+                                                ("--rejoin-version", "4"))
         try:
             published = _wait_for(tmp_path / "trainer.jsonl", lambda es: any(e["version"] == 3 for e in es))
             assert frozen.alive()  # stopped, not dead

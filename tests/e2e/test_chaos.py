@@ -114,15 +114,15 @@ def test_every_service_killed_once_and_the_run_trains_every_sample_once(model_di
     rng = random.Random(seed)
     order = rng.sample(FAULTS, len(FAULTS))
     run = RunConfig(name="chaos", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=4, micro_batch_size=4, num_steps=STEPS_PER_FAULT * len(FAULTS) + 6, checkpoint_interval=1,
+                    global_batch_size=4, micro_batch_size=4, num_steps=5 * len(FAULTS), checkpoint_interval=1,
                     ref_update_interval=2, algorithm={"decoupled": True, "kl_coef": 0.01},
                     rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
     with LocalRun(run, log_dir=str(tmp_path / "logs"), checkpoint_dir=str(tmp_path / "ckpt"),
-                  redis_data_dir=str(tmp_path / "redis"), engine_args=("--weight-sync-timeout-s", "20"),
-                  role_args={"actor_fwd": ["--lease-s", "3", "--weight-sync-timeout-s", "20"],
-                             "reference": ["--lease-s", "3", "--weight-sync-timeout-s", "20"],
+                  redis_data_dir=str(tmp_path / "redis"), engine_args=("--weight-sync-timeout-s", "10"),
+                  role_args={"actor_fwd": ["--lease-s", "3", "--weight-sync-timeout-s", "10"],
+                             "reference": ["--lease-s", "3", "--weight-sync-timeout-s", "10"],
                              "advantage": ["--lease-s", "3"],
-                             "trainer": ["--weight-sync-timeout-s", "20", "--republish-check-s", "2"]}) as lr:
+                             "trainer": ["--weight-sync-timeout-s", "10", "--republish-check-s", "2"]}) as lr:
         supervisor = lr.supervise()
         ledger = Ledger(lr)
         rows = []

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import grpc
 import pytest
 
+from services.dcs.client import DCSError
 from services.dcs.models import RunConfig
 from services.runtime.role_service import PreflightFailed, RoleSettings, RoleStatus, serve_role
+from services.transferqueue.errors import TQError
 
 
 @pytest.fixture
@@ -32,13 +35,25 @@ async def serve(dcs, run_id: str, role: str, loop=None, aloop=None, stop: asynci
 
 async def test_a_loop_that_raises_fails_the_run_and_the_process(dcs, client, run_id):
     def loop(halt: threading.Event) -> None:
-        raise ConnectionResetError("shard 3 went away")
-    with pytest.raises(ConnectionResetError):
+        raise ValueError("advantage of a group with no rewards")
+    with pytest.raises(ValueError):
         await serve(dcs, run_id, "advantage", loop=loop)
     failure = client.status(run_id).failure
     assert client.run(run_id).status == "failed" and failure.role == "advantage"
-    assert failure.message.startswith("ConnectionResetError: shard 3 went away (at ") and "test_role_lifecycle" in \
-        failure.message
+    assert failure.message.startswith("ValueError: advantage of a group with no rewards (at ") and \
+        "test_role_lifecycle" in failure.message
+
+
+@pytest.mark.parametrize("error", [ConnectionResetError("shard 3 went away"),
+                                   TQError(grpc.StatusCode.UNAVAILABLE, "Stream removed"),
+                                   DCSError(503, "state store unreachable")], ids=type)
+async def test_a_loop_that_loses_a_dependency_exits_without_failing_the_run(dcs, client, run_id, error):
+    """A service it needs is restarting: the role goes down to be restarted, the run goes on."""
+    def loop(halt: threading.Event) -> None:
+        raise RuntimeError("the step failed") from error
+    with pytest.raises(RuntimeError):
+        await serve(dcs, run_id, "advantage", loop=loop)
+    assert client.run(run_id).status == "running" and client.status(run_id).failure is None
 
 
 async def test_a_failed_preflight_fails_the_run_before_the_loop_starts(dcs, client, run_id):

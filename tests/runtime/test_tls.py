@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import os
+import shutil
 import ssl
 
 import grpc
@@ -29,6 +31,7 @@ from services.runtime.processes import ChildProcess, free_port, sluice_argv, sta
 from services.runtime.tls import CA_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV, client_ssl_context
 from services.sglang_protocol.client import SGLangClient
 from services.transferqueue.client.queue import TransferQueue
+from tests.node_package import cli
 
 TOKEN = "tls-s3cret"
 
@@ -213,3 +216,18 @@ def test_transferqueue_serves_tls_to_clients_that_verify_it_and_present_a_certif
         == grpc.StatusCode.UNAVAILABLE
     other_ca = {**env, CA_ENV: pki["other_ca"]}
     assert grpc_health(address, channel_target(f"tls://{address}", other_ca)[1]) == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not on PATH: the Node.js client cannot run")
+def test_the_node_client_speaks_tls_to_the_controller_and_the_shard(tls_transferqueue, node_client):
+    """The second-language client, too: it verifies the servers against the CA, presents its certificate
+    (the servers require one), and dials the shard over TLS because it reached the controller that way."""
+    address, env = tls_transferqueue
+    client_env = {name: env[name] for name in (CA_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV)}
+    columns = json.dumps({"x": {"dtype": "int64", "values": [4, 5, 6]}})
+    put = cli(node_client, "put", f"tls://{address}", "--token", TOKEN, "--partition", "node-tls", "--create",
+              "--columns", columns, env=client_env)
+    assert put["rows"] == [0, 1, 2]
+    got = cli(node_client, "get", f"tls://{address}", "--token", TOKEN, "--partition", "node-tls",
+              "--rows", "[0, 1, 2]", "--fields", '["x"]', env=client_env)
+    assert got["columns"] == {"x": [4, 5, 6]}

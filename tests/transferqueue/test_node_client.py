@@ -5,10 +5,7 @@ with the Python client. Values cross the process boundary as JSON only."""
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 import shutil
-import subprocess
 
 import grpc
 import pytest
@@ -17,47 +14,12 @@ import torch
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.local_stack import LocalTransferQueue
 from services.transferqueue.pb import transferqueue_pb2 as pb
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "services" / "transferqueue" / "client" / "node"
-NPM_TIMEOUT_S = 300
-NODE_TIMEOUT_S = 60
+from tests.node_package import cli, run_node
 
 pytestmark = [
     pytest.mark.slow,  # every case starts Node processes (about a second each)
     pytest.mark.skipif(shutil.which("node") is None, reason="node is not on PATH: the Node.js client cannot run"),
 ]
-
-
-@pytest.fixture(scope="session")
-def node_client():
-    """The package with its npm dependencies installed (once per session; CI machines start clean)."""
-    installed = PACKAGE / "node_modules" / ".package-lock.json"
-    lock = PACKAGE / "package-lock.json"
-    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.fail("node is installed but npm is not: cannot install the Node client's dependencies")
-        try:
-            done = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=PACKAGE,
-                                  capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"npm ci in {PACKAGE} took more than {NPM_TIMEOUT_S} s")
-        if done.returncode != 0:
-            pytest.fail(f"npm ci in {PACKAGE} failed ({done.returncode}):\n"
-                        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return PACKAGE
-
-
-def run_node(package: pathlib.Path, script: str, *args: str, expect_rc: int = 0) -> dict:
-    done = subprocess.run(["node", str(package / "examples" / script), *args], capture_output=True, text=True,
-                          timeout=NODE_TIMEOUT_S, env={**os.environ, "NODE_NO_WARNINGS": "1"})
-    assert done.returncode == expect_rc, f"node {script} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def cli(package, command: str, controller: str, *args: str, expect_rc: int = 0) -> dict:
-    return run_node(package, "cli.mjs", command, "--controller", controller, *args, expect_rc=expect_rc)
 
 
 def test_node_roundtrip_put_claim_get_ack(node_client, tq_stack, tq, uniq):

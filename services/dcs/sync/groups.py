@@ -28,12 +28,13 @@ class BroadcastGroup:
 
     @classmethod
     def open(cls, name: str, backend: str, master_address: str, master_port: int, rank: int, world_size: int,
-             timeout_s: float) -> "BroadcastGroup":
+             timeout_s: float, form_within_s: float | None = None) -> "BroadcastGroup":
         """Join the group, within `timeout_s` (plus a little). A member killed while the mesh forms can
         leave gloo waiting on its connection past every timeout (the chaos test saw the trainer sit in
         gloo's Pair::waitUntilConnected for minutes after an actor_fwd died mid-handshake), so the group is
         formed on a helper thread that is abandoned at the deadline: the sync fails on time, and the next
-        sync forms a new group on a new port."""
+        sync forms a new group on a new port. `form_within_s`: a shorter deadline for forming (what is left
+        of the publisher's)."""
         formed: dict = {}
 
         def form() -> None:
@@ -45,7 +46,7 @@ class BroadcastGroup:
 
         thread = threading.Thread(target=form, name=f"form-{name}", daemon=True)
         thread.start()
-        thread.join(timeout_s + FORM_SLACK_S)
+        thread.join((timeout_s if form_within_s is None else min(form_within_s, timeout_s)) + FORM_SLACK_S)
         if thread.is_alive():
             raise TimeoutError(f"sync group {name} did not form within {timeout_s:g}s: a member is gone")
         if "error" in formed:

@@ -66,8 +66,15 @@ class WeightReceiver:
         try:
             if self._group is None or self._group.name != spec.name:
                 self.close()
+                # a group forms only while its publisher waits (its deadline runs from the announcement): one
+                # whose window has passed is not joined, so a receiver that fell behind catches the next sync
+                # instead of waiting out each stale one in turn (seen in the chaos test after a trainer restart)
+                window = published.published_at + self.timeout_s - time.time()
+                if window <= 0:
+                    raise TimeoutError(f"the sync of version {published.version} was announced {-window:.1f}s "
+                                       f"past its {self.timeout_s:g}s deadline; waiting for the next")
                 self._group = BroadcastGroup.open(spec.name, spec.backend, spec.master_address, spec.master_port,
-                                                  me.rank, spec.world_size, self.timeout_s)
+                                                  me.rank, spec.world_size, self.timeout_s, form_within_s=window)
             seconds["metadata"] = time.perf_counter() - t0
             tensors: dict[str, torch.Tensor] = {}
             start = time.perf_counter()

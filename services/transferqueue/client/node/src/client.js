@@ -9,7 +9,7 @@ import { fromIpc, mergeInOrder } from './decode.js';
 import { encodeColumns, selectRows, toIpc } from './encode.js';
 import { Status, TQError, invalid } from './errors.js';
 import { loadServices } from './proto.js';
-import { makeClient, unary } from './rpc.js';
+import { TLS_SCHEME, makeClient, unary, withTls } from './rpc.js';
 import { ShardClient } from './shard.js';
 
 // slack on top of a claim's long-poll wait for the RPC deadline
@@ -39,7 +39,9 @@ export function splitByShard(info, rows) {
 }
 
 export class TransferQueueClient {
-  // controller: "host:port". options: token (bearer), protoDir (default: the repository's proto/),
+  // controller: "host:port", or "tls://host:port" for TLS (the shards are then dialled with TLS too;
+  // certificates from SLUICE_TLS_CA_FILE, SLUICE_TLS_CLIENT_CERT_FILE, SLUICE_TLS_CLIENT_KEY_FILE).
+  // options: token (bearer), protoDir (default: the repository's proto/),
   // putTimeoutS (how long a put retries a full shard), chunkBytes (shard stream chunk size).
   constructor(controller, { token = '', protoDir, putTimeoutS = 60, chunkBytes } = {}) {
     this.services = loadServices(protoDir);
@@ -47,6 +49,7 @@ export class TransferQueueClient {
     this.putTimeoutS = putTimeoutS;
     this.chunkBytes = chunkBytes;
     this.controller = makeClient(this.services.Controller, controller);
+    this.tls = controller.startsWith(TLS_SCHEME);
     this.shardAddresses = new Map();
     this.shards = new Map();
     this.placements = new Map();
@@ -124,7 +127,7 @@ export class TransferQueueClient {
       const address = this.shardAddresses.get(shardId);
       if (!address) throw new TQError(Status.UNAVAILABLE, `storage shard ${shardId} is not registered`);
       const options = { token: this.token, ...(this.chunkBytes ? { chunkBytes: this.chunkBytes } : {}) };
-      this.shards.set(shardId, new ShardClient(this.services.StorageShard, address, options));
+      this.shards.set(shardId, new ShardClient(this.services.StorageShard, withTls(address, this.tls), options));
     }
     return this.shards.get(shardId);
   }
