@@ -141,7 +141,7 @@ class Scheduler:
         log.exception("engine step failed: failing every request and stopping the engine")
         with self._cv:
             self.failure = f"{type(exc).__name__}: {exc}"
-            held = list(self.waiting) + [f for r in self.waiting for f in r.followers] + self.running + self.frozen
+            held = self._held()
             self.waiting.clear()
         for req in held:
             if not req.finished:
@@ -149,6 +149,11 @@ class Scheduler:
         self.running, self.frozen = [], []
         if self.on_fatal is not None:
             self.on_fatal(exc)
+
+    def _held(self) -> list:
+        """Every request the engine holds: queued (with a queued leader's followers), running, frozen.
+        Called under the lock."""
+        return list(self.waiting) + [f for r in self.waiting for f in r.followers] + self.running + self.frozen
 
     def _admit(self) -> None:
         """Waiting requests into free slots, in arrival order; a leader brings as many siblings as fit."""
@@ -352,7 +357,7 @@ class Scheduler:
         """Abort requests whose rid starts with prefix (None = all), with their partial output."""
         count = 0
         with self._cv:
-            pool = list(self.waiting) + [f for r in self.waiting for f in r.followers] + self.running + self.frozen
+            pool = self._held()
         for req in pool:
             if not req.finished and (prefix is None or req.rid.startswith(prefix)):
                 self._finish(req, {"type": "abort", "message": "aborted"})
