@@ -113,12 +113,6 @@ class LocalRun(StopsOnExit):
         self.supervisor = ProcessSupervisor(self.processes, self.restart, **kwargs).start()
         return self.supervisor
 
-    def restart_engine(self, i: int) -> None:
-        """SIGKILL engine i and start it again on the same port (as a supervisor would)."""
-        self.procs[f"engine-{i}"].kill()
-        port = int(self.engine_urls[i].rsplit(":", 1)[1])
-        self._start_engine(i, self.engine_args, port)
-
     def _common(self) -> list[str]:
         return ["--run-id", self.run.name, "--dcs-url", self.dcs.url, "--tq-controller", self.tq.controller_address,
                 "--redis-url", self.redis_url, "--host", "127.0.0.1"]

@@ -146,7 +146,7 @@ def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating
         lr.wait_for_step(6, 300)
         # back with its initial weights: it drops out of syncs while down and gets the weights again
         # (the next publish, or the trainer's lag check if the run would otherwise wait on it)
-        lr.restart_engine(0)
+        lr.restart("engine-0")  # SIGKILL, then started again on its port
         lr.wait_for_step(run.num_steps, 400)
         # a receiver killed mid-sync, or a sync that times out on a loaded machine, burns that version number
         # (the retry takes the next): samples generated across a burnt number may be trained one version more
