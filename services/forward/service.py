@@ -24,7 +24,8 @@ from services.dcs.sync.receiver import WeightReceiver, follow_weights
 from services.forward.config import ForwardConfig
 from services.model.loading import load_causal_lm
 from services.run_contract.checkpoint import checkpoints
-from services.model.response_batch import ResponseBatch, response_log_probs
+from services.model.response_batch import response_log_probs
+from services.model.shared_prompt_batch import build_response_batch
 from services.run_contract.partitions import SAMPLE_FIELDS, task_name
 from services.run_state.connections import RunConnections
 from services.run_state.consumer import Consumer, consume_partition, each_step
@@ -144,10 +145,11 @@ class ForwardService:
             membership.progress(weight_version=receiver.version)
 
     def compute(self, batch: Batch) -> dict:
-        rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
+        rb = build_response_batch(batch["tokens"], batch["prompt_length"], batch["response_length"],
+                                  hidden_size=self.model.config.hidden_size)
         log_probs = response_log_probs(self.model, rb.to_device(self.config.device),
                                        self.run.rollout.temperature).cpu()
-        TOKENS.inc(int(rb.attention_mask.sum()))
+        TOKENS.inc(rb.token_count)
         return {self.field: rb.to_ragged(log_probs)}
 
     def done(self, batch: Batch) -> None:

@@ -72,19 +72,31 @@ class ResponseBatch:
         return torch.gather(per_position, 1, index)
 
     def to_ragged(self, values: torch.Tensor) -> list[torch.Tensor]:
-        """[B, T] -> one 1-D tensor per sample, cut to its response length."""
-        return [values[i, :int(n)].contiguous() for i, n in enumerate(self.response_lengths)]
+        return ragged(values, self.response_lengths)
+
+    @property
+    def token_count(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def logits(self, model) -> torch.Tensor:
+        """[B, T, V] logits predicting each response token."""
+        # lm_head only from the first position that predicts a response token (the prompts' own logits are not
+        # needed): the vocabulary projection and its backward are the largest matmuls of a small model
+        start = self.first_response_position
+        out = model(input_ids=self.input_ids, attention_mask=self.attention_mask, use_cache=False,
+                    logits_to_keep=self.input_ids.shape[1] - start)
+        return self.gather_response(out.logits, offset=start)
 
 
-def response_logits(model, batch: ResponseBatch, temperature: float = 1.0) -> torch.Tensor:
-    """[B, T, V] logits predicting each response token (divided by the sampling temperature, so
-    log-probs match what the engine sampled from)."""
-    # lm_head only from the first position that predicts a response token (the prompts' own logits are not
-    # needed): the vocabulary projection and its backward are the largest matmuls of a small model
-    start = batch.first_response_position
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
-                logits_to_keep=batch.input_ids.shape[1] - start)
-    logits = batch.gather_response(out.logits, offset=start)
+def ragged(values: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+    """[B, T] -> one 1-D tensor per sample, cut to its response length."""
+    return [values[i, :int(n)].contiguous() for i, n in enumerate(lengths)]
+
+
+def response_logits(model, batch, temperature: float = 1.0) -> torch.Tensor:
+    """[B, T, V] logits predicting each response token of a ResponseBatch or SharedPromptBatch, divided by
+    the sampling temperature (so log-probs match what the engine sampled from)."""
+    logits = batch.logits(model)
     return logits / temperature if temperature != 1.0 else logits
 
 
@@ -96,7 +108,7 @@ def token_log_probs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tens
 
 
 @torch.no_grad()
-def response_log_probs(model, batch: ResponseBatch, temperature: float = 1.0) -> torch.Tensor:
+def response_log_probs(model, batch, temperature: float = 1.0) -> torch.Tensor:
     """[B, T] log-probs of the response tokens (0 on padding)."""
     logits = response_logits(model, batch, temperature)
     return token_log_probs(logits, batch.response_ids) * batch.mask

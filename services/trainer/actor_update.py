@@ -13,6 +13,7 @@ import torch
 from services.algorithms.policy_loss import PolicyLossConfig, log_probs_and_entropy, policy_loss
 from services.run_contract.run_config import RunConfig
 from services.model.response_batch import ResponseBatch, response_logits
+from services.model.shared_prompt_batch import build_response_batch
 from services.transferqueue.codec import Batch
 
 
@@ -41,11 +42,14 @@ def pad(values, width: int) -> torch.Tensor:
     return out
 
 
-def micro_batches(batch: Batch, micro_batch_size: int, device: str):
-    """(slice, ResponseBatch, loss mask [B, T]) for each micro batch of a global batch."""
+def micro_batches(batch: Batch, micro_batch_size: int, device: str, hidden_size: int | None = None):
+    """(slice, responses, loss mask [B, T]) for each micro batch of a global batch. With the model's
+    `hidden_size`, samples that share a prompt are packed when that is cheaper
+    (services/model/shared_prompt_batch.py); without it every sample is its own padded row (ResponseBatch)."""
     for start in range(0, len(batch.rows), micro_batch_size):
         sl = slice(start, start + micro_batch_size)
-        rb = ResponseBatch.build(batch["tokens"][sl], batch["prompt_length"][sl], batch["response_length"][sl])
+        parts = batch["tokens"][sl], batch["prompt_length"][sl], batch["response_length"][sl]
+        rb = build_response_batch(*parts, hidden_size=hidden_size) if hidden_size else ResponseBatch.build(*parts)
         rb = rb.to_device(device)
         yield sl, rb, pad(batch["loss_mask"][sl], rb.mask.shape[1]).to(device)
 
@@ -85,7 +89,7 @@ def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size:
     metrics = StepMetrics()
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    for sl, rb, mask in micro_batches(batch, micro_batch_size, device):
+    for sl, rb, mask in micro_batches(batch, micro_batch_size, device, model.config.hidden_size):
         width = rb.mask.shape[1]
         rollout = pad(batch["rollout_log_probs"][sl], width).to(device)
         old = pad(batch["log_probs"][sl], width).to(device) if run.uses_actor_fwd else rollout
