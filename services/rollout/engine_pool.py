@@ -82,6 +82,9 @@ class Engines(Protocol):
     async def generate_group(self, prompt_ids: Sequence[int], samplings: Sequence[dict], max_new_tokens: int,
                              rids: Sequence[str]) -> list[SampleOutput]: ...
 
+    async def generate_samples(self, prompts: Sequence[Sequence[int]], samplings: Sequence[dict],
+                               max_new_tokens: int, rids: Sequence[str]) -> list[SampleOutput]: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -147,8 +150,14 @@ class EnginePool:
     async def generate_group(self, prompt_ids: Sequence[int], samplings: Sequence[dict], max_new_tokens: int,
                              rids: Sequence[str]) -> list[SampleOutput]:
         """The samples of one prompt (one sampling dict and rid each) in one request to one engine, which
-        prefills the prompt once. Samples aborted by a weight update go back, together, as prompt + their
-        partial output, until each has its tokens or a natural end."""
+        prefills the prompt once."""
+        return await self.generate_samples([prompt_ids] * len(samplings), samplings, max_new_tokens, rids)
+
+    async def generate_samples(self, prompts: Sequence[Sequence[int]], samplings: Sequence[dict],
+                               max_new_tokens: int, rids: Sequence[str]) -> list[SampleOutput]:
+        """One sample per prompt (with its sampling dict and rid) in one batch request to one engine, which
+        prefills each distinct prompt once. Samples aborted by a weight update go back, together, as prompt +
+        their partial output, until each has its tokens or a natural end."""
         samples = [SampleOutput() for _ in samplings]
         todo = list(range(len(samplings)))
         failures = 0
@@ -161,7 +170,7 @@ class EnginePool:
             self.requests += 1
             try:
                 results = await self.engines[i].generate_batch(
-                    [list(prompt_ids) + samples[k].output_ids for k in todo],
+                    [list(prompts[k]) + samples[k].output_ids for k in todo],
                     [{**samplings[k], "max_new_tokens": max_new_tokens - len(samples[k].output_ids)} for k in todo],
                     [rids[k] for k in todo])
             except EngineUnreachable as exc:  # engine restarting or unreachable: try again (maybe elsewhere)

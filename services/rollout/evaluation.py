@@ -1,7 +1,7 @@
 """Evaluation during training (RunConfig.eval): the rollout's own asyncio task. It generates the held-out prompts
-through the same engines as training, a few prompts at a time (eval.concurrency, so training rollout is not
-starved), scores them with the run's reward (a failing sample scores 0.0) and records an Evaluation per weight
-version (services/run_state/evaluations.py). Eval samples never enter TransferQueue or training.
+through the same engines as training, eval.concurrency prompts at a time in one batch request, scores them
+with the run's reward (a failing sample scores 0.0) and records an Evaluation per weight version
+(services/run_state/evaluations.py). Eval samples never enter TransferQueue or training.
 
 When: version 0 (the baseline; if that eval fails, the next version), the first version at or past each multiple of every_n_versions (versions may
 jump), and the last version of the run (`finish`). A failed eval is logged and tried again once the version
@@ -93,8 +93,10 @@ class Evaluator:
 
     async def evaluate(self, version: int) -> Evaluation:
         began = time.monotonic()
-        gate = asyncio.Semaphore(self.settings.concurrency)
-        results = await asyncio.gather(*(self._prompt(gate, version, i, r) for i, r in enumerate(self.records)))
+        results = []
+        size = self.settings.concurrency
+        for start in range(0, len(self.records), size):
+            results += await self._batch(version, start, self.records[start:start + size])
         rewards = [r for prompt_rewards, _, _ in results for r in prompt_rewards]
         passed = sum(max(prompt_rewards) >= self.settings.pass_threshold for prompt_rewards, _, _ in results)
         evaluation = Evaluation(
@@ -107,25 +109,31 @@ class Evaluator:
         log.info("eval", extra=evaluation.model_dump())
         return evaluation
 
-    async def _prompt(self, gate: asyncio.Semaphore, version: int, i: int,
-                      record: PromptRecord) -> tuple[list[float], int, int]:
-        """(rewards of its k samples, how many failed, the newest version that produced a token)."""
-        async with gate:
-            while self.paused():  # a paused run generates nothing new
-                await asyncio.sleep(0.1)
-            self.in_flight += 1
-            try:
-                n = self.settings.n_samples
-                samplings = [{"temperature": self.settings.temperature, "sampling_seed": eval_seed(
-                    self.run.optim.seed, i, k)} for k in range(n)]
-                samples = await self.engines.generate_group(
-                    self.encode(record.prompt), samplings, self.max_new_tokens,
-                    [f"{self.run.name}-eval{version}-{i}-{k}" for k in range(n)])
-            finally:
-                self.in_flight -= 1
-        scores = [await self._score(record, self.decode(s.output_ids)) for s in samples]
-        newest = max((v for s in samples for v, _, _ in s.spans), default=version)
-        return [s if s is not None else 0.0 for s in scores], scores.count(None), newest
+    async def _batch(self, version: int, first: int, records: list[PromptRecord]) -> list[tuple[list[float], int, int]]:
+        """Prompts first.. in one request: per prompt (rewards of its k samples, how many failed, the newest
+        version that produced a token)."""
+        while self.paused():  # a paused run generates nothing new
+            await asyncio.sleep(0.1)
+        n, prompts, samplings, rids = self.settings.n_samples, [], [], []
+        for i, record in enumerate(records, start=first):
+            encoded = self.encode(record.prompt)
+            for k in range(n):
+                prompts.append(encoded)
+                samplings.append({"temperature": self.settings.temperature,
+                                  "sampling_seed": eval_seed(self.run.optim.seed, i, k)})
+                rids.append(f"{self.run.name}-eval{version}-{i}-{k}")
+        self.in_flight += len(records)
+        try:
+            samples = await self.engines.generate_samples(prompts, samplings, self.max_new_tokens, rids)
+        finally:
+            self.in_flight -= len(records)
+        out = []
+        for j, record in enumerate(records):
+            mine = samples[j * n:(j + 1) * n]
+            scores = [await self._score(record, self.decode(s.output_ids)) for s in mine]
+            newest = max((v for s in mine for v, _, _ in s.spans), default=version)
+            out.append(([s if s is not None else 0.0 for s in scores], scores.count(None), newest))
+        return out
 
     async def _score(self, record: PromptRecord, text: str) -> float | None:
         try:

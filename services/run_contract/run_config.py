@@ -133,8 +133,9 @@ class EvalSettings(_Strict):
     max_new_tokens: int | None = Field(None, ge=1, le=1 << 20, description="None = rollout.max_new_tokens")
     max_prompts: int = Field(64, ge=1, le=100_000, description="the first max_prompts rows of the held-out set")
     pass_threshold: float = Field(1.0, allow_inf_nan=False, description="a sample passes when its reward is >= this")
-    concurrency: int = Field(2, ge=1, le=64, description="eval prompts generating at once (kept low so training "
-                                                         "rollout is not starved)")
+    concurrency: int = Field(32, ge=1, le=1024, description=(
+        "eval prompts generating at once, sent as one batch request: the engine decodes them in the same steps "
+        "as training requests (one wide step costs little more than a narrow one on a small batch)"))
 
     @model_validator(mode="after")
     def _prompt_source_form(self) -> "EvalSettings":

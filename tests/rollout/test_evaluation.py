@@ -52,8 +52,17 @@ def test_a_run_with_eval_records_the_baseline_and_the_last_version(model_dir, pr
         assert 15 < e.mean_reward < 15.1  # labels 10 and 20, plus len(response) / 1000
     # eval samples never entered the data plane: only the run's 8 training groups are there
     assert sorted(r.groups()) == list(range(8)) and sum(len(rows) for rows in r.groups().values()) == 8 * N
+    # each eval is one batch request: both prompts (eval.concurrency 32), 3 samples each
     eval_requests = [q for q in r.engines.requests if "-eval" in q.rids[0]]
-    assert len(eval_requests) == 2 * len(versions) and all(len(q.rids) == 3 for q in eval_requests)
+    assert len(eval_requests) == len(versions) and all(len(q.rids) == 6 for q in eval_requests)
+
+
+def test_eval_concurrency_bounds_the_prompts_of_one_request(model_dir, prompts, eval_prompts):
+    store = InMemoryEvaluations()
+    r = Rollout(eval_run(model_dir, prompts, eval_prompts, concurrency=1), evaluations=store).go()
+    eval_requests = [q for q in r.engines.requests if "-eval" in q.rids[0]]
+    assert len(eval_requests) == 2 * len(store.recorded) and all(len(q.rids) == 3 for q in eval_requests)
+    assert all(e.pass_at_k == 0.5 and e.n_prompts == 2 for e in store.recorded.values())
 
 
 def test_due_versions_are_the_baseline_and_each_multiple_once(model_dir, prompts, eval_prompts, tokenizer):
@@ -88,7 +97,7 @@ def test_a_failed_eval_is_tried_again_when_the_version_moves(model_dir, prompts,
     async def scenario():
         watcher = asyncio.create_task(e.engines.watch_versions(1.0, 0.01, lambda: None))
         loop = asyncio.create_task(e.run_loop(0.01))
-        while len(engines.requests) < 2:  # the baseline at version 0 generated (and then failed to record)
+        while len(engines.requests) < 1:  # the baseline at version 0 generated (and then failed to record)
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
         assert store.recorded == {} and not loop.done()  # not fatal, and not retried at the same version
