@@ -1,47 +1,58 @@
-"""Time to reward: TRL's GRPOTrainer (one process) vs the whole Sluice stack (every service its own
-process), same task, model, warm start and hyper-parameters, on this machine's CPU cores. Prints ONE
-JSON object on stdout; progress goes to stderr.
+"""Time to reward: three ways to run the same GRPO, same task, model, warm start and hyper-parameters, on
+this machine's CPU cores: TRL's GRPOTrainer (one process), a plain in-process GRPO loop (one process, the
+strongest way a user would run it without Sluice; the baseline) and the whole Sluice stack (every service
+its own process). Prints ONE JSON object on stdout; progress goes to stderr.
 
 Setup (not timed, reported separately): a random Qwen2 model (`init_model(preset=--preset, seed=--seed)`,
 ~3.4M parameters for "small"), the task of benchmarks/warm_start.py (reverse 3-5 letters, exact_match
 reward, prompts through the chat template exactly as the rollout role encodes them; TRL gets the same
 chat messages and its tokenization is checked to give the same ids), and a short supervised warm start
-that both systems start from (stopped once its greedy score on training prompts reaches --sft-target,
+that every system starts from (stopped once its greedy score on training prompts reaches --sft-target,
 at most --sft-steps steps; ~60 steps, held-out score ~0.48 at the defaults).
 
 The runs: GRPO (group-normalised advantages), no KL, clip 0.2, token-mean loss over the global batch,
 constant learning rate (--lr), AdamW (betas 0.9/0.999, no weight decay), gradient clip 1.0, --n-samples
 samples per prompt, --groups prompts per step, one optimizer step per step (micro batches of
 --micro-batch-size), sampling at --temperature, --max-new-tokens, --seed; --steps steps each.
-  trl     trl.GRPOTrainer on CPU, float32, no gradient checkpointing, generation every step (on-policy).
-  sluice  services/launch/local_run.py: redis, TransferQueue, coordinator, one built-in engine, rollout,
-          advantage and trainer processes, one torch thread each; --mode fully_async (max_staleness
-          --max-staleness, default 1) or colocate (synchronous, max_staleness 0).
+  trl        trl.GRPOTrainer on CPU, float32, no gradient checkpointing, generation every step (on-policy).
+             Skipped, with a note in the JSON, when trl is not installed.
+  inprocess  benchmarks/inprocess_grpo.py: generate, score, GRPO advantages (services/algorithms) and one
+             `actor_step` (the Sluice trainer's loss code) per step, synchronous and on-policy, prompts in
+             the rollout role's order; --inprocess-threads torch threads (default 1). Two generators
+             (--inprocess-generator, default both, each its own block): `hf` (transformers generate of the
+             trained model, one batch a step) and `engine` (the built-in engine's scheduler as a library,
+             weights copied in after every optimizer step). The baseline is the faster one to reward.
+  sluice     services/launch/local_run.py: redis, TransferQueue, coordinator, one built-in engine, rollout,
+             advantage and trainer processes, one torch thread each; --mode fully_async (max_staleness
+             --max-staleness, default 1) or colocate (synchronous, max_staleness 0).
 
-Timing: the clock starts at the first training step: TRL's first on_step_begin; Sluice's rollout is
-started last, after every other role is ready, and the clock starts when it reports ready (its
-generation loop begins). Model writing, warm start, TRL construction and the Sluice stack's start-up are
-excluded and reported as startup_s. A step's time is when its optimizer step is done (TRL: the
-step-end callback; Sluice: the trainer's progress record, polled every --poll-ms).
+Timing: the clock starts at the first training step: TRL's first on_step_begin; the in-process loop's
+first generation; Sluice's rollout is started last, after every other role is ready, and the clock starts
+when it reports ready (its generation loop begins). Model writing, warm start, construction and the Sluice
+stack's start-up are excluded and reported as startup_s. A step's time is when its optimizer step is done
+(TRL: the step-end callback; in-process: after the step's optimizer step and engine weight copy; Sluice:
+the trainer's progress record, polled every --poll-ms).
 
-Evaluation: every --eval-every steps both systems write a checkpoint with the same function
+Evaluation: every --eval-every steps every system writes a checkpoint with the same function
 (services/run_contract/checkpoint.py save_checkpoint: model + optimizer; the Sluice trainer does it itself via
-RunConfig.checkpoint_interval, the TRL run from a step-end callback), so both pay the same cost inside
-the timed window. After each run, this process scores every checkpoint greedily on the same held-out
-prompts (warm_start.greedy_eval: the HF model, mean exact_match) and deletes them. time_to_reward_s[t] is the time of
-the first evaluated step whose score is >= t (null if never reached; steps_to_reward: that step);
-the ratio is sluice / trl for the highest threshold both reach after step 0 (target <= 1.0).
+RunConfig.checkpoint_interval, the TRL run from a step-end callback, the in-process loop after the step),
+so all pay the same cost inside the timed window. After each run, this process scores every checkpoint
+greedily on the same held-out prompts (warm_start.greedy_eval: the HF model, mean exact_match) and deletes
+them (benchmarks/ttr_summary.py). time_to_reward_s[t] is the time of the first evaluated step whose score
+is >= t (null if never reached; steps_to_reward: that step); each ratio is sluice's time over a baseline's
+(trl; the faster in-process generator) for the highest threshold both reach after step 0 (target <= 1.0).
 
-Repetitions: --reps r runs each system once per RL seed --seed, --seed+1, ... (the same seed for both
-in a rep; one warm start, from --seed), alternating which system goes first. For one seed both systems
-train the same way every time on CPU, so only a new seed shows the spread of the learning curve.
+Repetitions: --reps r runs each system once per RL seed --seed, --seed+1, ... (the same seed for all in a
+rep; one warm start, from --seed), the order of the systems reversed every other rep. For one seed every
+system trains the same way every time on CPU, so only a new seed shows the spread of the learning curve.
 Figures are medians over reps (a threshold a rep never reaches counts as infinitely late); the curve
-shown is the first rep's. The default is 1 rep: one rep of both takes ~2.5 minutes on 2 idle cores.
+shown is the first rep's. The default is 1 rep: one rep of trl and sluice takes ~2.5 minutes on 2 idle cores.
 
 Usage (TRL comes from `pip install -e .[bench]`, installed after the pinned CPU torch):
-    python benchmarks/time_to_reward.py --quick          # smoke: 20 steps, ~1.5 minutes
+    python benchmarks/time_to_reward.py --quick          # smoke: 20 steps
     python benchmarks/time_to_reward.py [--steps 80] [--reps 1] [--mode fully_async|colocate]
-                                        [--seed 0] [--thresholds 0.6,0.7,0.8,0.9]
+                                        [--systems trl,sluice,inprocess] [--inprocess-generator both|hf|engine]
+                                        [--inprocess-threads 1] [--seed 0] [--thresholds 0.6,0.7,0.8,0.9]
 """
 
 from __future__ import annotations
@@ -60,24 +71,24 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling warm_start module
-from warm_start import chat_messages, greedy_eval, make_splits, warm_start  # noqa: E402
-from services.demo_tasks.warm_start import encode_prompt  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling benchmark modules
+from warm_start import greedy_eval, make_splits, warm_start  # noqa: E402
+from inprocess_grpo import run_inprocess  # noqa: E402
+from trl_grpo import run_trl  # noqa: E402
+from ttr_summary import evaluate, fastest_to_reward, median_result, ratio, system_result  # noqa: E402
 
 from services.run_contract.run_config import RunConfig  # noqa: E402
 from services.launch.local_run import LocalRun  # noqa: E402
 from services.model.init_model import init_model  # noqa: E402
-from services.rollout.rewards.builtin import exact_match  # noqa: E402
 from services.run_state.trainer_progress import read_progress, trained_steps  # noqa: E402
 from services.runtime.processes import http_ok  # noqa: E402
-from services.run_contract.checkpoint import checkpoints, save_checkpoint  # noqa: E402
+from services.run_contract.checkpoint import checkpoints  # noqa: E402
 
 RUN_ID = "bench-time-to-reward"
 _T0 = time.perf_counter()
@@ -89,95 +100,6 @@ def log(message: str) -> None:
 
 def _sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")  # unwinds through LocalRun.__exit__, which stops every process
-
-
-# ---------------------------------------------------------------------------------- evaluation
-
-
-def evaluate(snapshots: dict[int, str], tokenizer, eval_rows: list[dict], max_new_tokens: int) -> dict[int, float]:
-    """step -> greedy held-out reward of the checkpoint written after that step."""
-    from transformers import AutoModelForCausalLM
-
-    out = {}
-    for step, path in sorted(snapshots.items()):
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
-        out[step] = greedy_eval(model, tokenizer, eval_rows, max_new_tokens)
-    return out
-
-
-def system_result(step_end: dict[int, float], train_reward: dict[int, float], eval_reward: dict[int, float],
-                  startup_s: float, thresholds: list[float], **extra) -> dict:
-    """step_end and eval_reward include step 0 (the warm start, at 0 s)."""
-    steps = max(step_end)
-    first = {str(t): next((s for s in sorted(eval_reward) if eval_reward[s] >= t), None) for t in thresholds}
-    curve = [{"step": s, "wall_s": round(step_end.get(s, 0.0), 2),
-              "train_reward": None if s not in train_reward else round(train_reward[s], 4),
-              "eval_reward": None if s not in eval_reward else round(eval_reward[s], 4)}
-             for s in range(0, steps + 1)]
-    return {"startup_s": round(startup_s, 2), "steps": steps, "wall_s": round(step_end[steps], 2),
-            "steps_per_s": round(steps / step_end[steps], 4),
-            "time_to_reward_s": {t: None if s is None else round(step_end[s], 2) for t, s in first.items()},
-            "steps_to_reward": first, "final_eval_reward": eval_reward[max(eval_reward)], "curve": curve, **extra}
-
-
-# ---------------------------------------------------------------------------------- TRL
-
-
-def run_trl(args, warm_dir: str, train_rows: list[dict], eval_rows: list[dict], workdir: str, tokenizer) -> dict:
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    ckpt_dir = os.path.join(workdir, "checkpoints")
-    rec = {"t0": None, "step_end": {}, "reward": {}}
-
-    class Recorder(TrainerCallback):
-        def on_step_begin(self, a, state, control, **kw):
-            if rec["t0"] is None:
-                rec["t0"] = time.monotonic()
-
-        def on_step_end(self, a, state, control, model=None, optimizer=None, **kw):
-            step = state.global_step
-            if step % args.eval_every == 0:  # as the Sluice trainer's checkpoint_interval
-                save_checkpoint(ckpt_dir, "actor", model, optimizer, warm_dir, step, step, keep=1 << 30)
-            rec["step_end"][step] = time.monotonic() - rec["t0"]
-
-        def on_log(self, a, state, control, logs=None, **kw):
-            if logs and "reward" in logs:
-                rec["reward"][state.global_step] = float(logs["reward"])
-
-    def reward(prompts, completions, label, **kw):
-        return [exact_match(c[0]["content"] if isinstance(c, list) else c, y) for c, y in zip(completions, label)]
-
-    started = time.monotonic()
-    rows = args.groups * args.n_samples
-    config = GRPOConfig(
-        output_dir=os.path.join(workdir, "trl"), per_device_train_batch_size=args.micro_batch_size,
-        gradient_accumulation_steps=rows // args.micro_batch_size, num_generations=args.n_samples,
-        max_completion_length=args.max_new_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, beta=0.0, epsilon=0.2, num_iterations=1,
-        loss_type="dapo", scale_rewards="group", max_steps=args.steps, logging_steps=1, save_strategy="no",
-        report_to="none", use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, seed=args.seed,
-        disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False)
-    model = AutoModelForCausalLM.from_pretrained(warm_dir, local_files_only=True, dtype=torch.float32)
-    data = Dataset.from_list([{"prompt": chat_messages(r["prompt"]), "label": r["label"]} for r in train_rows])
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Recorder()])
-    check_same_prompt_ids(trainer, tokenizer, train_rows[0]["prompt"])
-    trainer.train()
-    startup = rec["t0"] - started
-    snaps = {c.next_step: c.path for c in checkpoints(ckpt_dir, "actor")}
-    log(f"trl: {args.steps} steps in {max(rec['step_end'].values()):.1f}s; evaluating {len(snaps)} checkpoints")
-    evals = evaluate(snaps, tokenizer, eval_rows, args.max_new_tokens)
-    return {"step_end": rec["step_end"], "train_reward": rec["reward"], "eval_reward": evals, "startup_s": startup}
-
-
-def check_same_prompt_ids(trainer, tokenizer, prompt: str) -> None:
-    """TRL's tokenization of the chat prompt must give the rollout role's ids."""
-    ids, _, _ = trainer._tokenize_prompts([chat_messages(prompt)])
-    if [int(t) for t in ids[0]] != encode_prompt(tokenizer, prompt):
-        raise RuntimeError("TRL and the Sluice rollout encode the prompt differently")
 
 
 # ---------------------------------------------------------------------------------- Sluice
@@ -297,67 +219,74 @@ def prepare(args, workdir: str) -> dict:
 def one_rep(args, system: str, prep: dict, workdir: str) -> dict:
     log(f"{system}: starting ({args.steps} steps, seed {args.seed})")
     if system == "trl":
-        raw = run_trl(args, prep["warm_dir"], prep["train_rows"], prep["eval_rows"], workdir, prep["tokenizer"])
+        raw = run_trl(args, prep["warm_dir"], prep["train_rows"], prep["eval_rows"], workdir, prep["tokenizer"], log)
+    elif system.startswith("inprocess_"):  # synchronous and on-policy: Sluice's RunConfig in colocate mode
+        run = sluice_config(argparse.Namespace(**{**vars(args), "mode": "colocate"}), prep["warm_dir"],
+                            prep["prompts_path"])
+        raw = run_inprocess(run, system.removeprefix("inprocess_"), args.inprocess_threads, prep["eval_rows"],
+                            workdir, prep["tokenizer"], log)
     else:
         raw = run_sluice(args, prep["warm_dir"], prep["prompts_path"], prep["eval_rows"], workdir, prep["tokenizer"])
     for scored in ("checkpoints", "snapshots"):  # ~40 MB per checkpoint, all scored by now; logs stay
         shutil.rmtree(os.path.join(workdir, scored), ignore_errors=True)
-    extra = {"max_staleness_seen": raw["max_staleness_seen"]} if "max_staleness_seen" in raw else {}
+    keep = ("max_staleness_seen", "generator", "torch_threads", "per_step", "on_policy")
     result = system_result({0: 0.0, **raw["step_end"]}, raw["train_reward"],
                            {0: prep["sft"]["eval_reward"], **raw["eval_reward"]}, raw["startup_s"], args.thresholds,
-                           seed=args.seed, **extra)
+                           seed=args.seed, **{k: raw[k] for k in keep if k in raw})
     log(f"{system}: {result['time_to_reward_s']} (steps/s {result['steps_per_s']}, "
         f"final eval {result['final_eval_reward']})")
     return result
 
 
-def median_result(reps: list[dict]) -> dict:
-    """Medians over reps (a rep that never reached a threshold counts as infinitely slow); the curve is rep 0's."""
-    out = {**reps[0], "seeds": [r["seed"] for r in reps]}
-    for key in ("startup_s", "wall_s", "steps_per_s", "final_eval_reward"):
-        out[key] = round(statistics.median(r[key] for r in reps), 4)
-    for key in ("time_to_reward_s", "steps_to_reward"):
-        meds = {t: statistics.median(float("inf") if r[key][t] is None else r[key][t] for r in reps) for t in out[key]}
-        out[key] = {t: None if m == float("inf") else round(m, 2) for t, m in meds.items()}
-    if len(reps) > 1:
-        out["reps"] = [{k: v for k, v in r.items() if k != "steps"} for r in reps]
+def systems_to_run(args, notes: list[str]) -> list[str]:
+    """--systems with `inprocess` expanded into its generators; trl dropped (noted) when not installed."""
+    out = []
+    for system in args.systems:
+        if system == "trl":
+            try:
+                import trl  # noqa: F401
+            except ImportError:
+                notes.append("trl skipped: not installed (pip install -e .[bench])")
+                log(notes[-1])
+                continue
+        if system == "inprocess":
+            gens = ("hf", "engine") if args.inprocess_generator == "both" else (args.inprocess_generator,)
+            out += [f"inprocess_{g}" for g in gens]
+        else:
+            out.append(system)
     return out
-
-
-def ratio(trl: dict, sluice: dict, thresholds: list[float]) -> dict | None:
-    # thresholds the warm start already meets (time 0 for both) say nothing
-    both = [t for t in thresholds if (trl["time_to_reward_s"][str(t)] or 0) > 0
-            and (sluice["time_to_reward_s"][str(t)] or 0) > 0]
-    if not both:
-        return None
-    t = max(both)
-    return {"threshold": t, "sluice_time_over_trl_time":
-            round(sluice["time_to_reward_s"][str(t)] / trl["time_to_reward_s"][str(t)], 3)}
 
 
 def run_benchmark(args) -> dict:
     import transformers
-    import trl
 
+    notes: list[str] = []
+    systems = systems_to_run(args, notes)
     workdir = args.workdir or tempfile.mkdtemp(prefix="sluice-ttr-")
     prep = prepare(args, workdir)
-    results: dict[str, list[dict]] = {"trl": [], "sluice": []}
-    for rep in range(args.reps):  # both systems are deterministic for a seed: each rep is its own RL seed
+    results: dict[str, list[dict]] = {s: [] for s in systems}
+    for rep in range(args.reps):  # every system is deterministic for a seed: each rep is its own RL seed
         rep_args = argparse.Namespace(**{**vars(args), "seed": args.seed + rep})
-        for system in (("trl", "sluice") if rep % 2 == 0 else ("sluice", "trl")):
+        for system in (systems if rep % 2 == 0 else systems[::-1]):
             results[system].append(one_rep(rep_args, system, prep, os.path.join(workdir, f"rep{rep}-{system}")))
     summary = {s: median_result(results[s]) for s in results}
+    baseline = fastest_to_reward({s: b for s, b in summary.items() if s.startswith("inprocess_")}, args.thresholds)
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    if "trl" in summary:
+        import trl
+        versions["trl"] = trl.__version__
     return {
         "benchmark": "time_to_reward",
         "config": {"task": "reverse 3-5 letters (benchmarks/warm_start.py), exact_match reward", "arch": "qwen2",
                    "params": prep["sft"]["params"], "rows_per_step": args.groups * args.n_samples,
                    **vars(args), "max_staleness": 0 if args.mode == "colocate" else args.max_staleness,
-                   "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                   "transformers": transformers.__version__, "trl": trl.__version__, "workdir": workdir},
+                   "cpus": os.cpu_count(), "python": platform.python_version(), **versions, "workdir": workdir},
+        "notes": notes,
         "warm_start": prep["sft"],
-        "trl": summary["trl"],
-        "sluice": summary["sluice"],
-        "ratio": ratio(summary["trl"], summary["sluice"], args.thresholds),
+        **summary,
+        "inprocess_baseline": baseline,
+        "ratio": ratio(summary.get("trl"), summary.get("sluice"), args.thresholds),
+        "ratio_vs_inprocess": ratio(summary.get(baseline), summary.get("sluice"), args.thresholds, "inprocess"),
         "runtime_s": round(time.perf_counter() - _T0, 1),
     }
 
@@ -367,6 +296,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=80, help="RL steps per run (default 80)")
     p.add_argument("--reps", type=int, default=1, help="fresh runs per system; medians over them (default 1)")
     p.add_argument("--quick", action="store_true", help="smoke setting: 20 steps (same warm start)")
+    p.add_argument("--systems", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                   default=["trl", "sluice", "inprocess"], help="comma-separated: trl, sluice, inprocess (default all)")
+    p.add_argument("--inprocess-generator", choices=["both", "hf", "engine"], default="both",
+                   help="the in-process loop's generator: transformers generate, the built-in engine, or both runs")
+    p.add_argument("--inprocess-threads", type=int, default=1, help="torch threads of the in-process loop")
     p.add_argument("--mode", choices=["fully_async", "colocate"], default="fully_async", help="Sluice's mode")
     p.add_argument("--max-staleness", type=int, default=1, help="fully_async's staleness bound (default 1)")
     p.add_argument("--seed", type=int, default=0)
@@ -394,6 +328,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.quick:
         args.steps = 20
     rows = args.groups * args.n_samples
+    unknown = set(args.systems) - {"trl", "sluice", "inprocess"}
+    if unknown or not args.systems:
+        p.error(f"--systems: unknown {sorted(unknown)} (trl, sluice, inprocess)")
     if rows % args.micro_batch_size:
         p.error("--groups x --n-samples must be a multiple of --micro-batch-size")
     return args
