@@ -20,6 +20,7 @@ from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus
 from services.runtime.spans import span
 from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
+from services.trainer.optimizer import adamw
 from services.trainer.config import TrainerConfig
 from services.trainer.critic_update import (CRITIC_TRAIN_FIELDS, CRITIC_VALUE_FIELDS, critic_step, load_critic,
                                             response_values)
@@ -58,8 +59,8 @@ class CriticTrainer:
         torch.manual_seed(run.optim.seed)
         ckpt = latest_checkpoint(c.checkpoint_dir, "critic") if c.checkpoint_dir else None
         critic = load_critic(ckpt.path if ckpt else run.model).to(c.device)
-        optimizer = torch.optim.AdamW(critic.parameters(), lr=run.optim.critic_lr, betas=run.optim.betas,
-                                      weight_decay=run.optim.weight_decay)
+        optimizer = adamw(critic.parameters(), run.optim.critic_lr, run.optim.betas, run.optim.weight_decay,
+                          c.device)
         if ckpt:
             load_optimizer_state(ckpt.path, optimizer)
         membership = self.join(conn.dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},

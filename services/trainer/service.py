@@ -47,6 +47,7 @@ from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_s
 from services.trainer.config import TrainerConfig
 from services.trainer.data_parallel import DataParallel
 from services.trainer.critic_service import CriticTrainer
+from services.trainer.optimizer import adamw
 from services.trainer.publishing import WeightVersions
 from services.trainer.tasks import ACTOR_TASK, claim_global_batch, expected_tasks
 from services.trainer.tracking_hook import NO_TRACKING, open_training_tracker, sample_stats
@@ -96,8 +97,8 @@ class ActorTrainer:
         torch.manual_seed(run.optim.seed)
         ckpt = latest_checkpoint(c.checkpoint_dir, "actor") if c.checkpoint_dir else None
         self.model, _ = load_causal_lm(ckpt.path if ckpt else run.model, "float32", c.device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=run.optim.lr, betas=run.optim.betas,
-                                           weight_decay=run.optim.weight_decay)
+        self.optimizer = adamw(self.model.parameters(), run.optim.lr, run.optim.betas, run.optim.weight_decay,
+                               c.device)
         if ckpt:
             load_optimizer_state(ckpt.path, self.optimizer)
         self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master)

@@ -19,6 +19,7 @@ from services.run_state.connections import RunConnections
 from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
 from services.runtime.role_service import RoleStatus
+from services.trainer.optimizer import adamw
 from services.trainer.actor_update import actor_fields, actor_step
 from services.trainer.config import TrainerConfig
 from services.trainer.service import ActorTrainer
@@ -80,8 +81,7 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
 
     # the same two optimizer steps, by hand, on the same rows: what each published version must hold
     model, _ = load_causal_lm(model_dir, "float32")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=run.optim.lr, betas=run.optim.betas,
-                                  weight_decay=run.optim.weight_decay)
+    optimizer = adamw(model.parameters(), run.optim.lr, run.optim.betas, run.optim.weight_decay, "cpu")
     assert [(p.version, p.receiver_roles, p.announced) for p in coordinator.published] == \
         [(1, ["engine"], True), (2, ["engine"], True)]
     for step, published in enumerate(coordinator.published):
