@@ -1,7 +1,7 @@
 """The `inprocess` system of benchmarks/time_to_reward.py: GRPO without Sluice, the strongest way a user would
 run it by hand, a plain synchronous (on-policy) loop in ONE process, one model, no services:
 
-    torch.manual_seed(seed); model = warm start (float32); AdamW(lr, betas 0.9/0.999, no weight decay)
+    torch.manual_seed(seed); model = warm start (float32); AdamW(lr, betas 0.9/0.999, no weight decay; fused, as the trainer's)
     for step in 1..steps:                                  # the clock starts at step 1's generation
         prompts = the step's --groups prompts, in the rollout role's order (PromptSource, shuffle_seed=seed)
         samples = generate --n-samples per prompt at --temperature, --max-new-tokens, EOS stops
@@ -40,6 +40,7 @@ from services.rollout.rewards.builtin import exact_match
 from services.run_contract.checkpoint import checkpoints, save_checkpoint
 from services.run_contract.run_config import RunConfig
 from services.trainer.actor_update import actor_step
+from services.trainer.optimizer import adamw
 from services.transferqueue.codec import Batch
 from ttr_summary import evaluate
 
@@ -167,8 +168,7 @@ def run_inprocess(run: RunConfig, generator: str, threads: int, eval_rows: list[
         started = time.monotonic()
         torch.manual_seed(run.optim.seed)  # as the trainer; the hf generator samples from this stream
         model, _ = load_causal_lm(run.model, "float32")
-        optimizer = torch.optim.AdamW(model.parameters(), lr=run.optim.lr, betas=run.optim.betas,
-                                      weight_decay=run.optim.weight_decay)
+        optimizer = adamw(model.parameters(), run.optim.lr, run.optim.betas, run.optim.weight_decay, "cpu")
         gen = EngineGenerator(run.model, tokenizer, run.global_batch_size) if generator == "engine" else None
         source = open_prompt_source(run.rollout.prompts, run.rollout.prompt_field, run.rollout.shuffle_seed)
         ckpt_dir, t = os.path.join(workdir, "checkpoints"), {}
