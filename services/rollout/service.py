@@ -32,6 +32,7 @@ from services.rollout.config import RolloutConfig
 from services.rollout.connections import RolloutConnections, RolloutMembership, engine_pool
 from services.rollout.engine_pool import Engines, SampleOutput
 from services.rollout.evaluation import Evaluator
+from services.rollout.put_coalescing import PutCoalescer
 from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
 from services.rollout.rewards import build_reward
 from services.rollout.scoring import GroupScorer
@@ -86,6 +87,7 @@ class RolloutService:
                                    retries=r.reward_retries, token=self.config.reward_token or None)
         self.scorer = GroupScorer(self.reward, r.reward_fallback)
         self.pool = self.engines(self.config)
+        self.writes = PutCoalescer(self.tq.put)
         self.evaluator = None
         if run.eval.prompts is not None:
             if conn.evaluations is None:
@@ -300,7 +302,7 @@ class RolloutService:
         record, prompt_ids, samples, rewards = await self._scored_group(position, step)
         with span("put", step, min(s.begin_version for s in samples)):
             columns = self.columns(record, prompt_ids, samples, rewards, step)
-            await self.tq.put(partition_name(run.name, step), columns)
+            await self.writes.put(partition_name(run.name, step), columns)  # with groups finishing meanwhile
         source = record.fields.get(run.rollout.source_field)
         if self.source_rewards is not None and source is not None:
             await self.source_rewards.add(step, str(source), rewards)
