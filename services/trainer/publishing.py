@@ -21,10 +21,12 @@ log = logging.getLogger(__name__)
 class WeightVersions:
     """Publishes the model's weights as numbered versions through `sender`.
 
-    `publish_later` runs a publish on a worker thread and returns at once: the trainer goes on to claim the
-    next step's rows while the broadcast runs (a publish is a few coordinator and engine round trips that
-    need no CPU of the trainer's), and calls `settle` before its optimizer touches the weights again, so
-    what is broadcast is exactly the version trained. At most one publish is in flight."""
+    `publish_later` runs a publish on a worker thread and returns at once: the trainer goes on to claim and
+    train the next step's rows while the broadcast runs (a publish is a few coordinator and engine round trips
+    that need little CPU of the trainer's). What is broadcast is exactly the version trained: a `snapshot`
+    publish copies the weights first (a few ms for a small model), so the optimizer may move them meanwhile;
+    otherwise the trainer calls `settle_live` before its optimizer touches the weights again. At most one
+    publish is in flight: the next one settles it first."""
 
     def __init__(self, sender: WeightSender, model: torch.nn.Module, run: RunConfig, dcs, run_id: str,
                  republish_check_s: float):
@@ -33,6 +35,8 @@ class WeightVersions:
         self._last_lag_check = self._published_at = time.monotonic()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
         self._pending: Future | None = None
+        self._pending_reads_model = False  # the publish in flight reads the live parameters (no snapshot)
+        self.in_flight_version: int | None = None  # the version being published, until settled
         self.last_publish_s = 0.0  # how long the last publish's sync took (tracked with its step)
 
     def receiver_roles(self, version: int) -> list[str]:
@@ -44,9 +48,9 @@ class WeightVersions:
         return roles
 
     def _weights(self):
-        return ((n, p.detach()) for n, p in self.model.named_parameters())
+        return [(n, p.detach()) for n, p in self.model.named_parameters()]
 
-    def publish(self, version: int, attempts: int = 5) -> int:
+    def publish(self, version: int, attempts: int = 5, weights: list | None = None) -> int:
         """Publish the current weights as `version`. A failed sync is retried (with backoff, so a dead
         receiver's lease lapses and it leaves the group) under the same number if it failed before the
         coordinator recorded it, else under the next (a recorded number is never reused). Returns the
@@ -56,7 +60,7 @@ class WeightVersions:
                 time.sleep(min(2.0 ** attempt, 10.0))
             self.sender.receiver_roles = self.receiver_roles(version)
             try:
-                result = self.sender.publish(self._weights(), version)
+                result = self.sender.publish(weights if weights is not None else self._weights(), version)
                 self._published_at = time.monotonic()
                 self.last_publish_s = result.seconds.get("total", 0.0)
                 log.info("weights published", extra={"version": version, "seconds": result.seconds})
@@ -67,15 +71,19 @@ class WeightVersions:
                     version += 1
         raise RuntimeError(f"weight sync failed {attempts} times")
 
-    def publish_later(self, step: int, version: int, then: Callable[[int], None]) -> None:
-        """Publish step N's weights on the worker thread, then call `then(version published)` there."""
+    def publish_later(self, step: int, version: int, then: Callable[[int], None], snapshot: bool = False) -> None:
+        """Publish step N's weights on the worker thread, then call `then(version published)` there. With
+        `snapshot` the weights are copied now and `then` must not read the model (it may have moved)."""
         self.settle()
+        weights = [(n, t.clone()) for n, t in self._weights()] if snapshot else None
 
         def publish_then() -> None:
             with span("publish", step, version):
-                published = self.publish(version)
+                published = self.publish(version, weights=weights)
             then(published)
 
+        self._pending_reads_model = not snapshot
+        self.in_flight_version = version
         self._pending = self._worker.submit(publish_then)
 
     @property
@@ -86,8 +94,14 @@ class WeightVersions:
     def settle(self) -> None:
         """Wait for the publish in flight, if any; its failure is raised here."""
         pending, self._pending = self._pending, None
+        self.in_flight_version = None
         if pending is not None:
             pending.result()
+
+    def settle_live(self) -> None:
+        """Before the optimizer moves the weights: wait for a publish in flight that reads them."""
+        if self._pending_reads_model:
+            self.settle()
 
     def resend_if_lagging(self, version: int) -> None:
         """Every republish_check_s (and not within 5 s of a publish: engine versions reach the coordinator on

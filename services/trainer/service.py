@@ -7,10 +7,10 @@ Actor, one step N at a time (N from the checkpoint / progress, see resume()):
         claim a global batch of actor_train rows (waiting while the partition fills)
         check each sample's staleness (version now - version its generation began under)
         micro batches -> PPO-style loss -> backward; clip; optimizer step; ack the rows
-    version += 1; on a worker thread, while the loop goes on to claim step N+1's first rows: publish the
-        weights through DCS (engines, actor_fwd, reference on its interval), record progress (next step,
-        version), checkpoint if due; waited for before step N+1's rows are trained
-        (services/trainer/publishing.py)
+    version += 1; on a worker thread, while the loop claims and trains step N+1: publish a copy of the
+        weights through DCS (engines, actor_fwd, reference on its interval) and record progress (next step,
+        version); a step due for a checkpoint publishes the live weights and is checkpointed there too, and
+        step N+1's optimizer waits for it (services/trainer/publishing.py)
     clear train_N once every task consumed it (on another worker thread)
 
 The critic (PPO) is services/trainer/critic_service.py.
@@ -28,7 +28,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import torch
-from prometheus_client import Histogram
 
 from services.dcs.client import DCSError
 from services.dcs.membership import RunMembership
@@ -49,6 +48,7 @@ from services.trainer.data_parallel import DataParallel
 from services.trainer.critic_service import CriticTrainer
 from services.trainer.optimizer import adamw
 from services.trainer.publishing import WeightVersions
+from services.trainer.staleness import staleness_histogram, staleness_metrics
 from services.trainer.tasks import ACTOR_TASK, claim_global_batch, expected_tasks
 from services.trainer.tracking_hook import NO_TRACKING, open_training_tracker, sample_stats
 
@@ -59,11 +59,6 @@ ACTOR_GAUGES = {
     "rollout_logprob_abs_diff": "mean |train - rollout| log-prob of the same tokens",
     "tokens_per_s": "trained tokens per second of compute", "wait_s": "seconds waiting for data in the last step",
     "step": "last finished step", "weight_version": "weight version published"}
-
-
-def _staleness_histogram() -> Histogram:
-    return Histogram("sluice_trainer_sample_staleness", "versions between a sample's generation and its training",
-                     buckets=(0, 1, 2, 3, 4, 8, 16))
 
 
 class ActorTrainer:
@@ -80,7 +75,7 @@ class ActorTrainer:
         self.version = 0
         self.weights: WeightVersions | None = None
         self.gauges = gauges("sluice_trainer", ACTOR_GAUGES)
-        self.staleness = _staleness_histogram()
+        self.staleness = staleness_histogram()
         self._clearer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="partition-clear")
         self._clearing: Future | None = None
         self.tracking = NO_TRACKING  # rank 0's experiment tracking (services/trainer/tracking_hook.py)
@@ -144,10 +139,12 @@ class ActorTrainer:
             if trained is None:  # halted mid-step: the rows go back to the queue on restart
                 break
             ids, metrics = trained
-            # published, recorded and checkpointed on a worker thread while the next step's rows are claimed;
-            # train_step settles it before the optimizer moves the weights again
+            # published and recorded on a worker thread while the next step's rows are claimed and trained
+            # (from a copy of the weights); a step due for a checkpoint publishes the live weights, which
+            # train_step lets settle before the optimizer moves them again (the checkpoint reads them too)
+            self.weights.settle()  # the last publish: its version numbers this one
             self.weights.publish_later(step, self.version + 1, lambda v, step=step, ids=ids, metrics=metrics:
-                                       self.finish(step, v, ids, metrics))
+                                       self.finish(step, v, ids, metrics), snapshot=not self.checkpoint_due(step))
             self.clear_later(step, halt, recorded=self.weights.pending)
             step += 1
         self.weights.settle()
@@ -185,14 +182,18 @@ class ActorTrainer:
         """Step N is published as `version`: its audit record and the progress past it, its checkpoint if due,
         then its report. The checkpoint comes after the record: a process killed between the two resumes
         past the recorded step with the older weights (resume()), and no trained step goes unrecorded."""
-        c, run = self.config, self.run
+        c = self.config
         self.version = version
         metrics.update(weight_version=version, publish_s=self.weights.last_publish_s)
         finish_step(self.redis, c.run_id, step, ids, metrics, TrainerProgress(next_step=step + 1, version=version))
-        if c.checkpoint_dir and run.checkpoint.interval and (step + 1) % run.checkpoint.interval == 0:
+        if self.checkpoint_due(step):
             self.write_checkpoint(step + 1, version)
         self.report(step, metrics)
         self.tracking.step_finished(step, metrics)
+
+    def checkpoint_due(self, step: int) -> bool:
+        interval = self.run.checkpoint.interval
+        return bool(self.config.checkpoint_dir and interval and (step + 1) % interval == 0)
 
     def follow(self, halt: threading.Event) -> None:
         """A data-parallel rank other than 0: train each step the leader starts, on its share."""
@@ -244,8 +245,9 @@ class ActorTrainer:
                 batch = self.tq.get(partition, dp.my_rows(claimed.rows, info["response_length"].tolist(), n),
                                     actor_fields(run))
             if dp.is_leader:
-                self.weights.settle()  # the last step's weights are published before they change
-            version = self.version  # the policy these samples are trained at
+                self.weights.settle_live()  # the last step's weights are published before they change
+            version = self.weights.in_flight_version if dp.is_leader and self.weights.in_flight_version \
+                else self.version  # the policy these samples are trained at
             t1 = time.perf_counter()
             tokens = dp.total(float(sum(float(m.sum()) for m in batch["loss_mask"])))
             with span("train", step, version):
@@ -270,7 +272,7 @@ class ActorTrainer:
         metrics = {k: sum(x[k] for x in means if k in x) / len(means) for k in means[0] if k not in ("tokens",)}
         metrics.update(**sample_stats(rewards, lengths), tokens=totals.tokens, wait_s=wait_s, compute_s=compute_s,
                        tokens_per_s=totals.tokens / max(compute_s, 1e-9), version_trained=version, dp_size=dp.size,
-                       **self._staleness_metrics(step, staleness))
+                       **staleness_metrics(step, staleness, run.max_staleness))
         return ids, metrics
 
     def _claim(self, step: int, nonce: int, it: int, halt: threading.Event):
@@ -289,13 +291,6 @@ class ActorTrainer:
         if dp.size > 1:
             dp.share([1 if claimed else 0, nonce])
         return claimed
-
-    def _staleness_metrics(self, step: int, staleness: collections.Counter) -> dict:
-        violations = sum(n for s, n in staleness.items() if s > self.run.max_staleness)
-        if violations:
-            log.warning("samples exceeded max_staleness", extra={"step": step, "count": violations})
-        return {"staleness": {str(k): v for k, v in sorted(staleness.items())}, "staleness_max": max(staleness),
-                "staleness_violations": violations}
 
     def report(self, step: int, metrics: dict) -> None:
         for name, gauge in self.gauges.items():
