@@ -95,9 +95,12 @@ class AdvantageService:
                                                               ports={"http": c.port}, run_id=c.run_id))
         n = run.n_samples_per_prompt
         tq.register_task(task_name(run.name, TASK), required_fields(run), group_size=n)
-        # min_rows: answer as soon as one group is ready, but take whatever else is ready too
-        consumer = Consumer(task_name(run.name, TASK), (c.max_groups_per_batch or run.rollout_batch_size) * n,
-                            lambda batch: self.compute(batch, run), "advantage", min_rows=n, done=self.done)
+        # min_rows: answer once a global batch is ready (the trainer claims no less at a time, so waiting for
+        # it delays nothing and a step costs one claim, read, put and ack instead of one per few groups), or
+        # sooner with whatever is ready when the long poll ends
+        rows = (c.max_groups_per_batch or run.rollout_batch_size) * n
+        consumer = Consumer(task_name(run.name, TASK), rows, lambda batch: self.compute(batch, run), "advantage",
+                            min_rows=min(rows, run.global_batch_size), done=self.done)
         self.status.running()
 
         def safe_point() -> None:

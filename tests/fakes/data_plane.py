@@ -112,6 +112,14 @@ class InMemoryDataPlane:
                 if all(all(f in p.rows[r + k] for f in required) for k in range(p.group_size))
                 and r not in done and r not in taken]
 
+    def _nothing_more(self, partition: str, task: str, ready: int) -> bool:
+        """Sealed, and every row not yet consumed or leased is ready: as the controller, answer a claim with
+        fewer than min_rows rather than wait for rows that cannot come."""
+        p = self._get(partition)
+        with self._lock:
+            taken = sum(len(rows) for part, t, rows in self.leases.values() if (part, t) == (partition, task))
+            return p.sealed and ready > 0 and ready + taken + len(p.consumed.setdefault(task, set())) >= len(p.rows)
+
     def _complete(self, partition: str, task: str) -> bool:
         p = self._get(partition)
         return p.sealed and len(p.consumed.setdefault(task, set())) == len(p.rows)
@@ -119,7 +127,8 @@ class InMemoryDataPlane:
     def claim_rows(self, partition: str, task: str, batch_size: int, wait_s: float = 0.0, lease_s: float = 0.0,
                    min_rows: int = 0, claim_key: str = "") -> SimpleNamespace:
         p = self._get(partition)
-        if self.wait_ready(partition, task, max(min_rows, 1), wait_s).ready_rows < min_rows:
+        ready = self.wait_ready(partition, task, max(min_rows, 1), wait_s).ready_rows
+        if ready < min_rows and not self._nothing_more(partition, task, ready):
             return SimpleNamespace(partition=partition, task=task, lease_id="", rows=[],
                                    complete=self._complete(partition, task), group_size=p.group_size)
         with self._lock:
