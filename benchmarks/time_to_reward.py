@@ -18,10 +18,12 @@ samples per prompt, --groups prompts per step, one optimizer step per step (micr
              Skipped, with a note in the JSON, when trl is not installed.
   inprocess  benchmarks/inprocess_grpo.py: generate, score, GRPO advantages (services/algorithms) and one
              `actor_step` (the Sluice trainer's loss code) per step, synchronous and on-policy, prompts in
-             the rollout role's order; --inprocess-threads torch threads (default 1). Two generators
-             (--inprocess-generator, default both, each its own block): `hf` (transformers generate of the
-             trained model, one batch a step) and `engine` (the built-in engine's scheduler as a library,
-             weights copied in after every optimizer step). The baseline is the faster one to reward.
+             the rollout role's order; one run per --inprocess-threads count (default 1,2: one core, and
+             both cores through torch's intra-op threads, which halve its training step here). Generators
+             (--inprocess-generator, default engine): `hf` (transformers generate of the trained model, one
+             batch a step, ~4x slower here) and `engine` (the built-in engine's scheduler as a library,
+             weights copied in after every optimizer step). Each run is its own block (inprocess_engine_2t);
+             the baseline is the one fastest to reward.
   sluice     services/launch/local_run.py: redis, TransferQueue, coordinator, one built-in engine, rollout,
              advantage and trainer processes, one torch thread each; --mode fully_async (max_staleness
              --max-staleness, default 1) or colocate (synchronous, max_staleness 0).
@@ -52,7 +54,7 @@ Usage (TRL comes from `pip install -e .[bench]`, installed after the pinned CPU 
     python benchmarks/time_to_reward.py --quick          # smoke: 20 steps
     python benchmarks/time_to_reward.py [--steps 80] [--reps 1] [--mode fully_async|colocate]
                                         [--systems trl,sluice,inprocess] [--inprocess-generator both|hf|engine]
-                                        [--inprocess-threads 1] [--seed 0] [--thresholds 0.6,0.7,0.8,0.9]
+                                        [--inprocess-threads 1,2] [--seed 0] [--thresholds 0.6,0.7,0.8,0.9]
 """
 
 from __future__ import annotations
@@ -223,8 +225,9 @@ def one_rep(args, system: str, prep: dict, workdir: str) -> dict:
     elif system.startswith("inprocess_"):  # synchronous and on-policy: Sluice's RunConfig in colocate mode
         run = sluice_config(argparse.Namespace(**{**vars(args), "mode": "colocate"}), prep["warm_dir"],
                             prep["prompts_path"])
-        raw = run_inprocess(run, system.removeprefix("inprocess_"), args.inprocess_threads, prep["eval_rows"],
-                            workdir, prep["tokenizer"], log)
+        generator, threads = system.removeprefix("inprocess_").split("_")
+        raw = run_inprocess(run, generator, int(threads.removesuffix("t")), prep["eval_rows"], workdir,
+                            prep["tokenizer"], log)
     else:
         raw = run_sluice(args, prep["warm_dir"], prep["prompts_path"], prep["eval_rows"], workdir, prep["tokenizer"])
     for scored in ("checkpoints", "snapshots"):  # ~40 MB per checkpoint, all scored by now; logs stay
@@ -239,7 +242,8 @@ def one_rep(args, system: str, prep: dict, workdir: str) -> dict:
 
 
 def systems_to_run(args, notes: list[str]) -> list[str]:
-    """--systems with `inprocess` expanded into its generators; trl dropped (noted) when not installed."""
+    """--systems with `inprocess` expanded into its generators and thread counts (inprocess_engine_2t, ...);
+    trl dropped (noted) when not installed."""
     out = []
     for system in args.systems:
         if system == "trl":
@@ -251,7 +255,7 @@ def systems_to_run(args, notes: list[str]) -> list[str]:
                 continue
         if system == "inprocess":
             gens = ("hf", "engine") if args.inprocess_generator == "both" else (args.inprocess_generator,)
-            out += [f"inprocess_{g}" for g in gens]
+            out += [f"inprocess_{g}_{t}t" for g in gens for t in args.inprocess_threads]
         else:
             out.append(system)
     return out
@@ -298,9 +302,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smoke setting: 20 steps (same warm start)")
     p.add_argument("--systems", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
                    default=["trl", "sluice", "inprocess"], help="comma-separated: trl, sluice, inprocess (default all)")
-    p.add_argument("--inprocess-generator", choices=["both", "hf", "engine"], default="both",
+    p.add_argument("--inprocess-generator", choices=["both", "hf", "engine"], default="engine",
                    help="the in-process loop's generator: transformers generate, the built-in engine, or both runs")
-    p.add_argument("--inprocess-threads", type=int, default=1, help="torch threads of the in-process loop")
+    p.add_argument("--inprocess-threads", type=lambda s: [int(x) for x in s.split(",") if x.strip()],
+                   default=[1, 2], help="torch threads of the in-process loop, a run per count (default 1,2)")
     p.add_argument("--mode", choices=["fully_async", "colocate"], default="fully_async", help="Sluice's mode")
     p.add_argument("--max-staleness", type=int, default=1, help="fully_async's staleness bound (default 1)")
     p.add_argument("--seed", type=int, default=0)
