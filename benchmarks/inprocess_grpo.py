@@ -33,7 +33,7 @@ import torch
 
 from services.algorithms.advantages import grpo_advantages
 from services.dcs.sync.receiver import load_into
-from services.demo_tasks.warm_start import encode_prompt
+from services.demo_tasks.warm_start import encode_prompt, left_padded
 from services.model.loading import load_causal_lm
 from services.rollout.prompts import open_prompt_source
 from services.rollout.rewards.builtin import exact_match
@@ -51,12 +51,8 @@ def hf_samples(model, tokenizer, prompts: list[list[int]], run: RunConfig) -> li
     """n samples per prompt (rows [i*n, (i+1)*n) are prompt i) from transformers' generate, one batch."""
     r, n = run.rollout, run.n_samples_per_prompt
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):  # left padding
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+    ids, mask = left_padded(prompts, pad)
+    width = ids.shape[1]
     model.eval()
     out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=r.temperature,
                          top_p=r.top_p, top_k=0 if r.top_k < 0 else r.top_k, max_new_tokens=r.max_new_tokens,

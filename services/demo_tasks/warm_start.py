@@ -89,6 +89,17 @@ def warm_start(base_dir: str, out_dir: str, rows: list[tuple[str, dict]], max_st
 
 
 @torch.no_grad()
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask) of prompts left-padded to the longest, as `generate` takes a batch."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
 def greedy_eval(model, tokenizer, rows: list[tuple[str, dict]], max_new_tokens: int, score: Scorer = exact_label,
                 batch_size: int = 64) -> float:
     """Mean score of greedy answers (left-padded batches, EOS stops) to rows."""
@@ -98,13 +109,8 @@ def greedy_eval(model, tokenizer, rows: list[tuple[str, dict]], max_new_tokens: 
     total = 0.0
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
-        prompts = [encode_prompt(tokenizer, prompt) for prompt, _ in chunk]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):  # left padding
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+        ids, mask = left_padded([encode_prompt(tokenizer, prompt) for prompt, _ in chunk], pad)
+        width = ids.shape[1]
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
         texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
