@@ -1,0 +1,67 @@
+"""A step's publish runs beside the next step: a snapshot publish sends the weights as they were when the step
+ended, even while the optimizer moves them; a live publish holds the optimizer (settle_live) until it is sent."""
+
+import threading
+
+import torch
+
+from services.run_contract.run_config import RunConfig
+from services.trainer.publishing import WeightVersions
+from tests.fakes.weights import FakeWeightPublisher, InMemoryCoordinator
+
+
+class GatedPublisher(FakeWeightPublisher):
+    """Publishes only once `gate` is set, so the test can move the weights while a publish is in flight."""
+
+    def __init__(self, coordinator: InMemoryCoordinator):
+        super().__init__(coordinator)
+        self.gate, self.started = threading.Event(), threading.Event()
+
+    def publish(self, named, version: int, announce: bool = True):
+        self.started.set()
+        assert self.gate.wait(10)
+        return super().publish(named, version, announce)
+
+
+def _versions(model) -> tuple[WeightVersions, GatedPublisher, InMemoryCoordinator]:
+    coordinator = InMemoryCoordinator()
+    sender = GatedPublisher(coordinator)
+    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=2)
+    return WeightVersions(sender, model, run, coordinator, "r", republish_check_s=60.0), sender, coordinator
+
+
+def test_a_snapshot_publish_sends_the_weights_of_its_step_while_the_optimizer_moves_them():
+    model = torch.nn.Linear(3, 2)
+    weights, sender, coordinator = _versions(model)
+    trained = {n: p.detach().clone() for n, p in model.named_parameters()}
+    done = []
+    weights.publish_later(0, 1, done.append, snapshot=True)
+    assert sender.started.wait(10)
+    weights.settle_live()  # returns at once: the publish reads its own copy
+    assert weights.in_flight_version == 1 and not done
+    with torch.no_grad():  # the next step's optimizer moves the weights meanwhile
+        for p in model.parameters():
+            p.add_(1.0)
+    sender.gate.set()
+    weights.settle()
+    assert done == [1] and weights.in_flight_version is None
+    published = coordinator.published[0]
+    assert published.version == 1
+    for name, tensor in trained.items():
+        assert torch.equal(published.tensors[name], tensor)  # the step's weights, not the moved ones
+
+
+def test_a_live_publish_holds_the_optimizer_until_it_is_sent():
+    model = torch.nn.Linear(3, 2)
+    weights, sender, coordinator = _versions(model)
+    weights.publish_later(0, 1, lambda v: None, snapshot=False)
+    assert sender.started.wait(10)
+    settled = threading.Event()
+    waiter = threading.Thread(target=lambda: (weights.settle_live(), settled.set()))
+    waiter.start()
+    assert not settled.wait(0.2)  # the optimizer may not move the weights yet
+    sender.gate.set()
+    assert settled.wait(10)
+    waiter.join()
+    assert [p.version for p in coordinator.published] == [1]
