@@ -29,8 +29,10 @@ class WeightVersions:
     publish is in flight: the next one settles it first."""
 
     def __init__(self, sender: WeightSender, model: torch.nn.Module, run: RunConfig, dcs, run_id: str,
-                 republish_check_s: float):
+                 republish_check_s: float, snapshot_max_bytes: int = 2048 << 20):
         self.sender, self.model, self.run, self.dcs, self.run_id = sender, model, run, dcs, run_id
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.snapshot_fits = size <= snapshot_max_bytes  # a copy of the weights is affordable
         self.republish_check_s = republish_check_s
         self._last_lag_check = self._published_at = time.monotonic()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")

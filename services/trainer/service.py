@@ -105,7 +105,8 @@ class ActorTrainer:
             sender = self.make_publisher(self.dcs, self.membership.node_id, c.master_address,
                                          bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
                                          pause_mode=c.pause_mode, run_id=c.run_id)
-            self.weights = WeightVersions(sender, self.model, run, self.dcs, c.run_id, c.republish_check_s)
+            self.weights = WeightVersions(sender, self.model, run, self.dcs, c.run_id, c.republish_check_s,
+                                          snapshot_max_bytes=c.snapshot_publish_mb << 20)
             self.tracking = open_training_tracker(run, c.output_dir, c.run_id, self.redis, self.dcs)
         self.actor_task = task_name(run.name, ACTOR_TASK)  # the run's own task
         self.tq.register_task(self.actor_task, actor_fields(run), group_size=run.n_samples_per_prompt)
@@ -144,7 +145,8 @@ class ActorTrainer:
             # train_step lets settle before the optimizer moves them again (the checkpoint reads them too)
             self.weights.settle()  # the last publish: its version numbers this one
             self.weights.publish_later(step, self.version + 1, lambda v, step=step, ids=ids, metrics=metrics:
-                                       self.finish(step, v, ids, metrics), snapshot=not self.checkpoint_due(step))
+                                       self.finish(step, v, ids, metrics),
+                                       snapshot=self.weights.snapshot_fits and not self.checkpoint_due(step))
             self.clear_later(step, halt, recorded=self.weights.pending)
             step += 1
         self.weights.settle()

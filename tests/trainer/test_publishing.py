@@ -65,3 +65,14 @@ def test_a_live_publish_holds_the_optimizer_until_it_is_sent():
     assert settled.wait(10)
     waiter.join()
     assert [p.version for p in coordinator.published] == [1]
+
+
+def test_weights_larger_than_the_snapshot_limit_are_published_live():
+    model = torch.nn.Linear(3, 2)  # 8 parameters, 32 bytes
+    coordinator = InMemoryCoordinator()
+    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=2)
+    assert WeightVersions(FakeWeightPublisher(coordinator), model, run, coordinator, "r", 60.0,
+                          snapshot_max_bytes=32).snapshot_fits
+    assert not WeightVersions(FakeWeightPublisher(coordinator), model, run, coordinator, "r", 60.0,
+                              snapshot_max_bytes=31).snapshot_fits
