@@ -88,7 +88,6 @@ def warm_start(base_dir: str, out_dir: str, rows: list[tuple[str, dict]], max_st
             "seconds": round(time.perf_counter() - started, 2), "final_loss": round(sum(tail) / len(tail), 4)}
 
 
-@torch.no_grad()
 def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input ids, attention mask) of prompts left-padded to the longest, as `generate` takes a batch."""
     width = max(len(p) for p in prompts)
@@ -100,6 +99,7 @@ def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
     return ids, mask
 
 
+@torch.no_grad()
 def greedy_eval(model, tokenizer, rows: list[tuple[str, dict]], max_new_tokens: int, score: Scorer = exact_label,
                 batch_size: int = 64) -> float:
     """Mean score of greedy answers (left-padded batches, EOS stops) to rows."""

@@ -96,7 +96,7 @@ class WeightVersions:
     def settle(self) -> None:
         """Wait for the publish in flight, if any; its failure is raised here."""
         pending, self._pending = self._pending, None
-        self.in_flight_version = None
+        self.in_flight_version, self._pending_reads_model = None, False
         if pending is not None:
             pending.result()
 
