@@ -23,6 +23,8 @@ class RolloutConfig(RoleSettings):
                                   "long poll (SGLang) is read (a new version admits the next groups at once)")
     version_wait_s: float = Field(5.0, gt=0, le=60, description="how long one long poll of the built-in engine's "
                                   "weight version may wait for it to move")
+    put_linger_s: float = Field(0.05, ge=0, le=10, description="how long a finished group's write may wait for "
+                                "the groups of its step still generating, so that they share one put (0 = never)")
 
     @property
     def engine_urls(self) -> list[str]:

@@ -87,7 +87,7 @@ class RolloutService:
                                    retries=r.reward_retries, token=self.config.reward_token or None)
         self.scorer = GroupScorer(self.reward, r.reward_fallback)
         self.pool = self.engines(self.config)
-        self.writes = PutCoalescer(self.tq.put)
+        self.writes = PutCoalescer(self.tq.put, linger_s=self.config.put_linger_s)
         self.evaluator = None
         if run.eval.prompts is not None:
             if conn.evaluations is None:
@@ -299,10 +299,16 @@ class RolloutService:
         """Generate, score and write the group of slot `position`."""
         run = self.run
         step = position // self.groups_per_step
-        record, prompt_ids, samples, rewards = await self._scored_group(position, step)
-        with span("put", step, min(s.begin_version for s in samples)):
+        partition = partition_name(run.name, step)
+        self.writes.expect(partition)  # its put waits a moment for this group (services/rollout/put_coalescing.py)
+        try:
+            record, prompt_ids, samples, rewards = await self._scored_group(position, step)
             columns = self.columns(record, prompt_ids, samples, rewards, step)
-            await self.writes.put(partition_name(run.name, step), columns)  # with groups finishing meanwhile
+        except BaseException:
+            self.writes.abandon(partition)
+            raise
+        with span("put", step, min(s.begin_version for s in samples)):
+            await self.writes.put(partition, columns)  # with the step's groups finishing meanwhile
         source = record.fields.get(run.rollout.source_field)
         if self.source_rewards is not None and source is not None:
             await self.source_rewards.add(step, str(source), rewards)

@@ -66,3 +66,65 @@ def test_merging_needs_the_same_fields():
         merge_columns([group(0), {"prompt_position": torch.zeros(2)}])
     one = group(4)
     assert merge_columns([one]) is one
+
+
+class InstantPlane:
+    def __init__(self):
+        self.puts: list[tuple[str, dict]] = []
+
+    async def put(self, partition: str, columns: dict):
+        self.puts.append((partition, columns))
+
+
+def test_a_burst_of_expected_groups_goes_out_as_one_put():
+    async def scenario():
+        plane = InstantPlane()
+        writes = PutCoalescer(plane.put, linger_s=5.0)
+        for _ in range(3):
+            writes.expect("r/train_0")
+        first = asyncio.ensure_future(writes.put("r/train_0", group(0)))
+        await asyncio.sleep(0.02)
+        assert plane.puts == [] and not first.done()  # held for its two siblings
+        second = asyncio.ensure_future(writes.put("r/train_0", group(1)))
+        await asyncio.sleep(0.02)
+        assert plane.puts == []
+        await writes.put("r/train_0", group(2))
+        await asyncio.gather(first, second)
+        return plane, writes
+
+    plane, writes = asyncio.run(scenario())
+    assert writes.puts == 1 and not writes.partitions
+    assert plane.puts[0][1]["prompt_position"].tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_an_abandoned_sibling_releases_the_put_and_a_straggler_waits_at_most_the_linger():
+    async def scenario():
+        plane = InstantPlane()
+        writes = PutCoalescer(plane.put, linger_s=0.2)
+        for _ in range(3):
+            writes.expect("r/train_0")
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(writes.put("r/train_0", group(0)))
+        await asyncio.sleep(0.01)
+        writes.abandon("r/train_0")  # one sibling failed; the third is a straggler
+        started = loop.time()
+        await first
+        held = loop.time() - started
+        assert [c["prompt_position"].tolist() for _, c in plane.puts] == [[0, 0]]
+        assert "r/train_0" in writes.partitions  # the straggler is still counted
+        await writes.put("r/train_0", group(2))  # the straggler arrives: its own put, without a wait
+        return plane, writes, held
+
+    plane, writes, held = asyncio.run(scenario())
+    assert 0.1 < held < 1.0
+    assert writes.puts == 2 and not writes.partitions
+
+
+def test_abandoning_the_last_expected_group_leaves_nothing_behind():
+    async def scenario():
+        writes = PutCoalescer(InstantPlane().put, linger_s=1.0)
+        writes.expect("r/train_3")
+        writes.abandon("r/train_3")
+        return writes
+
+    assert not asyncio.run(scenario()).partitions
