@@ -64,10 +64,12 @@ def ratio(base: dict | None, sluice: dict | None, thresholds: list[float], name:
             round(sluice["time_to_reward_s"][str(t)] / base["time_to_reward_s"][str(t)], 3)}
 
 
-def fastest_to_reward(blocks: dict[str, dict], thresholds: list[float]) -> str | None:
-    """The name of the block that reaches the highest threshold any of them reaches, soonest."""
-    def key(name: str):
-        times = blocks[name]["time_to_reward_s"]
-        reached = [t for t in thresholds if times[str(t)] is not None]
-        return (-max(reached), times[str(max(reached))]) if reached else (float("inf"), float("inf"))
-    return min(blocks, key=key) if blocks else None
+def ratio_vs_strongest(baselines: dict[str, dict], sluice: dict | None, thresholds: list[float]) -> dict | None:
+    """Sluice against each baseline run at the highest threshold the two both reach; the headline is the
+    least favourable to Sluice (the strongest baseline at that threshold), with every run's ratio beside it."""
+    each = {name: r for name, block in baselines.items()
+            if (r := ratio(block, sluice, thresholds, "inprocess")) is not None}
+    if not each:
+        return None
+    against = max(each, key=lambda name: each[name]["sluice_time_over_inprocess_time"])
+    return {**each[against], "against": against, "each": each}
