@@ -88,6 +88,11 @@ class WeightVersions:
         self.in_flight_version = version
         self._pending = self._worker.submit(publish_then)
 
+    def prefetch_group(self, version: int) -> None:
+        """As a step starts training: ask for the sync group of `version`, the one it will publish, now, so that
+        its publish skips that coordinator round trip (WeightPublisher.prefetch_group)."""
+        self.sender.prefetch_group(self.receiver_roles(version))
+
     @property
     def pending(self) -> Future | None:
         """The publish (and the step's record after it) in flight, if any."""

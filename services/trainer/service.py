@@ -250,6 +250,8 @@ class ActorTrainer:
                 self.weights.settle_live()  # the last step's weights are published before they change
             version = self.weights.in_flight_version if dp.is_leader and self.weights.in_flight_version \
                 else self.version  # the policy these samples are trained at
+            if dp.is_leader and it == run.num_iters_per_train_update - 1:
+                self.weights.prefetch_group(version + 1)  # the group this step's publish uses, asked for now
             t1 = time.perf_counter()
             tokens = dp.total(float(sum(float(m.sum()) for m in batch["loss_mask"])))
             with span("train", step, version):

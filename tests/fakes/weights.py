@@ -90,10 +90,14 @@ class FakeWeightPublisher:
         self.receiver_roles = ["engine", "actor_fwd", "reference"]
         self.resumed = 0
         self.closed = False
+        self.prefetched: list[list[str]] = []  # receiver roles of each prefetch_group call
 
     def publish(self, named, version: int, announce: bool = True) -> SimpleNamespace:
         self.coordinator.publish(named, version, self.receiver_roles, announce)
         return SimpleNamespace(version=version, ok=True, seconds={"total": 0.0}, announced=announce)
+
+    def prefetch_group(self, receiver_roles: list[str]) -> None:
+        self.prefetched.append(list(receiver_roles))
 
     def resume_engines(self) -> int:
         self.resumed += 1

@@ -105,4 +105,5 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
     assert (membership.steps, membership.versions) == ([0, 1], [1, 2])
     assert status.snapshot()["weight_version"] == 2 and status.snapshot()["last_metrics"]["loss"] == \
         record[1]["metrics"]["loss"]
+    assert coordinator.publishers[0].prefetched == [["engine"], ["engine"]]  # each step's group asked for early
     assert coordinator.publishers[0].closed and membership.closed

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from services.dcs.sync.layout import TORCH_DTYPES, pack, plan_buckets
 from services.sglang_protocol.client import SGLangClient
 
 log = logging.getLogger(__name__)
+GROUP_MAX_AGE_S = 5.0  # a prefetched sync group older than this is asked for again (membership may have moved)
 
 
 @dataclass
@@ -85,6 +87,8 @@ class WeightPublisher:
         self._group: BroadcastGroup | None = None
         self._current_engines: list = []
         self._staging: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+        self._prefetched: tuple | None = None  # (asked at, request, future answer) of prefetch_group
         self._failed = False
         self._packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-pack")
         self._http = ThreadPoolExecutor(max_workers=16, thread_name_prefix="engine-http")
@@ -131,10 +135,7 @@ class WeightPublisher:
         try:
             entries, sizes = plan_buckets(named, self.bucket_bytes)
             result.bytes = sum(sizes)
-            group_spec = self.dcs.sync_group(self.run_id, SyncGroupRequest(
-                source_node=self.node_id, master_address=self.master_address,
-                master_port=_free_port(self.master_address),  # used only if DCS makes a new group
-                receiver_roles=self.receiver_roles, backend=self.backend, new_group=self._failed))
+            group_spec = self._sync_group()
             result.group, result.world_size = group_spec.name, group_spec.world_size
             self._current_engines = self._engine_members(group_spec)
             if self._current_engines:
@@ -179,6 +180,34 @@ class WeightPublisher:
             raise SyncFailed(result)
         return result
 
+    def _group_request(self, receiver_roles: list[str]) -> SyncGroupRequest:
+        return SyncGroupRequest(source_node=self.node_id, master_address=self.master_address,
+                                master_port=_free_port(self.master_address),  # used only if DCS makes a new group
+                                receiver_roles=list(receiver_roles), backend=self.backend, new_group=self._failed)
+
+    def prefetch_group(self, receiver_roles: list[str]) -> None:
+        """Ask the coordinator now, on a worker thread, for the group of the next publish to `receiver_roles`
+        (the trainer calls this as a step starts training), so that the publish skips that round trip on its way
+        to the receivers. A publish takes the answer only if it is for the same roles, younger than
+        GROUP_MAX_AGE_S and no sync failed since; otherwise it asks again, as it does without a prefetch."""
+        request = self._group_request(receiver_roles)
+        with self._lock:
+            self._prefetched = (time.monotonic(), request,
+                                self._http.submit(self.dcs.sync_group, self.run_id, request))
+
+    def _sync_group(self):
+        with self._lock:
+            prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None:
+            at, request, answer = prefetched
+            if (not self._failed and request.receiver_roles == list(self.receiver_roles)
+                    and time.monotonic() - at <= GROUP_MAX_AGE_S):
+                try:
+                    return answer.result(timeout=self.timeout_s)
+                except Exception:  # asked again below, where a coordinator error is raised
+                    pass
+        return self.dcs.sync_group(self.run_id, self._group_request(self.receiver_roles))
+
     def _transfer(self, entries, sizes, tensors, result: SyncResult, transfer: str, version: str) -> None:
         """The buckets to every receiver, bracketed by /begin ... /end_weight_update for engines that need it:
         a live-update engine loads a single bucket when its call ends (two HTTP round trips fewer); SGLang
@@ -216,13 +245,15 @@ class WeightPublisher:
         return SGLangClient(url, timeout_s=self.timeout_s, api_key=self.dcs.token)
 
     def _connect_engines(self, spec) -> None:
+        missing = [m for m in self._current_engines if m.node_id not in self._engines]
+        if not missing:  # the usual publish: the group's engines are known (no topology round trip)
+            return
         nodes = {n.node_id: n for ns in self.dcs.topology().roles.values() for n in ns}
-        for m in self._current_engines:
-            if m.node_id not in self._engines:
-                url = node_url(nodes[m.node_id])
-                if url is None:
-                    raise RuntimeError(f"engine node {m.node_id} registered no 'http' or 'https' port")
-                self._engines[m.node_id] = self._engine_client(url)
+        for m in missing:
+            url = node_url(nodes[m.node_id])
+            if url is None:
+                raise RuntimeError(f"engine node {m.node_id} registered no 'http' or 'https' port")
+            self._engines[m.node_id] = self._engine_client(url)
 
     def _open_group(self, spec) -> None:
         """Engines join through /init_weights_update_group, which blocks until everyone joined, so

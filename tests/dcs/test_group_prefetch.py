@@ -1,0 +1,79 @@
+"""A publish takes the sync group prefetched while the step trained (one coordinator round trip fewer on its
+way to the receivers), unless it is for other roles, too old, or a sync failed since."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from services.dcs.models import GroupMember, SyncGroup
+from services.dcs.sync import publisher as publisher_module
+from services.dcs.sync.publisher import WeightPublisher
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Coordinator:
+    """The calls a publish makes to the coordinator, counted; the group has only the source (no receivers)."""
+
+    def __init__(self):
+        self.token = ""
+        self.group_requests: list = []
+        self.published: list[int] = []
+        self.port = _port()
+
+    def sync_group(self, run_id: str, request):
+        self.group_requests.append(request)
+        return SyncGroup(name="g-1", generation=1, master_address="127.0.0.1", master_port=self.port, world_size=1,
+                         backend="gloo", members=[GroupMember(node_id="trainer-0", role="trainer", rank=0)])
+
+    def publish_weights(self, run_id: str, metadata) -> None:
+        self.published.append(metadata.version)
+
+    def report_sync(self, run_id: str, report) -> None:
+        pass
+
+
+@pytest.fixture
+def sender():
+    dcs = Coordinator()
+    publisher = WeightPublisher(dcs, "trainer-0", "127.0.0.1", timeout_s=20, receiver_roles=["engine"], run_id="r")
+    yield publisher, dcs
+    publisher.close()
+
+
+WEIGHTS = [("w", torch.ones(4))]
+
+
+def test_a_publish_takes_the_prefetched_group(sender):
+    publisher, dcs = sender
+    publisher.prefetch_group(["engine"])
+    assert publisher.publish(WEIGHTS, 1).ok
+    assert len(dcs.group_requests) == 1 and dcs.published == [1]
+    assert publisher.publish(WEIGHTS, 2).ok  # nothing prefetched: it asks itself
+    assert len(dcs.group_requests) == 2 and dcs.published == [1, 2]
+
+
+def test_a_prefetch_for_other_roles_or_too_old_is_asked_again(sender, monkeypatch):
+    publisher, dcs = sender
+    publisher.prefetch_group(["engine", "reference"])  # the next version goes to the engines only
+    assert publisher.publish(WEIGHTS, 1).ok
+    assert [r.receiver_roles for r in dcs.group_requests] == [["engine", "reference"], ["engine"]]
+    monkeypatch.setattr(publisher_module, "GROUP_MAX_AGE_S", 0.0)
+    publisher.prefetch_group(["engine"])
+    assert publisher.publish(WEIGHTS, 2).ok
+    assert len(dcs.group_requests) == 4  # the stale answer was not used
+
+
+def test_after_a_failed_sync_the_prefetch_is_not_used(sender):
+    publisher, dcs = sender
+    publisher.prefetch_group(["engine"])
+    publisher._failed = True  # the last sync failed: the next asks for a new group
+    assert publisher.publish(WEIGHTS, 1).ok
+    assert len(dcs.group_requests) == 2 and dcs.group_requests[-1].new_group
