@@ -111,6 +111,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     async def SealPartition(self, request, context):
         name = check_name("partition", request.name)
         await self.meta.seal_partition(name)
+        self.events.fire(name)  # as after a commit
         return await self.meta.partition_info(name)
 
     # ------------------------------------------------------------ tasks
@@ -157,6 +158,8 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         check_schemas(request.fields, self.limits)
         check_rows("rows", request.rows, self.limits)
         n = await self.meta.commit_put(request.partition, request.fields, list(request.rows))
+        # this replica's waiters wake now; the Redis message (for the other replicas) comes a hop later
+        self.events.fire(request.partition)
         ROWS_COMMITTED.inc(n)
         return pb.CommitPutResponse(rows_committed=n)
 
