@@ -33,6 +33,7 @@ from services.rollout.connections import RolloutConnections, RolloutMembership, 
 from services.rollout.engine_pool import Engines, SampleOutput
 from services.rollout.evaluation import Evaluator
 from services.rollout.put_coalescing import PutCoalescer
+from services.rollout.sample_columns import group_columns
 from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
 from services.rollout.rewards import build_reward
 from services.rollout.scoring import GroupScorer
@@ -303,7 +304,7 @@ class RolloutService:
         self.writes.expect(partition)  # its put waits a moment for this group (services/rollout/put_coalescing.py)
         try:
             record, prompt_ids, samples, rewards = await self._scored_group(position, step)
-            columns = self.columns(record, prompt_ids, samples, rewards, step)
+            columns = group_columns(record.position, prompt_ids, samples, rewards, step)
         except BaseException:
             self.writes.abandon(partition)
             raise
@@ -324,25 +325,6 @@ class RolloutService:
         self.status.update(last_position=position, step=step, **self.scorer.counts())
         for m in self.memberships[:1]:
             m.progress(step=step)
-
-    @staticmethod
-    def columns(record: PromptRecord, prompt_ids: list[int], samples: list[SampleOutput], rewards: list[float],
-                step: int) -> dict:
-        n = len(samples)
-        prompt = torch.tensor(prompt_ids, dtype=torch.int64)
-        return {
-            "tokens": [torch.cat([prompt, torch.tensor(s.output_ids, dtype=torch.int64)]) for s in samples],
-            "prompt_length": torch.full((n,), len(prompt_ids), dtype=torch.int64),
-            "response_length": torch.tensor([len(s.output_ids) for s in samples], dtype=torch.int64),
-            "loss_mask": [torch.ones(len(s.output_ids), dtype=torch.float32) for s in samples],
-            "rollout_log_probs": [torch.tensor(s.log_probs, dtype=torch.float32) for s in samples],
-            "reward": torch.tensor(rewards, dtype=torch.float32),
-            "weight_version": torch.tensor([s.begin_version for s in samples], dtype=torch.int64),
-            "token_weight_versions": [torch.tensor(s.token_versions(), dtype=torch.int64) for s in samples],
-            "prompt_position": torch.full((n,), record.position, dtype=torch.int64),
-            "sample_index": torch.arange(n, dtype=torch.int64),
-            "step": torch.full((n,), step, dtype=torch.int64),
-        }
 
     async def _ensure_partition(self, step: int) -> None:
         if step not in self._partitions:

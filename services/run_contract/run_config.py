@@ -80,6 +80,12 @@ class OptimSettings(_Strict):
     grad_clip: float = Field(1.0, gt=0, description="clip the gradient's global norm to this")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the trainer's random state")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning rate over the run's steps after the warm-up: constant, or decaying to "
+                                "min_lr_ratio x lr at the last step, linearly or along a half cosine")
+    warmup_steps: int = Field(0, ge=0, le=BIG, description="steps over which the learning rate rises linearly from "
+                                                          "lr / warmup_steps to lr")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="where linear and cosine decay end, as a fraction of lr")
 
     @model_validator(mode="after")
     def _betas_in_range(self) -> "OptimSettings":

@@ -20,7 +20,7 @@ from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus
 from services.runtime.spans import span
 from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
-from services.trainer.optimizer import adamw
+from services.trainer.optimizer import adamw, set_lr
 from services.trainer.config import TrainerConfig
 from services.trainer.critic_update import (CRITIC_TRAIN_FIELDS, CRITIC_VALUE_FIELDS, critic_step, load_critic,
                                             response_values)
@@ -84,6 +84,7 @@ class CriticTrainer:
                         if claimed is None:
                             break
                         batch = tq.read_claimed(claimed, CRITIC_TRAIN_FIELDS)
+                        set_lr(optimizer, run.optim.critic_lr, step, run.optim, run.num_steps)
                         with span("train", step):
                             m = critic_step(critic, optimizer, batch, run, run.micro_batch_size, c.device)
                         tq.ack(claimed.lease_id)

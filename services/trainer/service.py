@@ -24,7 +24,6 @@ import secrets
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import torch
@@ -46,10 +45,11 @@ from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_s
 from services.trainer.config import TrainerConfig
 from services.trainer.data_parallel import DataParallel
 from services.trainer.critic_service import CriticTrainer
-from services.trainer.optimizer import adamw
+from services.trainer.optimizer import adamw, set_lr
+from services.trainer.partition_clearing import PartitionClearing
 from services.trainer.publishing import WeightVersions
 from services.trainer.staleness import staleness_histogram, staleness_metrics
-from services.trainer.tasks import ACTOR_TASK, claim_global_batch, expected_tasks
+from services.trainer.tasks import ACTOR_TASK, claim_global_batch
 from services.trainer.tracking_hook import NO_TRACKING, open_training_tracker, sample_stats
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,6 @@ class ActorTrainer:
         self.weights: WeightVersions | None = None
         self.gauges = gauges("sluice_trainer", ACTOR_GAUGES)
         self.staleness = staleness_histogram()
-        self._clearer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="partition-clear")
-        self._clearing: Future | None = None
         self.tracking = NO_TRACKING  # rank 0's experiment tracking (services/trainer/tracking_hook.py)
         self.checkpointed = 0  # next_step of the newest checkpoint, or where this process resumed
         self.halted_mid_step = False  # an unfinished step's optimizer steps moved the weights
@@ -89,6 +87,7 @@ class ActorTrainer:
             return
         self.dcs, self.run, self.tq, self.redis, self.steps = conn.dcs, conn.run, conn.tq, conn.redis, conn.steps
         run = self.run
+        self.clearing = PartitionClearing(self.tq, self.steps, run, c.clear_wait_s)
         torch.manual_seed(run.optim.seed)
         ckpt = latest_checkpoint(c.checkpoint_dir, "actor") if c.checkpoint_dir else None
         self.model, _ = load_causal_lm(ckpt.path if ckpt else run.model, "float32", c.device)
@@ -116,7 +115,7 @@ class ActorTrainer:
             else:
                 self.follow(halt)
         finally:
-            self._clearer.shutdown(wait=False)  # a clear in flight stops at its next check of halt
+            self.clearing.close()
             if self.weights is not None:
                 self.weights.close()
             self.tracking.close()  # after the last publish, whose step it tracks
@@ -147,10 +146,10 @@ class ActorTrainer:
             self.weights.publish_later(step, self.version + 1, lambda v, step=step, ids=ids, metrics=metrics:
                                        self.finish(step, v, ids, metrics),
                                        snapshot=self.weights.snapshot_fits and not self.checkpoint_due(step))
-            self.clear_later(step, halt, recorded=self.weights.pending)
+            self.clearing.later(step, halt, recorded=self.weights.pending)
             step += 1
         self.weights.settle()
-        self.clear_later(None, halt)  # the last partition is cleared (or its failure raised) before the loop ends
+        self.clearing.later(None, halt)  # the last partition is cleared (or its failure raised) before the loop ends
         self.final_checkpoint(step)
         if not halt.is_set():
             self.dp.share([0, step, self.version])  # the other ranks are done too
@@ -246,12 +245,8 @@ class ActorTrainer:
                                                              "weight_version", "reward"])
                 batch = self.tq.get(partition, dp.my_rows(claimed.rows, info["response_length"].tolist(), n),
                                     actor_fields(run))
-            if dp.is_leader:
-                self.weights.settle_live()  # the last step's weights are published before they change
-            version = self.weights.in_flight_version if dp.is_leader and self.weights.in_flight_version \
-                else self.version  # the policy these samples are trained at
-            if dp.is_leader and it == run.num_iters_per_train_update - 1:
-                self.weights.prefetch_group(version + 1)  # the group this step's publish uses, asked for now
+            version = self._policy_version(it)
+            lr = set_lr(self.optimizer, run.optim.lr, step, run.optim, run.num_steps)  # run.optim.lr_schedule
             t1 = time.perf_counter()
             tokens = dp.total(float(sum(float(m.sum()) for m in batch["loss_mask"])))
             with span("train", step, version):
@@ -276,8 +271,20 @@ class ActorTrainer:
         metrics = {k: sum(x[k] for x in means if k in x) / len(means) for k in means[0] if k not in ("tokens",)}
         metrics.update(**sample_stats(rewards, lengths), tokens=totals.tokens, wait_s=wait_s, compute_s=compute_s,
                        tokens_per_s=totals.tokens / max(compute_s, 1e-9), version_trained=version, dp_size=dp.size,
+                       lr=lr,
                        **staleness_metrics(step, staleness, run.max_staleness))
         return ids, metrics
+
+    def _policy_version(self, it: int) -> int:
+        """The version iteration `it`'s samples are trained at (the one in flight, if a publish is), once the
+        weights it moves may change; the last iteration also asks for the sync group its step will publish in."""
+        if not self.dp.is_leader:
+            return self.version
+        self.weights.settle_live()  # the last step's weights are published before they change
+        version = self.weights.in_flight_version or self.version
+        if it == self.run.num_iters_per_train_update - 1:
+            self.weights.prefetch_group(version + 1)  # asked for now, not on the publish's way to the engines
+        return version
 
     def _claim(self, step: int, nonce: int, it: int, halt: threading.Event):
         """Global batch `it` of step N: the leader claims it (waiting while the partition fills), the other
@@ -304,43 +311,6 @@ class ActorTrainer:
         self.membership.progress(step=step, weight_version=metrics["weight_version"])
         self.status.update(step=step, weight_version=metrics["weight_version"], last_metrics=metrics)
         log.info("step finished", extra={"step": step, "metrics": metrics})
-
-    # ------------------------------------------------------------------ weights and partitions
-
-    def clear_later(self, step: int | None, halt: threading.Event, recorded: Future | None = None) -> None:
-        """Clear train_<step> on a worker thread: the next step need not wait for the slowest task to ack
-        the last rows (a clear takes a few round trips, and up to clear_wait_s when a task lags). A failed
-        clear is raised here at the next call; step None waits for the pending clear. `recorded`: the step's
-        publish and record in flight, which the clear waits for."""
-        if self._clearing is not None:
-            self._clearing.result()  # one clear at a time: a lagging task still holds the trainer back
-            self._clearing = None
-        if step is not None:
-            self._clearing = self._clearer.submit(self.clear, step, halt, recorded)
-
-    def clear(self, step: int, halt: threading.Event, recorded: Future | None = None) -> None:
-        """Clear train_<step> once every task of the run has consumed all of it and the step is recorded
-        (unless halted first). Not before the record: a trainer killed between the two would restart at
-        this step and find its rows gone."""
-        partition = partition_name(self.run.name, step)
-        deadline = time.monotonic() + self.config.clear_wait_s
-        tasks = expected_tasks(self.run)
-        while True:
-            info = self.steps.info(step)
-            if info is None:
-                return
-            consumed = {t.task: t.consumed for t in info.tasks}
-            if info.sealed and all(consumed.get(t, 0) >= info.rows for t in tasks):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{partition} not consumed by every task in time: {consumed} of {info.rows}")
-            if halt.wait(0.05):
-                return
-        # the record comes even when halted (a publish in flight is finished, within its deadlines, before the
-        # trainer stops), and a consumed, recorded partition is cleared then too: a restart need not find it
-        if recorded is not None and recorded.exception() is not None:
-            return  # not recorded (settle raises it): the rows stay for the step's retry or a restart
-        self.tq.clear_partition(partition)
 
     # ------------------------------------------------------------------ restart
 
@@ -369,11 +339,11 @@ class ActorTrainer:
         # step order and stop when it is halted mid-wait, so those are the steps just before `step`)
         for covered in range(progress.next_step, step):
             if self.steps.info(covered) is not None:
-                self.clear(covered, threading.Event())
+                self.clearing.clear(covered, threading.Event())
         for left in range(min(progress.next_step, step) - 1, -1, -1):
             if self.steps.info(left) is None:
                 break
-            self.clear(left, threading.Event())
+            self.clearing.clear(left, threading.Event())
         latest = self.latest_published()
         if latest > version:
             version = self.weights.publish(latest + 1)  # renumber: receivers hold newer weights than ours

@@ -19,7 +19,7 @@ from services.run_state.connections import RunConnections
 from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
 from services.runtime.role_service import RoleStatus
-from services.trainer.optimizer import adamw
+from services.trainer.optimizer import adamw, set_lr
 from services.trainer.actor_update import actor_fields, actor_step
 from services.trainer.config import TrainerConfig
 from services.trainer.service import ActorTrainer
@@ -63,7 +63,8 @@ def write_step(plane: InMemoryDataPlane, step: int, initial_model, temperature: 
 def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_row_once(model_dir):
     torch.set_num_threads(1)
     run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2, max_staleness=1, optim={"lr": 1e-2})
+                    micro_batch_size=2, num_steps=2, max_staleness=1,
+                    optim={"lr": 1e-2, "lr_schedule": "linear", "min_lr_ratio": 0.5})
     initial, _ = load_causal_lm(model_dir, "float32")
     plane, redis, coordinator = InMemoryDataPlane(), InMemoryRedis(), InMemoryCoordinator()
     for step in range(2):
@@ -85,6 +86,7 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
     assert [(p.version, p.receiver_roles, p.announced) for p in coordinator.published] == \
         [(1, ["engine"], True), (2, ["engine"], True)]
     for step, published in enumerate(coordinator.published):
+        assert set_lr(optimizer, run.optim.lr, step, run.optim, run.num_steps) == [1e-2, 5e-3][step]
         m = actor_step(model, optimizer, batches[step], run, run.micro_batch_size)
         assert m.loss == m.loss and m.grad_norm > 0  # a real loss with a gradient
         for name, expected in model.named_parameters():
@@ -101,6 +103,7 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
     assert sorted(record) == [0, 1]
     assert record[1]["samples"] == ["2:0", "2:1", "3:0", "3:1"]
     assert record[0]["metrics"]["staleness"] == {"0": 4} and record[1]["metrics"]["staleness"] == {"1": 4}
+    assert [record[k]["metrics"]["lr"] for k in (0, 1)] == [1e-2, 5e-3]  # the schedule's, step by step
     assert record[1]["metrics"]["version_trained"] == 1 and record[1]["metrics"]["weight_version"] == 2
     assert (membership.steps, membership.versions) == ([0, 1], [1, 2])
     assert status.snapshot()["weight_version"] == 2 and status.snapshot()["last_metrics"]["loss"] == \

@@ -32,3 +32,21 @@ def test_fused_adamw_equals_the_reference_update_and_state():
     resumed = adamw(_params(1), 1e-2, (0.9, 0.99), 0.1, "cpu")
     resumed.load_state_dict(plain.state_dict())
     assert torch.equal(resumed.state_dict()["state"][0]["exp_avg"], plain.state_dict()["state"][0]["exp_avg"])
+
+
+def test_learning_rate_schedules_warm_up_then_decay_to_the_floor():
+    from services.trainer.optimizer import lr_factor, set_lr
+    from services.run_contract.run_config import OptimSettings
+
+    assert [lr_factor(s, 10, "constant") for s in (0, 5, 9)] == [1.0, 1.0, 1.0]
+    assert [round(lr_factor(s, 6, "linear", warmup_steps=2), 6) for s in range(6)] == [0.5, 1.0, 1.0, 0.666667,
+                                                                                        0.333333, 0.0]
+    cosine = [lr_factor(s, 11, "cosine", min_ratio=0.1) for s in range(11)]
+    assert cosine[0] == 1.0 and abs(cosine[5] - 0.55) < 1e-9 and abs(cosine[10] - 0.1) < 1e-9
+    assert all(a > b for a, b in zip(cosine, cosine[1:]))  # falls at every step
+    assert lr_factor(50, 11, "cosine", min_ratio=0.1) == cosine[10]  # past the last step it stays at the floor
+    params = _params(3)
+    optimizer = adamw(params, 1e-2, (0.9, 0.99), 0.0, "cpu")
+    optim = OptimSettings(lr=1e-2, lr_schedule="linear", min_lr_ratio=0.5)
+    assert set_lr(optimizer, 1e-2, 9, optim, num_steps=10) == 5e-3
+    assert all(group["lr"] == 5e-3 for group in optimizer.param_groups)
