@@ -48,7 +48,8 @@ def build_run(args, model_dir: str, workdir: str) -> RunFile:
                    eval={"prompts": prompts if prompts.startswith("demo:") and args.eval_every else None,
                          "every_n_versions": max(1, args.eval_every), "max_prompts": args.eval_prompts,
                          "temperature": 0.0},
-                   optim={"lr": args.lr, "seed": args.seed},
+                   optim={"lr": args.lr, "seed": args.seed, "lr_schedule": args.lr_schedule,
+                          "min_lr_ratio": args.min_lr_ratio},
                    stack={"engines": args.engines, "output_dir": workdir, "log_dir": os.path.join(workdir, "logs"),
                           "checkpoint_dir": os.path.join(workdir, "checkpoints"),
                           "coordinator_port": args.coordinator_port})
@@ -98,7 +99,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sluice demo", description=__doc__, formatter_class=HelpWithDefaults)
     parser.add_argument("--task", nargs="?", const="", default="reverse",
                         help="the built-in task (demo:<task>); --task alone lists them")
-    parser.add_argument("--steps", type=int, default=200, help="training steps")
+    parser.add_argument("--steps", type=int, default=300, help="training steps")
     parser.add_argument("--mode", choices=["fully_async", "colocate"], default="fully_async",
                         help="fully_async (overlapped) or colocate (synchronous, max_staleness 0)")
     parser.add_argument("--max-staleness", type=int, default=1, help="versions rollout may run ahead (fully_async)")
@@ -110,6 +111,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=12, help="most tokens per sample (and per eval answer)")
     parser.add_argument("--temperature", type=float, default=0.7, help="the rollout's sampling temperature")
     parser.add_argument("--lr", type=float, default=1e-4, help="actor learning rate (AdamW)")
+    parser.add_argument("--lr-schedule", default="cosine", choices=["constant", "linear", "cosine"],
+                        help="the learning rate over the steps (run config optim.lr_schedule)")
+    parser.add_argument("--min-lr-ratio", type=float, default=0.1,
+                        help="where linear and cosine decay end, as a fraction of --lr")
     parser.add_argument("--seed", type=int, default=0, help="model, warm start, prompt order and trainer seed")
     parser.add_argument("--eval-every", type=int, default=5, help="held-out eval every N versions; 0 = none")
     parser.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts per eval")
