@@ -76,12 +76,18 @@ class InstantPlane:
         self.puts.append((partition, columns))
 
 
+def expecting(groups: int, linger_s: float) -> tuple[InstantPlane, PutCoalescer]:
+    """A coalescer over an instant plane, told that `groups` groups of r/train_0 are generating."""
+    plane = InstantPlane()
+    writes = PutCoalescer(plane.put, linger_s=linger_s)
+    for _ in range(groups):
+        writes.expect("r/train_0")
+    return plane, writes
+
+
 def test_a_burst_of_expected_groups_goes_out_as_one_put():
     async def scenario():
-        plane = InstantPlane()
-        writes = PutCoalescer(plane.put, linger_s=5.0)
-        for _ in range(3):
-            writes.expect("r/train_0")
+        plane, writes = expecting(3, linger_s=5.0)
         first = asyncio.ensure_future(writes.put("r/train_0", group(0)))
         await asyncio.sleep(0.02)
         assert plane.puts == [] and not first.done()  # held for its two siblings
@@ -99,10 +105,7 @@ def test_a_burst_of_expected_groups_goes_out_as_one_put():
 
 def test_an_abandoned_sibling_releases_the_put_and_a_straggler_waits_at_most_the_linger():
     async def scenario():
-        plane = InstantPlane()
-        writes = PutCoalescer(plane.put, linger_s=0.2)
-        for _ in range(3):
-            writes.expect("r/train_0")
+        plane, writes = expecting(3, linger_s=0.2)
         loop = asyncio.get_running_loop()
         first = asyncio.ensure_future(writes.put("r/train_0", group(0)))
         await asyncio.sleep(0.01)
