@@ -71,7 +71,7 @@ def load_tokenizer(directory: str):
     check_model_dir(directory, weights=False)
     try:
         return AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # a malformed file fails deep in transformers with any error (KeyError, ...)
         raise ModelDirError(directory, f"the tokenizer does not load: {exc}") from exc
 
 

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from services.demo_tasks import DEMO_TASKS
-from services.model.loading import ModelDirError, check_model_dir
+from services.model.loading import ModelDirError, check_model_dir, load_tokenizer
 from services.run_contract.reward_spec import check_reward_spec
 from services.run_contract.run_config import RunConfig
 from services.run_contract.run_policy import RunPolicy
@@ -56,6 +56,8 @@ def check_run(config: RunConfig, role: str | None = None, policy: RunPolicy | No
     if checks & {"weights", "tokenizer"}:
         try:
             check_model_dir(config.model, weights="weights" in checks, tokenizer="tokenizer" in checks)
+            if "tokenizer" in checks:
+                load_tokenizer(config.model)  # its files are there: do they load (a malformed tokenizer.json)?
         except ModelDirError as exc:
             problems.append(Problem("model", str(exc)))
     r = config.rollout

@@ -26,7 +26,7 @@ n_samples_per_prompt: 2
 rollout_batch_size: 2
 global_batch_size: 4
 micro_batch_size: 2
-checkpoint_interval: 1
+checkpoint_interval: {interval}
 rollout:
   max_new_tokens: 8
 {reward}optim:
@@ -37,10 +37,11 @@ stack:
 {stack}"""
 
 
-def write_run(directory, name: str, steps: int = 3, model: str = "model", stack: str = "", reward: str = "") -> str:
+def write_run(directory, name: str, steps: int = 3, model: str = "model", stack: str = "", reward: str = "",
+              interval: int = 1) -> str:
     path = os.path.join(directory, "run.yaml")
     with open(path, "w") as f:
-        f.write(RUN.format(name=name, steps=steps, model=model, stack=stack,
+        f.write(RUN.format(name=name, steps=steps, model=model, stack=stack, interval=interval,
                            reward=f"  reward: {reward}\n" if reward else ""))
     return path
 
@@ -89,10 +90,12 @@ def test_sluice_run_trains_to_the_end_and_prints_a_line_per_step_and_a_summary(t
 
 
 def test_ctrl_c_pauses_and_stops_and_resume_finishes_from_the_checkpoint(tmp_path):
-    path = write_run(str(tmp_path), "cli-resume", steps=30)  # far more than train while it pauses
+    # far more steps than train while it pauses; no checkpoint interval: the one resumed from is the trainer's
+    # on its way out (checkpoint.on_stop)
+    path = write_run(str(tmp_path), "cli-resume", steps=30, interval=0)
     proc = start(path)
     seen = []
-    for line in proc.stdout:  # until the second step is recorded (each step is checkpointed)
+    for line in proc.stdout:  # until the second step is recorded
         seen.append(json.loads(line))
         if seen[-1].get("step") == 1:
             break
@@ -108,8 +111,8 @@ def test_ctrl_c_pauses_and_stops_and_resume_finishes_from_the_checkpoint(tmp_pat
     assert resumed.returncode == 0, err[-3000:]
     lines = lines_of(out)
     steps = [e["step"] for e in lines if "step" in e]
-    # from the checkpoint on (the trainer checkpoints each step and its last one on the way out; the step it
-    # was publishing when it paused may be recorded after the summary was written)
+    # from the checkpoint on (the trainer checkpoints its last finished step on the way out; the step it was
+    # publishing when it paused may be recorded after the summary was written)
     assert steps and steps == list(range(steps[0], 30)), (out, err[-2000:])
     assert interrupted_at <= steps[0] <= interrupted_at + 1, (interrupted_at, steps)
     assert lines[-1]["event"] == "finished" and lines[-1]["steps"] == 30

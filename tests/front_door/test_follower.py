@@ -133,3 +133,39 @@ def test_steps_seen_in_one_poll_show_one_rate_and_steps_done_before_the_first_po
     rates = [line["samples_per_s"] for line in lines if "step" in line]
     assert rates[0] is None  # step 0 was done before the follower looked: it says nothing of the rate
     assert rates[1] == rates[2] is not None and rates[1] > 0  # both counted once the poll saw them
+
+
+def test_the_panel_shows_eta_rates_staleness_version_and_eval():
+    from rich.console import Console
+
+    from services.front_door.follower import RunProgress, StepSeen
+
+    progress = RunProgress(run_id="r", num_steps=10, rows_per_step=4, started_at=0.0, next_step=4, weight_version=4,
+                           state="running", eval_reward=0.625, first_poll_at=100.0)
+    progress.steps = [StepSeen(step=s, metrics={"reward_mean": 0.5, "loss": 0.25, "tokens_per_s": 1234.0,
+                                                "staleness_max": 1}, seen_at=100.0 + 2.0 * s) for s in (1, 2, 3)]
+    console = Console(file=io.StringIO(), width=160, force_terminal=False)
+    console.print(render(progress))
+    panel = console.file.getvalue()
+    # 3 steps of 4 rows in 6 s: 2 rows/s; 6 steps left: 12 s
+    assert "step 4/10" in panel and "ETA 0m12s" in panel
+    header = next(line for line in panel.splitlines() if "tokens/s" in line).split()
+    values = panel.splitlines()[panel.splitlines().index(next(
+        line for line in panel.splitlines() if "tokens/s" in line)) + 1].split()
+    shown = dict(zip(["reward", "eval", "loss", "samples/s", "tokens/s", "staleness", "version"], values))
+    assert header[-3:] == ["tokens/s", "staleness", "version"]
+    assert shown == {"reward": "0.5", "eval": "0.625", "loss": "0.25", "samples/s": "2", "tokens/s": "1234",
+                     "staleness": "1", "version": "4"}
+
+
+def test_auto_view_is_the_panel_on_a_terminal_and_json_lines_otherwise(monkeypatch):
+    import sys
+
+    from services.front_door.live_view import choose_view
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert isinstance(choose_view("auto"), RichLiveView)
+    assert isinstance(choose_view("json"), JsonLinesView)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    assert isinstance(choose_view("auto"), JsonLinesView)
+    assert isinstance(choose_view("live"), RichLiveView)

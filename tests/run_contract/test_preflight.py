@@ -4,11 +4,13 @@ and what each role checks."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from services.model.init_model import init_model
 from services.rollout.rewards.builtin import BUILTIN_REWARDS
 from services.run_contract.preflight import Problem, check_run, describe
 from services.run_contract.reward_spec import BUILTIN_REWARD_NAMES
@@ -17,13 +19,22 @@ from services.run_contract.run_config import RunConfig
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer_config.json", "tokenizer.json")
 
 
+@pytest.fixture(scope="module")
+def tokenizer_files(tmp_path_factory):
+    """A real tokenizer's files (the preflight loads it), from a tiny `sluice init-model` model."""
+    source = init_model(str(tmp_path_factory.mktemp("tiny") / "m"), preset="tiny", arch="qwen2", seed=0)
+    return {name: (Path(source) / name).read_text() for name in ("tokenizer_config.json", "tokenizer.json")}
+
+
 @pytest.fixture
-def model_dir(tmp_path):
-    """The files a model directory must hold (their content is the loader's business, not the preflight's)."""
+def model_dir(tmp_path, tokenizer_files):
+    """The files a model directory must hold: a real tokenizer (the preflight loads it), the rest placeholders
+    (the weights' content is the loader's business, not the preflight's)."""
     directory = tmp_path / "model"
     directory.mkdir()
     for name in MODEL_FILES:
-        (directory / name).write_text(json.dumps({"model_type": "qwen2"}) if name == "config.json" else "{}")
+        text = tokenizer_files.get(name) or (json.dumps({"model_type": "qwen2"}) if name == "config.json" else "{}")
+        (directory / name).write_text(text)
     return directory
 
 
@@ -51,6 +62,13 @@ def test_a_missing_model_file_is_named(model_dir, missing, named):
     (model_dir / missing).unlink()
     problems = check_run(run(model_dir))
     assert keys(problems) == ["model"] and named in problems[0].message and str(model_dir) in problems[0].message
+
+
+def test_a_tokenizer_that_does_not_load_is_named(model_dir):
+    (model_dir / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Nonsense"}}')
+    problems = check_run(run(model_dir))
+    assert keys(problems) == ["model"] and "tokenizer does not load" in problems[0].message
+    assert keys(check_run(run(model_dir), role="advantage")) == []  # a role that reads no tokenizer does not load it
 
 
 def test_a_missing_model_directory(tmp_path):
