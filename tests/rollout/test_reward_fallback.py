@@ -5,6 +5,7 @@ prompt position is either trained once or recorded as skipped. A failure in Slui
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 import torch
@@ -114,13 +115,16 @@ def test_a_restarted_rollout_counts_a_spare_prompts_rows_for_its_slot(model_dir,
     assert r.ledger.marks[:2] == [0, 1] and r.ledger.frontier == 4 and r.sealed(0)
 
 
-def test_groups_whose_samples_all_score_the_same_are_counted(model_dir, prompts):
+def test_groups_whose_samples_all_score_the_same_are_counted(model_dir, prompts, caplog):
     before = counter("sluice_rollout_zero_variance_groups_total")
-    r = run_with(model_dir, prompts, f"{MODULE}:label_only").go()
+    with caplog.at_level(logging.WARNING, logger="services.rollout.scoring"):
+        r = run_with(model_dir, prompts, f"{MODULE}:label_only").go()
 
     assert len(r.groups()) == 4
     assert counter("sluice_rollout_zero_variance_groups_total") - before == 4
     assert r.service.status.snapshot()["zero_variance_groups"] == 4
+    warned = [rec.zero_variance_groups for rec in caplog.records if rec.getMessage().startswith("zero-variance")]
+    assert warned == [1, 2, 4]  # warned at the 1st, 2nd and 4th, not at every group
 
 
 def test_a_reward_that_times_out_is_counted_as_a_timeout(model_dir, prompts):
