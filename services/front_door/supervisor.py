@@ -275,12 +275,16 @@ def _write_stack_file(dirs: dict[str, str], local: LocalRun, run_id: str) -> Non
 def attach(args) -> int:
     url, run_id = args.attach
     view = choose_view(args.view)
-    with DCSClient(url, token=auth_token(args) or None) as dcs:
-        try:
-            config = dcs.run(run_id).config
-        except (DCSError, OSError) as exc:
-            print(f"sluice run: --attach {url} {run_id}: {exc}", file=sys.stderr)
-            return 1
-        view.note("attached", run=run_id, coordinator=url)
-        progress = follow(dcs, config, view)
+    try:
+        with DCSClient(url, token=auth_token(args) or None) as dcs:
+            try:
+                config = dcs.run(run_id).config
+            except (DCSError, OSError) as exc:
+                print(f"sluice run: --attach {url} {run_id}: {exc}", file=sys.stderr)
+                return 1
+            view.note("attached", run=run_id, coordinator=url)
+            progress = follow(dcs, config, view)
+    except KeyboardInterrupt:  # Ctrl-C before following began: this terminal detaches; the run is not its to stop
+        view.note("interrupted", run=run_id)
+        return 130
     return _finish(progress, None)

@@ -147,3 +147,27 @@ def test_logs_follow_prints_what_is_appended_until_ctrl_c(tmp_path):
         assert proc.wait(timeout=30) == 0
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 1.0])  # as it starts following, and while it follows
+def test_ctrl_c_while_attached_detaches_and_leaves_the_run_going(dcs, tmp_path, delay_s):
+    import os
+    import time
+
+    name = f"watched-{int(delay_s * 1000)}"
+    with DCSClient(dcs.url, token=TOKEN) as client:
+        client.create_run(load_run_file(run_file(tmp_path, name)).run_config())
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "run", "--attach", dcs.url, name, "--view",
+                                 "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "SLUICE_AUTH_TOKEN": TOKEN})
+        try:
+            assert json.loads(proc.stdout.readline())["event"] == "attached"
+            time.sleep(delay_s)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert proc.returncode == 130, err[-2000:]
+        assert json.loads(out.splitlines()[-1])["event"] == "interrupted"
+        run = client.run(name)  # an attached terminal's Ctrl-C is not the run's: it neither pauses nor stops
+        assert run.desired_state == "running" and run.status not in ("stopped", "paused")
