@@ -8,8 +8,8 @@ as `sluice run` would a run file (services/front_door/supervisor.py: a private R
 coordinator, a built-in engine, rollout, advantage and trainer). The rollout scores 128 held-out prompts
 greedily every --eval-every versions; the held-out reward (`eval_reward`) climbs past 0.8. Shown as a live
 panel on a terminal, one JSON line per trained step and a JSON summary otherwise; TensorBoard events and the
-report (PNG + summary) go to the run directory under --workdir. The summary also says whether every sample was trained exactly
-once within the staleness bound. Ctrl-C pauses and stops everything.
+report (PNG + summary) go to the run directory under --workdir. The summary also says whether every sample
+was trained exactly once within the staleness bound. Ctrl-C pauses and stops everything.
 
 `sluice demo --task` lists the built-in tasks and what each teaches.
 """
