@@ -56,8 +56,8 @@ def check_run(config: RunConfig, role: str | None = None, policy: RunPolicy | No
     if checks & {"weights", "tokenizer"}:
         try:
             check_model_dir(config.model, weights="weights" in checks, tokenizer="tokenizer" in checks)
-            if "tokenizer" in checks:
-                load_tokenizer(config.model)  # its files are there: do they load (a malformed tokenizer.json)?
+            if role is None:  # at submit: do its files load (a malformed tokenizer.json)? A role that reads the
+                load_tokenizer(config.model)  # tokenizer loads it at start anyway, its error reported alike
         except ModelDirError as exc:
             problems.append(Problem("model", str(exc)))
     r = config.rollout
