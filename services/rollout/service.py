@@ -315,7 +315,7 @@ class RolloutService:
             await self.source_rewards.add(step, str(source), rewards)
         written = await self.ledger.mark_written(position, step)
         if written >= self.groups_per_step:
-            await self.tq.seal_partition(partition_name(run.name, step))
+            await self.tq.seal_partition(partition)
             log.info("step written", extra={"step": step})
         GROUPS.inc()
         for s, r in zip(samples, rewards):
