@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import hmac
-
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -16,6 +15,7 @@ from services.dcs.routes import (
 )
 from services.dcs.state import Conflict, Missing, RedisState
 from services.dcs.step_routes import steps_router
+from services.runtime.http_auth import require_bearer_token
 from services.runtime.redis_events import RedisEvents
 from services.runtime.validation_errors import answer_validation_errors_without_input
 
@@ -23,24 +23,35 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 HTTP_TOTAL = Counter("sluice_dcs_http_total", "DCS requests", ["route", "status"])
 
 
+class RequestCounter:
+    """ASGI middleware counting requests by route template and status (HTTP_TOTAL)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = []
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:  # the router put the matched route into the scope
+            route = getattr(scope.get("route"), "path", "unmatched")
+            HTTP_TOTAL.labels(route, str(status[0]) if status else "500").inc()
+
+
 def build_app(config: DCSConfig, state: RedisState, events: RedisEvents) -> FastAPI:
     app = FastAPI(title="Sluice DCS", version="1",
                   description="Control plane: nodes, topology, weight versions, sync groups, run control.")
-    expected = f"Bearer {config.auth_token}".encode()
-
-    @app.middleware("http")
-    async def auth_and_count(request: Request, call_next):
-        path = request.url.path
-        if config.auth_token and path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                HTTP_TOTAL.labels("unauthenticated", "401").inc()
-                return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,
-                                    headers={"WWW-Authenticate": "Bearer"})
-        response = await call_next(request)
-        route = request.scope.get("route")
-        HTTP_TOTAL.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
-        return response
+    app.add_middleware(RequestCounter)
+    require_bearer_token(app, config.auth_token, OPEN_PATHS,
+                         on_refused=HTTP_TOTAL.labels("unauthenticated", "401").inc)
 
     answer_validation_errors_without_input(app)
 

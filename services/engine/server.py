@@ -10,7 +10,7 @@ import time
 from typing import Callable
 
 import torch
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import Gauge
@@ -24,7 +24,7 @@ from services.engine.weight_updates import WeightUpdates
 from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
 from services.model.loading import load_causal_lm
-from services.runtime.http_auth import require_bearer_token
+from services.runtime.http_auth import PathRefusal, require_bearer_token
 from services.runtime.http_service import serve_http
 from services.runtime.service_main import ServiceFailed
 
@@ -157,11 +157,7 @@ def build_app(engine: Engine) -> FastAPI:
 
 def refuse_paths(app: FastAPI, paths: set[str], why: str) -> None:
     """403 with `why` on `paths`, before their routes run."""
-    @app.middleware("http")
-    async def refuse(request: Request, call_next):
-        if request.url.path in paths:
-            return _error(why, 403)
-        return await call_next(request)
+    app.add_middleware(PathRefusal, paths=paths, response=_error(why, 403))
 
 
 async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
