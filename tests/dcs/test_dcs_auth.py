@@ -61,3 +61,22 @@ def test_the_token_file_is_read_and_the_token_is_not_on_the_command_line(dcs):
 def test_the_metrics_port_serves_metrics_without_the_token(dcs):
     assert httpx.get(dcs.url + "/metrics").status_code == 401
     assert "sluice_dcs_http_total" in httpx.get(f"http://127.0.0.1:{dcs.metrics_port}/metrics").text
+
+
+def _http_total(dcs, route: str, status: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{dcs.metrics_port}/metrics").text
+    pattern = rf'^sluice_dcs_http_total\{{route="{re.escape(route)}",status="{status}"\}} (\S+)$'
+    found = re.search(pattern, text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_requests_are_counted_by_route_template_and_status(dcs):
+    before = {key: _http_total(dcs, *key) for key in
+              [("unauthenticated", "401"), ("/v1/runs/{run_id}", "404"), ("/v1/topology", "200")]}
+    httpx.get(dcs.url + "/v1/topology", headers={"authorization": "Bearer wrong"})
+    httpx.get(dcs.url + "/v1/runs/nope", headers=AUTH)
+    httpx.get(dcs.url + "/v1/runs/nope-either", headers=AUTH)
+    httpx.get(dcs.url + "/v1/topology", headers=AUTH)
+    assert _http_total(dcs, "unauthenticated", "401") == before[("unauthenticated", "401")] + 1
+    assert _http_total(dcs, "/v1/runs/{run_id}", "404") == before[("/v1/runs/{run_id}", "404")] + 2
+    assert _http_total(dcs, "/v1/topology", "200") == before[("/v1/topology", "200")] + 1
