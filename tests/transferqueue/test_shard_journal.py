@@ -1,6 +1,6 @@
 """The shard's write-ahead journal: a store rebuilt from it holds exactly what the old one held, a torn
 tail is cut away without losing what came before, compaction keeps the contents, one directory serves
-one shard."""
+one shard, and the incarnation of its data changes exactly when acknowledged puts may be gone."""
 
 from __future__ import annotations
 
@@ -135,3 +135,27 @@ def test_one_directory_serves_one_shard(tmp_path):
         ShardJournal(str(tmp_path))
     first.close()
     ShardJournal(str(tmp_path)).close()  # free again once the first is closed (or its process dies)
+
+
+def _incarnation(directory, fsync: bool = False) -> str:
+    journal = ShardJournal(str(directory), fsync=fsync)
+    try:
+        return journal.incarnation()
+    finally:
+        journal.close()
+
+
+def test_the_incarnation_stays_while_the_journal_holds_every_acknowledged_put(tmp_path, monkeypatch):
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    monkeypatch.setattr("services.transferqueue.shard.journal.BOOT_ID", str(boot))
+    first = _incarnation(tmp_path / "d")
+    assert _incarnation(tmp_path / "d") == first  # a restarted process: the page cache kept the journal
+    boot.write_text("boot-2\n")  # the machine restarted: without fsync, acknowledged puts may be gone
+    second = _incarnation(tmp_path / "d")
+    assert second != first
+    boot.write_text("boot-3\n")
+    assert _incarnation(tmp_path / "d", fsync=True) == second  # with fsync every acknowledged put survives
+    os.remove(tmp_path / "d" / FILE_NAME)  # the journal lost (its disk replaced)
+    assert _incarnation(tmp_path / "d", fsync=True) not in (first, second)
+    assert _incarnation(tmp_path / "e") != _incarnation(tmp_path / "f")  # new journals, new incarnations

@@ -64,10 +64,14 @@ class ControllerClient(GrpcTransport):
     def _get_schema(self, partition: str):
         return "GetSchema", pb.GetSchemaRequest(partition=partition)
 
+    def _lost_rows(self, partition: str, task: str, from_row: int = 0, limit: int = 0):
+        return "LostRows", pb.LostRowsRequest(partition=partition, task=task, from_row=from_row, limit=limit)
+
     prepare_put, aprepare_put = rpc_pair(_prepare_put)
     commit_put, acommit_put = rpc_pair(_commit_put)
     check_rows, acheck_rows = rpc_pair(_check_rows)
     get_schema, aget_schema = rpc_pair(_get_schema)
+    lost_rows, alost_rows = rpc_pair(_lost_rows)
 
     # ------------------------------------------------------------ claims
 
@@ -96,8 +100,9 @@ class ControllerClient(GrpcTransport):
 
     # ------------------------------------------------------------ shards
 
-    def _register_shard(self, shard_id: str, address: str, ttl_ms: int):
-        return "RegisterShard", pb.RegisterShardRequest(shard_id=shard_id, address=address, ttl_ms=ttl_ms)
+    def _register_shard(self, shard_id: str, address: str, ttl_ms: int, incarnation: str = ""):
+        return "RegisterShard", pb.RegisterShardRequest(shard_id=shard_id, address=address, ttl_ms=ttl_ms,
+                                                        incarnation=incarnation)
 
     def _list_shards(self):
         return "ListShards", pb.ListShardsRequest()

@@ -28,6 +28,8 @@ from services.runtime.loop_thread import BlockingFacade, blocking_methods
 
 # slack on top of a claim's long-poll wait for the RPC deadline
 _WAIT_SLACK_S = 10.0
+_LOST_RETRIES = 3  # claims given back because rows were lost with their shard, before the error is raised
+_LOST_PAGE = 65536  # rows per LostRows call (the controller's limit)
 # a CommitPut that failed with these was certainly not applied (unlike, say, a lost reply)
 _COMMIT_REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                              grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
@@ -215,7 +217,15 @@ class AsyncTransferQueue:
         placement = await self._placement(partition)
 
         async def fetch(shard_id, positions):
-            return positions, await self._read_shard(shard_id, partition, [rows[i] for i in positions], fields)
+            try:
+                return positions, await self._read_shard(shard_id, partition, [rows[i] for i in positions], fields)
+            except TQError as err:
+                # a claim hands out only rows whose fields were committed: a shard without them lost them
+                if lease_id and err.code == grpc.StatusCode.NOT_FOUND:
+                    raise TQError(grpc.StatusCode.DATA_LOSS, f"rows of lease {lease_id} in {partition} are gone "
+                                  f"from storage shard {shard_id} ({err.message}); the controller marks them "
+                                  "lost when the shard comes back: release the lease and claim again") from None
+                raise
 
         tables = await asyncio.gather(*(fetch(s, p) for s, p in placement.split(rows)))
         return self._decoded(partition, rows, tables, padded, pad_value, lease_id)
@@ -269,17 +279,32 @@ class AsyncTransferQueue:
         """Claim up to batch_size ready rows (whole groups) and read `fields` (default: the task's
         required fields). An empty batch means nothing was ready by the deadline; `batch.complete`
         says the partition is sealed and fully consumed by this task."""
-        claimed = await self.claim_rows(partition, task, batch_size, wait_s, lease_s, min_rows)
-        if not claimed.rows:
-            return Batch(partition=partition, rows=[], columns={}, complete=claimed.complete)
-        fields = list(fields) if fields is not None else await self._fields_of(task)
-        try:
-            batch = await self._fetch(partition, claimed.rows, fields, padded, pad_value, claimed.lease_id)
-        except BaseException:
-            await self.release(claimed.lease_id)
-            raise
-        batch.complete = claimed.complete
-        return batch
+        for attempt in range(_LOST_RETRIES + 1):
+            claimed = await self.claim_rows(partition, task, batch_size, wait_s, lease_s, min_rows)
+            if not claimed.rows:
+                return Batch(partition=partition, rows=[], columns={}, complete=claimed.complete)
+            fields = list(fields) if fields is not None else await self._fields_of(task)
+            try:
+                batch = await self._fetch(partition, claimed.rows, fields, padded, pad_value, claimed.lease_id)
+            except TQError as err:
+                await self.release(claimed.lease_id)
+                if err.code != grpc.StatusCode.DATA_LOSS or attempt == _LOST_RETRIES:
+                    raise
+                continue  # the lost groups are out of the queue now: the claim gets the others
+            except BaseException:
+                await self.release(claimed.lease_id)
+                raise
+            batch.complete = claimed.complete
+            return batch
+
+    async def lost_rows(self, partition: str, task: str) -> list[int]:
+        """The rows of `partition` lost (their shard came back without them) before `task` consumed them."""
+        rows: list[int] = []
+        while True:
+            page = list((await self.controller.alost_rows(partition, task, rows[-1] + 1 if rows else 0)).rows)
+            rows += page
+            if len(page) < _LOST_PAGE:
+                return rows
 
     async def ack(self, lease: str | Batch, rows: Sequence[int] = ()) -> int:
         lease_id = lease.lease_id if isinstance(lease, Batch) else lease

@@ -105,10 +105,10 @@ class RedisMetadata:
     async def partition_info(self, name: str) -> pb.PartitionInfo:
         pk = f"{self.prefix}:p:{name}"
         async with self.redis.pipeline(transaction=True) as pipe:
-            for suffix in ("", ":fcount", ":nready", ":consumed", ":leased", ":schema"):
+            for suffix in ("", ":fcount", ":nready", ":consumed", ":leased", ":schema", ":tlost"):
                 pipe.hgetall(pk + suffix)
             pipe.hgetall(f"{self.prefix}:tasks")
-            meta, fcount, nready, consumed, leased, schema, tasks = await pipe.execute()
+            meta, fcount, nready, consumed, leased, schema, lost, tasks = await pipe.execute()
         if not meta:
             raise TQError(grpc.StatusCode.NOT_FOUND, f"partition {name} does not exist")
         return pb.PartitionInfo(
@@ -122,8 +122,10 @@ class RedisMetadata:
             created_unix=int(meta["created"]) / 1000.0,
             fields=[pb.FieldProgress(field=f, produced=int(n)) for f, n in sorted(fcount.items())],
             tasks=[pb.TaskProgress(task=t, ready=int(nready.get(t, 0)), consumed=int(consumed.get(t, 0)),
-                                   leased=int(leased.get(t, 0))) for t in sorted(tasks) if task_applies(name, t)],
+                                   leased=int(leased.get(t, 0)), lost=int(lost.get(t, 0)))
+                   for t in sorted(tasks) if task_applies(name, t)],
             schema=[schema_from_json(f, s) for f, s in sorted(schema.items())],
+            lost_rows=int(meta.get("lost", 0)),
         )
 
     # ------------------------------------------------------------ tasks
@@ -199,8 +201,30 @@ class RedisMetadata:
 
     # ------------------------------------------------------------ shards
 
-    async def register_shard(self, shard_id: str, address: str, ttl_ms: int) -> list[str]:
-        return list(await self._call("tq_register_shard", shard_id, address, ttl_ms))
+    async def register_shard(self, shard_id: str, address: str, ttl_ms: int,
+                             incarnation: str = "") -> tuple[bool, list[str]]:
+        """-> (the shard came back without its data, live partitions). After a True, mark its rows lost
+        (mark_shard_lost) and then store the new incarnation (shard_incarnation)."""
+        reborn, *live = await self._call("tq_register_shard", shard_id, address, ttl_ms, incarnation)
+        return bool(reborn), list(live)
+
+    async def mark_shard_lost(self, shard_id: str, partitions: list[str], window: int = 4096) -> dict[str, int]:
+        """Mark lost every committed row placed on the shard, partition by partition, in windows of rows
+        (each one bounded Redis call). -> groups newly lost per partition (those with any)."""
+        lost = {}
+        for name in partitions:
+            alloc = await self.redis.hget(f"{self.prefix}:p:{name}", "alloc")
+            for start in range(0, int(alloc or 0), window):
+                groups, _ = await self._call("tq_mark_lost", name, shard_id, start, start + window)
+                if groups:
+                    lost[name] = lost.get(name, 0) + int(groups)
+        return lost
+
+    async def shard_incarnation(self, shard_id: str, incarnation: str) -> None:
+        await self._call("tq_shard_incarnation", shard_id, incarnation)
+
+    async def lost_rows(self, partition: str, task: str, from_row: int, limit: int) -> list[int]:
+        return [int(r) for r in await self._call("tq_lost_rows", partition, task, from_row, limit)]
 
     async def shards(self) -> dict[str, str]:
         flat = await self._call("tq_list_shards")

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 ROWS_COMMITTED = Counter("sluice_tq_rows_committed_total", "rows committed by puts")
 ROWS_CLAIMED = Counter("sluice_tq_rows_claimed_total", "rows handed out by claims", ["task"])
 ROWS_ACKED = Counter("sluice_tq_rows_acked_total", "rows acknowledged", [])
+ROWS_LOST = Counter("sluice_tq_groups_lost_total", "groups lost with a shard that came back without its data")
 WAITING_CLAIMS = Gauge("sluice_tq_waiting_claims", "claims currently long-polling")
 
 SERVER = "controller"
@@ -39,6 +40,7 @@ MAX_SLEEP_S = 2.0
 
 _invalid = invalid
 MAX_ADDRESS_CHARS = 256
+MAX_LOST_ROWS = 65536
 
 
 class ControllerServicer(pb_grpc.ControllerServicer):
@@ -262,6 +264,15 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         expiry = await self.meta.extend_lease(self._lease_id(request.lease_id), request.lease_ms)
         return pb.ExtendLeaseResponse(lease_expires_unix_ms=expiry)
 
+    @unary_handler(SERVER)
+    async def LostRows(self, request, context):
+        check_name("partition", request.partition)
+        check_name("task", request.task)
+        limit = check_int("limit", request.limit or MAX_LOST_ROWS, 1, MAX_LOST_ROWS)
+        from_row = check_int("from_row", request.from_row, 0, self.config.max_partition_rows)
+        rows = await self.meta.lost_rows(request.partition, request.task, from_row, limit)
+        return pb.LostRowsResponse(rows=rows)
+
     # ------------------------------------------------------------ shards
 
     @unary_handler(SERVER)
@@ -270,7 +281,15 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         if not request.address or ":" not in request.address or len(request.address) > MAX_ADDRESS_CHARS:
             raise _invalid(f"shard address {request.address[:MAX_ADDRESS_CHARS]!r} is not host:port")
         ttl = check_int("ttl_ms", request.ttl_ms or 15_000, 1, self.config.max_shard_ttl_ms)
-        live = await self.meta.register_shard(request.shard_id, request.address, ttl)
+        if len(request.incarnation) > MAX_ADDRESS_CHARS:
+            raise _invalid(f"incarnation is over {MAX_ADDRESS_CHARS} characters")
+        reborn, live = await self.meta.register_shard(request.shard_id, request.address, ttl, request.incarnation)
+        if reborn:  # before the answer: the shard takes no put (it lacks the reservation key) until then
+            lost = await self.meta.mark_shard_lost(request.shard_id, live)
+            await self.meta.shard_incarnation(request.shard_id, request.incarnation)
+            ROWS_LOST.inc(sum(lost.values()))
+            log.warning("a storage shard came back without its data: its rows are marked lost",
+                        extra={"shard_id": request.shard_id, "groups_lost": lost})
         return pb.RegisterShardResponse(live_partitions=live, reservation_key=self.reservation_key)
 
     @unary_handler(SERVER)

@@ -21,6 +21,9 @@ Key layout (K = key prefix, P = partition, T = task, row/group indices are decim
   K:p:P:t:T:key:<k>     STRING claim key -> lease id (shared claims of data-parallel ranks)
   K:lease:<id>          HASH  p, t, gs, groups (csv), expiry, state (live|acked|released|expired|reset)
   K:lease:<id>:pend     HASH  group -> 1 for groups not yet acked
+  K:shard_inc           HASH  shard id -> incarnation (the identity of the data it holds)
+  K:p:P:lost            BITMAP row was lost (its shard came back without it); pk field 'lost' counts them
+  K:p:P:t:T:lost        BITMAP row was lost before T consumed it;  K:p:P:tlost HASH T -> those rows
 Errors are raised as "<GRPC_CODE> <message>".
 ]]
 
@@ -209,9 +212,15 @@ local function rows_with_fields(pk, fields, rows, known)
   return out
 end
 
--- Recompute T's readiness over every allocated row of P (task registered late, or reset).
+-- Recompute T's readiness over every allocated row of P (task registered late, or reset; T has no state in P).
 local function init_task_partition(K, P, T, fields, gs)
   local pk = pkey(K, P)
+  local lost = tonumber(redis.call('HGET', pk, 'lost') or '0')
+  if lost > 0 then  -- lost rows are never handed out: done and counted consumed from the start
+    local tk = tkey(K, P, T)
+    redis.call('BITOP', 'OR', tk .. ':done', tk .. ':done', pk .. ':lost')
+    redis.call('HINCRBY', pk .. ':consumed', T, lost)
+  end
   local alloc = tonumber(redis.call('HGET', pk, 'alloc') or '0')
   for start = 0, alloc - 1, 4096 do
     local rows = {}
@@ -255,6 +264,48 @@ local function is_complete(pk, T)
   local consumed = tonumber(redis.call('HGET', pk .. ':consumed', T) or '0')
   if consumed >= rows then return 1 end
   return 0
+end
+
+local function split_names(csv)
+  local out = {}
+  for x in string.gmatch(csv or '', '[^,]+') do out[#out + 1] = x end
+  return out
+end
+
+-- Lost rows that T had not consumed: counted as consumed (done), taken out of T's queue, its partial-group
+-- counts and its live leases, and recorded in T's lost bitmap. True if there were any.
+local function drop_lost_for_task(K, P, T, rows)
+  local _, tgs = need_task(K, T, nil)
+  local tk, pk = tkey(K, P, T), pkey(K, P)
+  local groups, seen, starts = {}, {}, {}
+  for _, r in ipairs(rows) do
+    local g = math.floor(r / tgs)
+    if not seen[g] then seen[g] = true; groups[#groups + 1] = g; starts[#starts + 1] = g * tgs end
+  end
+  local done = get_bits(tk .. ':done', starts)
+  local names, lost = {}, {}
+  for i, g in ipairs(groups) do
+    if done[i] == 0 then
+      names[#names + 1] = istr(g)
+      for r = g * tgs, g * tgs + tgs - 1 do lost[#lost + 1] = r end
+    end
+  end
+  if #names == 0 then return false end
+  set_new(tk .. ':done', lost)
+  set_new(tk .. ':lost', lost)
+  redis.call('HINCRBY', pk .. ':consumed', T, #lost)
+  redis.call('HINCRBY', pk .. ':tlost', T, #lost)
+  local leases = redis.call('ZRANGE', tk .. ':leases', 0, -1)
+  for i = 1, #names, CHUNK do
+    local part = {unpack(names, i, math.min(i + CHUNK - 1, #names))}
+    redis.call('ZREM', tk .. ':q', unpack(part))
+    redis.call('HDEL', tk .. ':gcnt', unpack(part))
+    for _, id in ipairs(leases) do
+      local removed = redis.call('HDEL', K .. ':lease:' .. id .. ':pend', unpack(part))
+      if removed > 0 then redis.call('HINCRBY', pk .. ':leased', T, -removed * tgs) end
+    end
+  end
+  return true
 end
 
 local function check_schemas(pk, args, first, nf)
@@ -303,11 +354,11 @@ redis.register_function('tq_clear_partition', function(keys, args)
     for _, id in ipairs(redis.call('ZRANGE', tk .. ':leases', 0, -1)) do
       redis.call('DEL', K .. ':lease:' .. id, K .. ':lease:' .. id .. ':pend')
     end
-    redis.call('DEL', tk .. ':rdy', tk .. ':gcnt', tk .. ':q', tk .. ':done', tk .. ':leases')
+    redis.call('DEL', tk .. ':rdy', tk .. ':gcnt', tk .. ':q', tk .. ':done', tk .. ':leases', tk .. ':lost')
   end end
   for _, f in ipairs(redis.call('HKEYS', pk .. ':schema')) do redis.call('DEL', pk .. ':f:' .. f) end
   redis.call('DEL', pk, pk .. ':schema', pk .. ':any', pk .. ':fcount', pk .. ':nready', pk .. ':consumed',
-             pk .. ':leased')
+             pk .. ':leased', pk .. ':lost', pk .. ':tlost')
   redis.call('ZREM', K .. ':partitions', P)
   notify(K, P)
   return {1, shards}
@@ -661,12 +712,86 @@ end)
 
 ---------------------------------------------------------------- shards
 
--- args: K, shard_id, address, ttl_ms -> live partitions
+-- args: K, shard_id, address, ttl_ms, incarnation -> {1 if the shard came back without its data (its
+-- incarnation changed) else 0, live partitions...}. A changed incarnation is stored only by
+-- tq_shard_incarnation, once the controller has marked the shard's rows lost (so a controller that dies
+-- half way through sees the change again at the next registration).
 redis.register_function('tq_register_shard', function(keys, args)
-  local K, id, addr, ttl = args[1], args[2], args[3], tonumber(args[4])
+  local K, id, addr, ttl, inc = args[1], args[2], args[3], tonumber(args[4]), args[5] or ''
   redis.call('HSET', K .. ':shards', id, addr)
   redis.call('ZADD', K .. ':shard_ttl', now_ms() + ttl, id)
-  return redis.call('ZRANGE', K .. ':partitions', 0, -1)
+  local reborn = 0
+  if inc ~= '' then
+    local before = redis.call('HGET', K .. ':shard_inc', id)
+    if not before then redis.call('HSET', K .. ':shard_inc', id, inc)
+    elseif before ~= inc then reborn = 1 end
+  end
+  local out = {reborn}
+  for _, P in ipairs(redis.call('ZRANGE', K .. ':partitions', 0, -1)) do out[#out + 1] = P end
+  return out
+end)
+
+-- args: K, shard_id, incarnation
+redis.register_function('tq_shard_incarnation', function(keys, args)
+  redis.call('HSET', args[1] .. ':shard_inc', args[2], args[3])
+  return 1
+end)
+
+-- Rows of P in [from, to) that the shard held (placed on it and committed) are lost: each of their groups
+-- is marked lost; for every task that had not consumed a lost group, the group counts as consumed (it is
+-- never handed out again, and is taken out of live leases) and is recorded as lost before that task
+-- consumed it. A partition with such groups is unsealed: its producer regenerates them (as new rows)
+-- and seals it again. Bounded work: the caller walks a partition in windows.
+-- args: K, P, shard_id, from, to -> {groups newly lost, 1 if a task had not consumed one}
+redis.register_function('tq_mark_lost', function(keys, args)
+  local K, P, shard, from, to = args[1], args[2], args[3], tonumber(args[4]), tonumber(args[5])
+  local pk = pkey(K, P)
+  if redis.call('EXISTS', pk) == 0 then return {0, 0} end
+  local gs, block = tonumber(redis.call('HGET', pk, 'gs')), tonumber(redis.call('HGET', pk, 'block'))
+  local shards, index = split_names(redis.call('HGET', pk, 'shards')), nil
+  for i, id in ipairs(shards) do if id == shard then index = i - 1 end end
+  to = math.min(to, tonumber(redis.call('HGET', pk, 'alloc')))
+  if index == nil or from >= to then return {0, 0} end
+  local candidates = {}
+  for r = from, to - 1 do
+    if math.floor(r / block) % #shards == index then candidates[#candidates + 1] = r end
+  end
+  local held = get_bits(pk .. ':any', candidates)
+  local groups, seen = {}, {}
+  for i, r in ipairs(candidates) do
+    local g = math.floor(r / gs)
+    if held[i] == 1 and not seen[g] then
+      seen[g] = true
+      if redis.call('GETBIT', pk .. ':lost', g * gs) == 0 then groups[#groups + 1] = g end
+    end
+  end
+  if #groups == 0 then return {0, 0} end
+  local rows = {}
+  for _, g in ipairs(groups) do for r = g * gs, g * gs + gs - 1 do rows[#rows + 1] = r end end
+  set_new(pk .. ':lost', rows)
+  redis.call('HINCRBY', pk, 'lost', #rows)
+  local needed = 0
+  for _, T in ipairs(redis.call('HKEYS', K .. ':tasks')) do
+    if applies(P, T) and drop_lost_for_task(K, P, T, rows) then needed = 1 end
+  end
+  if needed == 1 then redis.call('HSET', pk, 'sealed', 0) end
+  notify(K, P)
+  return {#groups, needed}
+end)
+
+-- args: K, P, T, from, limit -> rows >= from lost before T consumed them (at most limit), ascending
+redis.register_function('tq_lost_rows', function(keys, args)
+  local K, P, T, from, limit = args[1], args[2], args[3], tonumber(args[4]), tonumber(args[5])
+  need_partition(K, P)
+  need_task(K, T, P)
+  local key, out, pos = tkey(K, P, T) .. ':lost', {}, from
+  while #out < limit do
+    pos = redis.call('BITPOS', key, 1, pos, -1, 'BIT')
+    if pos < 0 then break end
+    out[#out + 1] = pos
+    pos = pos + 1
+  end
+  return out
 end)
 
 -- args: K -> flat {id, address, ...} of live shards

@@ -33,16 +33,18 @@ class FieldSchema(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., kind: _Optional[_Union[FieldKind, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
-    __slots__ = ("task", "ready", "consumed", "leased")
+    __slots__ = ("task", "ready", "consumed", "leased", "lost")
     TASK_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
     task: str
     ready: int
     consumed: int
     leased: int
-    def __init__(self, task: _Optional[str] = ..., ready: _Optional[int] = ..., consumed: _Optional[int] = ..., leased: _Optional[int] = ...) -> None: ...
+    lost: int
+    def __init__(self, task: _Optional[str] = ..., ready: _Optional[int] = ..., consumed: _Optional[int] = ..., leased: _Optional[int] = ..., lost: _Optional[int] = ...) -> None: ...
 
 class FieldProgress(_message.Message):
     __slots__ = ("field", "produced")
@@ -53,7 +55,7 @@ class FieldProgress(_message.Message):
     def __init__(self, field: _Optional[str] = ..., produced: _Optional[int] = ...) -> None: ...
 
 class PartitionInfo(_message.Message):
-    __slots__ = ("name", "group_size", "rows", "allocated_rows", "sealed", "shard_ids", "placement_block", "fields", "tasks", "created_unix", "schema")
+    __slots__ = ("name", "group_size", "rows", "allocated_rows", "sealed", "shard_ids", "placement_block", "fields", "tasks", "created_unix", "schema", "lost_rows")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +67,7 @@ class PartitionInfo(_message.Message):
     TASKS_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    LOST_ROWS_FIELD_NUMBER: _ClassVar[int]
     name: str
     group_size: int
     rows: int
@@ -76,7 +79,8 @@ class PartitionInfo(_message.Message):
     tasks: _containers.RepeatedCompositeFieldContainer[TaskProgress]
     created_unix: float
     schema: _containers.RepeatedCompositeFieldContainer[FieldSchema]
-    def __init__(self, name: _Optional[str] = ..., group_size: _Optional[int] = ..., rows: _Optional[int] = ..., allocated_rows: _Optional[int] = ..., sealed: _Optional[bool] = ..., shard_ids: _Optional[_Iterable[str]] = ..., placement_block: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[FieldProgress, _Mapping]]] = ..., tasks: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ..., created_unix: _Optional[float] = ..., schema: _Optional[_Iterable[_Union[FieldSchema, _Mapping]]] = ...) -> None: ...
+    lost_rows: int
+    def __init__(self, name: _Optional[str] = ..., group_size: _Optional[int] = ..., rows: _Optional[int] = ..., allocated_rows: _Optional[int] = ..., sealed: _Optional[bool] = ..., shard_ids: _Optional[_Iterable[str]] = ..., placement_block: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[FieldProgress, _Mapping]]] = ..., tasks: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ..., created_unix: _Optional[float] = ..., schema: _Optional[_Iterable[_Union[FieldSchema, _Mapping]]] = ..., lost_rows: _Optional[int] = ...) -> None: ...
 
 class CreatePartitionRequest(_message.Message):
     __slots__ = ("name", "group_size", "exist_ok", "placement_block")
@@ -328,15 +332,35 @@ class CheckRowsResponse(_message.Message):
     partition: PartitionInfo
     def __init__(self, partition: _Optional[_Union[PartitionInfo, _Mapping]] = ...) -> None: ...
 
+class LostRowsRequest(_message.Message):
+    __slots__ = ("partition", "task", "from_row", "limit")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    FROM_ROW_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    partition: str
+    task: str
+    from_row: int
+    limit: int
+    def __init__(self, partition: _Optional[str] = ..., task: _Optional[str] = ..., from_row: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class LostRowsResponse(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, rows: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class RegisterShardRequest(_message.Message):
-    __slots__ = ("shard_id", "address", "ttl_ms")
+    __slots__ = ("shard_id", "address", "ttl_ms", "incarnation")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     address: str
     ttl_ms: int
-    def __init__(self, shard_id: _Optional[str] = ..., address: _Optional[str] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, shard_id: _Optional[str] = ..., address: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class RegisterShardResponse(_message.Message):
     __slots__ = ("live_partitions", "reservation_key")

@@ -121,6 +121,11 @@ class ControllerStub:
                 request_serializer=services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.CheckRowsRequest.SerializeToString,
                 response_deserializer=services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.CheckRowsResponse.FromString,
                 _registered_method=True)
+        self.LostRows = channel.unary_unary(
+                '/sluice.transferqueue.v1.Controller/LostRows',
+                request_serializer=services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.LostRowsRequest.SerializeToString,
+                response_deserializer=services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.LostRowsResponse.FromString,
+                _registered_method=True)
         self.RegisterShard = channel.unary_unary(
                 '/sluice.transferqueue.v1.Controller/RegisterShard',
                 request_serializer=services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.RegisterShardRequest.SerializeToString,
@@ -249,6 +254,13 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LostRows(self, request, context):
+        """The rows of a partition that were lost before a task consumed them, ascending from from_row.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RegisterShard(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -348,6 +360,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.CheckRows,
                     request_deserializer=services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.CheckRowsRequest.FromString,
                     response_serializer=services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.CheckRowsResponse.SerializeToString,
+            ),
+            'LostRows': grpc.unary_unary_rpc_method_handler(
+                    servicer.LostRows,
+                    request_deserializer=services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.LostRowsRequest.FromString,
+                    response_serializer=services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.LostRowsResponse.SerializeToString,
             ),
             'RegisterShard': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterShard,
@@ -821,6 +838,33 @@ class Controller:
             '/sluice.transferqueue.v1.Controller/CheckRows',
             services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.CheckRowsRequest.SerializeToString,
             services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.CheckRowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LostRows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.transferqueue.v1.Controller/LostRows',
+            services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.LostRowsRequest.SerializeToString,
+            services_dot_transferqueue_dot_pb_dot_transferqueue__pb2.LostRowsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import struct
+import uuid
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -37,6 +38,8 @@ MAGIC = b"SJ01"
 HEAD = struct.Struct("<4sBIQQI")
 PUT, DELETE, DROP = 1, 2, 3
 FILE_NAME = "journal.sj"
+INCARNATION_FILE = "incarnation"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 @dataclass
@@ -93,6 +96,8 @@ class ShardJournal:
         self.path = os.path.join(directory, FILE_NAME)
         self.fsync = fsync
         self.compact_bytes = compact_bytes
+        self.directory = directory
+        self.existed = os.path.exists(self.path)
         self._lock_file = open(os.path.join(directory, "journal.lock"), "w")
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -114,6 +119,27 @@ class ShardJournal:
             self._file.seek(end)
             self.size = end
         return records, report
+
+    def incarnation(self) -> str:
+        """The identity of the data this journal holds (RegisterShardRequest.incarnation). Kept while the
+        journal holds every put it acknowledged; new when the journal is new (or its incarnation file is
+        gone), and, without fsync, after the machine restarted (acknowledged records may have been lost with
+        the page cache). A new one makes the controller mark every row placed on this shard lost."""
+        path = os.path.join(self.directory, INCARNATION_FILE)
+        boot = _boot_id()
+        try:
+            with open(path) as f:
+                current, _, booted = f.read().split("\n", 1)[0].partition(" ")
+        except (FileNotFoundError, ValueError):
+            current = booted = ""
+        if not (self.existed and current and (self.fsync or booted == boot)):
+            current = uuid.uuid4().hex
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{current} {boot}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+        return current
 
     def _append(self, parts: list) -> None:
         for part in parts:
@@ -154,3 +180,11 @@ class ShardJournal:
     def close(self) -> None:
         self._file.close()
         self._lock_file.close()
+
+
+def _boot_id() -> str:
+    try:
+        with open(BOOT_ID) as f:
+            return f.read().strip()
+    except OSError:
+        return ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 
 import grpc
 import numpy as np
@@ -154,7 +155,7 @@ class ShardServicer(pb_grpc.StorageShardServicer):
                                 partitions=self.store.partition_names())
 
 
-async def _keep_registered(config: ShardConfig, servicer: ShardServicer, address: str,
+async def _keep_registered(config: ShardConfig, servicer: ShardServicer, address: str, incarnation: str,
                            registered: asyncio.Event) -> None:
     store, shard_id = servicer.store, servicer.shard_id
     controller = ControllerClient(config.controller, token=config.auth_token or None)
@@ -163,7 +164,7 @@ async def _keep_registered(config: ShardConfig, servicer: ShardServicer, address
         while True:
             asked = time.time()
             try:
-                reply = await controller.aregister_shard(shard_id, address, ttl_ms, timeout=5)
+                reply = await controller.aregister_shard(shard_id, address, ttl_ms, incarnation, timeout=5)
                 servicer.learn_reservation_key(reply.reservation_key)
                 live = set(reply.live_partitions)
                 if not registered.is_set():
@@ -181,10 +182,11 @@ async def _keep_registered(config: ShardConfig, servicer: ShardServicer, address
         await controller.aclose()
 
 
-def open_store(config: ShardConfig) -> ShardStore:
-    """The store, with what its journal holds when --data-dir is set (a restart after a kill)."""
+def open_store(config: ShardConfig) -> tuple[ShardStore, str]:
+    """The store, with what its journal holds when --data-dir is set (a restart after a kill), and the
+    incarnation of its data (a new one per start without a journal)."""
     if not config.data_dir:
-        return ShardStore(config.max_rows, config.max_bytes)
+        return ShardStore(config.max_rows, config.max_bytes), uuid.uuid4().hex
     journal = ShardJournal(config.data_dir, fsync=config.journal_fsync, compact_bytes=config.journal_compact_bytes)
     store = ShardStore(config.max_rows, config.max_bytes, journal)
     started = time.monotonic()
@@ -194,11 +196,11 @@ def open_store(config: ShardConfig) -> ShardStore:
                                         "journal_bytes": report.bytes, "torn_bytes": report.torn_bytes,
                                         "rows": store.rows, "bytes": store.bytes,
                                         "seconds": round(time.monotonic() - started, 3)})
-    return store
+    return store, journal.incarnation()
 
 
 async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
-    store = open_store(config)
+    store, incarnation = open_store(config)
     interceptors = [BearerTokenInterceptor(config.auth_token)] if config.auth_token else []
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -217,7 +219,7 @@ async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
     await server.start()
     registered = asyncio.Event()
     address = config.resolved_address(port)
-    keeper = asyncio.create_task(_keep_registered(config, servicer, address, registered))
+    keeper = asyncio.create_task(_keep_registered(config, servicer, address, incarnation, registered))
     # serving (for health) once the controller knows us: before that no partition can be placed here
     await _wait_either(registered, stop)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -1,0 +1,118 @@
+"""Rows lost with their shard (real redis-server, controller and shard processes): a shard that comes back
+without its data (no --data-dir, so a new incarnation) makes the controller mark the groups it held lost
+before it answers the shard's registration. Lost groups are never handed out again. They are taken out of
+the leases holding them, and count as consumed for every task that had not consumed them. Those rows are
+listed by LostRows. The partition is unsealed until its producer writes replacements and seals it again.
+A reader whose claimed rows were lost gets DATA_LOSS, and a claim-and-read claims again without them."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import torch
+
+from services.transferqueue.client.controller_client import ControllerClient
+from services.transferqueue.client.queue import TransferQueue
+from services.transferqueue.errors import TQError
+from services.transferqueue.local_stack import LocalTransferQueue
+
+pytestmark = pytest.mark.slow
+
+
+def progress(info, task):
+    return next(t for t in info.tasks if t.task == task)
+
+
+def restart_empty(stack, shard_id: str) -> None:
+    """kill -9 the shard, and start it again without its data (no --data-dir: a new incarnation)."""
+    i = [p.name.split(" ", 1)[1] for p in stack.shards].index(shard_id)
+    stack.restart_shard(i)
+
+
+@pytest.fixture
+def stack(tmp_path):
+    with LocalTransferQueue(shards=2, log_dir=str(tmp_path)) as s:
+        yield s
+
+
+def test_groups_of_a_shard_that_came_back_empty_are_lost_and_replaced(stack):
+    with TransferQueue(stack.controller_address) as tq:
+        tq.create_partition("p", group_size=2, placement_block=2)  # groups alternate between the shards
+        tq.register_task("a", ["x"], group_size=2)
+        tq.register_task("b", ["x"], group_size=2)
+        assert tq.put("p", {"x": torch.arange(8)}) == list(range(8))
+        tq.seal_partition("p")
+        on_second = tq.partition("p").shard_ids[1]
+        # task a consumed group 1 (on the second shard); task b holds a lease on group 3 (also there)
+        a_first = tq.claim("p", "a", 4)  # groups 0 and 1
+        tq.ack(a_first)
+        first = tq.claim_rows("p", "b", 2, lease_s=60)
+        assert first.rows == [0, 1]
+        tq.ack(first.lease_id)
+        b_lease = tq.claim_rows("p", "b", 6, lease_s=60)
+        assert b_lease.rows == [2, 3, 4, 5, 6, 7]
+
+        restart_empty(stack, on_second)
+
+        info = tq.partition("p")
+        assert info.lost_rows == 4 and not info.sealed  # groups 1 and 3; b had consumed neither
+        assert progress(info, "a").lost == 2 and tq.lost_rows("p", "a") == [6, 7]
+        assert progress(info, "b").lost == 4 and tq.lost_rows("p", "b") == [2, 3, 6, 7]
+        assert progress(info, "b").consumed == 6  # group 0 acked, 1 and 3 lost
+        assert progress(info, "b").leased == 2  # group 2 only: 1 and 3 were taken out of the lease
+        with pytest.raises(TQError) as lost:
+            tq.read_claimed(b_lease, ["x"])
+        assert lost.value.code == grpc.StatusCode.DATA_LOSS and "claim again" in lost.value.message
+        tq.release(b_lease.lease_id)
+
+        batch = tq.claim("p", "b", 8)  # group 2; 1 and 3 are never handed out again
+        assert batch.rows == [4, 5] and torch.equal(batch["x"], torch.tensor([4, 5]))
+        tq.ack(batch)
+        assert not tq.claim("p", "b", 8, wait_s=0.2).complete  # unsealed: the replacements are due
+
+        assert tq.put("p", {"x": torch.tensor([20, 30, 60, 70])}) == [8, 9, 10, 11]
+        tq.seal_partition("p")
+        replaced = tq.claim("p", "b", 8)
+        assert replaced.rows == [8, 9, 10, 11]
+        tq.ack(replaced)
+        assert tq.claim("p", "b", 8).complete
+        rest = tq.claim("p", "a", 8)
+        assert rest.rows == [4, 5, 8, 9, 10, 11]
+        tq.ack(rest)
+        assert tq.claim("p", "a", 8).complete
+        assert tq.partition("p").lost_rows == 4
+
+
+def test_a_task_registered_after_the_loss_never_sees_the_lost_rows(stack):
+    with TransferQueue(stack.controller_address) as tq:
+        tq.create_partition("p", group_size=2, placement_block=2)
+        tq.put("p", {"x": torch.arange(8)})
+        tq.seal_partition("p")
+        tq.register_task("early", ["x"], group_size=2)
+        restart_empty(stack, tq.partition("p").shard_ids[0])
+        tq.register_task("late", ["x"], group_size=2)
+        batch = tq.claim("p", "late", 8)
+        assert batch.rows == [2, 3, 6, 7]
+        tq.ack(batch)
+        assert tq.partition("p").lost_rows == 4
+        assert tq.lost_rows("p", "late") == []  # lost before it existed: nothing it had to consume
+        assert tq.lost_rows("p", "early") == [0, 1, 4, 5]
+
+
+def test_lost_rows_refuses_bad_requests(stack):
+    c = ControllerClient(stack.controller_address)
+    with TransferQueue(stack.controller_address) as tq:
+        tq.create_partition("p")
+        tq.register_task("t", ["x"])
+        for kwargs, code in (({"task": "nope"}, grpc.StatusCode.NOT_FOUND),
+                             ({"task": "t", "limit": 70000}, grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"task": "t", "from_row": -1}, grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"task": "bad name!"}, grpc.StatusCode.INVALID_ARGUMENT)):
+            with pytest.raises(TQError) as err:
+                c.lost_rows("p", **kwargs)
+            assert err.value.code == code
+        with pytest.raises(TQError) as err:
+            c.lost_rows("missing", "t")
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+        assert list(c.lost_rows("p", "t").rows) == []
+    c.close()
