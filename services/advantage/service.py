@@ -106,11 +106,11 @@ class AdvantageService:
         def safe_point() -> None:
             membership.safe_point(halt)
 
-        def work(step: int, partition: str) -> None:
-            consume_partition(tq, partition, consumer, c.lease_s, n, safe_point, halt)
+        def work(step: int, partition: str, behind) -> None:
+            consume_partition(tq, partition, consumer, c.lease_s, n, safe_point, halt, idle=behind)
             membership.progress(step=step)
         try:
-            each_step(conn.steps, run.num_steps, halt, safe_point, work)
+            each_step(conn.steps, run.num_steps, halt, safe_point, work, consumer.task)
         finally:
             membership.close()
             conn.close()

@@ -98,15 +98,15 @@ class ForwardService:
                             version=lambda: receiver.version if receives else None)
         self.status.running()
 
-        def work(step: int, partition: str) -> None:
+        def work(step: int, partition: str, behind) -> None:
             if self.role == "actor_fwd":  # log-probs of step N come from the weights step N trains with
                 needed = step + steps.trainer_progress().version_offset
                 while receiver.version < needed and not halt.is_set() and steps.info(step) is not None:
                     pause()
                     follow_weights(receiver, self.model, wait_s=1.0)
-            consume_partition(tq, partition, consumer, c.lease_s, n, pause, halt)
+            consume_partition(tq, partition, consumer, c.lease_s, n, pause, halt, idle=behind)
         try:
-            each_step(steps, run.num_steps, halt, pause, work, idle=keep_up)
+            each_step(steps, run.num_steps, halt, pause, work, consumer.task, idle=keep_up)
             # the run's last versions still go to every receiver: keep taking them until training is done
             while receives and not halt.is_set() and steps.trainer_progress().next_step < run.num_steps:
                 pause()

@@ -25,6 +25,8 @@ class RolloutConfig(RoleSettings):
                                   "weight version may wait for it to move")
     put_linger_s: float = Field(0.05, ge=0, le=10, description="how long a finished group's write may wait for "
                                 "the groups of its step still generating, so that they share one put (0 = never)")
+    lost_check_s: float = Field(1.0, gt=0, le=60, description="how often to look for rows lost with a storage "
+                                "shard before the trainer consumed them (their groups are generated again)")
 
     @property
     def engine_urls(self) -> list[str]:

@@ -5,7 +5,8 @@ A put is three round trips (reserve rows at the controller, stream the Arrow bat
 its cost barely depends on how many rows it carries; a step's groups, admitted together when the weight
 version moves, tend to finish within a few milliseconds of each other. The first group of a burst is written
 at once (no added latency when groups arrive one at a time); those that finish during its put wait for it
-and share the next one. Each caller's `put` returns (or raises) when the put holding its group does.
+and share the next one. Each caller's `put` returns its group's rows (or raises) when the put holding its
+group does.
 
 With `linger_s` > 0 the writer also waits, up to that long, for the partition's other groups still generating
 (announced with `expect`, each settled by its `put` or `abandon`), so that a burst goes out as one put instead
@@ -42,6 +43,11 @@ def merge_columns(parts: list[Columns]) -> Columns:
     return merged
 
 
+def _row_count(columns: Columns) -> int:
+    first = next(iter(columns.values()))
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) else len(first)
+
+
 @dataclass
 class _Partition:
     queued: list[tuple[Columns, asyncio.Future]] = field(default_factory=list)
@@ -76,14 +82,15 @@ class PutCoalescer:
         state.arrived.set()
         return state
 
-    async def put(self, partition: str, columns: Columns) -> None:
-        """Write the group's columns (an expected group's arrival; a group never expected is welcome too)."""
+    async def put(self, partition: str, columns: Columns) -> list[int] | None:
+        """Write the group's columns (an expected group's arrival; a group never expected is welcome too);
+        -> the rows they were written to (None if the data plane's put returns none)."""
         state = self._settle(partition)
         done = asyncio.get_running_loop().create_future()
         state.queued.append((columns, done))
         if state.writer is None:
             state.writer = asyncio.ensure_future(self._drain(partition, state))
-        await done
+        return await done
 
     async def _linger(self, state: _Partition) -> None:
         """Wait, at most linger_s, while groups of the partition are still generating."""
@@ -105,7 +112,7 @@ class PutCoalescer:
                 batch, state.queued = state.queued, []
                 try:
                     self.puts += 1
-                    await self.write(partition, merge_columns([columns for columns, _ in batch]))
+                    rows = await self.write(partition, merge_columns([columns for columns, _ in batch]))
                 except BaseException as exc:  # every group of the put learns of its failure
                     for _, done in batch:
                         if not done.done():
@@ -113,9 +120,12 @@ class PutCoalescer:
                     if isinstance(exc, asyncio.CancelledError):
                         raise
                     continue
-                for _, done in batch:
+                offset = 0
+                for columns, done in batch:  # each group's rows, in the merged order
+                    n = _row_count(columns)
                     if not done.done():
-                        done.set_result(None)
+                        done.set_result(None if rows is None else list(rows[offset:offset + n]))
+                    offset += n
         finally:
             for _, done in state.queued:  # cancelled (the rollout is stopping): nobody waits forever
                 done.cancel()

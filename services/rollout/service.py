@@ -18,6 +18,7 @@ prompt (services/run_state/prompt_ledger.py).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import Awaitable, Callable
@@ -32,6 +33,7 @@ from services.rollout.config import RolloutConfig
 from services.rollout.connections import RolloutConnections, RolloutMembership, engine_pool
 from services.rollout.engine_pool import Engines, SampleOutput
 from services.rollout.evaluation import Evaluator
+from services.rollout.lost_groups import LostGroups
 from services.rollout.put_coalescing import PutCoalescer
 from services.rollout.sample_columns import group_columns
 from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
@@ -89,6 +91,7 @@ class RolloutService:
         self.scorer = GroupScorer(self.reward, r.reward_fallback)
         self.pool = self.engines(self.config)
         self.writes = PutCoalescer(self.tq.put, linger_s=self.config.put_linger_s)
+        self.lost = LostGroups(self.tq, self.ledger, run.name, run.rollout_batch_size, self.progress)
         self.evaluator = None
         if run.eval.prompts is not None:
             if conn.evaluations is None:
@@ -144,12 +147,15 @@ class RolloutService:
             todo = await self.recover()
             self.status.running()
             poller = asyncio.create_task(self._poll_versions(stop))
+            lost = asyncio.create_task(self.lost.watch(self.config.lost_check_s, self.version_moved.set))
             evals = asyncio.create_task(self.evaluator.run_loop(max(self.config.version_poll_s, 0.1))) \
                 if self.evaluator else None
             try:
                 await self.generate(todo, stop)
                 # keep the engines registered (so they receive the last weights) until training is done
                 while not stop.is_set() and (progress := await self.progress()).next_step < run.num_steps:
+                    if self.lost.redo:  # rows lost with a shard: their slots again
+                        await self.generate(iter(()), stop)
                     self.status.update(state="generated everything; waiting for the trainer")
                     if self.memberships[0].paused:
                         await self._paused()
@@ -161,6 +167,7 @@ class RolloutService:
                     await self.evaluator.finish(progress.version, wait_s=60.0)
             finally:
                 poller.cancel()
+                lost.cancel()
                 if evals is not None:
                     evals.cancel()
         finally:
@@ -188,6 +195,9 @@ class RolloutService:
                     self._reap(pending)
                     continue
                 await self._paused()
+                continue
+            if self.lost.redo and len(pending) < self.cap:  # the trainer waits for these: first
+                pending.add(asyncio.create_task(self.group(self.lost.take())))
                 continue
             if position is None or position >= self.total_groups:
                 if not pending:
@@ -309,11 +319,12 @@ class RolloutService:
             self.writes.abandon(partition)
             raise
         with span("put", step, min(s.begin_version for s in samples)):
-            await self.writes.put(partition, columns)  # with the step's groups finishing meanwhile
+            rows = await self.writes.put(partition, columns)  # with the step's groups finishing meanwhile
         source = record.fields.get(run.rollout.source_field)
         if self.source_rewards is not None and source is not None:
             await self.source_rewards.add(step, str(source), rewards)
-        written = await self.ledger.mark_written(position, step)
+        written = await self.ledger.mark_written(position, step, rows or ())
+        self.lost.written(position)
         if written >= self.groups_per_step:
             await self.tq.seal_partition(partition)
             log.info("step written", extra={"step": step})
@@ -348,8 +359,11 @@ class RolloutService:
                                         batch_size=max(info.allocated_rows, 1))
             if batch.rows:
                 await self.tq.release(batch)
-                for position in sorted({int(p) for p in batch.columns["prompt_position"]}):
-                    await self.ledger.mark_written(slot_of.get(position, position), step)
+                rows_of = collections.defaultdict(list)
+                for row, position in zip(batch.rows, batch.columns["prompt_position"].tolist()):
+                    rows_of[int(position)].append(row)
+                for position, rows in sorted(rows_of.items()):
+                    await self.ledger.mark_written(slot_of.get(position, position), step, rows)
             if not info.sealed and await self.ledger.groups_written(step) >= self.groups_per_step:
                 await self.tq.seal_partition(info.name)
         frontier, written = await self.ledger.load()

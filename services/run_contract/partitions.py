@@ -18,6 +18,9 @@ to partitions named "<scope>/...": docs/transferqueue.md). Per sample:
 from __future__ import annotations
 
 PREFIX = "train_"
+# the task whose consumption of a row means its sample was trained (the actor's): rows lost before it
+# consumed them are generated again (services/rollout/lost_groups.py)
+ACTOR_TRAIN_TASK = "actor_train"
 SCOPE = "/"  # run ids cannot contain it (RunConfig.name), so "<run_id>/" never prefixes another run's names
 
 

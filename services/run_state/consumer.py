@@ -38,8 +38,10 @@ class Consumer:
 
 
 def consume_partition(tq: DataPlane, partition: str, consumer: Consumer, lease_s: float, group_size: int,
-                      safe_point: Callable[[], None], halt: threading.Event) -> None:
-    """Claim -> compute -> put -> ack until `partition` is done for the consumer's task (or halt)."""
+                      safe_point: Callable[[], None], halt: threading.Event,
+                      idle: Callable[[], None] = lambda: None) -> None:
+    """Claim -> compute -> put -> ack until `partition` is done for the consumer's task (or halt); `idle`
+    runs whenever a claim found nothing ready."""
     step = step_of(partition)
     while not halt.is_set():
         safe_point()
@@ -50,6 +52,7 @@ def consume_partition(tq: DataPlane, partition: str, consumer: Consumer, lease_s
         if batch is None:
             return
         if not batch.rows:
+            idle()
             continue
         with span(consumer.compute_span, step, version):
             columns = consumer.compute(batch)
@@ -60,12 +63,27 @@ def consume_partition(tq: DataPlane, partition: str, consumer: Consumer, lease_s
 
 
 def each_step(steps: StepPartitions, num_steps: int, halt: threading.Event, safe_point: Callable[[], None],
-              work: Callable[[int, str], None], idle: Callable[[], None] | None = None) -> None:
-    """work(step, partition) for every step from where the trainer is, once its partition exists; steps the
-    trainer finished meanwhile are skipped. `idle` runs while waiting (default: the safe point)."""
-    step = steps.first_step()
-    while step < num_steps and not halt.is_set():
+              work: Callable[[int, str, Callable[[], None]], None], task: str,
+              idle: Callable[[], None] | None = None) -> None:
+    """work(step, partition, behind) for every step from where the trainer is, once its partition exists; steps
+    the trainer finished meanwhile are skipped. `idle` runs while waiting (default: the safe point).
+    `behind` is for work to run while it has nothing to do (consume_partition's idle): it goes back to
+    earlier steps that lost rows with a storage shard and are not done for `task` (StepPartitions.reopened),
+    whose replacements the trainer waits for while this role waits ahead of it."""
+    current, revisiting = [steps.first_step()], [False]
+
+    def behind() -> None:
+        if revisiting[0]:
+            return
+        revisiting[0] = True
+        try:
+            for earlier in steps.reopened(current[0], task):
+                work(earlier, partition_name(steps.run.name, earlier), lambda: None)
+        finally:
+            revisiting[0] = False
+
+    while current[0] < num_steps and not halt.is_set():
         safe_point()
-        if steps.wait_for(step, halt, idle or safe_point):
-            work(step, partition_name(steps.run.name, step))
-        step += 1
+        if steps.wait_for(current[0], halt, idle or safe_point):
+            work(current[0], partition_name(steps.run.name, current[0]), behind)
+        current[0] += 1

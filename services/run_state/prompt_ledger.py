@@ -13,9 +13,15 @@ the group is dropped and its slot gets a spare prompt instead, so the step still
     rollout:skipped           hash prompt position -> why its group was dropped
 
 So every prompt position below first_spare + len(skipped) is either trained exactly once or skipped,
-never both (tests/e2e/run_checks.py checks it)."""
+never both (tests/e2e/run_checks.py checks it).
+
+A written group's TransferQueue rows are kept per step (`rollout:rows:<step>`, slot -> rows), so that when
+rows are lost with their shard before the trainer consumed them the rollout knows which slots to generate
+again: `unwrite` takes such a slot out of its step's set (the step is sealed again once it is rewritten)."""
 
 from __future__ import annotations
+
+from typing import Iterable, Sequence
 
 import redis
 import redis.asyncio as aioredis
@@ -26,7 +32,12 @@ from services.run_state import run_key
 _MARK = """
 local frontier = tonumber(redis.call('GET', KEYS[1]) or '0')
 local pos = tonumber(ARGV[1])
-if pos < frontier or redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {frontier, 0} end
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[4], ARGV[1], ARGV[2]) end
+-- a slot written again (its rows were lost) is below the frontier: it only rejoins its step
+if pos < frontier or redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then
+  redis.call('SADD', KEYS[3], ARGV[1])
+  return {frontier, redis.call('SCARD', KEYS[3])}
+end
 redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 while redis.call('SISMEMBER', KEYS[2], tostring(frontier)) == 1 do
@@ -68,10 +79,25 @@ class PromptLedger:
         frontier = int(await self.redis.get(self._frontier) or 0)
         return frontier, {int(p) for p in await self.redis.smembers(self._written)}
 
-    async def mark_written(self, position: int, step: int) -> int:
-        """Record a written group; returns how many groups of `step` are written (a repeat is not counted)."""
-        _, in_step = await self._mark(keys=[self._frontier, self._written, self._step_key(step)], args=[position])
-        return int(in_step) if in_step else await self.groups_written(step)
+    def _rows_key(self, step: int) -> str:
+        return run_key(self.run_id, "rollout", "rows", str(step))
+
+    async def mark_written(self, position: int, step: int, rows: Sequence[int] = ()) -> int:
+        """Record a written group (and its TransferQueue rows); returns how many groups of `step` are
+        written (a repeat is not counted twice)."""
+        _, in_step = await self._mark(keys=[self._frontier, self._written, self._step_key(step), self._rows_key(step)],
+                                      args=[position, ",".join(str(int(r)) for r in rows)])
+        return int(in_step)
+
+    async def slots_with_rows(self, step: int, rows: Iterable[int]) -> set[int]:
+        """The written slots of `step` any of whose rows are among `rows`."""
+        wanted = set(rows)
+        held = await self.redis.hgetall(self._rows_key(step))
+        return {int(slot) for slot, csv in held.items() if wanted.intersection(int(r) for r in csv.split(",") if r)}
+
+    async def unwrite(self, slot: int, step: int) -> None:
+        """The slot's rows were lost before the trainer consumed them: it is to be generated again."""
+        await self.redis.srem(self._step_key(step), slot)
 
     async def groups_written(self, step: int) -> int:
         return int(await self.redis.scard(self._step_key(step)))

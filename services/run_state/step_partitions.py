@@ -43,6 +43,20 @@ class StepPartitions:
                 return None
             raise
 
+    def reopened(self, before: int, task: str) -> list[int]:
+        """Steps from the trainer's up to `before` whose partitions lost rows with a storage shard and are not
+        done for `task`: the rollout writes replacements (services/rollout/lost_groups.py) that a consumer
+        which had finished the step must go back for."""
+        out = []
+        for step in range(self.first_step(), before):
+            info = self.info(step)
+            if info is None or not getattr(info, "lost_rows", 0):
+                continue
+            consumed = next((t.consumed for t in info.tasks if t.task == task), 0)
+            if not info.sealed or consumed < info.rows:
+                out.append(step)
+        return out
+
     def wait_for(self, step: int, halt: threading.Event, idle: Callable[[], None] = lambda: None) -> bool:
         """True once train_<step> exists (and, in colocate mode, is sealed: the whole batch is
         written); False if the trainer is already past it or `halt` is set. `idle` runs on every

@@ -24,7 +24,7 @@ from services.trainer.optimizer import adamw, set_lr
 from services.trainer.config import TrainerConfig
 from services.trainer.critic_update import (CRITIC_TRAIN_FIELDS, CRITIC_VALUE_FIELDS, critic_step, load_critic,
                                             response_values)
-from services.trainer.tasks import CRITIC_TRAIN_TASK, CRITIC_VALUES_TASK, claim_global_batch
+from services.trainer.tasks import CRITIC_TRAIN_TASK, CRITIC_VALUES_TASK, claim_global_batch, read_or_give_back
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +77,9 @@ class CriticTrainer:
                     partition = partition_name(run.name, step)
                     self.write_values(tq, critic, partition, run, membership, halt)
                     for _ in range(run.num_iters_per_train_update):
-                        with span("claim", step):
-                            claimed = claim_global_batch(tq, partition, task_name(run.name, CRITIC_TRAIN_TASK),
-                                                         run.global_batch_size,
-                                                         c.lease_s, halt, lambda: membership.safe_point(halt))
+                        claimed, batch = self.claimed_batch(tq, partition, step, run, membership, halt)
                         if claimed is None:
                             break
-                        batch = tq.read_claimed(claimed, CRITIC_TRAIN_FIELDS)
                         set_lr(optimizer, run.optim.critic_lr, step, run.optim, run.num_steps)
                         with span("train", step):
                             m = critic_step(critic, optimizer, batch, run, run.micro_batch_size, c.device)
@@ -102,6 +98,20 @@ class CriticTrainer:
         finally:
             membership.close()
             conn.close()
+
+    def claimed_batch(self, tq: DataPlane, partition: str, step: int, run: RunConfig, membership, halt):
+        """(claimed, batch) of one global batch, claimed again when rows of it were lost with their shard;
+        (None, None) when halted or the partition ran out."""
+        while True:
+            with span("claim", step):
+                claimed = claim_global_batch(tq, partition, task_name(run.name, CRITIC_TRAIN_TASK),
+                                             run.global_batch_size, self.config.lease_s, halt,
+                                             lambda: membership.safe_point(halt))
+            if claimed is None:
+                return None, None
+            batch = read_or_give_back(tq, claimed, CRITIC_TRAIN_FIELDS)
+            if batch is not None:
+                return claimed, batch
 
     def write_values(self, tq: DataPlane, critic, partition: str, run: RunConfig, membership, halt) -> None:
         """`values` for every row of the partition (the advantage role's GAE needs them)."""

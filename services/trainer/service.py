@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import secrets
 import logging
 import threading
@@ -49,7 +50,7 @@ from services.trainer.optimizer import adamw, set_lr
 from services.trainer.partition_clearing import PartitionClearing
 from services.trainer.publishing import WeightVersions
 from services.trainer.staleness import staleness_histogram, staleness_metrics
-from services.trainer.tasks import ACTOR_TASK, claim_global_batch
+from services.trainer.tasks import ACTOR_TASK, claim_global_batch, read_or_give_back
 from services.trainer.tracking_hook import NO_TRACKING, open_training_tracker, sample_stats
 
 log = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ class ActorTrainer:
         nonce = secrets.randbits(62) if dp.is_leader else 0  # claim keys: the ranks claim the same rows
         for it in range(run.num_iters_per_train_update):
             t0 = time.perf_counter()
-            claimed = self._claim(step, nonce, it, halt)
+            claimed, batch = self._claimed_batch(step, nonce, it, halt)
             wait_s += time.perf_counter() - t0
             if claimed is None:
                 self.halted_mid_step = it > 0
@@ -239,7 +240,7 @@ class ActorTrainer:
                     return None
                 raise RuntimeError(f"{partition} ran out of rows before {run.rows_per_step} were trained")
             if dp.size == 1:
-                batch = info = self.tq.read_claimed(claimed, actor_fields(run))
+                info = batch
             else:  # the split needs every row's length; the leader's metrics need every row's ids
                 info = self.tq.get(partition, claimed.rows, ["response_length", "prompt_position", "sample_index",
                                                              "weight_version", "reward"])
@@ -286,7 +287,18 @@ class ActorTrainer:
             self.weights.prefetch_group(version + 1)  # asked for now, not on the publish's way to the engines
         return version
 
-    def _claim(self, step: int, nonce: int, it: int, halt: threading.Event):
+    def _claimed_batch(self, step: int, nonce: int, it: int, halt: threading.Event):
+        """(claimed, batch) of global batch `it`; the batch is read here with one rank (None with several);
+        claimed again when rows of it were lost with their storage shard. (None, None) as _claim."""
+        for retry in itertools.count():
+            claimed = self._claim(step, nonce, it, halt, retry)
+            if claimed is None or self.dp.size > 1:
+                return claimed, None
+            batch = read_or_give_back(self.tq, claimed, actor_fields(self.run))
+            if batch is not None:
+                return claimed, batch
+
+    def _claim(self, step: int, nonce: int, it: int, halt: threading.Event, retry: int = 0):
         """Global batch `it` of step N: the leader claims it (waiting while the partition fills), the other
         ranks claim the same rows by the claim key the leader shares. None when halted or none was found."""
         run, c, dp = self.run, self.config, self.dp
@@ -298,7 +310,8 @@ class ActorTrainer:
         self.membership.safe_point(halt)
         with span("claim", step, self.version):
             claimed = claim_global_batch(self.tq, partition, self.actor_task, run.global_batch_size, c.lease_s,
-                                         halt, lambda: self.waiting(step, halt), claim_key=f"{nonce}-{it}")
+                                         halt, lambda: self.waiting(step, halt),
+                                         claim_key=f"{nonce}-{it}" + (f"-{retry}" if retry else ""))
         if dp.size > 1:
             dp.share([1 if claimed else 0, nonce])
         return claimed

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Callable
 
-from services.run_contract.partitions import task_name
+import grpc
+
+from services.run_contract.partitions import ACTOR_TRAIN_TASK, task_name
 from services.run_contract.run_config import RunConfig
 from services.run_state.step_partitions import partition_gone
 from services.run_state.seams import DataPlane
 from services.transferqueue.errors import TQError
 
-ACTOR_TASK = "actor_train"
+log = logging.getLogger(__name__)
+
+ACTOR_TASK = ACTOR_TRAIN_TASK
 CRITIC_VALUES_TASK, CRITIC_TRAIN_TASK = "critic_values", "critic_train"
 
 
@@ -25,6 +30,20 @@ def expected_tasks(run: RunConfig) -> list[str]:
     if run.uses_critic:
         tasks += [CRITIC_VALUES_TASK, CRITIC_TRAIN_TASK]
     return [task_name(run.name, t) for t in tasks]
+
+
+def read_or_give_back(tq: DataPlane, claimed, fields):
+    """The claimed rows' fields; None (the lease given back) if some were lost with their storage shard
+    (DATA_LOSS): the controller took the lost groups out of the lease, so claiming again gets the others
+    and waits for the rollout's replacements (services/rollout/lost_groups.py)."""
+    try:
+        return tq.read_claimed(claimed, fields)
+    except TQError as exc:
+        if exc.code != grpc.StatusCode.DATA_LOSS:
+            raise
+        log.warning("claimed rows were lost with a storage shard; claiming again", extra={"error": exc.message})
+        tq.release(claimed.lease_id)
+        return None
 
 
 def claim_global_batch(tq: DataPlane, partition: str, task: str, rows: int, lease_s: float,

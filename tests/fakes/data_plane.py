@@ -25,7 +25,9 @@ class _Partition:
     group_size: int
     rows: list[dict[str, Any]] = field(default_factory=list)
     sealed: bool = False
-    consumed: dict[str, set[int]] = field(default_factory=dict)  # task -> rows acked
+    consumed: dict[str, set[int]] = field(default_factory=dict)  # task -> rows acked (or lost before)
+    lost: dict[str, set[int]] = field(default_factory=dict)  # task -> rows lost before it consumed them
+    lost_rows: int = 0
 
 
 @dataclass
@@ -35,6 +37,7 @@ class PartitionInfo:
     sealed: bool
     allocated_rows: int = 0
     tasks: list = field(default_factory=list)  # per task: .task, .consumed (rows acked)
+    lost_rows: int = 0
 
 
 @dataclass
@@ -72,6 +75,24 @@ class InMemoryDataPlane:
         """Every row `task` acked in `partition`, once per ack (a row acked twice is listed twice)."""
         return sorted(r for p, t, rows in self.acks if (p, t) == (partition, task) for r in rows)
 
+    def lose(self, partition: str, rows: Sequence[int]) -> None:
+        """As the controller when a shard comes back without `rows`: their groups are lost; for every task
+        that had not consumed one, it counts as consumed, leaves the task's leases and is listed as lost
+        before that task consumed it; the partition is unsealed if any was."""
+        with self._lock:
+            p = self._get(partition)
+            gs = p.group_size
+            lost = sorted({g * gs + k for r in rows for g in [r // gs] for k in range(gs)})
+            p.lost_rows += len(lost)
+            for task in self.tasks:
+                fresh = [r for r in lost if r not in p.consumed.setdefault(task, set())]
+                p.consumed[task].update(fresh)
+                p.lost.setdefault(task, set()).update(fresh)
+                p.sealed = p.sealed and not fresh
+                for lease, (part, t, held) in list(self.leases.items()):
+                    if (part, t) == (partition, task):
+                        self.leases[lease] = (part, t, [r for r in held if r not in fresh])
+
     def _get(self, name: str) -> _Partition:
         p = self.partitions.get(name)
         if p is None:
@@ -87,7 +108,7 @@ class InMemoryDataPlane:
         with self._lock:
             p = self._get(name)
             tasks = [SimpleNamespace(task=t, consumed=len(rows)) for t, rows in p.consumed.items()]
-            return PartitionInfo(name, len(p.rows), p.sealed, len(p.rows), tasks)
+            return PartitionInfo(name, len(p.rows), p.sealed, len(p.rows), tasks, p.lost_rows)
 
     def put(self, partition: str, columns: Mapping[str, Any], rows: Sequence[int] | None = None) -> list[int]:
         p = self._get(partition)
@@ -235,6 +256,9 @@ class AsyncInMemoryDataPlane:
 
     async def release(self, lease: str | Batch) -> int:
         return self.plane.release(lease)
+
+    async def lost_rows(self, partition: str, task: str) -> list[int]:
+        return sorted(self.plane._get(partition).lost.get(task, ()))
 
     async def close(self) -> None:
         self.closed = True

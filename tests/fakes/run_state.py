@@ -49,15 +49,20 @@ slot holds the next spare prompt position."""
         self.written = set(written)
         self.steps: dict[int, set[int]] = {k: set(v) for k, v in (steps or {}).items()}
         self.marks: list[int] = []  # every mark_written call, in order
+        self.rows: dict[int, dict[int, list[int]]] = {}  # step -> slot -> its TransferQueue rows
         self.replaced: dict[int, int] = {}  # slot -> the spare prompt position it holds
         self.skipped: dict[int, str] = {}   # prompt position -> why its group was dropped
 
     async def load(self) -> tuple[int, set[int]]:
         return self.frontier, set(self.written)
 
-    async def mark_written(self, position: int, step: int) -> int:
+    async def mark_written(self, position: int, step: int, rows=()) -> int:
         self.marks.append(position)
-        if position >= self.frontier and position not in self.written:
+        if rows:
+            self.rows.setdefault(step, {})[position] = list(rows)
+        if position < self.frontier or position in self.written:  # written again after its rows were lost
+            self.steps.setdefault(step, set()).add(position)
+        else:
             self.written.add(position)
             self.steps.setdefault(step, set()).add(position)
             while self.frontier in self.written:
@@ -67,6 +72,13 @@ slot holds the next spare prompt position."""
 
     async def groups_written(self, step: int) -> int:
         return len(self.steps.get(step, ()))
+
+    async def slots_with_rows(self, step: int, rows) -> set[int]:
+        wanted = set(rows)
+        return {slot for slot, held in self.rows.get(step, {}).items() if wanted.intersection(held)}
+
+    async def unwrite(self, slot: int, step: int) -> None:
+        self.steps.get(step, set()).discard(slot)
 
     async def replacements(self) -> dict[int, int]:
         return dict(self.replaced)

@@ -77,7 +77,7 @@ class Rollout:
             self.pools.append(EnginePool(config.engine_urls, client=self.engines.client))
             return self.pools[-1]
         config = RolloutConfig(run_id=RUN_ID, engine_url="http://engine-0:1,http://engine-1:1",
-                               register_engines=False, version_poll_s=0.01)
+                               register_engines=False, version_poll_s=0.01, lost_check_s=0.01)
         self.service = service = RolloutService(config, RoleStatus("rollout"), connect=connect, join=join,
                                                 engines=pool)
 

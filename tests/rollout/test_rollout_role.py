@@ -3,11 +3,14 @@ admission under the staleness bound, partial rollout across a weight update, res
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
 from services.rollout.service import RECOVER_TASK
-from services.run_contract.partitions import partition_name
+from services.run_contract.partitions import ACTOR_TRAIN_TASK, partition_name, task_name
+from services.run_state.trainer_progress import TrainerProgress
 from tests.fakes import InMemoryLedger
 from tests.fakes.engines import log_prob
 from tests.rollout.rollout_harness import N, PROMPTS, Rollout, expected_response, make_run
@@ -95,3 +98,34 @@ def test_a_restarted_rollout_neither_skips_nor_repeats_a_group(model_dir, prompt
     assert sorted({int(row["prompt_position"]) for row in r.plane.partitions["r/train_1"].rows}) == [2, 3]
     assert r.plane.tasks["r/" + RECOVER_TASK] == ["prompt_position"] and not r.plane.leases  # its read was released
     assert r.ledger.frontier == 4 and r.ledger.marks[:2] == [0, 1]  # group 1 marked from the partition first
+
+
+def test_groups_lost_before_the_trainer_consumed_them_are_generated_again(model_dir, prompts):
+    r = Rollout(make_run(model_dir, prompts, num_steps=2, max_staleness=1))
+    actor = task_name("r", ACTOR_TRAIN_TASK)
+    r.plane.register_task(actor, ["tokens"], group_size=N)
+
+    async def trainer():  # as the harness's, consuming each step through the actor's task
+        for step in range(2):
+            name = partition_name("r", step)
+            while not r.sealed(step):
+                await asyncio.sleep(0.005)
+            if step == 0:
+                r.plane.lose(name, [2])  # group 1, before the trainer consumed it: unsealed until replaced
+                while not r.sealed(step):
+                    await asyncio.sleep(0.005)
+            r.plane.ack(r.plane.claim(name, actor, 2 * N))
+            if step == 1:
+                r.plane.lose(name, [0])  # consumed already: nothing to generate again
+            r.engines.set_version(step + 1)
+            r.progress.value = TrainerProgress(next_step=step + 1, version=step + 1)
+    r.play_trainer = trainer
+    r.go()
+
+    first = r.plane.partitions[partition_name("r", 0)]
+    positions = [int(row["prompt_position"]) for row in first.rows]
+    assert len(positions) == 6 and positions[4:] == [positions[2]] * 2  # the lost group, written again
+    trained = sorted(positions[row] for row in r.plane.acked_rows(partition_name("r", 0), actor))
+    assert trained == [0, 0, 1, 1]  # every slot's group trained once
+    assert len(r.plane.partitions[partition_name("r", 1)].rows) == 4 and r.sealed(1)
+    assert sorted(r.ledger.marks) == sorted([0, 1, 2, 3, positions[2]])

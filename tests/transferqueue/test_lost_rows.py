@@ -116,3 +116,22 @@ def test_lost_rows_refuses_bad_requests(stack):
         assert err.value.code == grpc.StatusCode.NOT_FOUND
         assert list(c.lost_rows("p", "t").rows) == []
     c.close()
+
+
+def test_a_lease_whose_groups_were_all_lost_is_released_or_acked_as_empty(stack):
+    with TransferQueue(stack.controller_address) as tq:
+        tq.create_partition("p", group_size=2, placement_block=2)
+        tq.register_task("t", ["x"], group_size=2)
+        tq.put("p", {"x": torch.arange(8)})
+        first = tq.claim_rows("p", "t", 2, lease_s=60)
+        assert first.rows == [0, 1]
+        tq.ack(first.lease_id)
+        released, acked = tq.claim_rows("p", "t", 2, lease_s=60), None
+        assert released.rows == [2, 3]  # group 1, on the second shard
+        restart_empty(stack, tq.partition("p").shard_ids[1])
+        assert tq.release(released.lease_id) == 0
+        acked = tq.claim_rows("p", "t", 8, lease_s=60)
+        assert acked.rows == [4, 5]  # group 3 was lost too
+        assert tq.ack(acked.lease_id) == 2
+        info = tq.partition("p")
+        assert (progress(info, "t").consumed, progress(info, "t").leased) == (8, 0)

@@ -243,8 +243,10 @@ local function requeue_lease(K, id, new_state, tk_hint)
   local pend = redis.call('HKEYS', lk .. ':pend')
   local groups = {}
   for _, g in ipairs(pend) do groups[#groups + 1] = tonumber(g) end
-  if #groups > 0 then zadd_all(tk .. ':q', groups) end
-  redis.call('HINCRBY', pkey(K, P) .. ':leased', T, -(#pend * gs))
+  if #groups > 0 then  -- (none: every group of the lease was lost; -0 is not an integer to Redis)
+    zadd_all(tk .. ':q', groups)
+    redis.call('HINCRBY', pkey(K, P) .. ':leased', T, -(#pend * gs))
+  end
   redis.call('DEL', lk .. ':pend')
   redis.call('ZREM', tk .. ':leases', id)
   redis.call('HSET', lk, 'state', new_state)

@@ -1,0 +1,49 @@
+"""A storage shard that comes back without its data (its journal lost with its disk) in the middle of a
+fully-async run (every service its own process): the controller marks the rows it held lost, readers holding
+them claim again, the rollout generates the groups the trainer had not consumed again, and the run finishes
+with every sample trained exactly once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import httpx
+import pytest
+
+from services.launch.local_run import LocalRun
+from services.model.init_model import init_model
+from services.run_contract.run_config import RunConfig
+from services.transferqueue.client.queue import TransferQueue
+from tests.e2e.run_checks import assert_run_complete
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_rows_lost_with_a_shard_are_generated_again_and_trained_once(tmp_path):
+    model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
+    run = RunConfig(name="lost", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
+                    global_batch_size=8, micro_batch_size=4, num_steps=30, rollout={"max_new_tokens": 16},
+                    optim={"lr": 1e-4})
+    with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
+        lr.wait_for_step(3, 300)
+        trainer = lr.procs["trainer"].proc
+        os.kill(trainer.pid, signal.SIGSTOP)  # the trainer holds still: the rollout writes up to its bound
+        try:
+            time.sleep(2.0)
+            lr.tq.shards[0].kill()
+            shutil.rmtree(lr.tq.data_dir)  # its journal is gone with its disk: it comes back empty
+            lr.tq.restart_shard(0)
+            with TransferQueue(lr.tq.controller_address) as tq:
+                lost = {p.name: p.lost_rows for p in tq.list_partitions(f"{run.name}/") if p.lost_rows}
+        finally:
+            os.kill(trainer.pid, signal.SIGCONT)
+        assert lost, "the shard held no rows of the run that were not trained yet"
+        lr.wait_for_step(run.num_steps, 400)
+        assert_run_complete(lr, run)
+        metrics = httpx.get(lr.service_urls()["rollout"] + "/metrics").text
+        regenerated = [float(line.split()[1]) for line in metrics.splitlines()
+                       if line.startswith("sluice_rollout_groups_regenerated_total ")]
+        assert regenerated and regenerated[0] >= 1, lost
