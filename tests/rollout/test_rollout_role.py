@@ -116,7 +116,9 @@ def test_groups_lost_before_the_trainer_consumed_them_are_generated_again(model_
                     await asyncio.sleep(0.005)
             r.plane.ack(r.plane.claim(name, actor, 2 * N))
             if step == 1:
-                r.plane.lose(name, [0])  # consumed already: nothing to generate again
+                r.plane.lose(name, [0])  # consumed already: nothing to generate again, only sealed again
+                while not r.sealed(step):
+                    await asyncio.sleep(0.005)
             r.engines.set_version(step + 1)
             r.progress.value = TrainerProgress(next_step=step + 1, version=step + 1)
     r.play_trainer = trainer
