@@ -15,6 +15,7 @@ from services.model.response_batch import ResponseBatch
 from services.run_state.connections import RunConnections
 from services.run_contract.partitions import partition_name, task_name
 from services.run_state.consumer import Consumer, consume_partition
+from services.run_state.step_partitions import claim_or_done
 from services.run_state.seams import DataPlane, Membership
 from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus
@@ -71,13 +72,17 @@ class CriticTrainer:
         self.status.running()
         try:
             step = steps.first_step()
+
+            def waiting() -> None:  # while a claim or the next partition keeps it waiting
+                membership.safe_point(halt)
+                self.catch_up(tq, steps, critic, run, membership, halt, step)
             while step < run.num_steps and not halt.is_set():
                 membership.safe_point(halt)
-                if steps.wait_for(step, halt, lambda: membership.safe_point(halt)):
+                if steps.wait_for(step, halt, waiting):
                     partition = partition_name(run.name, step)
-                    self.write_values(tq, critic, partition, run, membership, halt)
+                    self.write_values(tq, critic, partition, run, membership, halt, idle=waiting)
                     for _ in range(run.num_iters_per_train_update):
-                        claimed, batch = self.claimed_batch(tq, partition, step, run, membership, halt)
+                        claimed, batch = self.claimed_batch(tq, partition, step, run, halt, waiting)
                         if claimed is None:
                             break
                         set_lr(optimizer, run.optim.critic_lr, step, run.optim, run.num_steps)
@@ -99,22 +104,40 @@ class CriticTrainer:
             membership.close()
             conn.close()
 
-    def claimed_batch(self, tq: DataPlane, partition: str, step: int, run: RunConfig, membership, halt):
+    def claimed_batch(self, tq: DataPlane, partition: str, step: int, run: RunConfig, halt,
+                      idle: Callable[[], None]):
         """(claimed, batch) of one global batch, claimed again when rows of it were lost with their shard;
-        (None, None) when halted or the partition ran out."""
+        (None, None) when halted or the partition ran out. `idle` runs between claims that found too little."""
         while True:
             with span("claim", step):
                 claimed = claim_global_batch(tq, partition, task_name(run.name, CRITIC_TRAIN_TASK),
-                                             run.global_batch_size, self.config.lease_s, halt,
-                                             lambda: membership.safe_point(halt))
+                                             run.global_batch_size, self.config.lease_s, halt, idle)
             if claimed is None:
                 return None, None
             batch = read_or_give_back(tq, claimed, CRITIC_TRAIN_FIELDS)
             if batch is not None:
                 return claimed, batch
 
-    def write_values(self, tq: DataPlane, critic, partition: str, run: RunConfig, membership, halt) -> None:
-        """`values` for every row of the partition (the advantage role's GAE needs them)."""
+    def catch_up(self, tq: DataPlane, steps, critic, run: RunConfig, membership, halt, step: int) -> None:
+        """Steps up to `step` whose rows were lost with a storage shard after this critic wrote their values
+        (StepPartitions.reopened): values for the replacements, which the advantage role needs. A step before
+        `step` the critic has trained, on the rows that were lost; the replacements' critic_train rows are
+        acked untrained there (they replace samples the actor had not consumed, and the actor trains them)."""
+        for earlier in steps.reopened(step + 1, task_name(run.name, CRITIC_VALUES_TASK)):
+            partition = partition_name(run.name, earlier)
+            self.write_values(tq, critic, partition, run, membership, halt)
+            while earlier < step and not halt.is_set():
+                batch = claim_or_done(tq, partition, task_name(run.name, CRITIC_TRAIN_TASK), run.global_batch_size,
+                                      self.config.lease_s)
+                if batch is None:
+                    break
+                if batch.rows:
+                    tq.ack(batch)
+
+    def write_values(self, tq: DataPlane, critic, partition: str, run: RunConfig, membership, halt,
+                     idle: Callable[[], None] = lambda: None) -> None:
+        """`values` for every row of the partition (the advantage role's GAE needs them); `idle` runs
+        while no row is ready."""
         n = run.n_samples_per_prompt
 
         def values(batch) -> dict:
@@ -125,4 +148,5 @@ class CriticTrainer:
             return {"values": rb.to_ragged(out)}
         consumer = Consumer(task_name(run.name, CRITIC_VALUES_TASK), max(n, run.micro_batch_size // n * n), values,
                             "values")
-        consume_partition(tq, partition, consumer, self.config.lease_s, n, lambda: membership.safe_point(halt), halt)
+        consume_partition(tq, partition, consumer, self.config.lease_s, n, lambda: membership.safe_point(halt), halt,
+                          idle=idle)

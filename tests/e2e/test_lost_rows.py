@@ -22,11 +22,12 @@ from tests.e2e.run_checks import assert_run_complete
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def test_rows_lost_with_a_shard_are_generated_again_and_trained_once(tmp_path):
+@pytest.mark.parametrize("algorithm", [{}, {"estimator": "ppo", "lam": 0.95}], ids=["grpo", "ppo-critic"])
+def test_rows_lost_with_a_shard_are_generated_again_and_trained_once(tmp_path, algorithm):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
     run = RunConfig(name="lost", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
                     global_batch_size=8, micro_batch_size=4, num_steps=30, rollout={"max_new_tokens": 16},
-                    optim={"lr": 1e-4})
+                    optim={"lr": 1e-4}, algorithm=algorithm)
     with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
         lr.wait_for_step(3, 300)
         trainer = lr.procs["trainer"].proc
