@@ -13,8 +13,11 @@ import torch
 
 from services.transferqueue.client.controller_client import ControllerClient
 from services.transferqueue.client.queue import TransferQueue
+from services.transferqueue.client.shard_client import ShardClient
+from services.transferqueue.codec import encode_columns
 from services.transferqueue.errors import TQError
 from services.transferqueue.local_stack import LocalTransferQueue
+from services.transferqueue.wire_format import to_ipc
 
 pytestmark = pytest.mark.slow
 
@@ -135,3 +138,29 @@ def test_a_lease_whose_groups_were_all_lost_is_released_or_acked_as_empty(stack)
         assert tq.ack(acked.lease_id) == 2
         info = tq.partition("p")
         assert (progress(info, "t").consumed, progress(info, "t").leased) == (8, 0)
+
+
+def test_a_commit_of_bytes_the_old_incarnation_took_is_refused_and_changes_nothing(stack):
+    """The window between a shard storing a put and the put's commit: if the shard came back empty in between,
+    the commit names the incarnation that stored the bytes, and the controller refuses it (ABORTED) rather than
+    make rows readable whose bytes are gone; the client's put makes the put again."""
+    c = ControllerClient(stack.controller_address)
+    with TransferQueue(stack.controller_address) as tq:
+        tq.create_partition("p", group_size=2)
+        tq.register_task("t", ["x"], group_size=2)
+        shard_id = tq.partition("p").shard_ids[0]
+        _, schemas, batch = encode_columns({"x": torch.arange(2)})
+        prepared = c.prepare_put("p", schemas, 2)
+        shard = ShardClient(dict((s.shard_id, s.address) for s in c.list_shards().shards)[shard_id])
+        reply = shard.put("p", list(prepared.rows), to_ipc(batch), reservation=prepared.reservation)
+        shard.close()
+        assert reply.incarnation
+        restart_empty(stack, shard_id)
+        with pytest.raises(TQError) as refused:
+            c.commit_put("p", schemas, list(prepared.rows), [(shard_id, reply.incarnation)])
+        assert refused.value.code == grpc.StatusCode.ABORTED and "put again" in refused.value.message
+        info = tq.partition("p")
+        assert info.rows == 0 and info.lost_rows == 0  # nothing became readable
+        assert tq.put("p", {"x": torch.arange(2)}) == [2, 3]  # the client's put: the current incarnation
+        assert torch.equal(tq.claim("p", "t", 2)["x"], torch.arange(2))
+    c.close()

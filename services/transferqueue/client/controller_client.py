@@ -55,8 +55,10 @@ class ControllerClient(GrpcTransport):
     def _prepare_put(self, partition: str, fields, new_rows: int = 0, rows=()):
         return "PreparePut", pb.PreparePutRequest(partition=partition, fields=fields, new_rows=new_rows, rows=rows)
 
-    def _commit_put(self, partition: str, fields, rows):
-        return "CommitPut", pb.CommitPutRequest(partition=partition, fields=fields, rows=rows)
+    def _commit_put(self, partition: str, fields, rows, stored=()):
+        """`stored`: (shard id, incarnation) of each shard that took the put's bytes."""
+        return "CommitPut", pb.CommitPutRequest(partition=partition, fields=fields, rows=rows, stored=[
+            pb.ShardIncarnation(shard_id=shard, incarnation=inc) for shard, inc in stored])
 
     def _check_rows(self, partition: str, rows, fields):
         return "CheckRows", pb.CheckRowsRequest(partition=partition, rows=rows, fields=fields)

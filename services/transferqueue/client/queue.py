@@ -28,12 +28,13 @@ from services.runtime.loop_thread import BlockingFacade, blocking_methods
 
 # slack on top of a claim's long-poll wait for the RPC deadline
 _WAIT_SLACK_S = 10.0
-_LOST_RETRIES = 3  # claims given back because rows were lost with their shard, before the error is raised
+_LOST_RETRIES = 3  # claims given back, or puts made again, because a shard lost its data, before the error
 _LOST_PAGE = 65536  # rows per LostRows call (the controller's limit)
 # a CommitPut that failed with these was certainly not applied (unlike, say, a lost reply)
 _COMMIT_REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                              grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
-                             grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+                             grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                             grpc.StatusCode.ABORTED})
 
 
 @dataclass
@@ -172,6 +173,15 @@ class AsyncTransferQueue:
         n, schemas, batch = encode_columns(columns)
         if rows is not None and len(rows) != n:
             raise TQError(grpc.StatusCode.INVALID_ARGUMENT, f"{len(rows)} rows named for {n} rows of data")
+        for attempt in range(_LOST_RETRIES + 1):
+            try:
+                return await self._put_once(partition, n, schemas, batch, rows)
+            except TQError as err:
+                # a shard came back without its data after it stored the bytes: the commit changed nothing
+                if err.code != grpc.StatusCode.ABORTED or attempt == _LOST_RETRIES:
+                    raise
+
+    async def _put_once(self, partition: str, n: int, schemas, batch, rows: Sequence[int] | None) -> list[int]:
         prepared = await self.controller.aprepare_put(partition, schemas, 0 if rows is not None else n,
                                                       list(rows) if rows is not None else [])
         rows = list(prepared.rows)
@@ -186,15 +196,15 @@ class AsyncTransferQueue:
             backoff = _Backoff(self.put_timeout_s)
             while True:
                 try:
-                    await self._shard_for(shard_id).aput(partition, row_array[positions].tolist(), data,
-                                                         reservation=prepared.reservation)
-                    stored.append((shard_id, positions))
+                    reply = await self._shard_for(shard_id).aput(partition, row_array[positions].tolist(), data,
+                                                                 reservation=prepared.reservation)
+                    stored.append((shard_id, positions, reply.incarnation))
                     return
                 except TQError as err:
                     await asyncio.sleep(backoff.next_delay(err))
 
         async def undo():
-            for shard_id, positions in stored:
+            for shard_id, positions, _ in stored:
                 try:
                     await self._shard_for(shard_id).adelete(partition, row_array[positions].tolist(), fields, timeout=5)
                 except TQError:
@@ -206,7 +216,8 @@ class AsyncTransferQueue:
             await undo()
             raise
         try:
-            await self.controller.acommit_put(partition, schemas, rows)
+            await self.controller.acommit_put(partition, schemas, rows,
+                                              [(s, inc) for s, _, inc in stored if inc])
         except TQError as err:
             if err.code in _COMMIT_REFUSED:
                 await undo()

@@ -159,8 +159,11 @@ class RedisMetadata:
                                      *self._schema_args(fields), new_rows, *rows))
         return list(range(first, first + new_rows)) if new_rows > 0 else list(rows)
 
-    async def commit_put(self, partition: str, fields, rows: list[int]) -> int:
-        return int(await self._call("tq_commit_put", partition, *self._schema_args(fields), *rows))
+    async def commit_put(self, partition: str, fields, rows: list[int], stored=()) -> int:
+        """`stored`: (shard id, incarnation) of each shard that took the bytes (checked: ABORTED if one
+        changed since)."""
+        pairs = [x for shard, inc in stored for x in (shard, inc)]
+        return int(await self._call("tq_commit_put", partition, *self._schema_args(fields), len(stored), *pairs, *rows))
 
     async def check_rows(self, partition: str, rows: list[int], fields: list[str]) -> None:
         await self._call("tq_check_rows", partition, *fields, "--", *rows)

@@ -41,6 +41,7 @@ MAX_SLEEP_S = 2.0
 _invalid = invalid
 MAX_ADDRESS_CHARS = 256
 MAX_LOST_ROWS = 65536
+MAX_STORED_SHARDS = 1024
 
 
 class ControllerServicer(pb_grpc.ControllerServicer):
@@ -159,7 +160,14 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             raise _invalid("a commit needs fields and rows")
         check_schemas(request.fields, self.limits)
         check_rows("rows", request.rows, self.limits)
-        n = await self.meta.commit_put(request.partition, request.fields, list(request.rows))
+        if len(request.stored) > MAX_STORED_SHARDS:
+            raise _invalid(f"a commit names at most {MAX_STORED_SHARDS} shards in stored")
+        for s in request.stored:
+            check_name("shard", s.shard_id)
+            if len(s.incarnation) > MAX_ADDRESS_CHARS:
+                raise _invalid(f"incarnation is over {MAX_ADDRESS_CHARS} characters")
+        n = await self.meta.commit_put(request.partition, request.fields, list(request.rows),
+                                       [(s.shard_id, s.incarnation) for s in request.stored])
         # this replica's waiters wake now; the Redis message (for the other replicas) comes a hop later
         self.events.fire(request.partition)
         ROWS_COMMITTED.inc(n)

@@ -22,6 +22,7 @@ Key layout (K = key prefix, P = partition, T = task, row/group indices are decim
   K:lease:<id>          HASH  p, t, gs, groups (csv), expiry, state (live|acked|released|expired|reset)
   K:lease:<id>:pend     HASH  group -> 1 for groups not yet acked
   K:shard_inc           HASH  shard id -> incarnation (the identity of the data it holds)
+  K:shard_sweep         HASH  shard id -> incarnation whose lost rows are still to be marked
   K:p:P:lost            BITMAP row was lost (its shard came back without it); pk field 'lost' counts them
   K:p:P:t:T:lost        BITMAP row was lost before T consumed it;  K:p:P:tlost HASH T -> those rows
 Errors are raised as "<GRPC_CODE> <message>".
@@ -466,14 +467,20 @@ redis.register_function('tq_prepare_put', function(keys, args)
 end)
 
 -- Mark fields produced for rows (their bytes are already on the shards); rows may become ready.
--- args: K, P, nf, (name, schema)*nf, rows...
+-- args: K, P, nf, (name, schema)*nf, ns, (shard id, incarnation)*ns, rows...
 redis.register_function('tq_commit_put', function(keys, args)
   local K, P, nf = args[1], args[2], tonumber(args[3])
   local pk = need_partition(K, P)
   check_schemas(pk, args, 4, nf)
+  local ns = tonumber(args[4 + 2 * nf])
+  for i = 5 + 2 * nf, 4 + 2 * nf + 2 * ns, 2 do  -- the shards that stored the bytes: still that incarnation?
+    if redis.call('HGET', K .. ':shard_inc', args[i]) ~= args[i + 1] then
+      fail('ABORTED', 'storage shard ' .. args[i] .. ' came back without its data after it stored this put; put again')
+    end
+  end
   local alloc = tonumber(redis.call('HGET', pk, 'alloc'))
   local rows = {}
-  for i = 4 + 2 * nf, #args do
+  for i = 5 + 2 * nf + 2 * ns, #args do
     local r = tonumber(args[i])
     if r < 0 or r >= alloc then fail('NOT_FOUND', 'row ' .. args[i] .. ' of partition ' .. P .. ' does not exist') end
     rows[#rows + 1] = r
@@ -715,9 +722,9 @@ end)
 ---------------------------------------------------------------- shards
 
 -- args: K, shard_id, address, ttl_ms, incarnation -> {1 if the shard came back without its data (its
--- incarnation changed) else 0, live partitions...}. A changed incarnation is stored only by
--- tq_shard_incarnation, once the controller has marked the shard's rows lost (so a controller that dies
--- half way through sees the change again at the next registration).
+-- incarnation changed) and its rows are still to be marked lost, else 0, live partitions...}. The sweep
+-- stays pending until tq_shard_incarnation ends it, so a controller that dies half way through it finds
+-- it again at the shard's next registration.
 redis.register_function('tq_register_shard', function(keys, args)
   local K, id, addr, ttl, inc = args[1], args[2], args[3], tonumber(args[4]), args[5] or ''
   redis.call('HSET', K .. ':shards', id, addr)
@@ -725,17 +732,22 @@ redis.register_function('tq_register_shard', function(keys, args)
   local reborn = 0
   if inc ~= '' then
     local before = redis.call('HGET', K .. ':shard_inc', id)
-    if not before then redis.call('HSET', K .. ':shard_inc', id, inc)
-    elseif before ~= inc then reborn = 1 end
+    if before and before ~= inc then  -- stored at once: commits of puts the old one took now fail
+      redis.call('HSET', K .. ':shard_sweep', id, inc)
+    end
+    redis.call('HSET', K .. ':shard_inc', id, inc)
+    if redis.call('HGET', K .. ':shard_sweep', id) == inc then reborn = 1 end
   end
   local out = {reborn}
   for _, P in ipairs(redis.call('ZRANGE', K .. ':partitions', 0, -1)) do out[#out + 1] = P end
   return out
 end)
 
--- args: K, shard_id, incarnation
+-- args: K, shard_id, incarnation: its lost rows are marked
 redis.register_function('tq_shard_incarnation', function(keys, args)
-  redis.call('HSET', args[1] .. ':shard_inc', args[2], args[3])
+  if redis.call('HGET', args[1] .. ':shard_sweep', args[2]) == args[3] then
+    redis.call('HDEL', args[1] .. ':shard_sweep', args[2])
+  end
   return 1
 end)
 

@@ -183,14 +183,24 @@ class PreparePutResponse(_message.Message):
     def __init__(self, rows: _Optional[_Iterable[int]] = ..., partition: _Optional[_Union[PartitionInfo, _Mapping]] = ..., reservation: _Optional[bytes] = ...) -> None: ...
 
 class CommitPutRequest(_message.Message):
-    __slots__ = ("partition", "fields", "rows")
+    __slots__ = ("partition", "fields", "rows", "stored")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
     partition: str
     fields: _containers.RepeatedCompositeFieldContainer[FieldSchema]
     rows: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, partition: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[FieldSchema, _Mapping]]] = ..., rows: _Optional[_Iterable[int]] = ...) -> None: ...
+    stored: _containers.RepeatedCompositeFieldContainer[ShardIncarnation]
+    def __init__(self, partition: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[FieldSchema, _Mapping]]] = ..., rows: _Optional[_Iterable[int]] = ..., stored: _Optional[_Iterable[_Union[ShardIncarnation, _Mapping]]] = ...) -> None: ...
+
+class ShardIncarnation(_message.Message):
+    __slots__ = ("shard_id", "incarnation")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    incarnation: str
+    def __init__(self, shard_id: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class CommitPutResponse(_message.Message):
     __slots__ = ("rows_committed",)
@@ -409,12 +419,14 @@ class PutChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[PutHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class PutResponse(_message.Message):
-    __slots__ = ("rows", "bytes")
+    __slots__ = ("rows", "bytes", "incarnation")
     ROWS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     rows: int
     bytes: int
-    def __init__(self, rows: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, rows: _Optional[int] = ..., bytes: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class GetRequest(_message.Message):
     __slots__ = ("partition", "rows", "fields")

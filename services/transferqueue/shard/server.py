@@ -44,10 +44,11 @@ def _exhausted(message: str) -> TQError:
 
 
 class ShardServicer(pb_grpc.StorageShardServicer):
-    def __init__(self, config: ShardConfig, store: ShardStore, shard_id: str):
+    def __init__(self, config: ShardConfig, store: ShardStore, shard_id: str, incarnation: str = ""):
         self.config = config
         self.store = store
         self.shard_id = shard_id
+        self.incarnation = incarnation  # of the data it holds (RegisterShardRequest.incarnation)
         self.limits = Limits(max_rows_per_call=config.max_rows_per_call, max_partition_rows=config.max_partition_rows,
                              max_fields_per_call=config.max_fields_per_call, max_row_elements=config.max_row_elements)
         # put reservations are checked with these (the controller's current key, and the one before it)
@@ -112,7 +113,7 @@ class ShardServicer(pb_grpc.StorageShardServicer):
             nbytes = self.store.put(header.partition, np.asarray(header.rows, dtype=np.int64), table, ipc=buf)
             BYTES_IN.inc(pos)
             self._gauges()
-            return pb.PutResponse(rows=len(header.rows), bytes=nbytes)
+            return pb.PutResponse(rows=len(header.rows), bytes=nbytes, incarnation=self.incarnation)
 
     async def Get(self, request, context):
         """Yields serialized DataChunk messages (see data_chunks)."""
@@ -208,7 +209,7 @@ async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
         ("grpc.so_reuseport", 0),
     ])
     port = add_port(server, f"{config.host}:{config.port}", config)
-    servicer = ShardServicer(config, store, config.resolved_id(port))
+    servicer = ShardServicer(config, store, config.resolved_id(port), incarnation)
     shard_id = servicer.shard_id
     add_strict_servicer(server, servicer, pb.DESCRIPTOR.services_by_name["StorageShard"],
                         raw_requests=frozenset({"Put"}), raw_responses=frozenset({"Get"}))
