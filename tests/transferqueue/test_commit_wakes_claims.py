@@ -19,7 +19,7 @@ class Rows:
     def __init__(self):
         self.committed: list[int] = []
 
-    async def commit_put(self, partition, fields, rows):
+    async def commit_put(self, partition, fields, rows, stored=()):
         self.committed += rows
         return len(rows)
 
