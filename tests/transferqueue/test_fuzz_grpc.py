@@ -10,6 +10,7 @@ and working afterwards."""
 from __future__ import annotations
 
 import collections
+import secrets
 
 import grpc
 import numpy as np
@@ -100,7 +101,9 @@ def fuzzed(tmp_path_factory):
     stack = hs.start(str(tmp_path_factory.mktemp("tq-fuzz")))
     stubs = hs.Stubs(stack)
     c = stubs.controller
-    for name in ("fz", "after"):
+    # a name no example can guess: Hypothesis also draws the string constants of this module
+    stubs.kept = f"kept-{secrets.token_hex(8)}"
+    for name in ("fz", stubs.kept):
         c.CreatePartition(pb.CreatePartitionRequest(name=name))
     c.RegisterTask(pb.RegisterTaskRequest(name="fzt", required_fields=["x"]))
     prepared = c.PreparePut(pb.PreparePutRequest(partition="fz", fields=[hs.scalar("x")], new_rows=4))
@@ -161,8 +164,9 @@ def test_every_method_survives_random_input(fuzzed, service, method):
 def test_servers_still_work_after_fuzzing(fuzzed):
     """Runs after the fuzzing (same module): a put and a claim on a partition made before it."""
     with TransferQueue(fuzzed.stack.controller_address, put_timeout_s=10) as tq:
-        tq.register_task("after_t", ["v"])
-        rows = tq.put("after", {"v": torch.arange(4)})
-        batch = tq.claim("after", "after_t", 4)
+        task = f"{fuzzed.kept}-t"
+        tq.register_task(task, ["v"])
+        rows = tq.put(fuzzed.kept, {"v": torch.arange(4)})
+        batch = tq.claim(fuzzed.kept, task, 4)
         assert batch.rows == rows and batch["v"].tolist() == [0, 1, 2, 3]
         assert tq.ack(batch) == 4
