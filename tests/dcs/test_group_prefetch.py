@@ -4,11 +4,12 @@ way to the receivers), unless it is for other roles, too old, or a sync failed s
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 import torch
 
-from services.dcs.models import GroupMember, SyncGroup
+from services.dcs.models import GroupMember, SyncGroup, SyncReport
 from services.dcs.sync import publisher as publisher_module
 from services.dcs.sync.publisher import WeightPublisher
 
@@ -26,6 +27,7 @@ class Coordinator:
         self.token = ""
         self.group_requests: list = []
         self.published: list[int] = []
+        self.reports: list[SyncReport] = []
         self.port = _port()
 
     def sync_group(self, run_id: str, request):
@@ -37,7 +39,7 @@ class Coordinator:
         self.published.append(metadata.version)
 
     def report_sync(self, run_id: str, report) -> None:
-        pass
+        self.reports.append(SyncReport.model_validate(report.model_dump()))  # as the coordinator would
 
 
 @pytest.fixture
@@ -77,3 +79,25 @@ def test_after_a_failed_sync_the_prefetch_is_not_used(sender):
     publisher._failed = True  # the last sync failed: the next asks for a new group
     assert publisher.publish(WEIGHTS, 1).ok
     assert len(dcs.group_requests) == 2 and dcs.group_requests[-1].new_group
+
+
+def test_overlapped_packing_still_reports_phases_the_coordinator_accepts(sender, monkeypatch):
+    """Bucket k+1 is packed while bucket k is broadcast, so pack + broadcast can exceed the wall time; a phase
+    derived by subtraction once went negative and the coordinator refused every report (422)."""
+    publisher, dcs = sender
+    publisher.bucket_bytes = 16  # one 4-float tensor per bucket
+    real_pack = publisher_module.pack
+
+    def slow_pack(*args, **kwargs):
+        time.sleep(0.05)
+        return real_pack(*args, **kwargs)
+
+    monkeypatch.setattr(publisher_module, "pack", slow_pack)
+    publisher.prefetch_group(["engine"])
+    assert publisher.publish([("a", torch.ones(4))], 1).ok  # opens the group
+    real_broadcast = publisher._group.broadcast
+    monkeypatch.setattr(publisher._group, "broadcast", lambda *a: (time.sleep(0.05), real_broadcast(*a))[1])
+    assert publisher.publish([(name, torch.ones(4)) for name in "abcd"], 2).ok
+    publisher.close()  # the queued reports are sent
+    assert [r.version for r in dcs.reports] == [1, 2]
+    assert all(seconds >= 0 for r in dcs.reports for seconds in r.seconds.values())

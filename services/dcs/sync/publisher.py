@@ -215,10 +215,11 @@ class WeightPublisher:
         began = time.perf_counter()
         bracket = len(sizes) > 1
         self._each_engine(lambda m, e: (bracket or not e.live_weight_update()) and e.begin_weight_update())
+        # measured, not derived: packing overlaps the broadcast, so wall - pack - broadcast can be negative
+        result.seconds["engines"] = time.perf_counter() - began
         self._broadcast(entries, sizes, tensors, result, transfer, version)
         loading = time.perf_counter()
         self._each_engine(lambda m, e: (bracket or not e.live_weight_update()) and e.end_weight_update())
-        result.seconds["engines"] = loading - began - result.seconds["broadcast"] - result.seconds["pack"]
         result.seconds["engine_load"] = time.perf_counter() - loading
 
     def resume_engines(self) -> int:
@@ -317,4 +318,4 @@ class WeightPublisher:
                                                          node_id=self.node_id, ok=result.ok, error=result.error,
                                                          seconds=result.seconds, bytes=result.bytes))
         except Exception as exc:  # reporting must not turn a good sync into a failure
-            log.warning("could not report sync", extra={"error": str(exc)})
+            log.warning("could not report sync: %s", exc, extra={"error": str(exc)})
