@@ -93,10 +93,29 @@ def ragged(values: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
     return [values[i, :int(n)].contiguous() for i, n in enumerate(lengths)]
 
 
+class ResponseLogits(torch.nn.Module):
+    """A causal LM as a module whose forward is `batch.logits(hf)`: what a trainer differentiates. A batch may
+    call the decoder and the vocabulary projection separately (SharedPromptBatch); as one module call, a
+    wrapper that hooks a module's forward (FSDP's gathering of the sharded parameters) sees the whole of it.
+    Its parameters are the HF model's, named `hf.<HF name>`."""
+
+    def __init__(self, hf):
+        super().__init__()
+        self.hf = hf
+
+    @property
+    def config(self):
+        return self.hf.config
+
+    def forward(self, batch) -> torch.Tensor:
+        return batch.logits(self.hf)
+
+
 def response_logits(model, batch, temperature: float = 1.0) -> torch.Tensor:
     """[B, T, V] logits predicting each response token of a ResponseBatch or SharedPromptBatch, divided by
-    the sampling temperature (so log-probs match what the engine sampled from)."""
-    logits = batch.logits(model)
+    the sampling temperature (so log-probs match what the engine sampled from). `model`: a causal LM or a
+    ResponseLogits."""
+    logits = model(batch) if isinstance(model, ResponseLogits) else batch.logits(model)
     return logits / temperature if temperature != 1.0 else logits
 
 

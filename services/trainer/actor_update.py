@@ -81,7 +81,8 @@ def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size:
                totals: tuple[float, float] | None = None, reduce_gradients=None) -> StepMetrics:
     """One optimizer step over `batch`. With data parallelism `batch` is this rank's share, `totals`
     the (tokens, sequences) of the whole global batch and `reduce_gradients(params)` sums the ranks'
-    gradients before clipping."""
+    gradients before clipping. `model`: a causal LM, or the ResponseLogits a trainer backend trains
+    (services/trainer/backend.py)."""
     cfg = loss_config(run)
     temperature = run.rollout.temperature
     masks = batch["loss_mask"]
@@ -111,7 +112,7 @@ def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size:
     if reduce_gradients is not None:
         reduce_gradients([p for p in model.parameters() if p.requires_grad])
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), run.optim.grad_clip)
-    metrics.grad_norm = float(norm)
+    metrics.grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
     if math.isfinite(metrics.grad_norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -17,6 +17,11 @@ import torch.distributed as dist
 from services.transferqueue.client.balance import balanced_split
 
 
+def process_group_backend(device: str) -> str:
+    """gloo for CPU tensors (the control messages, and CPU training); NCCL for CUDA tensors beside it."""
+    return "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+
+
 class DataParallel:
     def __init__(self, rank: int = 0, size: int = 1, master: str = "", backend: str = "gloo",
                  timeout_s: float = 7200.0):

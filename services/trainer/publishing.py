@@ -29,8 +29,10 @@ class WeightVersions:
     publish is in flight: the next one settles it first."""
 
     def __init__(self, sender: WeightSender, model: torch.nn.Module, run: RunConfig, dcs, run_id: str,
-                 republish_check_s: float, snapshot_max_bytes: int = 2048 << 20):
+                 republish_check_s: float, snapshot_max_bytes: int = 2048 << 20,
+                 source: Callable[[], list] | None = None):
         self.sender, self.model, self.run, self.dcs, self.run_id = sender, model, run, dcs, run_id
+        self.source = source  # the (name, tensor) list to publish, when not the model's live parameters
         size = sum(p.numel() * p.element_size() for p in model.parameters())
         self.snapshot_fits = size <= snapshot_max_bytes  # a copy of the weights is affordable
         self.republish_check_s = republish_check_s
@@ -50,6 +52,8 @@ class WeightVersions:
         return roles
 
     def _weights(self):
+        if self.source is not None:
+            return self.source()
         return [(n, p.detach()) for n, p in self.model.named_parameters()]
 
     def publish(self, version: int, attempts: int = 5, weights: list | None = None) -> int:
@@ -73,11 +77,15 @@ class WeightVersions:
                     version += 1
         raise RuntimeError(f"weight sync failed {attempts} times")
 
-    def publish_later(self, step: int, version: int, then: Callable[[int], None], snapshot: bool = False) -> None:
+    def publish_later(self, step: int, version: int, then: Callable[[int], None], snapshot: bool = False,
+                      weights: list | None = None) -> None:
         """Publish step N's weights on the worker thread, then call `then(version published)` there. With
-        `snapshot` the weights are copied now and `then` must not read the model (it may have moved)."""
+        `snapshot` the weights are copied now and `then` must not read the model (it may have moved); `weights`,
+        a copy already made (a sharded backend's gathered weights), are published as they are."""
         self.settle()
-        weights = [(n, t.clone()) for n, t in self._weights()] if snapshot else None
+        snapshot = snapshot or weights is not None
+        if weights is None and snapshot:
+            weights = [(n, t.clone()) for n, t in self._weights()]
 
         def publish_then() -> None:
             with span("publish", step, version):

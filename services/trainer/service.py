@@ -42,11 +42,12 @@ from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
 from services.trainer.actor_update import StepMetrics, actor_fields, actor_step
-from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
+from services.run_contract.checkpoint import latest_checkpoint, save_checkpoint
 from services.trainer.config import TrainerConfig
-from services.trainer.data_parallel import DataParallel
+from services.trainer.backend import make_backend
+from services.trainer.data_parallel import DataParallel, process_group_backend
 from services.trainer.critic_service import CriticTrainer
-from services.trainer.optimizer import adamw, set_lr
+from services.trainer.optimizer import set_lr
 from services.trainer.partition_clearing import PartitionClearing
 from services.trainer.publishing import WeightVersions
 from services.trainer.staleness import staleness_histogram, staleness_metrics
@@ -92,11 +93,13 @@ class ActorTrainer:
         torch.manual_seed(run.optim.seed)
         ckpt = latest_checkpoint(c.checkpoint_dir, "actor") if c.checkpoint_dir else None
         self.model, _ = load_causal_lm(ckpt.path if ckpt else run.model, "float32", c.device)
-        self.optimizer = adamw(self.model.parameters(), run.optim.lr, run.optim.betas, run.optim.weight_decay,
-                               c.device)
+        self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master, backend=process_group_backend(c.device))
+        self.backend = make_backend(c.backend, self.model, run, c.device, self.dp,
+                                    param_dtype=c.fsdp_param_dtype, cpu_offload=c.fsdp_cpu_offload)
+        self.optimizer = self.backend.optimizer
         if ckpt:
-            load_optimizer_state(ckpt.path, self.optimizer)
-        self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master)
+            self.backend.load_optimizer(ckpt.path)
+        self.gathered = self.backend.gather_weights()  # fsdp: the leader's copy of the full weights (collective)
         self.membership = None
         if self.dp.is_leader:  # the other ranks follow it through the group, not the coordinator
             self.membership = self.join(self.dcs, NodeRegistration(
@@ -106,7 +109,8 @@ class ActorTrainer:
                                          bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
                                          pause_mode=c.pause_mode, run_id=c.run_id)
             self.weights = WeightVersions(sender, self.model, run, self.dcs, c.run_id, c.republish_check_s,
-                                          snapshot_max_bytes=c.snapshot_publish_mb << 20)
+                                          snapshot_max_bytes=c.snapshot_publish_mb << 20,
+                                          source=(lambda: self.gathered) if self.backend.gathers else None)
             self.tracking = open_training_tracker(run, c.output_dir, c.run_id, self.redis, self.dcs)
         self.actor_task = task_name(run.name, ACTOR_TASK)  # the run's own task
         self.tq.register_task(self.actor_task, actor_fields(run), group_size=run.n_samples_per_prompt)
@@ -140,18 +144,21 @@ class ActorTrainer:
             if trained is None:  # halted mid-step: the rows go back to the queue on restart
                 break
             ids, metrics = trained
+            state = self.gather(step)
             # published and recorded on a worker thread while the next step's rows are claimed and trained
             # (from a copy of the weights); a step due for a checkpoint publishes the live weights, which
             # train_step lets settle before the optimizer moves them again (the checkpoint reads them too)
             self.weights.settle()  # the last publish: its version numbers this one
-            self.weights.publish_later(step, self.version + 1, lambda v, step=step, ids=ids, metrics=metrics:
-                                       self.finish(step, v, ids, metrics),
-                                       snapshot=self.weights.snapshot_fits and not self.checkpoint_due(step))
+            self.weights.publish_later(step, self.version + 1,
+                                       lambda v, step=step, ids=ids, metrics=metrics, state=state:
+                                       self.finish(step, v, ids, metrics, state),
+                                       snapshot=self.weights.snapshot_fits and not self.checkpoint_due(step),
+                                       weights=self.gathered)
             self.clearing.later(step, halt, recorded=self.weights.pending)
             step += 1
         self.weights.settle()
         self.clearing.later(None, halt)  # the last partition is cleared (or its failure raised) before the loop ends
-        self.final_checkpoint(step)
+        self.final_checkpoint(step, halt)
         if not halt.is_set():
             self.dp.share([0, step, self.version])  # the other ranks are done too
             try:
@@ -159,13 +166,22 @@ class ActorTrainer:
             except DCSError as exc:  # stopped (or failed) meanwhile: it keeps that status
                 log.warning("the run ended before it finished", extra={"error": str(exc)})
 
-    def write_checkpoint(self, next_step: int, version: int) -> None:
+    def gather(self, step: int):
+        """After step N trained, on every rank: a backend that shards the weights gathers them for the publish
+        and, when N is due for a checkpoint, the model and optimizer state (collectives, so here in the main
+        loop, in the same order on every rank). Returns the checkpoint state (leader) or None."""
+        if not self.backend.gathers:
+            return None
+        self.gathered = self.backend.gather_weights()
+        return self.backend.full_state() if self.checkpoint_due(step) else None
+
+    def write_checkpoint(self, next_step: int, version: int, state=None) -> None:
         with span("checkpoint", next_step - 1, version):
             save_checkpoint(self.config.checkpoint_dir, "actor", self.model, self.optimizer, self.run.model,
-                            next_step, version, keep=self.run.checkpoint.keep_last)
+                            next_step, version, keep=self.run.checkpoint.keep_last, state=state)
         self.checkpointed = next_step
 
-    def final_checkpoint(self, next_step: int) -> None:
+    def final_checkpoint(self, next_step: int, halt: threading.Event) -> None:
         """Stopped (SIGTERM, a stopped run, or the last step done), with every finished step published and
         recorded: checkpoint the last finished step, so that a restart resumes right after it and loses no step
         and the trained model can be exported. Not when optimizer steps of the unfinished step already moved the
@@ -177,10 +193,18 @@ class ActorTrainer:
             log.warning("stopped inside a step whose optimizer steps had begun: no final checkpoint",
                         extra={"next_step": next_step, "checkpointed": self.checkpointed})
             return
-        self.write_checkpoint(next_step, self.version)
+        state = None
+        if self.backend.gathers:  # the other ranks join the gather; stopped, they may have left already
+            if halt.is_set():
+                log.warning("stopped: the sharded trainer resumes from its last interval checkpoint",
+                            extra={"next_step": next_step, "checkpointed": self.checkpointed})
+                return
+            self.dp.share([2, next_step, self.version])
+            state = self.backend.full_state()
+        self.write_checkpoint(next_step, self.version, state)
         log.info("final checkpoint", extra={"next_step": next_step, "version": self.version})
 
-    def finish(self, step: int, version: int, ids: list[str], metrics: dict) -> None:
+    def finish(self, step: int, version: int, ids: list[str], metrics: dict, state=None) -> None:
         """Step N is published as `version`: its audit record and the progress past it, its checkpoint if due,
         then its report. The checkpoint comes after the record: a process killed between the two resumes
         past the recorded step with the older weights (resume()), and no trained step goes unrecorded."""
@@ -189,7 +213,7 @@ class ActorTrainer:
         metrics.update(weight_version=version, publish_s=self.weights.last_publish_s)
         finish_step(self.redis, c.run_id, step, ids, metrics, TrainerProgress(next_step=step + 1, version=version))
         if self.checkpoint_due(step):
-            self.write_checkpoint(step + 1, version)
+            self.write_checkpoint(step + 1, version, state)
         self.report(step, metrics)
         self.tracking.step_finished(step, metrics)
 
@@ -204,8 +228,12 @@ class ActorTrainer:
             more, step, self.version = self.dp.share([0, 0, 0])
             if not more:
                 return
+            if more == 2:  # the leader's final checkpoint of a sharded model
+                self.backend.full_state()
+                continue
             if self.train_step(step, halt) is None:
                 return
+            self.gather(step)
             self.status.update(step=step)
 
     # ------------------------------------------------------------------ one step
@@ -251,8 +279,9 @@ class ActorTrainer:
             t1 = time.perf_counter()
             tokens = dp.total(float(sum(float(m.sum()) for m in batch["loss_mask"])))
             with span("train", step, version):
-                m = actor_step(self.model, self.optimizer, batch, run, run.micro_batch_size, c.device,
-                               totals=(tokens, float(run.global_batch_size)), reduce_gradients=dp.sum_gradients)
+                m = actor_step(self.backend.policy, self.optimizer, batch, run, run.micro_batch_size, c.device,
+                               totals=(tokens, float(run.global_batch_size)),
+                               reduce_gradients=self.backend.reduce_gradients)
             compute_s += time.perf_counter() - t1
             if not dp.is_leader:
                 continue

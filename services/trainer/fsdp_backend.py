@@ -1,0 +1,104 @@
+"""The `fsdp` trainer backend: torch's FSDP2 (`fully_shard`) over the data-parallel ranks.
+
+Each decoder layer is its own FSDP unit and the rest (embeddings, final norm, vocabulary projection) is the
+root's, so a rank holds 1/ranks of every parameter, gradient and AdamW moment, and gathers one layer's
+parameters at a time in forward and backward. The ranks train disjoint shares of each global batch, as the
+torch backend's do.
+
+Gradients: the loss of each rank is already normalised by the *global* batch's totals (tokens, sequences;
+services/algorithms/policy_loss.py), so the global gradient is the sum over ranks. FSDP's reduce-scatter
+averages; `reduce_gradients` multiplies by the number of ranks (gloo has no PREMUL_SUM, which
+`set_gradient_divide_factor(1.0)` needs).
+
+Publishing and checkpoints gather full tensors from the shards, a collective every rank joins from its main
+loop: `gather_weights` copies the whole model to the leader (the weight publisher then broadcasts that copy
+while the next step trains), `full_state` gathers the model and optimizer state for a checkpoint in the torch
+backend's format (optimizer state keyed by parameter index in Hugging Face order), so checkpoints move between
+backends. On CPU/gloo mixed precision and offload are options, not defaults.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from services.model.response_batch import ResponseLogits
+from services.trainer.data_parallel import DataParallel
+from services.trainer.optimizer import adamw
+
+PREFIX = "hf."  # ResponseLogits names its model's parameters hf.<HF name>
+
+
+class FSDPBackend:
+    name = "fsdp"
+    gathers = True
+
+    def __init__(self, hf_model, run, device: str, dp: DataParallel, param_dtype: str = "",
+                 cpu_offload: bool = False):
+        if dp.size > 1 and not torch.distributed.is_initialized():
+            raise RuntimeError("the fsdp backend needs the data-parallel process group")
+        self.dp = dp
+        self.device = device
+        kind = torch.device(device).type
+        mesh = init_device_mesh(kind, (dp.size,))
+        options = {"mesh": mesh}
+        if param_dtype:  # compute in param_dtype, reduce gradients in float32
+            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype),
+                                                        reduce_dtype=torch.float32)
+        if cpu_offload:
+            options["offload_policy"] = CPUOffloadPolicy()
+        self.policy = ResponseLogits(hf_model)
+        for layer in hf_model.model.layers:
+            fully_shard(layer, **options)
+        fully_shard(self.policy, **options)
+        self.names = [n for n, _ in hf_model.named_parameters()]
+        self.optimizer = adamw(self.policy.parameters(), run.optim.lr, run.optim.betas, run.optim.weight_decay,
+                               "cpu" if cpu_offload else device)
+
+    def reduce_gradients(self, params) -> None:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(self.dp.size)
+
+    def gather_weights(self) -> list[tuple[str, torch.Tensor]] | None:
+        """Every parameter's full tensor, gathered one at a time (only one extra full tensor in flight); the
+        leader keeps a copy, the other ranks drop theirs."""
+        out = []
+        with torch.no_grad():
+            for name, p in self.policy.hf.named_parameters():
+                full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+                if self.dp.is_leader:
+                    out.append((name, full.to("cpu", copy=True)))
+        return out if self.dp.is_leader else None
+
+    def _options(self) -> StateDictOptions:
+        return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+    def full_state(self) -> tuple[dict, dict] | None:
+        model = get_model_state_dict(self.policy, options=self._options())
+        optim = get_optimizer_state_dict(self.policy, self.optimizer, options=self._options())
+        if not self.dp.is_leader:
+            return None
+        model = {k.removeprefix(PREFIX): v for k, v in model.items()}
+        return model, self._by_index(optim)
+
+    def _by_index(self, optim: dict) -> dict:
+        """torch's optimizer.state_dict() format (state keyed by the parameter's index) from the FQN-keyed one."""
+        index = {PREFIX + n: i for i, n in enumerate(self.names)}
+        groups = [{**g, "params": [index[f] for f in g["params"]]} for g in optim["param_groups"]]
+        return {"state": {index[f]: s for f, s in optim["state"].items()}, "param_groups": groups}
+
+    def load_optimizer(self, checkpoint_path: str) -> None:
+        """Every rank reads the checkpoint's (full, torch-format) optimizer state and keeps its shard."""
+        saved = torch.load(os.path.join(checkpoint_path, "optimizer.pt"), weights_only=True)
+        fqn = [PREFIX + n for n in self.names]
+        state = {"state": {fqn[int(i)]: s for i, s in saved["state"].items()},
+                 "param_groups": [{**g, "params": [fqn[int(i)] for i in g["params"]]} for g in saved["param_groups"]]}
+        set_optimizer_state_dict(self.policy, self.optimizer, state, options=StateDictOptions(full_state_dict=True))

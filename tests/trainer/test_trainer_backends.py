@@ -1,0 +1,65 @@
+"""The trainer backends give the same step: FSDP2 over two real gloo ranks against the torch backend in one
+process, on the same weights and global batch (loss, gradient norm, updated weights, optimizer state), and a
+checkpoint written by one backend resumes under the other."""
+
+import json
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from services.runtime.processes import ChildProcess, free_port
+from services.model.init_model import init_model
+from services.run_contract.checkpoint import latest_checkpoint
+from services.trainer.data_parallel import DataParallel
+from tests.trainer.backend_worker import train_once
+
+ATOL, RTOL = 1e-5, 1e-5
+
+
+@pytest.fixture(scope="module", params=[("tiny", "llama"), ("tiny", "qwen2")], ids=["llama", "qwen2"])
+def model_dir(request, tmp_path_factory):
+    preset, arch = request.param
+    return init_model(str(tmp_path_factory.mktemp("m")), preset=preset, arch=arch, seed=7)
+
+
+def _ranks(tmp_path, name: str, backend: str, model: str, seed: int, resume: str = "") -> str:
+    out = tmp_path / name
+    master = f"127.0.0.1:{free_port()}"
+    argv = ["--model", model, "--backend", backend, "--size", "2", "--master", master, "--out", str(out),
+            "--seed", str(seed)] + (["--resume", resume] if resume else [])
+    procs = [ChildProcess(f"{name}-{r}", [sys.executable, "-m", "tests.trainer.backend_worker", *argv,
+                                          "--rank", str(r)], str(tmp_path / f"{name}-{r}.log")) for r in range(2)]
+    assert [p.proc.wait(180) for p in procs] == [0, 0], [p.log_tail() for p in procs]
+    return str(out)
+
+
+def _same_step(a: str, b: str) -> None:
+    sa, sb = (json.load(open(f"{d}/step.json")) for d in (a, b))
+    assert sa["loss"] == pytest.approx(sb["loss"], abs=ATOL, rel=RTOL)
+    assert sa["grad_norm"] == pytest.approx(sb["grad_norm"], abs=ATOL, rel=RTOL)
+    wa, wb = (load_file(f"{d}/weights.safetensors") for d in (a, b))
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=ATOL, rtol=RTOL)
+
+
+def test_fsdp_two_ranks_take_the_torch_step_and_checkpoints_cross_backends(model_dir, tmp_path):
+    single = str(tmp_path / "torch")
+    train_once("torch", model_dir, DataParallel(), single)
+    sharded = _ranks(tmp_path, "fsdp", "fsdp", model_dir, seed=0)
+    _same_step(single, sharded)
+    # the gathered checkpoint is the torch backend's, optimizer state included
+    ca, cb = (latest_checkpoint(d, "actor").path for d in (single, sharded))
+    oa, ob = (torch.load(f"{c}/optimizer.pt", weights_only=True) for c in (ca, cb))
+    assert oa["state"].keys() == ob["state"].keys() and oa["param_groups"][0]["params"] == ob["param_groups"][0]["params"]
+    for k in oa["state"]:
+        for moment in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(oa["state"][k][moment], ob["state"][k][moment], atol=ATOL, rtol=RTOL)
+    for name, t in load_file(f"{ca}/model.safetensors").items():
+        torch.testing.assert_close(t, load_file(f"{cb}/model.safetensors")[name], atol=ATOL, rtol=RTOL)
+    # a second step from the torch checkpoint: fsdp resumes it exactly as torch does
+    torch_again = str(tmp_path / "torch2")
+    train_once("torch", model_dir, DataParallel(), torch_again, resume=ca, seed=1)
+    _same_step(torch_again, _ranks(tmp_path, "fsdp2", "fsdp", model_dir, seed=1, resume=ca))
