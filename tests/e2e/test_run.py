@@ -187,3 +187,24 @@ def test_sluice_demo_warm_starts_trains_and_evaluates(tmp_path):
     summary = lines[-1]
     assert summary["event"] == "finished" and summary["every_sample_once"] and summary["samples"] == 16
     assert 0.0 <= summary["eval_reward"] <= 1.0  # the held-out eval ran through the engines
+
+
+def test_fsdp_trainer_over_two_ranks_trains_publishes_and_checkpoints(model_dir, tmp_path):
+    run = RunConfig(name="fsdp", model=model_dir, max_staleness=1, n_samples_per_prompt=2, rollout_batch_size=4,
+                    global_batch_size=8, micro_batch_size=2, num_steps=3, checkpoint_interval=2,
+                    rollout={"max_new_tokens": 12}, optim={"lr": 1e-4})
+    fsdp = ["--backend", "fsdp"]
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), trainer_ranks=2, checkpoint_dir=str(tmp_path / "ckpt"),
+                  role_args={"trainer": fsdp, "trainer-1": fsdp}) as lr:
+        lr.wait_for_step(run.num_steps, 400)
+        steps = assert_run_complete(lr, run)  # engines included: they serve the last published version
+        assert all(steps[s]["metrics"]["dp_size"] == 2 for s in steps)
+        status = httpx.get(lr.procs["trainer-1"].status_url + "/status").json()
+        assert status["step"] == run.num_steps - 1
+        last_version = steps[run.num_steps - 1]["metrics"]["weight_version"]
+    # the interval checkpoint after step 1 and the final one, gathered from both ranks' shards
+    names = sorted(os.listdir(tmp_path / "ckpt" / "actor"))
+    assert names == ["step_00000002", f"step_{run.num_steps:08d}"]
+    final = tmp_path / "ckpt" / "actor" / names[-1]
+    assert json.loads((final / "trainer_state.json").read_text()) == {"next_step": run.num_steps,
+                                                                      "version": last_version}
