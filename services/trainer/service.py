@@ -1,6 +1,6 @@
 """The trainer role's loops.
 
-Actor, one step N at a time (N from the checkpoint / progress, see resume()):
+Actor, one step N at a time (N from the checkpoint / progress, see resumption.py):
 
     wait for train_N (colocate: the whole batch)
     repeat num_iters_per_train_update times:
@@ -37,7 +37,7 @@ from services.model.loading import load_causal_lm
 from services.run_contract.partitions import partition_name, sample_id, task_name
 from services.run_state.connections import RunConnections
 from services.run_state.seams import Membership, WeightSender
-from services.run_state.trainer_progress import TrainerProgress, finish_step, read_progress, write_progress
+from services.run_state.trainer_progress import TrainerProgress, finish_step
 from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
@@ -50,6 +50,7 @@ from services.trainer.critic_service import CriticTrainer
 from services.trainer.optimizer import set_lr
 from services.trainer.partition_clearing import PartitionClearing
 from services.trainer.publishing import WeightVersions
+from services.trainer.resumption import resume_position
 from services.trainer.staleness import staleness_histogram, staleness_metrics
 from services.trainer.tasks import ACTOR_TASK, claim_global_batch, read_or_give_back
 from services.trainer.tracking_hook import NO_TRACKING, open_training_tracker, sample_stats
@@ -131,7 +132,7 @@ class ActorTrainer:
 
     def lead(self, ckpt, halt: threading.Event) -> None:
         run = self.run
-        step, self.version = self.resume(ckpt)
+        step, self.version = resume_position(self, ckpt)
         self.checkpointed = step
         self.status.running()
         while step < run.num_steps and not halt.is_set():
@@ -207,7 +208,7 @@ class ActorTrainer:
     def finish(self, step: int, version: int, ids: list[str], metrics: dict, state=None) -> None:
         """Step N is published as `version`: its audit record and the progress past it, its checkpoint if due,
         then its report. The checkpoint comes after the record: a process killed between the two resumes
-        past the recorded step with the older weights (resume()), and no trained step goes unrecorded."""
+        past the recorded step with the older weights (resumption.py), and no trained step goes unrecorded."""
         c = self.config
         self.version = version
         metrics.update(weight_version=version, publish_s=self.weights.last_publish_s)
@@ -353,53 +354,6 @@ class ActorTrainer:
         self.membership.progress(step=step, weight_version=metrics["weight_version"])
         self.status.update(step=step, weight_version=metrics["weight_version"], last_metrics=metrics)
         log.info("step finished", extra={"step": step, "metrics": metrics})
-
-    # ------------------------------------------------------------------ restart
-
-    def latest_published(self) -> int:
-        try:
-            return self.dcs.latest_weights(self.config.run_id).version
-        except DCSError as exc:
-            if exc.status == 404:
-                return 0
-            raise
-
-    def resume(self, ckpt) -> tuple[int, int]:
-        """(next step, version) to continue from. The checkpoint holds the weights; the progress record
-        says how far the previous process got. Steps it finished after the checkpoint are lost with its
-        weights (their partitions are cleared) and are not retrained; steps the checkpoint covers but the
-        progress does not are finished here. The step in progress is retrained from its first row."""
-        progress = read_progress(self.redis, self.config.run_id)
-        if progress.next_step > 0 or ckpt:
-            self.weights.sender.resume_engines()  # a predecessor killed mid-sync may have left them paused
-        step, version = (ckpt.next_step, ckpt.version) if ckpt else (0, 0)
-        if progress.next_step > step:
-            log.warning("steps after the checkpoint were lost with the process that trained them",
-                        extra={"from": step, "to": progress.next_step})
-            step = progress.next_step
-        # steps the checkpoint covers, and finished steps a stopped predecessor left uncleared (its clears run in
-        # step order and stop when it is halted mid-wait, so those are the steps just before `step`)
-        for covered in range(progress.next_step, step):
-            if self.steps.info(covered) is not None:
-                self.clearing.clear(covered, threading.Event())
-        for left in range(min(progress.next_step, step) - 1, -1, -1):
-            if self.steps.info(left) is None:
-                break
-            self.clearing.clear(left, threading.Event())
-        latest = self.latest_published()
-        if latest > version:
-            version = self.weights.publish(latest + 1)  # renumber: receivers hold newer weights than ours
-        elif latest < version:
-            version = self.weights.publish(version)  # checkpointed but not yet published
-        # rows a dead predecessor held under its lease go back now, not when the lease lapses: the step it was
-        # training, and the next one, whose rows it claims while the step before is published
-        for held in range(step, min(step + 2, self.run.num_steps)):
-            if self.steps.info(held) is not None:
-                self.tq.reset_task(partition_name(self.run.name, held), self.actor_task)
-        write_progress(self.redis, self.config.run_id, TrainerProgress(next_step=step, version=version))
-        log.info("trainer position", extra={"next_step": step, "version": version,
-                                            "checkpoint": ckpt.path if ckpt else None})
-        return step, version
 
 
 async def serve(config: TrainerConfig, stop: asyncio.Event) -> None:
