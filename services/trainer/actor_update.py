@@ -77,36 +77,48 @@ class StepMetrics:
         return out
 
 
+def micro_batch_loss(logits: torch.Tensor, rb, mask: torch.Tensor, batch: Batch, sl: slice, run: RunConfig,
+                     totals: tuple[float, float], device: str = "cpu") -> tuple[torch.Tensor, dict, float]:
+    """(loss, metrics, tokens) of one micro batch from its response logits `[B, T, V]` (already divided by the
+    sampling temperature): the policy loss of services/algorithms/policy_loss.py with the global batch's
+    `totals` (tokens, sequences), and how far the trainer's policy is from the one that sampled."""
+    cfg = loss_config(run)
+    width = rb.mask.shape[1]
+    rollout = pad(batch["rollout_log_probs"][sl], width).to(device)
+    old = pad(batch["log_probs"][sl], width).to(device) if run.uses_actor_fwd else rollout
+    ref = pad(batch["ref_log_probs"][sl], width).to(device) if cfg.kl_loss_coef > 0 else None
+    advantages = pad(batch["advantages"][sl], width).to(device)
+    log_probs, entropy = log_probs_and_entropy(logits, rb.response_ids, entropy_grad=cfg.entropy_coef > 0)
+    loss, m = policy_loss(log_probs, old, advantages, mask, cfg,
+                          rollout_log_probs=rollout if run.uses_actor_fwd else None, ref_log_probs=ref,
+                          entropy=entropy, total_tokens=totals[0], total_seqs=totals[1])
+    tokens = float(mask.sum())
+    with torch.no_grad():  # before this update
+        diff = (log_probs.detach() - rollout) * mask
+        m = {**m, "rollout_logprob_abs_diff": diff.abs().sum() / max(tokens, 1.0),
+             "rollout_kl_k3": ((torch.exp(-diff) - 1 + diff) * mask).sum() / max(tokens, 1.0)}
+    return loss, m, tokens
+
+
+def global_totals(batch: Batch, totals: tuple[float, float] | None) -> tuple[float, float]:
+    masks = batch["loss_mask"]
+    return totals or (float(sum(float(m.sum()) for m in masks)), float(len(masks)))
+
+
 def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size: int, device: str = "cpu",
                totals: tuple[float, float] | None = None, reduce_gradients=None) -> StepMetrics:
     """One optimizer step over `batch`. With data parallelism `batch` is this rank's share, `totals`
     the (tokens, sequences) of the whole global batch and `reduce_gradients(params)` sums the ranks'
     gradients before clipping. `model`: a causal LM, or the ResponseLogits a trainer backend trains
     (services/trainer/backend.py)."""
-    cfg = loss_config(run)
-    temperature = run.rollout.temperature
-    masks = batch["loss_mask"]
-    total_tokens, total_seqs = totals or (float(sum(float(m.sum()) for m in masks)), float(len(masks)))
+    totals = global_totals(batch, totals)
     metrics = StepMetrics()
     model.train()
     optimizer.zero_grad(set_to_none=True)
     for sl, rb, mask in micro_batches(batch, micro_batch_size, device, model.config.hidden_size):
-        width = rb.mask.shape[1]
-        rollout = pad(batch["rollout_log_probs"][sl], width).to(device)
-        old = pad(batch["log_probs"][sl], width).to(device) if run.uses_actor_fwd else rollout
-        ref = pad(batch["ref_log_probs"][sl], width).to(device) if cfg.kl_loss_coef > 0 else None
-        advantages = pad(batch["advantages"][sl], width).to(device)
-        logits = response_logits(model, rb, temperature)
-        log_probs, entropy = log_probs_and_entropy(logits, rb.response_ids, entropy_grad=cfg.entropy_coef > 0)
-        loss, m = policy_loss(log_probs, old, advantages, mask, cfg,
-                              rollout_log_probs=rollout if run.uses_actor_fwd else None, ref_log_probs=ref,
-                              entropy=entropy, total_tokens=total_tokens, total_seqs=total_seqs)
+        logits = response_logits(model, rb, run.rollout.temperature)
+        loss, m, tokens = micro_batch_loss(logits, rb, mask, batch, sl, run, totals, device)
         loss.backward()
-        tokens = float(mask.sum())
-        with torch.no_grad():  # how far the trainer's policy is from the one that sampled (before this update)
-            diff = (log_probs.detach() - rollout) * mask
-            m = {**m, "rollout_logprob_abs_diff": diff.abs().sum() / max(tokens, 1.0),
-                 "rollout_kl_k3": ((torch.exp(-diff) - 1 + diff) * mask).sum() / max(tokens, 1.0)}
         metrics.add(m, tokens)
         metrics.loss += float(loss.detach())
     if reduce_gradients is not None:

@@ -4,32 +4,36 @@
 summed in one all-reduce (services/trainer/data_parallel.py). `fsdp`: torch's FSDP2 shards parameters, gradients
 and optimizer state over the ranks (services/trainer/fsdp_backend.py). The role's loop, the loss
 (services/algorithms) and the weight publishing path are the same for both: the loop trains `policy` with
-actor_step, publishes what `gather_weights` returns and checkpoints what `full_state` returns, in the one
+`train` (the torch and fsdp backends: actor_step), publishes what `gather_weights` returns and checkpoints what `full_state` returns, in the one
 checkpoint format of services/run_contract/checkpoint.py (so a run can resume under another backend).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 
 from services.model.response_batch import ResponseLogits
 from services.run_contract.checkpoint import load_optimizer_state
+from services.trainer.actor_update import StepMetrics, actor_step
 from services.trainer.data_parallel import DataParallel
 from services.trainer.optimizer import adamw
 
-BACKENDS = ("torch", "fsdp")
+BACKENDS = ("torch", "fsdp", "megatron")
 
 
 class TrainerBackend(Protocol):
     name: str
-    policy: ResponseLogits             # what actor_step trains; its `hf` is the Hugging Face model
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer   # its param_groups carry the learning rate (set per step)
     gathers: bool                      # the full weights exist only by a collective of every rank
+    data_rank: int                     # which share of each global batch this rank trains ...
+    data_size: int                     # ... of how many (ranks of one model replica train the same rows)
 
-    def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """After the step's backward passes, before clipping: make the gradients those of the global batch."""
+    def train(self, batch, run, micro_batch_size: int, device: str = "cpu",
+              totals: tuple[float, float] | None = None) -> StepMetrics:
+        """One optimizer step on this rank's share `batch` of a global batch whose (tokens, sequences) are
+        `totals`. Metrics: torch and fsdp report this rank's share's, megatron the global batch's."""
 
     def gather_weights(self) -> list[tuple[str, torch.Tensor]] | None:
         """Collective when `gathers`: a copy of the full weights with Hugging Face names on the leader (None on
@@ -50,12 +54,14 @@ class TorchBackend:
 
     def __init__(self, hf_model, run, device: str, dp: DataParallel):
         self.dp = dp
+        self.data_rank, self.data_size = dp.rank, dp.size
         self.policy = ResponseLogits(hf_model)
         self.optimizer = adamw(hf_model.parameters(), run.optim.lr, run.optim.betas, run.optim.weight_decay,
                                device)
 
-    def reduce_gradients(self, params) -> None:
-        self.dp.sum_gradients(params)
+    def train(self, batch, run, micro_batch_size: int, device: str = "cpu", totals=None) -> StepMetrics:
+        return actor_step(self.policy, self.optimizer, batch, run, micro_batch_size, device, totals,
+                          reduce_gradients=self.dp.sum_gradients)
 
     def gather_weights(self):
         return None
@@ -67,10 +73,14 @@ class TorchBackend:
         load_optimizer_state(checkpoint_path, self.optimizer)
 
 
-def make_backend(name: str, hf_model, run, device: str, dp: DataParallel, **fsdp_options) -> TrainerBackend:
+def make_backend(name: str, hf_model, run, device: str, dp: DataParallel, param_dtype: str = "",
+                 cpu_offload: bool = False, tp: int = 1, pp: int = 1) -> TrainerBackend:
     if name == "torch":
         return TorchBackend(hf_model, run, device, dp)
     if name == "fsdp":
         from services.trainer.fsdp_backend import FSDPBackend  # torch.distributed.fsdp only when asked for
-        return FSDPBackend(hf_model, run, device, dp, **fsdp_options)
+        return FSDPBackend(hf_model, run, device, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
+    if name == "megatron":
+        from services.trainer.megatron_backend import MegatronBackend  # megatron-core only when asked for
+        return MegatronBackend(hf_model, run, device, dp, tp=tp, pp=pp)
     raise ValueError(f"unknown trainer backend {name!r} ({', '.join(BACKENDS)})")

@@ -35,6 +35,13 @@ class DataParallel:
             dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=size,
                                     timeout=timedelta(seconds=timeout_s))
 
+    def ensure_group(self, backend: str = "gloo") -> None:
+        """A process group even for one rank (FSDP and megatron build theirs on it): a private one on
+        loopback."""
+        if not dist.is_initialized():
+            from services.runtime.processes import free_port
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+
     @property
     def is_leader(self) -> bool:
         return self.rank == 0
@@ -64,12 +71,15 @@ class DataParallel:
             p.grad = flat[offset:offset + n].view_as(g).to(g.dtype)
             offset += n
 
-    def my_rows(self, rows: list[int], response_lengths: Sequence[int], group_size: int) -> list[int]:
+    def my_rows(self, rows: list[int], response_lengths: Sequence[int], group_size: int, share: int | None = None,
+                shares: int | None = None) -> list[int]:
         """This rank's whole groups of `rows`, balanced by response tokens (every rank computes the
-        same split)."""
+        same split): share `share` of `shares` (default: this rank's of the group's size; a backend whose
+        ranks of one model replica train the same rows passes its data-parallel rank and size)."""
+        share, shares = (self.rank, self.size) if share is None else (share, shares)
         groups = [rows[i:i + group_size] for i in range(0, len(rows), group_size)]
         weights = [float(sum(response_lengths[i:i + group_size])) for i in range(0, len(rows), group_size)]
-        return [r for g in balanced_split(weights, self.size)[self.rank] for r in groups[g]]
+        return [r for g in balanced_split(weights, shares)[share] for r in groups[g]]
 
     def barrier(self) -> None:
         if self.size > 1:

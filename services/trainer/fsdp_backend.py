@@ -30,6 +30,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 
 from services.model.response_batch import ResponseLogits
+from services.trainer.actor_update import StepMetrics, actor_step
 from services.trainer.data_parallel import DataParallel
 from services.trainer.optimizer import adamw
 
@@ -42,9 +43,9 @@ class FSDPBackend:
 
     def __init__(self, hf_model, run, device: str, dp: DataParallel, param_dtype: str = "",
                  cpu_offload: bool = False):
-        if dp.size > 1 and not torch.distributed.is_initialized():
-            raise RuntimeError("the fsdp backend needs the data-parallel process group")
+        dp.ensure_group()
         self.dp = dp
+        self.data_rank, self.data_size = dp.rank, dp.size
         self.device = device
         kind = torch.device(device).type
         mesh = init_device_mesh(kind, (dp.size,))
@@ -61,6 +62,10 @@ class FSDPBackend:
         self.names = [n for n, _ in hf_model.named_parameters()]
         self.optimizer = adamw(self.policy.parameters(), run.optim.lr, run.optim.betas, run.optim.weight_decay,
                                "cpu" if cpu_offload else device)
+
+    def train(self, batch, run, micro_batch_size: int, device: str = "cpu", totals=None) -> StepMetrics:
+        return actor_step(self.policy, self.optimizer, batch, run, micro_batch_size, device, totals,
+                          reduce_gradients=self.reduce_gradients)
 
     def reduce_gradients(self, params) -> None:
         for p in params:

@@ -13,10 +13,14 @@ What is redirected, and why each is safe on CPU (one process = one CPU "device")
   (`model_parallel_cuda_manual_seed`) forks named RNG states for dropout and initialisation regions; on CPU
   they fork the CPU generator instead.
 - `torch.cuda.synchronize`, `torch.cuda.empty_cache` -> no-ops: CPU work is synchronous.
+- `Tensor.type()` (no argument) of a CPU float tensor -> its CUDA name ('torch.cuda.FloatTensor'): megatron's
+  optimizers sort parameters into precision groups by those names and refuse any other. In the trainer
+  process only, where nothing else asks.
 - `torch.cuda.device_count()` -> 1, `torch.cuda.is_available` is left False (megatron checks it to choose
   code paths that need no CUDA).
 - `device="cuda"` written into tensor factories (the schedules' token counters, the default causal masks,
-  tensor-parallel data broadcast): in the modules of DEVICE_MODULES, the module's global `torch` becomes a
+  tensor-parallel data broadcast, the optimizers' overflow flags and loss scale, gradient clipping's norms,
+  the DDP buffers' warm-up tensor, megatron.core.utils' multi-tensor norms): in the modules of DEVICE_MODULES, the module's global `torch` becomes a
   proxy whose factories (`zeros`, `ones`, `empty`, `full`, `tensor`, `arange`) allocate on the CPU when
   asked for CUDA; everything else is torch itself.
 """
@@ -71,12 +75,30 @@ DEVICE_MODULES = (
     "megatron.core.pipeline_parallel.schedules",
     "megatron.core.transformer.utils",
     "megatron.core.tensor_parallel.data",
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.optimizer.grad_scaler",
+    "megatron.core.distributed.param_and_grad_buffer",
+    "megatron.core.utils",
 )
 FACTORIES = ("zeros", "ones", "empty", "full", "tensor", "arange")
 
 
 def _on_cpu(device):
     return "cpu" if device is not None and torch.device(device).type == "cuda" else device
+
+
+_tensor_type = torch.Tensor.type
+FLOAT_TYPES = ("torch.FloatTensor", "torch.HalfTensor", "torch.BFloat16Tensor")
+
+
+def _type_as_cuda(self, dtype=None, non_blocking=False, **kwargs):
+    """Tensor.type() with no argument names a CPU float tensor as its CUDA twin ('torch.cuda.FloatTensor'):
+    megatron's optimizers accept parameters by those names only."""
+    if dtype is None and not kwargs:
+        name = _tensor_type(self)
+        return name.replace("torch.", "torch.cuda.", 1) if name in FLOAT_TYPES else name
+    return _tensor_type(self, dtype, non_blocking, **kwargs)
 
 
 class _TorchOnCPU:
@@ -119,6 +141,7 @@ def install() -> bool:
         if not hasattr(module, attr):
             raise RuntimeError(f"megatron CPU shim: {module_name}.{attr} is gone in megatron-core {version}")
         setattr(module, attr, replacement)
+    torch.Tensor.type = _type_as_cuda
     for module_name in DEVICE_MODULES:
         module = importlib.import_module(module_name)
         if getattr(module, "torch", None) is not torch:

@@ -41,7 +41,7 @@ from services.run_state.trainer_progress import TrainerProgress, finish_step
 from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
-from services.trainer.actor_update import StepMetrics, actor_fields, actor_step
+from services.trainer.actor_update import StepMetrics, actor_fields
 from services.run_contract.checkpoint import latest_checkpoint, save_checkpoint
 from services.trainer.config import TrainerConfig
 from services.trainer.backend import make_backend
@@ -273,16 +273,18 @@ class ActorTrainer:
             else:  # the split needs every row's length; the leader's metrics need every row's ids
                 info = self.tq.get(partition, claimed.rows, ["response_length", "prompt_position", "sample_index",
                                                              "weight_version", "reward"])
-                batch = self.tq.get(partition, dp.my_rows(claimed.rows, info["response_length"].tolist(), n),
-                                    actor_fields(run))
+                mine = dp.my_rows(claimed.rows, info["response_length"].tolist(), n,
+                                  self.backend.data_rank, self.backend.data_size)
+                batch = self.tq.get(partition, mine, actor_fields(run))
             version = self._policy_version(it)
             lr = set_lr(self.optimizer, run.optim.lr, step, run.optim, run.num_steps)  # run.optim.lr_schedule
             t1 = time.perf_counter()
-            tokens = dp.total(float(sum(float(m.sum()) for m in batch["loss_mask"])))
+            # every rank of a model replica (megatron: TP x PP ranks) holds the same rows: count them once
+            replica = dp.size // self.backend.data_size
+            tokens = dp.total(float(sum(float(m.sum()) for m in batch["loss_mask"]))) / replica
             with span("train", step, version):
-                m = actor_step(self.backend.policy, self.optimizer, batch, run, run.micro_batch_size, c.device,
-                               totals=(tokens, float(run.global_batch_size)),
-                               reduce_gradients=self.backend.reduce_gradients)
+                m = self.backend.train(batch, run, run.micro_batch_size, c.device,
+                                       totals=(tokens, float(run.global_batch_size)))
             compute_s += time.perf_counter() - t1
             if not dp.is_leader:
                 continue

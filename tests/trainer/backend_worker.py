@@ -12,47 +12,57 @@ from safetensors.torch import save_file
 from services.model.loading import load_causal_lm
 from services.run_contract.checkpoint import save_checkpoint
 from services.run_contract.run_config import RunConfig
-from services.trainer.actor_update import actor_step
 from services.trainer.backend import make_backend
 from services.trainer.data_parallel import DataParallel
 from services.transferqueue.codec import Batch
 from tests.trainer.test_actor_update import _batch
 
 RUN = dict(name="r", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4, micro_batch_size=1,
-           optim={"lr": 1e-2, "grad_clip": 0.5})
+           optim={"lr": 1e-3, "grad_clip": 0.5})  # Adam moves every weight by ~lr
 
 
-def train_once(backend: str, model_dir: str, dp: DataParallel, out_dir: str, resume: str = "", seed: int = 0):
+def train_once(backend: str, model_dir: str, dp: DataParallel, out_dir: str, resume: str = "", seed: int = 0,
+               tp: int = 1, pp: int = 1):
     run = RunConfig(model=model_dir, **RUN)
     model, _ = load_causal_lm(resume or model_dir)
-    b = make_backend(backend, model, run, "cpu", dp)
+    b = make_backend(backend, model, run, "cpu", dp, tp=tp, pp=pp)
     if resume:
         b.load_optimizer(resume)
     full = _batch(seed)
-    mine = dp.my_rows(full.rows, full["response_length"].tolist(), 2) if dp.size > 1 else full.rows
+    mine = dp.my_rows(full.rows, full["response_length"].tolist(), 2, b.data_rank, b.data_size)
     share = Batch(partition="train_0", rows=mine, columns={
         k: ([v[i] for i in mine] if isinstance(v, list) else v[mine]) for k, v in full.columns.items()})
-    tokens = dp.total(float(sum(float(m.sum()) for m in share["loss_mask"])))
-    m = actor_step(b.policy, b.optimizer, share, run, 1, totals=(tokens, 4.0), reduce_gradients=b.reduce_gradients)
-    loss = dp.total(m.loss)
-    state = b.full_state()
+    tokens = dp.total(float(sum(float(m.sum()) for m in share["loss_mask"]))) / (dp.size // b.data_size)
+    m = b.train(share, run, 1, totals=(tokens, 4.0))
+    loss = m.loss if backend == "megatron" else dp.total(m.loss)  # megatron's metrics are the global batch's
     weights = b.gather_weights() or [(n, p.detach()) for n, p in model.named_parameters()]
+    if backend == "megatron":  # no checkpoints yet: the step and the weights
+        if dp.is_leader:
+            _write(out_dir, weights, loss, m.grad_norm)
+        return
+    state = b.full_state()
     if dp.is_leader:
         save_checkpoint(out_dir, "actor", model, b.optimizer, model_dir, 1, 1, state=state)
-        save_file({n: t.contiguous() for n, t in weights}, os.path.join(out_dir, "weights.safetensors"))
-        with open(os.path.join(out_dir, "step.json"), "w") as f:
-            json.dump({"loss": loss, "grad_norm": m.grad_norm}, f)
+        _write(out_dir, weights, loss, m.grad_norm)
+
+
+def _write(out_dir: str, weights, loss: float, grad_norm: float) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    save_file({n: t.contiguous() for n, t in weights}, os.path.join(out_dir, "weights.safetensors"))
+    with open(os.path.join(out_dir, "step.json"), "w") as f:
+        json.dump({"loss": loss, "grad_norm": grad_norm}, f)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     for flag in ("--model", "--backend", "--master", "--out", "--resume"):
         p.add_argument(flag, default="")
-    p.add_argument("--rank", type=int), p.add_argument("--size", type=int), p.add_argument("--seed", type=int)
+    for flag in ("--rank", "--size", "--seed", "--tp", "--pp"):
+        p.add_argument(flag, type=int, default=1)
     a = p.parse_args()
     torch.set_num_threads(1)
     dp = DataParallel(a.rank, a.size, a.master, timeout_s=120)
-    train_once(a.backend, a.model, dp, a.out, a.resume, a.seed)
+    train_once(a.backend, a.model, dp, a.out, a.resume, a.seed, a.tp, a.pp)
     dp.close()
 
 

@@ -1,0 +1,168 @@
+"""The `megatron` trainer backend: megatron-core's GPTModel with tensor and pipeline parallelism, its
+DistributedDataParallel, DistributedOptimizer and forward-backward schedules.
+
+Ranks: the trainer's process group of W ranks is split by megatron into TP x PP x DP (DP = W / (TP x PP)); the
+ranks of one TP x PP replica train the same rows, the replicas disjoint shares of each global batch.
+
+The step (`train`): the share's micro batches, right-padded to one width and one row count (pipeline stages
+exchange activations of a fixed shape), go through megatron's schedule; the last stage gathers the
+vocabulary-parallel logits across TP and takes the same loss as every backend
+(services/trainer/actor_update.py: micro_batch_loss). The schedule divides a micro batch's loss by the number
+of micro batches and DDP averages gradients over DP, while ours is already normalised by the global batch's
+totals, so the loss handed to it is multiplied by both:
+
+    loss_to_schedule = micro_batch_loss * num_micro_batches * dp_size     (the gradient is then the global sum)
+
+Gradient clipping (global norm over every shard, TP duplicates counted once) and AdamW are megatron's
+DistributedOptimizer; weight decay applies to every parameter, as the torch backend's AdamW does.
+
+On a machine without CUDA, services/trainer/megatron_cpu.py redirects megatron's CUDA calls first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.distributed as dist
+
+from services.model.response_batch import ResponseBatch
+from services.trainer.actor_update import StepMetrics, global_totals, micro_batch_loss, micro_batches
+from services.trainer.data_parallel import DataParallel
+from services.trainer.megatron_cpu import install as install_cpu_shim
+from services.trainer.megatron_model import build_gpt, init_model_parallel, to_megatron
+from services.trainer.megatron_weights import ShardGather
+
+
+class MegatronBackend:
+    name = "megatron"
+    gathers = True
+
+    def __init__(self, hf_model, run, device: str, dp: DataParallel, tp: int = 1, pp: int = 1):
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        if dp.size % (tp * pp):
+            raise ValueError(f"{dp.size} trainer ranks do not divide into TP={tp} x PP={pp}")
+        dp.ensure_group()
+        install_cpu_shim()
+        init_model_parallel(tp, pp, run.optim.seed)
+        self.dp, self.tp, self.pp = dp, tp, pp
+        self.stage, self.tp_rank = ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()
+        self.data_rank, self.data_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.first, self.last = self.stage == 0, self.stage == pp - 1
+        self.hf_config = hf_model.config
+        hf_state = hf_model.state_dict()
+        model = build_gpt(self.hf_config, tp, pp, pre_process=self.first, post_process=self.last)
+        missing, unexpected = model.load_state_dict(
+            to_megatron(hf_state, self.hf_config, tp, self.tp_rank, pp, self.stage), strict=False)
+        if unexpected or any(not k.endswith("_extra_state") for k in missing):
+            raise RuntimeError(f"HF -> megatron left tensors unmatched: missing {missing}, unexpected {unexpected}")
+        model.config.finalize_model_grads_func = finalize_model_grads  # DP (and embedding) gradient reduction
+        self.model = DistributedDataParallel(
+            model.config, DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True),
+            model)
+        o = run.optim
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=o.lr, weight_decay=o.weight_decay, adam_beta1=o.betas[0],
+                            adam_beta2=o.betas[1], adam_eps=1e-8, clip_grad=o.grad_clip, bf16=False, fp16=False,
+                            use_distributed_optimizer=True),
+            [self.model], config_overrides={})  # {}: weight decay on every parameter, as torch's AdamW
+        self.weights = ShardGather(self.model, self.hf_config, hf_state, dp, tp, pp)
+
+    # ------------------------------------------------------------------ one step
+
+    def train(self, batch, run, micro_batch_size: int, device: str = "cpu",
+              totals: tuple[float, float] | None = None) -> StepMetrics:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        totals = global_totals(batch, totals)
+        micro = uniform(list(micro_batches(batch, micro_batch_size, device)), micro_batch_size)
+        scale = len(micro) * self.data_size
+        width = micro[0][1].input_ids.shape[1]
+        positions = torch.arange(width)[None].expand(micro_batch_size, -1)
+
+        def forward_step(data, model):
+            sl, rb, mask, rows = next(data)
+            out = model(input_ids=rb.input_ids, position_ids=positions, attention_mask=None)
+
+            def loss_func(output):
+                logits = gather_from_tensor_model_parallel_region(output)[:rows]
+                logits = _response_rows(rb, rows).gather_response(logits)
+                if run.rollout.temperature != 1.0:
+                    logits = logits / run.rollout.temperature
+                loss, m, tokens = micro_batch_loss(logits, _response_rows(rb, rows), mask, batch, sl, run, totals,
+                                                   device)
+                return loss * scale, {"loss": loss.detach(), "tokens": tokens, **m}
+            return out, loss_func
+
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        outputs = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(micro), model=[self.model],
+            num_microbatches=len(micro), seq_length=width, micro_batch_size=micro_batch_size, forward_only=False)
+        _, grad_norm, _ = self.optimizer.step()
+        return self._metrics(outputs, float(grad_norm if grad_norm is not None else math.nan))
+
+    def _metrics(self, outputs: list[dict], grad_norm: float) -> StepMetrics:
+        """The step's metrics as one process over the global batch would report them, on every rank: the last
+        stage's TP rank 0 of each replica contributes its micro batches; summed (ratio_max: max) over the world,
+        with the metrics this loss configuration reports."""
+        local = StepMetrics()
+        for m in outputs if (self.last and self.tp_rank == 0) else []:
+            local.add({k: v for k, v in m.items() if k not in ("loss", "tokens")}, float(m["tokens"]))
+            local.loss += float(m["loss"])
+        present = torch.tensor([float(n in local.sums) for n in METRIC_NAMES])
+        sums = torch.tensor([local.sums.get(n, 0.0) for n in METRIC_NAMES] + [local.loss, local.tokens],
+                            dtype=torch.float64)
+        ratio_max = torch.tensor([local.sums.get("ratio_max", 0.0)], dtype=torch.float64)
+        dist.all_reduce(present, op=dist.ReduceOp.MAX)
+        dist.all_reduce(sums)
+        dist.all_reduce(ratio_max, op=dist.ReduceOp.MAX)
+        total = StepMetrics(loss=float(sums[-2]), tokens=float(sums[-1]), grad_norm=grad_norm)
+        for i, name in enumerate(METRIC_NAMES):
+            if present[i]:
+                total.sums[name] = float(ratio_max) if name == "ratio_max" else float(sums[i])
+        return total
+
+    # ------------------------------------------------------------------ weights
+
+    def gather_weights(self):
+        return self.weights.gather()
+
+    def full_state(self):
+        raise NotImplementedError("megatron checkpoints are not written yet")
+
+    def load_optimizer(self, checkpoint_path: str) -> None:
+        raise NotImplementedError("megatron checkpoints are not resumed yet")
+
+
+# every metric micro_batch_loss reports (policy_loss's and the rollout distance), summed token-weighted
+METRIC_NAMES = ("pg_loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_max", "kl", "entropy",
+                "tis_weight_mean", "rollout_logprob_abs_diff", "rollout_kl_k3")
+
+
+def _response_rows(rb: ResponseBatch, rows: int) -> ResponseBatch:
+    if rows == rb.input_ids.shape[0]:
+        return rb
+    return dataclasses.replace(rb, **{f.name: getattr(rb, f.name)[:rows] for f in dataclasses.fields(rb)})
+
+
+def uniform(micro: list, rows: int) -> list:
+    """(slice, ResponseBatch, mask, real rows) per micro batch, every ResponseBatch padded to the widest and to
+    `rows` rows (copies of its first row; their loss is cut off by `real rows`): pipeline stages exchange
+    activations of one shape."""
+    width = max(rb.input_ids.shape[1] for _, rb, _ in micro)
+    out = []
+    for sl, rb, mask in micro:
+        n, w = rb.input_ids.shape
+        ids = torch.zeros(rows, width, dtype=rb.input_ids.dtype)
+        ids[:n, :w] = rb.input_ids
+        ids[n:, :w] = rb.input_ids[:1]
+        out.append((sl, dataclasses.replace(rb, input_ids=ids), mask, n))
+    return out
