@@ -29,14 +29,18 @@ class TrainerConfig(RoleSettings):
         "(frozen with their KV cache), retract (requeued, KV recomputed), none (no pause: the built-in "
         "engine keeps generating while it receives and loads the version between two steps), auto (none for "
         "the built-in engine, abort for SGLang servers)"))
-    backend: str = Field("torch", pattern="^(torch|fsdp)$", description=(
-        "actor training backend: torch (every rank holds the whole model) or fsdp (FSDP2: parameters, gradients "
-        "and optimizer state sharded over the --dp-size ranks); the critic trains with torch"))
+    backend: str = Field("torch", pattern="^(torch|fsdp|megatron)$", description=(
+        "actor training backend: torch (every rank holds the whole model), fsdp (FSDP2: parameters, gradients "
+        "and optimizer state sharded over the --dp-size ranks) or megatron (megatron-core: tensor and pipeline "
+        "parallel, --tp-size x --pp-size ranks per model replica); the critic trains with torch"))
+    tp_size: int = Field(1, ge=1, le=64, description="megatron: tensor-parallel size")
+    pp_size: int = Field(1, ge=1, le=64, description="megatron: pipeline-parallel size")
     fsdp_param_dtype: str = Field("", pattern="^(|bfloat16|float16)$", description=(
         "fsdp: compute in this dtype (gradients reduced in float32); empty = the model's float32"))
     fsdp_cpu_offload: bool = Field(False, description="fsdp: keep sharded parameters and optimizer state in CPU "
                                                       "memory (for a CUDA device)")
-    dp_size: int = Field(1, ge=1, description="data-parallel actor ranks (one process each)")
+    dp_size: int = Field(1, ge=1, description=(
+        "actor ranks (one process each); with megatron, TP x PP x data-parallel replicas"))
     dp_rank: int = Field(0, ge=0, description="this process's data-parallel rank; rank 0 leads (claims, "
                                               "publishes, checkpoints)")
     dp_master: str = Field("", description="host:port of rank 0's rendezvous for the data-parallel group")

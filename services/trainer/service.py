@@ -93,10 +93,12 @@ class ActorTrainer:
         self.clearing = PartitionClearing(self.tq, self.steps, run, c.clear_wait_s)
         torch.manual_seed(run.optim.seed)
         ckpt = latest_checkpoint(c.checkpoint_dir, "actor") if c.checkpoint_dir else None
+        if c.checkpoint_dir and c.backend == "megatron":
+            raise ValueError("the megatron backend does not write checkpoints yet: run it without --checkpoint-dir")
         self.model, _ = load_causal_lm(ckpt.path if ckpt else run.model, "float32", c.device)
         self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master, backend=process_group_backend(c.device))
-        self.backend = make_backend(c.backend, self.model, run, c.device, self.dp,
-                                    param_dtype=c.fsdp_param_dtype, cpu_offload=c.fsdp_cpu_offload)
+        self.backend = make_backend(c.backend, self.model, run, c.device, self.dp, param_dtype=c.fsdp_param_dtype,
+                                    cpu_offload=c.fsdp_cpu_offload, tp=c.tp_size, pp=c.pp_size)
         self.optimizer = self.backend.optimizer
         if ckpt:
             self.backend.load_optimizer(ckpt.path)

@@ -208,3 +208,17 @@ def test_fsdp_trainer_over_two_ranks_trains_publishes_and_checkpoints(model_dir,
     final = tmp_path / "ckpt" / "actor" / names[-1]
     assert json.loads((final / "trainer_state.json").read_text()) == {"next_step": run.num_steps,
                                                                       "version": last_version}
+
+
+def test_megatron_trainer_with_tensor_parallel_two_trains_and_publishes(model_dir, tmp_path):
+    run = RunConfig(name="megatron", model=model_dir, max_staleness=1, n_samples_per_prompt=2, rollout_batch_size=4,
+                    global_batch_size=8, micro_batch_size=2, num_steps=3, rollout={"max_new_tokens": 12},
+                    optim={"lr": 1e-4})
+    megatron = ["--backend", "megatron", "--tp-size", "2"]
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), trainer_ranks=2,
+                  role_args={"trainer": megatron, "trainer-1": megatron}) as lr:
+        lr.wait_for_step(run.num_steps, 400)
+        steps = assert_run_complete(lr, run)  # engines included: they serve the last published version
+        assert all(steps[s]["metrics"]["loss"] == steps[s]["metrics"]["loss"] for s in steps)  # finite, reported
+        status = httpx.get(lr.procs["trainer-1"].status_url + "/status").json()
+        assert status["step"] == run.num_steps - 1
