@@ -6,6 +6,8 @@ global batch, per backend, each rank its own process with one torch thread:
     torch x1   the whole model in one process (the baseline)
     torch x2   two data-parallel ranks, whole model on each, gradients summed (all-reduce over gloo)
     fsdp  x2   two FSDP2 ranks: parameters, gradients and AdamW moments sharded
+    megatron tp2  megatron-core with tensor parallelism 2 (DistributedOptimizer, forward-backward schedule)
+    megatron pp2  megatron-core with pipeline parallelism 2
 
 Per configuration: the median step wall time over --steps steps after --warmup, and per rank the bytes of its
 model state (its local parameters + gradients + optimizer state, measured from the tensors after a step) and
@@ -32,7 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-CONFIGS = [("torch", 1), ("torch", 2), ("fsdp", 2)]
+CONFIGS = [("torch", 1, 1, 1), ("torch", 2, 1, 1), ("fsdp", 2, 1, 1), ("megatron", 2, 2, 1), ("megatron", 2, 1, 2)]
 
 
 def log(message: str) -> None:
@@ -55,15 +57,22 @@ def synthetic_batch(samples: int, prompt: int, response: int, vocab: int):
 
 def state_bytes(backend) -> int:
     """This rank's parameters, gradients and optimizer state as stored here (a DTensor counts its shard).
-    Gradients count at their parameter's size: they live through the step (actor_step frees them after)."""
+    Gradients count at their parameter's size: they live through the step (actor_step frees them after);
+    megatron's are its DDP buffer (float32) and its optimizer's state includes the float32 main parameters."""
     import torch
 
     def local(t):
         return t.to_local() if hasattr(t, "to_local") else t
-    total = 0
-    for p in backend.policy.parameters():
-        total += 2 * local(p).numel() * p.element_size()
-    for state in backend.optimizer.state.values():
+    if backend.name == "megatron":
+        params = list(backend.model.module.parameters())
+        total = sum(p.numel() * p.element_size() * 2 for p in params)
+        inner = backend.optimizer.chained_optimizers[0].optimizer if hasattr(
+            backend.optimizer, "chained_optimizers") else backend.optimizer.optimizer
+        states = inner.state.values()
+    else:
+        total = sum(2 * local(p).numel() * p.element_size() for p in backend.policy.parameters())
+        states = backend.optimizer.state.values()
+    for state in states:
         total += sum(local(v).numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor))
     return total
 
@@ -73,7 +82,6 @@ def worker(a) -> None:
 
     from services.model.loading import load_causal_lm
     from services.run_contract.run_config import RunConfig
-    from services.trainer.actor_update import actor_step
     from services.trainer.backend import make_backend
     from services.trainer.data_parallel import DataParallel
     from services.transferqueue.codec import Batch
@@ -83,18 +91,17 @@ def worker(a) -> None:
     run = RunConfig(name="bench", model=a.model, n_samples_per_prompt=2, rollout_batch_size=a.samples // 2,
                     global_batch_size=a.samples, micro_batch_size=a.micro, optim={"lr": 1e-5})
     model, _ = load_causal_lm(a.model)
-    backend = make_backend(a.backend, model, run, "cpu", dp)
+    backend = make_backend(a.backend, model, run, "cpu", dp, tp=a.tp, pp=a.pp)
     full = synthetic_batch(a.samples, a.prompt, a.response, model.config.vocab_size)
-    mine = dp.my_rows(full.rows, full["response_length"].tolist(), 2)
+    mine = dp.my_rows(full.rows, full["response_length"].tolist(), 2, backend.data_rank, backend.data_size)
     share = Batch(partition="train_0", rows=mine, columns={
         k: ([v[i] for i in mine] if isinstance(v, list) else v[mine]) for k, v in full.columns.items()})
-    tokens = dp.total(float(sum(float(m.sum()) for m in share["loss_mask"])))
+    tokens = dp.total(float(sum(float(m.sum()) for m in share["loss_mask"]))) / (dp.size // backend.data_size)
     times = []
     for step in range(a.warmup + a.steps):
         dp.barrier()
         start = time.perf_counter()
-        actor_step(backend.policy, backend.optimizer, share, run, run.micro_batch_size,
-                   totals=(tokens, float(a.samples)), reduce_gradients=backend.reduce_gradients)
+        backend.train(share, run, run.micro_batch_size, totals=(tokens, float(a.samples)))
         dp.barrier()
         if step >= a.warmup:
             times.append(time.perf_counter() - start)
@@ -107,16 +114,16 @@ def worker(a) -> None:
     dp.close()
 
 
-def run_config(a, backend: str, size: int, workdir: str) -> dict:
+def run_config(a, backend: str, size: int, tp: int, pp: int, workdir: str) -> dict:
     from services.runtime.processes import free_port
 
-    out = os.path.join(workdir, f"{backend}-{size}.json")
+    out = os.path.join(workdir, f"{backend}-{size}-{tp}-{pp}.json")
     master = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
     argv = [sys.executable, os.path.abspath(__file__), "--worker", "--backend", backend, "--size", str(size),
             "--master", master, "--out", out, "--model", a.model, "--steps", str(a.steps), "--warmup",
             str(a.warmup), "--samples", str(a.samples), "--micro", str(a.micro), "--prompt", str(a.prompt),
-            "--response", str(a.response)]
+            "--response", str(a.response), "--tp", str(tp), "--pp", str(pp)]
     procs = [subprocess.Popen(argv + ["--rank", str(r)], env=env) for r in range(size)]
     codes = [p.wait(1800) for p in procs]
     if any(codes):
@@ -139,6 +146,8 @@ def main(argv=None) -> int:
         p.add_argument(flag, default="", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--size", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         worker(a)
@@ -148,10 +157,11 @@ def main(argv=None) -> int:
     workdir = tempfile.mkdtemp(prefix="sluice-trainer-bench-")
     a.model = init_model(os.path.join(workdir, "model"), preset=a.preset, arch="qwen2", seed=0)
     results = {}
-    for backend, size in CONFIGS:
-        log(f"{backend} x{size} ...")
-        results[f"{backend}_x{size}"] = run_config(a, backend, size, workdir)
-        log(f"{backend} x{size}: step {results[f'{backend}_x{size}']['step_s']:.3f} s")
+    for backend, size, tp, pp in CONFIGS:
+        name = f"{backend}_x{size}" + (f"_tp{tp}_pp{pp}" if backend == "megatron" else "")
+        log(f"{name} ...")
+        results[name] = run_config(a, backend, size, tp, pp, workdir)
+        log(f"{name}: step {results[name]['step_s']:.3f} s")
     ratio = results["fsdp_x2"]["state_bytes_per_rank"] / results["torch_x1"]["state_bytes_per_rank"]
     print(json.dumps({
         "benchmark": "trainer_backends",

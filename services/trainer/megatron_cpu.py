@@ -16,6 +16,7 @@ What is redirected, and why each is safe on CPU (one process = one CPU "device")
 - `Tensor.type()` (no argument) of a CPU float tensor -> its CUDA name ('torch.cuda.FloatTensor'): megatron's
   optimizers sort parameters into precision groups by those names and refuse any other. In the trainer
   process only, where nothing else asks.
+- `Tensor.cuda()` -> the tensor itself (the distributed optimizer's state gather for checkpoints).
 - `torch.cuda.device_count()` -> 1, `torch.cuda.is_available` is left False (megatron checks it to choose
   code paths that need no CUDA).
 - `device="cuda"` written into tensor factories (the schedules' token counters, the default causal masks,
@@ -101,6 +102,11 @@ def _type_as_cuda(self, dtype=None, non_blocking=False, **kwargs):
     return _tensor_type(self, dtype, non_blocking, **kwargs)
 
 
+def _stays_on_cpu(self, *_args, **_kwargs):
+    """Tensor.cuda() -> the tensor itself (the distributed optimizer moves state it gathers 'to the GPU')."""
+    return self
+
+
 class _TorchOnCPU:
     """`torch` as a module of DEVICE_MODULES sees it: factories asked for CUDA allocate on the CPU."""
 
@@ -142,6 +148,7 @@ def install() -> bool:
             raise RuntimeError(f"megatron CPU shim: {module_name}.{attr} is gone in megatron-core {version}")
         setattr(module, attr, replacement)
     torch.Tensor.type = _type_as_cuda
+    torch.Tensor.cuda = _stays_on_cpu
     for module_name in DEVICE_MODULES:
         module = importlib.import_module(module_name)
         if getattr(module, "torch", None) is not torch:

@@ -34,6 +34,9 @@ for module_name in megatron_cpu.DEVICE_MODULES:
     assert isinstance(module.torch, megatron_cpu._TorchOnCPU), module_name
     assert module.torch.zeros(2, device="cuda").device.type == "cpu"
 assert torch.cuda.current_device() == torch.device("cpu")
+x = torch.zeros(2)
+assert x.cuda() is x and x.type() == "torch.cuda.FloatTensor" and x.long().type() == "torch.LongTensor"
+assert x.type(torch.float64).dtype == torch.float64
 megatron_cpu.installed_version = lambda: "0.99.0"
 with pytest.raises(RuntimeError, match="0.99.0 is installed"):
     megatron_cpu.install()
