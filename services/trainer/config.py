@@ -1,4 +1,6 @@
-from pydantic import Field
+import os
+
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.runtime.role_service import RoleSettings
@@ -52,3 +54,16 @@ class TrainerConfig(RoleSettings):
         "many MiB; larger models publish the live weights and the next optimizer step waits; 0 = never copy"))
     lease_s: float = Field(300.0, gt=0, description="claim lease: rows return to the queue if this node dies")
     clear_wait_s: float = Field(600.0, gt=0, description="how long to wait for every task to consume a step")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ranks_from_torchrun(cls, data):
+        """Ranks as torchrun (and torch.distributed's env:// rendezvous) set them: RANK, WORLD_SIZE,
+        MASTER_ADDR and MASTER_PORT give --dp-rank, --dp-size and --dp-master when those are not set."""
+        if not isinstance(data, dict) or "WORLD_SIZE" not in os.environ:
+            return data
+        env = os.environ
+        defaults = {"dp_size": env.get("WORLD_SIZE"), "dp_rank": env.get("RANK")}
+        if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+            defaults["dp_master"] = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        return {**{k: v for k, v in defaults.items() if v is not None}, **data}

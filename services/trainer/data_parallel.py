@@ -8,6 +8,7 @@ the whole global batch, so summing the ranks' gradients gives exactly the one-pr
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Sequence
 
@@ -15,6 +16,15 @@ import torch
 import torch.distributed as dist
 
 from services.transferqueue.client.balance import balanced_split
+
+
+def init_method(master: str) -> str:
+    """env:// when the rendezvous is torchrun's (MASTER_ADDR:MASTER_PORT, whose store torchrun's agent already
+    hosts, so rank 0 must not open its own there), else a TCP store that rank 0 opens at `master`."""
+    env = os.environ
+    if env.get("TORCHELASTIC_RUN_ID") and master == f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}":
+        return "env://"
+    return f"tcp://{master}"
 
 
 def process_group_backend(device: str) -> str:
@@ -32,7 +42,7 @@ class DataParallel:
             if not master:
                 raise ValueError("--dp-master host:port is required with --dp-size > 1")
             # ranks wait on each other while rank 0 waits for data: the timeout bounds a whole step
-            dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=size,
+            dist.init_process_group(backend, init_method=init_method(master), rank=rank, world_size=size,
                                     timeout=timedelta(seconds=timeout_s))
 
     def ensure_group(self, backend: str = "gloo") -> None:
