@@ -49,12 +49,16 @@ def copy_tokenizer(source: str, target: str) -> list[str]:
     return names
 
 
+SHARDED = "sharded"  # a backend's own distributed checkpoint inside a checkpoint directory (megatron's)
+
+
 def save_checkpoint(directory: str, role: str, model, optimizer, tokenizer_dir: str | None, next_step: int,
-                    version: int, keep: int = 2, state: tuple[dict, dict] | None = None) -> str:
+                    version: int, keep: int = 2, state: tuple[dict, dict | None, str | None] | None = None) -> str:
     """Write <directory>/<role>/step_<next_step>/: the model (safetensors), the tokenizer files of
     `tokenizer_dir` (the run's model directory), the optimizer state and trainer_state.json; then delete all
-    but the newest `keep` checkpoints of the role. `state`: (model state dict, optimizer state dict) gathered
-    from a sharded model, written in place of `model`'s and `optimizer`'s own."""
+    but the newest `keep` checkpoints of the role. `state`: (model state dict, optimizer state dict, sharded
+    directory) gathered from a sharded model, written in place of `model`'s and `optimizer`'s own; an optimizer
+    kept sharded (megatron) has no optimizer.pt and its sharded directory moves in as `sharded/`."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     root = _root(directory, role)
@@ -62,11 +66,14 @@ def save_checkpoint(directory: str, role: str, model, optimizer, tokenizer_dir: 
     final = os.path.join(root, f"step_{next_step:08d}")
     tmp = final + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model_state, optimizer_state = state if state is not None else (None, optimizer.state_dict())
+    model_state, optimizer_state, sharded = state if state is not None else (None, optimizer.state_dict(), None)
     model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
     if tokenizer_dir:
         copy_tokenizer(tokenizer_dir, tmp)
-    torch.save(optimizer_state, os.path.join(tmp, "optimizer.pt"))
+    if optimizer_state is not None:
+        torch.save(optimizer_state, os.path.join(tmp, "optimizer.pt"))
+    if sharded:
+        os.replace(sharded, os.path.join(tmp, SHARDED))
     with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
         json.dump({"next_step": next_step, "version": version}, f)
     shutil.rmtree(final, ignore_errors=True)

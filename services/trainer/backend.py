@@ -39,9 +39,10 @@ class TrainerBackend(Protocol):
         """Collective when `gathers`: a copy of the full weights with Hugging Face names on the leader (None on
         the other ranks, and from a backend that does not gather: it publishes its live weights)."""
 
-    def full_state(self) -> tuple[dict, dict] | None:
-        """Collective when `gathers`: (model state dict, optimizer state dict in torch's own format) on the
-        leader, for a checkpoint; None elsewhere."""
+    def full_state(self, scratch_dir: str) -> tuple[dict, dict | None, str | None] | None:
+        """Collective when `gathers`: for a checkpoint, on the leader (None elsewhere) the model's state dict
+        with HF names, the optimizer's state dict in torch's own format (None when it is kept sharded) and the
+        directory of a sharded checkpoint the backend wrote under `scratch_dir` (None if it wrote none)."""
 
     def load_optimizer(self, checkpoint_path: str) -> None: ...
 
@@ -66,8 +67,8 @@ class TorchBackend:
     def gather_weights(self):
         return None
 
-    def full_state(self):
-        return (self.policy.hf.state_dict(), self.optimizer.state_dict()) if self.dp.is_leader else None
+    def full_state(self, scratch_dir: str):
+        return (self.policy.hf.state_dict(), self.optimizer.state_dict(), None) if self.dp.is_leader else None
 
     def load_optimizer(self, checkpoint_path: str) -> None:
         load_optimizer_state(checkpoint_path, self.optimizer)

@@ -86,13 +86,13 @@ class FSDPBackend:
     def _options(self) -> StateDictOptions:
         return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
-    def full_state(self) -> tuple[dict, dict] | None:
+    def full_state(self, scratch_dir: str = "") -> tuple[dict, dict, None] | None:
         model = get_model_state_dict(self.policy, options=self._options())
         optim = get_optimizer_state_dict(self.policy, self.optimizer, options=self._options())
         if not self.dp.is_leader:
             return None
         model = {k.removeprefix(PREFIX): v for k, v in model.items()}
-        return model, self._by_index(optim)
+        return model, self._by_index(optim), None
 
     def _by_index(self, optim: dict) -> dict:
         """torch's optimizer.state_dict() format (state keyed by the parameter's index) from the FQN-keyed one."""

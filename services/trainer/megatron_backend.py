@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import shutil
 
 import torch
 import torch.distributed as dist
 
 from services.model.response_batch import ResponseBatch
+from services.run_contract.checkpoint import SHARDED
 from services.trainer.actor_update import StepMetrics, global_totals, micro_batch_loss, micro_batches
 from services.trainer.data_parallel import DataParallel
 from services.trainer.megatron_cpu import install as install_cpu_shim
@@ -135,11 +138,58 @@ class MegatronBackend:
     def gather_weights(self):
         return self.weights.gather()
 
-    def full_state(self):
-        raise NotImplementedError("megatron checkpoints are not written yet")
+    def _sharded(self, loading: bool = False) -> dict:
+        model = self.model.module.sharded_state_dict()
+        # fully_reshardable: each parameter's optimizer state in model space, so a checkpoint reloads under
+        # another data-parallel size
+        metadata = {"distrib_optim_sharding_type": "fully_reshardable"}
+        return {"model": model,
+                "optimizer": self.optimizer.sharded_state_dict(model, is_loading=loading, metadata=metadata)}
+
+    def _init_adam_state(self) -> None:
+        """The state torch's AdamW keeps per parameter, zeroed, where it has none yet: megatron reads a loading
+        optimizer's state dict (its `step` included) to lay out the one it loads, and neither its own
+        init_state_fn nor a fresh torch AdamW has a `step` before the first update."""
+        for chained in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            inner = chained.optimizer
+            for group in inner.param_groups:
+                for p in group["params"]:
+                    if not inner.state[p]:
+                        inner.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                          "exp_avg_sq": torch.zeros_like(p)}
+
+    def full_state(self, scratch_dir: str):
+        """megatron's distributed checkpoint of the model and optimizer into `scratch_dir` (every rank writes
+        its shards), and the HF export of the weights (gathered on the leader)."""
+        from megatron.core import dist_checkpointing
+
+        if self.dp.is_leader:  # a crash's leftover
+            shutil.rmtree(scratch_dir, ignore_errors=True)
+        self.dp.barrier()
+        os.makedirs(scratch_dir, exist_ok=True)
+        dist_checkpointing.save(self._sharded(), scratch_dir)
+        weights = self.weights.gather()
+        return (dict(weights), None, scratch_dir) if self.dp.is_leader else None
 
     def load_optimizer(self, checkpoint_path: str) -> None:
-        raise NotImplementedError("megatron checkpoints are not resumed yet")
+        """Model and optimizer state from the checkpoint's megatron shards (the HF weights it was built from
+        are the same numbers)."""
+        from megatron.core import dist_checkpointing
+
+        sharded = os.path.join(checkpoint_path, SHARDED)
+        if not os.path.isdir(sharded):
+            raise RuntimeError(f"{checkpoint_path} has no megatron checkpoint ({SHARDED}/): written by another "
+                               "backend, it holds the weights but not megatron's optimizer state")
+        self._init_adam_state()
+        loaded = dist_checkpointing.load(self._sharded(loading=True), sharded)
+        self.model.module.load_state_dict(loaded["model"])
+        self.optimizer.load_state_dict(loaded["optimizer"])
+        # megatron puts one `step` tensor into every parameter's state; torch's AdamW advances each parameter's
+        # own in place, so a shared one would count a step once per parameter
+        for chained in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            for state in chained.optimizer.state.values():
+                if "step" in state:
+                    state["step"] = state["step"].clone()
 
 
 # every metric micro_batch_loss reports (policy_loss's and the rollout distance), summed token-weighted

@@ -17,6 +17,10 @@ What is redirected, and why each is safe on CPU (one process = one CPU "device")
   optimizers sort parameters into precision groups by those names and refuse any other. In the trainer
   process only, where nothing else asks.
 - `Tensor.cuda()` -> the tensor itself (the distributed optimizer's state gather for checkpoints).
+- `DistributedOptimizer._set_main_param_and_optimizer_states`, loading a `fully_reshardable` checkpoint: with
+  torch's Adam (megatron's optimizer when Apex and TransformerEngine are absent, always on CPU) the state
+  has a per-parameter `step` that the checkpoint keeps in its param groups instead; load_state_dict has
+  already put it back, so the setter is handed that same tensor rather than failing on the missing key.
 - `torch.cuda.device_count()` -> 1, `torch.cuda.is_available` is left False (megatron checks it to choose
   code paths that need no CUDA).
 - `device="cuda"` written into tensor factories (the schedules' token counters, the default causal masks,
@@ -122,6 +126,29 @@ class _TorchOnCPU:
         return factory
 
 
+def _patch_step_restore() -> None:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    name = "_set_main_param_and_optimizer_states"
+    original = getattr(DistributedOptimizer, name, None)
+    if original is None:
+        raise RuntimeError(f"megatron CPU shim: DistributedOptimizer.{name} is gone")
+    if getattr(original, "_sluice_shim", False):
+        return
+
+    def set_states(self, model_param, tensors):
+        if "step" not in tensors:
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+            step = self.optimizer.state.get(main_param, {}).get("step")
+            if step is not None:
+                tensors = {**tensors, "step": step}
+        return original(self, model_param, tensors)
+
+    set_states._sluice_shim = True
+    setattr(DistributedOptimizer, name, set_states)
+
+
 def installed_version() -> str:
     from megatron.core import __version__
     return __version__
@@ -148,6 +175,7 @@ def install() -> bool:
             raise RuntimeError(f"megatron CPU shim: {module_name}.{attr} is gone in megatron-core {version}")
         setattr(module, attr, replacement)
     torch.Tensor.type = _type_as_cuda
+    _patch_step_restore()
     torch.Tensor.cuda = _stays_on_cpu
     for module_name in DEVICE_MODULES:
         module = importlib.import_module(module_name)

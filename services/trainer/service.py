@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import os
 import secrets
 import logging
 import threading
@@ -93,8 +94,6 @@ class ActorTrainer:
         self.clearing = PartitionClearing(self.tq, self.steps, run, c.clear_wait_s)
         torch.manual_seed(run.optim.seed)
         ckpt = latest_checkpoint(c.checkpoint_dir, "actor") if c.checkpoint_dir else None
-        if c.checkpoint_dir and c.backend == "megatron":
-            raise ValueError("the megatron backend does not write checkpoints yet: run it without --checkpoint-dir")
         self.model, _ = load_causal_lm(ckpt.path if ckpt else run.model, "float32", c.device)
         self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master, backend=process_group_backend(c.device))
         self.backend = make_backend(c.backend, self.model, run, c.device, self.dp, param_dtype=c.fsdp_param_dtype,
@@ -176,7 +175,12 @@ class ActorTrainer:
         if not self.backend.gathers:
             return None
         self.gathered = self.backend.gather_weights()
-        return self.backend.full_state() if self.checkpoint_due(step) else None
+        return self.backend.full_state(self.scratch(step + 1)) if self.checkpoint_due(step) else None
+
+    def scratch(self, next_step: int) -> str:
+        """Where a backend that checkpoints sharded (megatron) writes before the checkpoint directory exists
+        (a .tmp name: ignored, and replaced, if a crash leaves it)."""
+        return os.path.join(self.config.checkpoint_dir, "actor", f"step_{next_step:08d}.sharded.tmp")
 
     def write_checkpoint(self, next_step: int, version: int, state=None) -> None:
         with span("checkpoint", next_step - 1, version):
@@ -203,7 +207,7 @@ class ActorTrainer:
                             extra={"next_step": next_step, "checkpointed": self.checkpointed})
                 return
             self.dp.share([2, next_step, self.version])
-            state = self.backend.full_state()
+            state = self.backend.full_state(self.scratch(next_step))
         self.write_checkpoint(next_step, self.version, state)
         log.info("final checkpoint", extra={"next_step": next_step, "version": self.version})
 
@@ -232,7 +236,7 @@ class ActorTrainer:
             if not more:
                 return
             if more == 2:  # the leader's final checkpoint of a sharded model
-                self.backend.full_state()
+                self.backend.full_state(self.scratch(step))
                 continue
             if self.train_step(step, halt) is None:
                 return

@@ -210,15 +210,19 @@ def test_fsdp_trainer_over_two_ranks_trains_publishes_and_checkpoints(model_dir,
                                                                       "version": last_version}
 
 
-def test_megatron_trainer_with_tensor_parallel_two_trains_and_publishes(model_dir, tmp_path):
+def test_megatron_trainer_with_tensor_parallel_two_trains_publishes_and_checkpoints(model_dir, tmp_path):
     run = RunConfig(name="megatron", model=model_dir, max_staleness=1, n_samples_per_prompt=2, rollout_batch_size=4,
-                    global_batch_size=8, micro_batch_size=2, num_steps=3, rollout={"max_new_tokens": 12},
-                    optim={"lr": 1e-4})
+                    global_batch_size=8, micro_batch_size=2, num_steps=3, checkpoint_interval=2,
+                    rollout={"max_new_tokens": 12}, optim={"lr": 1e-4})
     megatron = ["--backend", "megatron", "--tp-size", "2"]
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), trainer_ranks=2,
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), trainer_ranks=2, checkpoint_dir=str(tmp_path / "ckpt"),
                   role_args={"trainer": megatron, "trainer-1": megatron}) as lr:
         lr.wait_for_step(run.num_steps, 400)
-        steps = assert_run_complete(lr, run)  # engines included: they serve the last published version
-        assert all(steps[s]["metrics"]["loss"] == steps[s]["metrics"]["loss"] for s in steps)  # finite, reported
+        assert_run_complete(lr, run)  # engines included: they serve the last published version
         status = httpx.get(lr.procs["trainer-1"].status_url + "/status").json()
         assert status["step"] == run.num_steps - 1
+    # interval and final checkpoints: the HF export and megatron's own distributed checkpoint
+    root = tmp_path / "ckpt" / "actor"
+    assert sorted(os.listdir(root)) == ["step_00000002", f"step_{run.num_steps:08d}"]
+    for name in os.listdir(root):
+        assert (root / name / "model.safetensors").is_file() and (root / name / "sharded").is_dir()

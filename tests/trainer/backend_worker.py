@@ -36,11 +36,7 @@ def train_once(backend: str, model_dir: str, dp: DataParallel, out_dir: str, res
     m = b.train(share, run, 1, totals=(tokens, 4.0))
     loss = m.loss if backend == "megatron" else dp.total(m.loss)  # megatron's metrics are the global batch's
     weights = b.gather_weights() or [(n, p.detach()) for n, p in model.named_parameters()]
-    if backend == "megatron":  # no checkpoints yet: the step and the weights
-        if dp.is_leader:
-            _write(out_dir, weights, loss, m.grad_norm)
-        return
-    state = b.full_state()
+    state = b.full_state(os.path.join(out_dir, "actor", "step_00000001.sharded.tmp"))
     if dp.is_leader:
         save_checkpoint(out_dir, "actor", model, b.optimizer, model_dir, 1, 1, state=state)
         _write(out_dir, weights, loss, m.grad_norm)

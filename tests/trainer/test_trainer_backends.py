@@ -3,6 +3,7 @@ process, on the same weights and global batch (loss, gradient norm, updated weig
 checkpoint written by one backend resumes under the other."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -73,4 +74,15 @@ def test_megatron_takes_the_torch_step(model_dir, tmp_path, tp, pp, size):
     loss, gradient norm and updated weights (gathered from the shards back into HF names)."""
     single = str(tmp_path / "torch")
     train_once("torch", model_dir, DataParallel(), single)
-    _same_step(single, _ranks(tmp_path, "megatron", "megatron", model_dir, seed=0, size=size, tp=tp, pp=pp))
+    sharded = _ranks(tmp_path, "megatron", "megatron", model_dir, seed=0, size=size, tp=tp, pp=pp)
+    _same_step(single, sharded)
+    # its checkpoint: the HF export of the weights and megatron's own shards; a second step resumed from it is
+    # the torch backend's second step
+    cm = latest_checkpoint(sharded, "actor").path
+    assert os.path.isdir(f"{cm}/sharded") and not os.path.exists(f"{cm}/optimizer.pt")
+    for name, t in load_file(f"{cm}/model.safetensors").items():
+        torch.testing.assert_close(t, load_file(f"{single}/weights.safetensors")[name], atol=ATOL, rtol=RTOL)
+    torch_again = str(tmp_path / "torch2")
+    train_once("torch", model_dir, DataParallel(), torch_again, resume=latest_checkpoint(single, "actor").path, seed=1)
+    _same_step(torch_again, _ranks(tmp_path, "megatron2", "megatron", model_dir, seed=1, size=size, tp=tp, pp=pp,
+                                   resume=cm))
