@@ -2,10 +2,11 @@
 
 `torch`: every data-parallel rank holds the whole model, optimizer state and gradients; the ranks' gradients are
 summed in one all-reduce (services/trainer/data_parallel.py). `fsdp`: torch's FSDP2 shards parameters, gradients
-and optimizer state over the ranks (services/trainer/fsdp_backend.py). The role's loop, the loss
-(services/algorithms) and the weight publishing path are the same for both: the loop trains `policy` with
-`train` (the torch and fsdp backends: actor_step), publishes what `gather_weights` returns and checkpoints what `full_state` returns, in the one
-checkpoint format of services/run_contract/checkpoint.py (so a run can resume under another backend).
+and optimizer state over the ranks (services/trainer/fsdp_backend.py). `megatron`: megatron-core with tensor and
+pipeline parallelism (services/trainer/megatron_backend.py). The role's loop, the loss (services/algorithms) and
+the weight publishing path are the same for all: the loop calls `train`, publishes what `gather_weights`
+returns and checkpoints what `full_state` returns, in the checkpoint layout of
+services/run_contract/checkpoint.py (torch and fsdp checkpoints resume under either).
 """
 
 from __future__ import annotations

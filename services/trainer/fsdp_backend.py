@@ -64,8 +64,10 @@ class FSDPBackend:
                                "cpu" if cpu_offload else device)
 
     def train(self, batch, run, micro_batch_size: int, device: str = "cpu", totals=None) -> StepMetrics:
+        # gradients are reduce-scattered after the last micro batch only: the others accumulate locally
         return actor_step(self.policy, self.optimizer, batch, run, micro_batch_size, device, totals,
-                          reduce_gradients=self.reduce_gradients)
+                          reduce_gradients=self.reduce_gradients,
+                          last_micro_batch=self.policy.set_requires_gradient_sync)
 
     def reduce_gradients(self, params) -> None:
         for p in params:

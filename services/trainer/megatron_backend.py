@@ -138,19 +138,17 @@ class MegatronBackend:
     def gather_weights(self):
         return self.weights.gather()
 
-    def _sharded(self, loading: bool = False) -> dict:
-        model = self.model.module.sharded_state_dict()
-        # fully_reshardable: each parameter's optimizer state in model space, so a checkpoint reloads under
-        # another data-parallel size
-        metadata = {"distrib_optim_sharding_type": "fully_reshardable"}
-        return {"model": model,
-                "optimizer": self.optimizer.sharded_state_dict(model, is_loading=loading, metadata=metadata)}
+    def _optimizers(self) -> list:
+        return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
+
+    def _shard_file(self, directory: str, index: int) -> str:
+        return os.path.join(directory, f"optimizer_tp{self.tp_rank:02d}_pp{self.stage:02d}_{index}.pt")
 
     def _init_adam_state(self) -> None:
-        """The state torch's AdamW keeps per parameter, zeroed, where it has none yet: megatron reads a loading
-        optimizer's state dict (its `step` included) to lay out the one it loads, and neither its own
-        init_state_fn nor a fresh torch AdamW has a `step` before the first update."""
-        for chained in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+        """The state torch's AdamW keeps per parameter, zeroed, where it has none yet: loading writes into the
+        state tensors that exist, and neither megatron's init_state_fn nor a fresh torch AdamW has them all
+        (`step`) before the first update."""
+        for chained in self._optimizers():
             inner = chained.optimizer
             for group in inner.param_groups:
                 for p in group["params"]:
@@ -159,35 +157,40 @@ class MegatronBackend:
                                           "exp_avg_sq": torch.zeros_like(p)}
 
     def full_state(self, scratch_dir: str):
-        """megatron's distributed checkpoint of the model and optimizer into `scratch_dir` (every rank writes
-        its shards), and the HF export of the weights (gathered on the leader)."""
-        from megatron.core import dist_checkpointing
-
+        """The DistributedOptimizer's state in megatron's own distributed-optimizer format, one file per (TP, PP)
+        rank written by its data-parallel rank 0 (the state gathered over DP: tensors and plain values only),
+        and the HF export of the weights, gathered on the leader (a resume builds the model from it)."""
         if self.dp.is_leader:  # a crash's leftover
             shutil.rmtree(scratch_dir, ignore_errors=True)
         self.dp.barrier()
         os.makedirs(scratch_dir, exist_ok=True)
-        dist_checkpointing.save(self._sharded(), scratch_dir)
+        for index, optimizer in enumerate(self._optimizers()):
+            state = {"common": optimizer.state_dict(), "params": optimizer.get_parameter_state_dp_zero()}
+            if self.data_rank == 0:
+                torch.save(state, self._shard_file(scratch_dir, index))
+        self.dp.barrier()
         weights = self.weights.gather()
         return (dict(weights), None, scratch_dir) if self.dp.is_leader else None
 
     def load_optimizer(self, checkpoint_path: str) -> None:
-        """Model and optimizer state from the checkpoint's megatron shards (the HF weights it was built from
-        are the same numbers)."""
-        from megatron.core import dist_checkpointing
-
+        """The optimizer state of a megatron checkpoint of the same TP x PP layout (any data-parallel size: DP
+        rank 0 scatters it). The model was built from the checkpoint's HF export."""
         sharded = os.path.join(checkpoint_path, SHARDED)
         if not os.path.isdir(sharded):
             raise RuntimeError(f"{checkpoint_path} has no megatron checkpoint ({SHARDED}/): written by another "
                                "backend, it holds the weights but not megatron's optimizer state")
         self._init_adam_state()
-        loaded = dist_checkpointing.load(self._sharded(loading=True), sharded)
-        self.model.module.load_state_dict(loaded["model"])
-        self.optimizer.load_state_dict(loaded["optimizer"])
-        # megatron puts one `step` tensor into every parameter's state; torch's AdamW advances each parameter's
-        # own in place, so a shared one would count a step once per parameter
-        for chained in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            for state in chained.optimizer.state.values():
+        for index, optimizer in enumerate(self._optimizers()):
+            path = self._shard_file(sharded, index)
+            if not os.path.isfile(path):
+                raise RuntimeError(f"{path} is missing: the checkpoint was written with another TP x PP layout")
+            saved = torch.load(path, weights_only=True)  # our own file: tensors and plain values
+            optimizer.load_state_dict(saved["common"])
+            with torch.no_grad():  # it copies into the (leaf) main parameters
+                optimizer.load_parameter_state_from_dp_zero(saved["params"] if self.data_rank == 0 else None)
+            # megatron puts one `step` tensor into every parameter's state; torch's AdamW advances each
+            # parameter's own in place, so a shared one would count a step once per parameter
+            for state in optimizer.optimizer.state.values():
                 if "step" in state:
                     state["step"] = state["step"].clone()
 

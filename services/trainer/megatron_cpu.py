@@ -17,7 +17,7 @@ What is redirected, and why each is safe on CPU (one process = one CPU "device")
   optimizers sort parameters into precision groups by those names and refuse any other. In the trainer
   process only, where nothing else asks.
 - `Tensor.cuda()` -> the tensor itself (the distributed optimizer's state gather for checkpoints).
-- `DistributedOptimizer._set_main_param_and_optimizer_states`, loading a `fully_reshardable` checkpoint: with
+- `DistributedOptimizer._set_main_param_and_optimizer_states`, loading saved optimizer state: with
   torch's Adam (megatron's optimizer when Apex and TransformerEngine are absent, always on CPU) the state
   has a per-parameter `step` that the checkpoint keeps in its param groups instead; load_state_dict has
   already put it back, so the setter is handed that same tensor rather than failing on the missing key.
@@ -25,8 +25,8 @@ What is redirected, and why each is safe on CPU (one process = one CPU "device")
   code paths that need no CUDA).
 - `device="cuda"` written into tensor factories (the schedules' token counters, the default causal masks,
   tensor-parallel data broadcast, the optimizers' overflow flags and loss scale, gradient clipping's norms,
-  the DDP buffers' warm-up tensor, megatron.core.utils' multi-tensor norms): in the modules of DEVICE_MODULES, the module's global `torch` becomes a
-  proxy whose factories (`zeros`, `ones`, `empty`, `full`, `tensor`, `arange`) allocate on the CPU when
+  the DDP buffers' warm-up tensor, megatron.core.utils' multi-tensor norms): in the modules of
+  DEVICE_MODULES, the module's global `torch` becomes a proxy whose factories (`zeros`, `ones`, `empty`, `full`, `tensor`, `arange`) allocate on the CPU when
   asked for CUDA; everything else is torch itself.
 """
 

@@ -67,8 +67,8 @@ def test_fsdp_two_ranks_take_the_torch_step_and_checkpoints_cross_backends(model
     _same_step(torch_again, _ranks(tmp_path, "fsdp2", "fsdp", model_dir, seed=1, resume=ca))
 
 
-@pytest.mark.parametrize("tp,pp,size", [(1, 1, 1), (2, 1, 2), (1, 2, 2), (1, 1, 2)],
-                         ids=["tp1", "tp2", "pp2", "dp2"])
+@pytest.mark.parametrize("tp,pp,size", [(1, 1, 1), (2, 1, 2), (1, 2, 2), (1, 1, 2), (2, 2, 4)],
+                         ids=["tp1", "tp2", "pp2", "dp2", "tp2pp2"])
 def test_megatron_takes_the_torch_step(model_dir, tmp_path, tp, pp, size):
     """megatron-core's model, schedules and DistributedOptimizer (CPU, gloo) against the torch backend: the same
     loss, gradient norm and updated weights (gathered from the shards back into HF names)."""
