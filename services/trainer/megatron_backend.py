@@ -94,12 +94,11 @@ class MegatronBackend:
             out = model(input_ids=rb.input_ids, position_ids=positions, attention_mask=None)
 
             def loss_func(output):
-                logits = gather_from_tensor_model_parallel_region(output)[:rows]
-                logits = _response_rows(rb, rows).gather_response(logits)
+                real = _response_rows(rb, rows)
+                logits = real.gather_response(gather_from_tensor_model_parallel_region(output)[:rows])
                 if run.rollout.temperature != 1.0:
                     logits = logits / run.rollout.temperature
-                loss, m, tokens = micro_batch_loss(logits, _response_rows(rb, rows), mask, batch, sl, run, totals,
-                                                   device)
+                loss, m, tokens = micro_batch_loss(logits, real, mask, batch, sl, run, totals, device)
                 return loss * scale, {"loss": loss.detach(), "tokens": tokens, **m}
             return out, loss_func
 
