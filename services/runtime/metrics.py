@@ -22,10 +22,16 @@ def serve_metrics(host: str, port: int) -> int:
     return bound
 
 
+_GAUGES: dict[str, Gauge] = {}
+
+
 def gauges(prefix: str, names: dict[str, str]) -> dict[str, Gauge]:
     """A set of gauges `{prefix}_{name}`, created by the role that sets them (so an actor and a critic process
-    each export only their own)."""
-    return {name: Gauge(f"{prefix}_{name}", help_text) for name, help_text in names.items()}
+    each export only their own); a second role object in the process shares them."""
+    for name, help_text in names.items():
+        if f"{prefix}_{name}" not in _GAUGES:
+            _GAUGES[f"{prefix}_{name}"] = Gauge(f"{prefix}_{name}", help_text)
+    return {name: _GAUGES[f"{prefix}_{name}"] for name in names}
 
 
 def observability_router() -> APIRouter:

@@ -111,7 +111,8 @@ class CriticTrainer:
         while True:
             with span("claim", step):
                 claimed = claim_global_batch(tq, partition, task_name(run.name, CRITIC_TRAIN_TASK),
-                                             run.global_batch_size, self.config.lease_s, halt, idle)
+                                             run.global_batch_size, self.config.lease_s, halt, idle,
+                                             short_ok=True)
             if claimed is None:
                 return None, None
             batch = read_or_give_back(tq, claimed, CRITIC_TRAIN_FIELDS)

@@ -47,10 +47,13 @@ def read_or_give_back(tq: DataPlane, claimed, fields):
 
 
 def claim_global_batch(tq: DataPlane, partition: str, task: str, rows: int, lease_s: float,
-                       halt: threading.Event, idle: Callable[[], None] = lambda: None, claim_key: str = ""):
+                       halt: threading.Event, idle: Callable[[], None] = lambda: None, claim_key: str = "",
+                       short_ok: bool = False):
     """Claim exactly `rows` rows (whole groups) without reading them, waiting while the partition fills;
     None if halted or the partition ran out. `idle` runs between polls (a pause safe point).
-    Data-parallel ranks pass the leader's claim_key to get the same lease."""
+    Data-parallel ranks pass the leader's claim_key to get the same lease. With `short_ok`, fewer rows
+    are taken when that is all the partition will ever have for the task (the controller answers a claim
+    short of min_rows only then): the critic's rows lost after the actor trained them are not replaced."""
     while not halt.is_set():
         idle()
         try:  # one long-polling claim that answers once `rows` are ready (fewer only at its deadline)
@@ -60,7 +63,7 @@ def claim_global_batch(tq: DataPlane, partition: str, task: str, rows: int, leas
             if partition_gone(exc):
                 return None
             raise
-        if len(claimed.rows) == rows:
+        if len(claimed.rows) == rows or (short_ok and claimed.rows):
             return claimed
         if claimed.rows:
             tq.release(claimed.lease_id)

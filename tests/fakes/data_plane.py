@@ -51,6 +51,7 @@ class InMemoryDataPlane:
         self.partitions: dict[str, _Partition] = {}
         self.tasks: dict[str, list[str]] = {}
         self.leases: dict[str, tuple[str, str, list[int]]] = {}
+        self.lost_under: dict[str, set[int]] = {}  # lease -> its rows lost while it held them
         self.acks: list[tuple[str, str, list[int]]] = []  # (partition, task, rows) of every ack, in order
         self.cleared: list[str] = []
         self._ids = itertools.count()
@@ -76,22 +77,27 @@ class InMemoryDataPlane:
         return sorted(r for p, t, rows in self.acks if (p, t) == (partition, task) for r in rows)
 
     def lose(self, partition: str, rows: Sequence[int]) -> None:
-        """As the controller when a shard comes back without `rows`: their groups are lost; for every task
-        that had not consumed one, it counts as consumed, leaves the task's leases and is listed as lost
-        before that task consumed it; the partition is unsealed if any was."""
+        """As the controller when a shard comes back without `rows`: their groups are lost. For every task
+        that had not consumed one: a group a lease of the task holds stays in it, lost under it (an ack
+        consumes it, a release loses it then); any other counts as consumed and is listed as lost before
+        that task consumed it, and the partition is unsealed."""
         with self._lock:
             p = self._get(partition)
             gs = p.group_size
             lost = sorted({g * gs + k for r in rows for g in [r // gs] for k in range(gs)})
             p.lost_rows += len(lost)
             for task in self.tasks:
-                fresh = [r for r in lost if r not in p.consumed.setdefault(task, set())]
-                p.consumed[task].update(fresh)
-                p.lost.setdefault(task, set()).update(fresh)
-                p.sealed = p.sealed and not fresh
-                for lease, (part, t, held) in list(self.leases.items()):
-                    if (part, t) == (partition, task):
-                        self.leases[lease] = (part, t, [r for r in held if r not in fresh])
+                fresh = {r for r in lost if r not in p.consumed.setdefault(task, set())}
+                for lease, (part, t, held) in self.leases.items():
+                    if (part, t) == (partition, task) and fresh & set(held):
+                        self.lost_under.setdefault(lease, set()).update(fresh & set(held))
+                        fresh -= set(held)
+                self._lose(p, task, fresh)
+
+    def _lose(self, p: _Partition, task: str, rows) -> None:
+        p.consumed.setdefault(task, set()).update(rows)
+        p.lost.setdefault(task, set()).update(rows)
+        p.sealed = p.sealed and not rows
 
     def _get(self, name: str) -> _Partition:
         p = self.partitions.get(name)
@@ -107,7 +113,8 @@ class InMemoryDataPlane:
     def partition(self, name: str) -> PartitionInfo:
         with self._lock:
             p = self._get(name)
-            tasks = [SimpleNamespace(task=t, consumed=len(rows)) for t, rows in p.consumed.items()]
+            tasks = [SimpleNamespace(task=t, consumed=len(rows), lost=len(p.lost.get(t, ())))
+                     for t, rows in p.consumed.items()]
             return PartitionInfo(name, len(p.rows), p.sealed, len(p.rows), tasks, p.lost_rows)
 
     def put(self, partition: str, columns: Mapping[str, Any], rows: Sequence[int] | None = None) -> list[int]:
@@ -180,7 +187,10 @@ class InMemoryDataPlane:
     def release(self, lease: str | Batch) -> int:
         lease_id = lease.lease_id if isinstance(lease, Batch) else lease
         with self._lock:
-            return len(self.leases.pop(lease_id)[2])
+            partition, task, held = self.leases.pop(lease_id)
+            gone = self.lost_under.pop(lease_id, set())
+            self._lose(self._get(partition), task, gone)
+            return len(held) - len(gone)
 
     def read_claimed(self, claimed, fields: Sequence[str], padded: bool = False, pad_value: int = 0) -> Batch:
         return self._batch(claimed.partition, list(claimed.rows), list(fields), claimed.lease_id)
@@ -193,6 +203,7 @@ class InMemoryDataPlane:
         lease_id = lease.lease_id if isinstance(lease, Batch) else lease
         with self._lock:
             partition, task, leased = self.leases.pop(lease_id)
+            self.lost_under.pop(lease_id, None)
             self._get(partition).consumed.setdefault(task, set()).update(leased)
             self.acks.append((partition, task, list(leased)))
         return len(leased)

@@ -131,3 +131,37 @@ def test_groups_lost_before_the_trainer_consumed_them_are_generated_again(model_
     assert trained == [0, 0, 1, 1]  # every slot's group trained once
     assert len(r.plane.partitions[partition_name("r", 1)].rows) == 4 and r.sealed(1)
     assert sorted(r.ledger.marks) == sorted([0, 1, 2, 3, positions[2]])
+
+
+def test_groups_lost_under_the_trainers_lease_are_generated_again_only_if_it_gives_them_back(model_dir, prompts):
+    r = Rollout(make_run(model_dir, prompts, num_steps=2, max_staleness=1))
+    actor = task_name("r", ACTOR_TRAIN_TASK)
+    r.plane.register_task(actor, ["tokens"], group_size=N)
+
+    async def trainer():
+        for step in range(2):
+            name = partition_name("r", step)
+            while not r.sealed(step):
+                await asyncio.sleep(0.005)
+            held = r.plane.claim(name, actor, 2 * N)
+            r.plane.lose(name, [2])  # group 1, which the trainer holds (and, at step 0, has read)
+            await asyncio.sleep(0.1)  # the rollout's checks look at the loss meanwhile
+            if step == 0:
+                r.plane.ack(held)  # trained: nothing to generate again
+            else:
+                r.plane.release(held)  # given back unread: lost now, generated again
+                await asyncio.sleep(0.01)
+                while not r.sealed(step):
+                    await asyncio.sleep(0.005)
+                r.plane.ack(r.plane.claim(name, actor, 2 * N))
+            r.engines.set_version(step + 1)
+            r.progress.value = TrainerProgress(next_step=step + 1, version=step + 1)
+    r.play_trainer = trainer
+    r.go()
+
+    assert len(r.plane.partitions[partition_name("r", 0)].rows) == 2 * N and r.sealed(0)
+    second = r.plane.partitions[partition_name("r", 1)]
+    positions = [int(row["prompt_position"]) for row in second.rows]
+    assert len(positions) == 3 * N and positions[2 * N:] == [positions[N]] * N  # group 1, written again
+    trained = sorted(positions[row] for row in r.plane.acked_rows(partition_name("r", 1), actor))
+    assert trained == sorted([positions[0]] * N + [positions[N]] * N)  # each slot's group trained once

@@ -32,13 +32,14 @@ def _wait(condition, timeout_s: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def test_critic_writes_values_then_trains_on_returns(model_dir):
+def _critic_on_one_step(model_dir, responses):
+    """(plane, membership, status, worker): a critic running on step 0 of run r, prompts of 2 samples each."""
     torch.set_num_threads(1)
     run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
                     micro_batch_size=2, num_steps=1, algorithm={"estimator": "ppo"})
     plane = InMemoryDataPlane()
     plane.create_partition("r/train_0", group_size=2)
-    prompts, responses = [[5, 6], [5, 6], [7, 8, 9], [7, 8, 9]], [[1, 2, 3], [4], [10, 11], [12, 13]]
+    prompts = [[5, 6], [5, 6], [7, 8, 9], [7, 8, 9]]
     plane.put("r/train_0", {"tokens": [torch.tensor(p + r) for p, r in zip(prompts, responses)],
                           "prompt_length": torch.tensor([len(p) for p in prompts]),
                           "response_length": torch.tensor([len(r) for r in responses]),
@@ -51,7 +52,12 @@ def test_critic_writes_values_then_trains_on_returns(model_dir):
                            join=lambda dcs, registration: membership)
     worker = threading.Thread(target=critic.run_loop, args=(threading.Event(),), daemon=True)
     worker.start()
+    return plane, membership, status, worker
 
+
+def test_critic_writes_values_then_trains_on_returns(model_dir):
+    responses = [[1, 2, 3], [4], [10, 11], [12, 13]]
+    plane, membership, status, worker = _critic_on_one_step(model_dir, responses)
     _wait(lambda: all(v is not None for v in plane.column("r/train_0", "values")))
     values = plane.column("r/train_0", "values")
     assert [len(v) for v in values] == [len(r) for r in responses]
@@ -66,3 +72,17 @@ def test_critic_writes_values_then_trains_on_returns(model_dir):
     assert membership.steps == [0]
     loss = status.snapshot()["value_loss"]
     assert loss > 0 and loss == loss  # a real, finite value loss against the returns
+
+
+def test_critic_trains_what_is_left_when_rows_the_actor_trained_were_lost(model_dir):
+    """Rows lost with a shard after the actor trained them are not generated again: the critic, which had
+    not trained them yet, trains the rest of the step as a short batch instead of waiting for them."""
+    plane, membership, _, worker = _critic_on_one_step(model_dir, [[1, 2, 3], [4], [10, 11], [12, 13]])
+    _wait(lambda: all(v is not None for v in plane.column("r/train_0", "values")))
+    plane.lose("r/train_0", [2])  # group 1: the critic_train task had not consumed it
+    plane.seal_partition("r/train_0")  # as the rollout does: the actor had trained it, nothing to replace
+    plane.put("r/train_0", {"returns": [torch.ones(3), torch.ones(1)]}, rows=[0, 1])
+    worker.join(60)
+    assert not worker.is_alive(), "the critic waited for rows that will never come"
+    assert plane.acked_rows("r/train_0", "r/critic_train") == [0, 1]
+    assert membership.steps == [0]

@@ -1,9 +1,10 @@
 """Rows lost with their shard (real redis-server, controller and shard processes): a shard that comes back
 without its data (no --data-dir, so a new incarnation) makes the controller mark the groups it held lost
-before it answers the shard's registration. Lost groups are never handed out again. They are taken out of
-the leases holding them, and count as consumed for every task that had not consumed them. Those rows are
-listed by LostRows. The partition is unsealed until its producer writes replacements and seals it again.
-A reader whose claimed rows were lost gets DATA_LOSS, and a claim-and-read claims again without them."""
+before it answers the shard's registration. Lost groups are never handed out again, and count as consumed
+for every task that had not consumed them. Those rows are listed by LostRows. The partition is unsealed
+until its producer writes replacements and seals it again. A group a live lease holds stays in it: acked,
+it was consumed (its holder had read it); released or expired, it is lost then. A reader whose claimed rows
+were lost gets DATA_LOSS, and a claim-and-read claims again without them."""
 
 from __future__ import annotations
 
@@ -58,15 +59,18 @@ def test_groups_of_a_shard_that_came_back_empty_are_lost_and_replaced(stack):
         restart_empty(stack, on_second)
 
         info = tq.partition("p")
-        assert info.lost_rows == 4 and not info.sealed  # groups 1 and 3; b had consumed neither
+        assert info.lost_rows == 4 and not info.sealed  # groups 1 and 3; a had not consumed 3
         assert progress(info, "a").lost == 2 and tq.lost_rows("p", "a") == [6, 7]
-        assert progress(info, "b").lost == 4 and tq.lost_rows("p", "b") == [2, 3, 6, 7]
-        assert progress(info, "b").consumed == 6  # group 0 acked, 1 and 3 lost
-        assert progress(info, "b").leased == 2  # group 2 only: 1 and 3 were taken out of the lease
+        # b's lease still holds 1 and 3: b may have read them before the loss
+        assert progress(info, "b").lost == 0 and tq.lost_rows("p", "b") == []
+        assert (progress(info, "b").consumed, progress(info, "b").leased) == (2, 6)
         with pytest.raises(TQError) as lost:
             tq.read_claimed(b_lease, ["x"])
         assert lost.value.code == grpc.StatusCode.DATA_LOSS and "claim again" in lost.value.message
-        tq.release(b_lease.lease_id)
+        assert tq.release(b_lease.lease_id) == 2  # group 2 back in the queue; 1 and 3 lost now
+        info = tq.partition("p")
+        assert progress(info, "b").lost == 4 and tq.lost_rows("p", "b") == [2, 3, 6, 7]
+        assert (progress(info, "b").consumed, progress(info, "b").leased) == (6, 0)
 
         batch = tq.claim("p", "b", 8)  # group 2; 1 and 3 are never handed out again
         assert batch.rows == [4, 5] and torch.equal(batch["x"], torch.tensor([4, 5]))
@@ -164,3 +168,39 @@ def test_a_commit_of_bytes_the_old_incarnation_took_is_refused_and_changes_nothi
         assert tq.put("p", {"x": torch.arange(2)}) == [2, 3]  # the client's put: the current incarnation
         assert torch.equal(tq.claim("p", "t", 2)["x"], torch.arange(2))
     c.close()
+
+
+def test_groups_lost_under_a_lease_that_is_acked_were_consumed_and_are_not_replaced(stack):
+    with TransferQueue(stack.controller_address) as tq:
+        tq.create_partition("p", group_size=2, placement_block=2)
+        tq.register_task("t", ["x"], group_size=2)
+        tq.put("p", {"x": torch.arange(8)})
+        tq.seal_partition("p")
+        held = tq.claim("p", "t", 8, lease_s=60)  # read before the loss, as a trainer would
+        assert held.rows == list(range(8))
+        restart_empty(stack, tq.partition("p").shard_ids[1])
+        info = tq.partition("p")
+        assert info.lost_rows == 4 and info.sealed  # nothing to replace unless the lease is given back
+        assert tq.ack(held) == 8
+        info = tq.partition("p")
+        assert info.sealed and tq.lost_rows("p", "t") == [] and progress(info, "t").lost == 0
+        assert (progress(info, "t").consumed, progress(info, "t").leased) == (8, 0)
+        assert tq.claim("p", "t", 8).complete
+
+
+def test_groups_lost_under_a_lease_that_expires_are_lost_then(stack):
+    with TransferQueue(stack.controller_address) as tq:
+        tq.create_partition("p", group_size=2, placement_block=2)
+        tq.register_task("t", ["x"], group_size=2)
+        tq.put("p", {"x": torch.arange(8)})
+        tq.seal_partition("p")
+        held = tq.claim_rows("p", "t", 8, lease_s=1.0)
+        restart_empty(stack, tq.partition("p").shard_ids[1])
+        assert tq.partition("p").sealed
+        again = tq.claim("p", "t", 8, wait_s=5.0, lease_s=60)  # after the expiry: groups 0 and 2 come back
+        assert again.rows == [0, 1, 4, 5] and held.lease_id != again.lease_id
+        info = tq.partition("p")
+        assert tq.lost_rows("p", "t") == [2, 3, 6, 7] and not info.sealed  # the replacements are due
+        with pytest.raises(TQError) as err:
+            tq.ack(held.lease_id)
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION

@@ -230,6 +230,23 @@ local function init_task_partition(K, P, T, fields, gs)
   end
 end
 
+-- Groups `names` of T lost before T consumed them: done for T (counted consumed and lost) and recorded in
+-- T's lost bitmap, which LostRows reads.
+local function lose_groups(K, P, T, tgs, names)
+  local rows = {}
+  for _, g in ipairs(names) do
+    for r = tonumber(g) * tgs, tonumber(g) * tgs + tgs - 1 do rows[#rows + 1] = r end
+  end
+  local tk, pk = tkey(K, P, T), pkey(K, P)
+  set_new(tk .. ':done', rows)
+  set_new(tk .. ':lost', rows)
+  redis.call('HINCRBY', pk .. ':consumed', T, #rows)
+  redis.call('HINCRBY', pk .. ':tlost', T, #rows)
+end
+
+-- A lease given back (released, expired): its pending groups return to T's queue, except those lost while
+-- it held them, which are lost now (the holder did not consume them) and unseal the partition for their
+-- replacements.
 local function requeue_lease(K, id, new_state, tk_hint)
   local lk = K .. ':lease:' .. id
   local P = redis.call('HGET', lk, 'p')
@@ -240,19 +257,25 @@ local function requeue_lease(K, id, new_state, tk_hint)
     return 0
   end
   local gs = tonumber(redis.call('HGET', lk, 'gs'))
-  local tk = tkey(K, P, T)
+  local tk, pk = tkey(K, P, T), pkey(K, P)
   local pend = redis.call('HKEYS', lk .. ':pend')
-  local groups = {}
-  for _, g in ipairs(pend) do groups[#groups + 1] = tonumber(g) end
-  if #groups > 0 then  -- (none: every group of the lease was lost; -0 is not an integer to Redis)
-    zadd_all(tk .. ':q', groups)
-    redis.call('HINCRBY', pkey(K, P) .. ':leased', T, -(#pend * gs))
+  local lost_under = {}
+  for _, g in ipairs(redis.call('HKEYS', lk .. ':lostg')) do lost_under[g] = true end
+  local back, gone = {}, {}
+  for _, g in ipairs(pend) do
+    if lost_under[g] then gone[#gone + 1] = g else back[#back + 1] = tonumber(g) end
   end
-  redis.call('DEL', lk .. ':pend')
+  if #back > 0 then zadd_all(tk .. ':q', back) end
+  if #pend > 0 then redis.call('HINCRBY', pk .. ':leased', T, -(#pend * gs)) end
+  if #gone > 0 then
+    lose_groups(K, P, T, gs, gone)
+    redis.call('HSET', pk, 'sealed', 0)
+  end
+  redis.call('DEL', lk .. ':pend', lk .. ':lostg')
   redis.call('ZREM', tk .. ':leases', id)
   redis.call('HSET', lk, 'state', new_state)
   redis.call('PEXPIRE', lk, 3600000)
-  return #pend * gs
+  return #back * gs
 end
 
 local function reap(K, P, T, now)
@@ -275,38 +298,41 @@ local function split_names(csv)
   return out
 end
 
--- Lost rows that T had not consumed: counted as consumed (done), taken out of T's queue, its partial-group
--- counts and its live leases, and recorded in T's lost bitmap. True if there were any.
+-- Lost rows that T had not consumed. A group a live lease of T holds stays in it, marked lost under it
+-- (`:lostg`): its holder may have read it before the loss, so its ack decides (acked: consumed; released
+-- or expired: lost then, requeue_lease). The others are lost now (lose_groups) and taken out of T's queue
+-- and partial-group counts. True if any was lost now.
 local function drop_lost_for_task(K, P, T, rows)
   local _, tgs = need_task(K, T, nil)
-  local tk, pk = tkey(K, P, T), pkey(K, P)
+  local tk = tkey(K, P, T)
   local groups, seen, starts = {}, {}, {}
   for _, r in ipairs(rows) do
     local g = math.floor(r / tgs)
     if not seen[g] then seen[g] = true; groups[#groups + 1] = g; starts[#starts + 1] = g * tgs end
   end
   local done = get_bits(tk .. ':done', starts)
-  local names, lost = {}, {}
-  for i, g in ipairs(groups) do
-    if done[i] == 0 then
-      names[#names + 1] = istr(g)
-      for r = g * tgs, g * tgs + tgs - 1 do lost[#lost + 1] = r end
+  local names = {}
+  for i, g in ipairs(groups) do if done[i] == 0 then names[#names + 1] = istr(g) end end
+  local held = {}
+  for _, id in ipairs(redis.call('ZRANGE', tk .. ':leases', 0, -1)) do
+    local lk = K .. ':lease:' .. id
+    for i = 1, #names, CHUNK do
+      local part = {unpack(names, i, math.min(i + CHUNK - 1, #names))}
+      local flags, marks = redis.call('HMGET', lk .. ':pend', unpack(part)), {}
+      for k, flag in ipairs(flags) do
+        if flag then held[part[k]] = true; marks[#marks + 1] = part[k]; marks[#marks + 1] = 1 end
+      end
+      if #marks > 0 then redis.call('HSET', lk .. ':lostg', unpack(marks)) end
     end
   end
-  if #names == 0 then return false end
-  set_new(tk .. ':done', lost)
-  set_new(tk .. ':lost', lost)
-  redis.call('HINCRBY', pk .. ':consumed', T, #lost)
-  redis.call('HINCRBY', pk .. ':tlost', T, #lost)
-  local leases = redis.call('ZRANGE', tk .. ':leases', 0, -1)
-  for i = 1, #names, CHUNK do
-    local part = {unpack(names, i, math.min(i + CHUNK - 1, #names))}
+  local free = {}
+  for _, g in ipairs(names) do if not held[g] then free[#free + 1] = g end end
+  if #free == 0 then return false end
+  lose_groups(K, P, T, tgs, free)
+  for i = 1, #free, CHUNK do
+    local part = {unpack(free, i, math.min(i + CHUNK - 1, #free))}
     redis.call('ZREM', tk .. ':q', unpack(part))
     redis.call('HDEL', tk .. ':gcnt', unpack(part))
-    for _, id in ipairs(leases) do
-      local removed = redis.call('HDEL', K .. ':lease:' .. id .. ':pend', unpack(part))
-      if removed > 0 then redis.call('HINCRBY', pk .. ':leased', T, -removed * tgs) end
-    end
   end
   return true
 end
@@ -355,7 +381,7 @@ redis.register_function('tq_clear_partition', function(keys, args)
   for _, T in ipairs(tasks) do if applies(P, T) then
     local tk = tkey(K, P, T)
     for _, id in ipairs(redis.call('ZRANGE', tk .. ':leases', 0, -1)) do
-      redis.call('DEL', K .. ':lease:' .. id, K .. ':lease:' .. id .. ':pend')
+      redis.call('DEL', K .. ':lease:' .. id, K .. ':lease:' .. id .. ':pend', K .. ':lease:' .. id .. ':lostg')
     end
     redis.call('DEL', tk .. ':rdy', tk .. ':gcnt', tk .. ':q', tk .. ':done', tk .. ':leases', tk .. ':lost')
   end end
@@ -408,7 +434,7 @@ redis.register_function('tq_reset_task', function(keys, args)
   local tk = tkey(K, P, T)
   for _, id in ipairs(redis.call('ZRANGE', tk .. ':leases', 0, -1)) do
     local lk = K .. ':lease:' .. id
-    redis.call('DEL', lk .. ':pend')
+    redis.call('DEL', lk .. ':pend', lk .. ':lostg')
     redis.call('HSET', lk, 'state', 'reset')
     redis.call('PEXPIRE', lk, 3600000)
   end
@@ -666,6 +692,7 @@ redis.register_function('tq_ack', function(keys, args)
     redis.call('HINCRBY', pk .. ':leased', T, -n)
   end
   if redis.call('HLEN', lk .. ':pend') == 0 then
+    redis.call('DEL', lk .. ':lostg')  -- groups lost under it and acked: the holder had read them
     redis.call('HSET', lk, 'state', 'acked')
     redis.call('ZREM', tk .. ':leases', id)
     redis.call('PEXPIRE', lk, 3600000)
