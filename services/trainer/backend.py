@@ -4,8 +4,8 @@
 summed in one all-reduce (services/trainer/data_parallel.py). `fsdp`: torch's FSDP2 shards parameters, gradients
 and optimizer state over the ranks (services/trainer/fsdp_backend.py). `megatron`: megatron-core with tensor and
 pipeline parallelism (services/trainer/megatron_backend.py). The role's loop, the loss (services/algorithms) and
-the weight publishing path are the same for all: the loop calls `train`, publishes what `gather_weights`
-returns and checkpoints what `full_state` returns, in the checkpoint layout of
+the weight publishing path are the same for all: the loop calls `train`, publishes what `weight_stream`
+yields and checkpoints what `full_state` returns, in the checkpoint layout of
 services/run_contract/checkpoint.py (torch and fsdp checkpoints resume under either).
 """
 
@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from services.dcs.sync.layout import WeightStream
 from services.model.response_batch import ResponseLogits
 from services.run_contract.checkpoint import load_optimizer_state
 from services.trainer.actor_update import StepMetrics, actor_step
@@ -36,9 +37,10 @@ class TrainerBackend(Protocol):
         """One optimizer step on this rank's share `batch` of a global batch whose (tokens, sequences) are
         `totals`. Metrics: torch and fsdp report this rank's share's, megatron the global batch's."""
 
-    def gather_weights(self) -> list[tuple[str, torch.Tensor]] | None:
-        """Collective when `gathers`: a copy of the full weights with Hugging Face names on the leader (None on
-        the other ranks, and from a backend that does not gather: it publishes its live weights)."""
+    def weight_stream(self) -> WeightStream | None:
+        """Collective when `gathers`: the full weights with Hugging Face names as a stream every rank makes and
+        consumes in the same order (the leader's publisher takes it, the other ranks close it at once); None
+        from a backend that does not gather: it publishes its live weights."""
 
     def full_state(self, scratch_dir: str) -> tuple[dict, dict | None, str | None] | None:
         """Collective when `gathers`: for a checkpoint, on the leader (None elsewhere) the model's state dict
@@ -65,7 +67,7 @@ class TorchBackend:
         return actor_step(self.policy, self.optimizer, batch, run, micro_batch_size, device, totals,
                           reduce_gradients=self.dp.sum_gradients)
 
-    def gather_weights(self):
+    def weight_stream(self):
         return None
 
     def full_state(self, scratch_dir: str):
@@ -76,7 +78,7 @@ class TorchBackend:
 
 
 def make_backend(name: str, hf_model, run, device: str, dp: DataParallel, param_dtype: str = "",
-                 cpu_offload: bool = False, tp: int = 1, pp: int = 1) -> TrainerBackend:
+                 cpu_offload: bool = False, tp: int = 1, pp: int = 1, sequence_parallel: bool = False) -> TrainerBackend:
     if name == "torch":
         return TorchBackend(hf_model, run, device, dp)
     if name == "fsdp":
@@ -84,5 +86,5 @@ def make_backend(name: str, hf_model, run, device: str, dp: DataParallel, param_
         return FSDPBackend(hf_model, run, device, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
     if name == "megatron":
         from services.trainer.megatron_backend import MegatronBackend  # megatron-core only when asked for
-        return MegatronBackend(hf_model, run, device, dp, tp=tp, pp=pp)
+        return MegatronBackend(hf_model, run, device, dp, tp=tp, pp=pp, sequence_parallel=sequence_parallel)
     raise ValueError(f"unknown trainer backend {name!r} ({', '.join(BACKENDS)})")

@@ -37,6 +37,8 @@ class TrainerConfig(RoleSettings):
         "parallel, --tp-size x --pp-size ranks per model replica); the critic trains with torch"))
     tp_size: int = Field(1, ge=1, le=64, description="megatron: tensor-parallel size")
     pp_size: int = Field(1, ge=1, le=64, description="megatron: pipeline-parallel size")
+    sequence_parallel: bool = Field(False, description="megatron: split norm and residual activations along the "
+                                    "sequence over the tensor-parallel ranks (with tp_size > 1)")
     fsdp_param_dtype: str = Field("", pattern="^(|bfloat16|float16)$", description=(
         "fsdp: compute in this dtype (gradients reduced in float32); empty = the model's float32"))
     fsdp_cpu_offload: bool = Field(False, description="fsdp: keep sharded parameters and optimizer state in CPU "

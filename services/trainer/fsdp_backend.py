@@ -11,8 +11,8 @@ averages; `reduce_gradients` multiplies by the number of ranks (gloo has no PREM
 `set_gradient_divide_factor(1.0)` needs).
 
 Publishing and checkpoints gather full tensors from the shards, a collective every rank joins from its main
-loop: `gather_weights` copies the whole model to the leader (the weight publisher then broadcasts that copy
-while the next step trains), `full_state` gathers the model and optimizer state for a checkpoint in the torch
+loop: `weight_stream` gathers one parameter at a time as the weight publisher on the leader packs its buckets
+(so no rank holds the whole model; the publish does not overlap the next step), `full_state` gathers the model and optimizer state for a checkpoint in the torch
 backend's format (optimizer state keyed by parameter index in Hugging Face order), so checkpoints move between
 backends. On CPU/gloo mixed precision and offload are options, not defaults.
 """
@@ -33,8 +33,13 @@ from services.model.response_batch import ResponseLogits
 from services.trainer.actor_update import StepMetrics, actor_step
 from services.trainer.data_parallel import DataParallel
 from services.trainer.optimizer import adamw
+from services.trainer.weight_stream import GatheredParameters
 
 PREFIX = "hf."  # ResponseLogits names its model's parameters hf.<HF name>
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    return p.full_tensor() if isinstance(p, DTensor) else p.detach()
 
 
 class FSDPBackend:
@@ -74,16 +79,9 @@ class FSDPBackend:
             if p.grad is not None:
                 p.grad.mul_(self.dp.size)
 
-    def gather_weights(self) -> list[tuple[str, torch.Tensor]] | None:
-        """Every parameter's full tensor, gathered one at a time (only one extra full tensor in flight); the
-        leader keeps a copy, the other ranks drop theirs."""
-        out = []
-        with torch.no_grad():
-            for name, p in self.policy.hf.named_parameters():
-                full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
-                if self.dp.is_leader:
-                    out.append((name, full.to("cpu", copy=True)))
-        return out if self.dp.is_leader else None
+    def weight_stream(self) -> GatheredParameters:
+        """Every parameter's full tensor, gathered one at a time as the publisher takes them (collective)."""
+        return GatheredParameters(self.policy.hf.named_parameters(), _full, keep=self.dp.is_leader)
 
     def _options(self) -> StateDictOptions:
         return StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -35,14 +35,15 @@ from services.trainer.actor_update import StepMetrics, global_totals, micro_batc
 from services.trainer.data_parallel import DataParallel
 from services.trainer.megatron_cpu import install as install_cpu_shim
 from services.trainer.megatron_model import build_gpt, init_model_parallel, to_megatron
-from services.trainer.megatron_weights import ShardGather
+from services.trainer.megatron_weights import ShardGather, ShardStream
 
 
 class MegatronBackend:
     name = "megatron"
     gathers = True
 
-    def __init__(self, hf_model, run, device: str, dp: DataParallel, tp: int = 1, pp: int = 1):
+    def __init__(self, hf_model, run, device: str, dp: DataParallel, tp: int = 1, pp: int = 1,
+                 sequence_parallel: bool = False):
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
@@ -54,12 +55,14 @@ class MegatronBackend:
         install_cpu_shim()
         init_model_parallel(tp, pp, run.optim.seed)
         self.dp, self.tp, self.pp = dp, tp, pp
+        self.sequence_parallel = sequence_parallel and tp > 1  # megatron's: only with tensor parallelism
         self.stage, self.tp_rank = ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()
         self.data_rank, self.data_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.first, self.last = self.stage == 0, self.stage == pp - 1
         self.hf_config = hf_model.config
         hf_state = hf_model.state_dict()
-        model = build_gpt(self.hf_config, tp, pp, pre_process=self.first, post_process=self.last)
+        model = build_gpt(self.hf_config, tp, pp, pre_process=self.first, post_process=self.last,
+                          sequence_parallel=self.sequence_parallel)
         missing, unexpected = model.load_state_dict(
             to_megatron(hf_state, self.hf_config, tp, self.tp_rank, pp, self.stage), strict=False)
         if unexpected or any(not k.endswith("_extra_state") for k in missing):
@@ -84,7 +87,8 @@ class MegatronBackend:
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
         totals = global_totals(batch, totals)
-        micro = uniform(list(micro_batches(batch, micro_batch_size, device)), micro_batch_size)
+        micro = uniform(list(micro_batches(batch, micro_batch_size, device)), micro_batch_size,
+                        self.tp if self.sequence_parallel else 1)
         scale = len(micro) * self.data_size
         width = micro[0][1].input_ids.shape[1]
         positions = torch.arange(width)[None].expand(micro_batch_size, -1)
@@ -134,8 +138,8 @@ class MegatronBackend:
 
     # ------------------------------------------------------------------ weights
 
-    def gather_weights(self):
-        return self.weights.gather()
+    def weight_stream(self) -> ShardStream:
+        return ShardStream(self.weights)
 
     def _optimizers(self) -> list:
         return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
@@ -205,11 +209,12 @@ def _response_rows(rb: ResponseBatch, rows: int) -> ResponseBatch:
     return dataclasses.replace(rb, **{f.name: getattr(rb, f.name)[:rows] for f in dataclasses.fields(rb)})
 
 
-def uniform(micro: list, rows: int) -> list:
-    """(slice, ResponseBatch, mask, real rows) per micro batch, every ResponseBatch padded to the widest and to
-    `rows` rows (copies of its first row; their loss is cut off by `real rows`): pipeline stages exchange
-    activations of one shape."""
-    width = max(rb.input_ids.shape[1] for _, rb, _ in micro)
+def uniform(micro: list, rows: int, multiple: int = 1) -> list:
+    """(slice, ResponseBatch, mask, real rows) per micro batch, every ResponseBatch padded to the widest (rounded
+    up to a `multiple`: sequence parallelism splits the sequence over the TP ranks) and to `rows` rows (copies
+    of its first row; their loss is cut off by `real rows`): pipeline stages exchange activations of one
+    shape. Padding goes on the right, which a causal model's earlier positions never see."""
+    width = -(-max(rb.input_ids.shape[1] for _, rb, _ in micro) // multiple) * multiple
     out = []
     for sl, rb, mask in micro:
         n, w = rb.input_ids.shape

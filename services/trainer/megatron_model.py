@@ -49,7 +49,7 @@ def init_model_parallel(tp: int, pp: int, seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def transformer_config(hf_config, tp: int = 1, pp: int = 1):
+def transformer_config(hf_config, tp: int = 1, pp: int = 1, sequence_parallel: bool = False):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     _check(hf_config, tp, pp)
@@ -61,18 +61,23 @@ def transformer_config(hf_config, tp: int = 1, pp: int = 1):
         normalization="RMSNorm", layernorm_epsilon=hf_config.rms_norm_eps, gated_linear_unit=True,
         activation_func=F.silu, add_bias_linear=False, add_qkv_bias=qkv_bias, hidden_dropout=0.0,
         attention_dropout=0.0, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        sequence_parallel=sequence_parallel,
         params_dtype=torch.float32, pipeline_dtype=torch.float32, use_cpu_initialization=True,
         bf16=False, fp16=False, masked_softmax_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
         persist_layer_norm=False, gradient_accumulation_fusion=False)
 
 
-def build_gpt(hf_config, tp: int = 1, pp: int = 1, pre_process: bool = True, post_process: bool = True):
+def build_gpt(hf_config, tp: int = 1, pp: int = 1, pre_process: bool = True, post_process: bool = True,
+              sequence_parallel: bool = False):
     """This rank's GPTModel (its pipeline stage's layers, its tensor-parallel shards; model-parallel groups must
-    be initialised), with megatron's local (non-TransformerEngine) layers."""
+    be initialised), with megatron's local (non-TransformerEngine) layers. With `sequence_parallel` the
+    activations outside the attention and MLP blocks (norms, residuals, dropout) are split along the sequence
+    over the TP ranks (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+    Models")."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    return GPTModel(config=transformer_config(hf_config, tp, pp), transformer_layer_spec=get_gpt_layer_local_spec(),
+    return GPTModel(config=transformer_config(hf_config, tp, pp, sequence_parallel), transformer_layer_spec=get_gpt_layer_local_spec(),
                     vocab_size=hf_config.vocab_size, max_sequence_length=hf_config.max_position_embeddings,
                     position_embedding_type="rope", rotary_base=_rope_theta(hf_config),
                     share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
@@ -91,7 +96,7 @@ def _split_qkv(fused: torch.Tensor, groups: int, q_rows: int, kv_rows: int):
     return torch.cat(qs), torch.cat(ks), torch.cat(vs)
 
 
-def _stage_layers(hf_config, pp: int, stage: int) -> range:
+def stage_layers(hf_config, pp: int, stage: int) -> range:
     per = hf_config.num_hidden_layers // pp
     return range(stage * per, (stage + 1) * per)
 
@@ -109,7 +114,7 @@ def to_megatron(hf: dict[str, torch.Tensor], hf_config, tp: int = 1, tp_rank: in
     def row(t: torch.Tensor) -> torch.Tensor:
         return t.chunk(tp, dim=1)[tp_rank].clone()
 
-    for local, layer in enumerate(_stage_layers(hf_config, pp, pp_stage)):
+    for local, layer in enumerate(stage_layers(hf_config, pp, pp_stage)):
         h, m = f"model.layers.{layer}.", f"decoder.layers.{local}."
         a = h + "self_attn."
         out[m + "self_attention.linear_qkv.weight"] = column(_fused_qkv(
@@ -135,34 +140,49 @@ def to_megatron(hf: dict[str, torch.Tensor], hf_config, tp: int = 1, tp_rank: in
     return out
 
 
+def layer_to_hf(shards: list[dict[str, torch.Tensor]], hf_config, local: int, layer: int) -> dict[str, torch.Tensor]:
+    """HF decoder layer `layer` from its stage's tp shards (`shards[r]`), where it is layer `local`."""
+    groups, d = hf_config.num_key_value_heads, _head_dim(hf_config)
+    q_rows, kv_rows = hf_config.num_attention_heads * d, groups * d
+    h, m = f"model.layers.{layer}.", f"decoder.layers.{local}."
+    a = h + "self_attn."
+
+    def cat(name: str, dim: int = 0) -> torch.Tensor:
+        return torch.cat([s[name] for s in shards], dim=dim)
+    hf: dict[str, torch.Tensor] = {}
+    for kind in ("weight", "bias"):
+        if m + f"self_attention.linear_qkv.{kind}" in shards[0]:
+            q, k, v = _split_qkv(cat(m + f"self_attention.linear_qkv.{kind}"), groups, q_rows, kv_rows)
+            hf[a + f"q_proj.{kind}"], hf[a + f"k_proj.{kind}"], hf[a + f"v_proj.{kind}"] = q, k, v
+    hf[a + "o_proj.weight"] = cat(m + "self_attention.linear_proj.weight", dim=1)
+    hf[h + "input_layernorm.weight"] = shards[0][m + "input_layernorm.weight"].clone()
+    hf[h + "post_attention_layernorm.weight"] = shards[0][m + "pre_mlp_layernorm.weight"].clone()
+    halves = [s[m + "mlp.linear_fc1.weight"].chunk(2) for s in shards]
+    hf[h + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in halves])
+    hf[h + "mlp.up_proj.weight"] = torch.cat([u for _, u in halves])
+    hf[h + "mlp.down_proj.weight"] = cat(m + "mlp.linear_fc2.weight", dim=1)
+    return hf
+
+
+def ends_to_hf(shards: list[dict[str, torch.Tensor]], hf_config, first: bool, last: bool) -> dict[str, torch.Tensor]:
+    """The embedding (first stage) and the final norm and output layer (last stage) from their tp shards."""
+    hf: dict[str, torch.Tensor] = {}
+    if first:
+        hf["model.embed_tokens.weight"] = torch.cat([s["embedding.word_embeddings.weight"] for s in shards])
+    if last:
+        hf["model.norm.weight"] = shards[0]["decoder.final_layernorm.weight"].clone()
+        if not hf_config.tie_word_embeddings:
+            hf["lm_head.weight"] = torch.cat([s["output_layer.weight"] for s in shards])
+    return hf
+
+
 def to_hf(stages: list[list[dict[str, torch.Tensor]]], hf_config) -> dict[str, torch.Tensor]:
     """Every rank's megatron tensors (`stages[s][r]`: stage s, tensor-parallel rank r) merged into HF's."""
     pp, tp = len(stages), len(stages[0])
     _check(hf_config, tp, pp)
-    groups, d = hf_config.num_key_value_heads, _head_dim(hf_config)
-    q_rows, kv_rows = hf_config.num_attention_heads * d, groups * d
     hf: dict[str, torch.Tensor] = {}
     for stage, shards in enumerate(stages):
-        def cat(name: str, dim: int = 0) -> torch.Tensor:
-            return torch.cat([s[name] for s in shards], dim=dim)
-        for local, layer in enumerate(_stage_layers(hf_config, pp, stage)):
-            h, m = f"model.layers.{layer}.", f"decoder.layers.{local}."
-            a = h + "self_attn."
-            for kind in ("weight", "bias"):
-                if m + f"self_attention.linear_qkv.{kind}" in shards[0]:
-                    q, k, v = _split_qkv(cat(m + f"self_attention.linear_qkv.{kind}"), groups, q_rows, kv_rows)
-                    hf[a + f"q_proj.{kind}"], hf[a + f"k_proj.{kind}"], hf[a + f"v_proj.{kind}"] = q, k, v
-            hf[a + "o_proj.weight"] = cat(m + "self_attention.linear_proj.weight", dim=1)
-            hf[h + "input_layernorm.weight"] = shards[0][m + "input_layernorm.weight"].clone()
-            hf[h + "post_attention_layernorm.weight"] = shards[0][m + "pre_mlp_layernorm.weight"].clone()
-            halves = [s[m + "mlp.linear_fc1.weight"].chunk(2) for s in shards]
-            hf[h + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in halves])
-            hf[h + "mlp.up_proj.weight"] = torch.cat([u for _, u in halves])
-            hf[h + "mlp.down_proj.weight"] = cat(m + "mlp.linear_fc2.weight", dim=1)
-        if stage == 0:
-            hf["model.embed_tokens.weight"] = cat("embedding.word_embeddings.weight")
-        if stage == pp - 1:
-            hf["model.norm.weight"] = shards[0]["decoder.final_layernorm.weight"].clone()
-            if not hf_config.tie_word_embeddings:
-                hf["lm_head.weight"] = cat("output_layer.weight")
+        for local, layer in enumerate(stage_layers(hf_config, pp, stage)):
+            hf.update(layer_to_hf(shards, hf_config, local, layer))
+        hf.update(ends_to_hf(shards, hf_config, stage == 0, stage == pp - 1))
     return hf

@@ -96,6 +96,14 @@ class WeightVersions:
         self.in_flight_version = version
         self._pending = self._worker.submit(publish_then)
 
+    def publish_now(self, step: int, version: int, then: Callable[[int], None]) -> None:
+        """Publish step N's weights on this thread, then call `then(version published)`: a streamed source's
+        collectives run here, in step with the other ranks of a sharded trainer."""
+        self.settle()
+        with span("publish", step, version):
+            published = self.publish(version)
+        then(published)
+
     def prefetch_group(self, version: int) -> None:
         """As a step starts training: ask for the sync group of `version`, the one it will publish, now, so that
         its publish skips that coordinator round trip (WeightPublisher.prefetch_group)."""

@@ -10,7 +10,8 @@ Actor, one step N at a time (N from the checkpoint / progress, see resumption.py
     version += 1; on a worker thread, while the loop claims and trains step N+1: publish a copy of the
         weights through DCS (engines, actor_fwd, reference on its interval) and record progress (next step,
         version); a step due for a checkpoint publishes the live weights and is checkpointed there too, and
-        step N+1's optimizer waits for it (services/trainer/publishing.py)
+        step N+1's optimizer waits for it (services/trainer/publishing.py); a sharded backend (fsdp,
+        megatron) publishes here instead, its weights gathered from every rank a bucket at a time
     clear train_N once every task consumed it (on another worker thread)
 
 The critic (PPO) is services/trainer/critic_service.py.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import os
 import secrets
@@ -97,11 +99,11 @@ class ActorTrainer:
         self.model, _ = load_causal_lm(ckpt.path if ckpt else run.model, "float32", c.device)
         self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master, backend=process_group_backend(c.device))
         self.backend = make_backend(c.backend, self.model, run, c.device, self.dp, param_dtype=c.fsdp_param_dtype,
-                                    cpu_offload=c.fsdp_cpu_offload, tp=c.tp_size, pp=c.pp_size)
+                                    cpu_offload=c.fsdp_cpu_offload, tp=c.tp_size, pp=c.pp_size,
+                                    sequence_parallel=c.sequence_parallel)
         self.optimizer = self.backend.optimizer
         if ckpt:
             self.backend.load_optimizer(ckpt.path)
-        self.gathered = self.backend.gather_weights()  # fsdp: the leader's copy of the full weights (collective)
         self.membership = None
         if self.dp.is_leader:  # the other ranks follow it through the group, not the coordinator
             self.membership = self.join(self.dcs, NodeRegistration(
@@ -112,7 +114,7 @@ class ActorTrainer:
                                          pause_mode=c.pause_mode, run_id=c.run_id)
             self.weights = WeightVersions(sender, self.model, run, self.dcs, c.run_id, c.republish_check_s,
                                           snapshot_max_bytes=c.snapshot_publish_mb << 20,
-                                          source=(lambda: self.gathered) if self.backend.gathers else None)
+                                          source=self.weight_stream if self.backend.gathers else None)
             self.tracking = open_training_tracker(run, c.output_dir, c.run_id, self.redis, self.dcs)
         self.actor_task = task_name(run.name, ACTOR_TASK)  # the run's own task
         self.tq.register_task(self.actor_task, actor_fields(run), group_size=run.n_samples_per_prompt)
@@ -146,16 +148,16 @@ class ActorTrainer:
             if trained is None:  # halted mid-step: the rows go back to the queue on restart
                 break
             ids, metrics = trained
-            state = self.gather(step)
-            # published and recorded on a worker thread while the next step's rows are claimed and trained
-            # (from a copy of the weights); a step due for a checkpoint publishes the live weights, which
-            # train_step lets settle before the optimizer moves them again (the checkpoint reads them too)
-            self.weights.settle()  # the last publish: its version numbers this one
-            self.weights.publish_later(step, self.version + 1,
-                                       lambda v, step=step, ids=ids, metrics=metrics, state=state:
-                                       self.finish(step, v, ids, metrics, state),
-                                       snapshot=self.weights.snapshot_fits and not self.checkpoint_due(step),
-                                       weights=self.gathered)
+            state = self.sharded_state(step)
+            then = functools.partial(self.finish, step, ids=ids, metrics=metrics, state=state)
+            if self.backend.gathers:  # streamed from every rank's shards, here, with the other ranks
+                self.weights.publish_now(step, self.version + 1, then)
+            else:
+                # published and recorded on a worker thread while the next step's rows are claimed and trained
+                # (from a copy of the weights); a step due for a checkpoint publishes the live weights, which
+                # train_step lets settle before the optimizer moves them again (the checkpoint reads them too)
+                self.weights.publish_later(step, self.version + 1, then,
+                                           snapshot=self.weights.snapshot_fits and not self.checkpoint_due(step))
             self.clearing.later(step, halt, recorded=self.weights.pending)
             step += 1
         self.weights.settle()
@@ -168,14 +170,19 @@ class ActorTrainer:
             except DCSError as exc:  # stopped (or failed) meanwhile: it keeps that status
                 log.warning("the run ended before it finished", extra={"error": str(exc)})
 
-    def gather(self, step: int):
-        """After step N trained, on every rank: a backend that shards the weights gathers them for the publish
-        and, when N is due for a checkpoint, the model and optimizer state (collectives, so here in the main
-        loop, in the same order on every rank). Returns the checkpoint state (leader) or None."""
-        if not self.backend.gathers:
+    def sharded_state(self, step: int):
+        """After step N trained, on every rank: a backend that shards the weights gathers, when N is due for a
+        checkpoint, the model and optimizer state (a collective, so here in the main loop, in the same order
+        on every rank). Returns the checkpoint state (leader) or None."""
+        if not (self.backend.gathers and self.checkpoint_due(step)):
             return None
-        self.gathered = self.backend.gather_weights()
-        return self.backend.full_state(self.scratch(step + 1)) if self.checkpoint_due(step) else None
+        return self.backend.full_state(self.scratch(step + 1))
+
+    def weight_stream(self):
+        """The leader's source of a publish from a sharded backend: the other ranks are told to make the same
+        stream (they gather with it and keep nothing)."""
+        self.dp.share([3, 0, self.version])
+        return self.backend.weight_stream()
 
     def scratch(self, next_step: int) -> str:
         """Where a backend that checkpoints sharded (megatron) writes before the checkpoint directory exists
@@ -238,9 +245,12 @@ class ActorTrainer:
             if more == 2:  # the leader's final checkpoint of a sharded model
                 self.backend.full_state(self.scratch(step))
                 continue
+            if more == 3:  # the leader publishes (or sends again) the weights: gather them with it
+                self.backend.weight_stream().close()
+                continue
             if self.train_step(step, halt) is None:
                 return
-            self.gather(step)
+            self.sharded_state(step)
             self.status.update(step=step)
 
     # ------------------------------------------------------------------ one step

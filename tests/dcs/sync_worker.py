@@ -77,7 +77,28 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=3.0)
     p.add_argument("--bucket-bytes", type=int, default=40_000)
     p.add_argument("--retry-after-s", type=float, default=2.0)
+    p.add_argument("--streamed", action="store_true", help="trainer: publish from a WeightStream")
     return p.parse_args()
+
+
+class RecordingStream:
+    """A WeightStream over `tensors` that records how it was taken (each take's count, whether it was closed)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.named, self.next, self.takes, self.closed = list(tensors.items()), 0, [], False
+
+    def specs(self):
+        return [(n, torch.empty(t.shape, dtype=t.dtype, device="meta")) for n, t in self.named]
+
+    def take(self, count: int):
+        assert not self.closed, "taken after close"
+        out = [(n, t.clone()) for n, t in self.named[self.next:self.next + count]]
+        self.next += len(out)
+        self.takes.append(count)
+        return out
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def publish_versions(args, dcs: DCSClient, node_id: str, out) -> None:
@@ -89,13 +110,15 @@ def publish_versions(args, dcs: DCSClient, node_id: str, out) -> None:
         if version == args.rejoin_version:
             wait_for_receivers(dcs, args.run_id, args.receivers)
         tensors = weights(version, dtype)
+        stream = RecordingStream(tensors) if args.streamed else None
+        taken = (lambda: {"takes": stream.takes, "closed": stream.closed}) if stream else dict
         try:
-            res = publisher.publish(tensors.items(), version)
+            res = publisher.publish(stream or tensors.items(), version)
             out.write(json.dumps({"event": "published", "version": version, "digest": digest(tensors),
-                                  "world_size": res.world_size, "seconds": res.seconds}) + "\n")
+                                  "world_size": res.world_size, "seconds": res.seconds, **taken()}) + "\n")
         except SyncFailed as exc:
             out.write(json.dumps({"event": "failed", "version": version, "error": exc.result.error,
-                                  "seconds": exc.result.seconds}) + "\n")
+                                  "seconds": exc.result.seconds, **taken()}) + "\n")
             time.sleep(args.retry_after_s)  # let the dead member's lease lapse
         time.sleep(0.3)  # receivers see each version
     publisher.close()

@@ -38,20 +38,23 @@ def start_three(tmp_path, dcs_url: str, run_id: str, versions: int, faulty: str,
     return survivor, other, trainer
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_trainer_and_two_receivers_get_bit_identical_tensors(tmp_path, dtype):
+@pytest.mark.parametrize("dtype,streamed", [("float32", False), ("bfloat16", False), ("float32", True)],
+                         ids=["float32", "bfloat16", "streamed"])
+def test_trainer_and_two_receivers_get_bit_identical_tensors(tmp_path, dtype, streamed):
     with LocalDCS(log_dir=str(tmp_path)) as dcs:
         common = ["--dcs", dcs.url, "--run-id", "r", "--dtype", dtype]
         receivers = [_worker(tmp_path, f"recv{i}", "receiver", *common, "--until", "2",
                              "--out", str(tmp_path / f"recv{i}.jsonl")) for i in range(2)]
         trainer = _worker(tmp_path, "trainer", "trainer", *common, "--versions", "2",
-                          "--out", str(tmp_path / "trainer.jsonl"))
+                          "--out", str(tmp_path / "trainer.jsonl"), *(["--streamed"] if streamed else []))
         assert trainer.proc.wait(120) == 0, trainer.log_tail()
         for r in receivers:
             assert r.proc.wait(60) == 0, r.log_tail()
         published = {e["version"]: e for e in _events(tmp_path / "trainer.jsonl") if e["event"] == "published"}
         assert sorted(published) == [1, 2] and published[1]["world_size"] == 3
         assert set(published[1]["seconds"]) >= {"metadata", "pack", "broadcast", "total"}
+        if streamed:  # taken a bucket at a time (40 kB buckets: 64 kB, 16, 32+1 kB, 64 kB tensors), then closed
+            assert published[1]["takes"] == [1, 1, 2, 1] and published[1]["closed"]
         for i in range(2):
             got = {e["version"]: e["digest"] for e in _events(tmp_path / f"recv{i}.jsonl") if e["event"] == "received"}
             assert got == {v: published[v]["digest"] for v in (1, 2)}
@@ -64,16 +67,19 @@ def test_trainer_and_two_receivers_get_bit_identical_tensors(tmp_path, dtype):
             assert any("load" in r.seconds for r in reports)  # receivers report the load phase too
 
 
-def test_receiver_killed_mid_sync_fails_it_on_time_and_the_next_sync_succeeds(tmp_path):
+@pytest.mark.parametrize("streamed", [False, True], ids=["list", "streamed"])
+def test_receiver_killed_mid_sync_fails_it_on_time_and_the_next_sync_succeeds(tmp_path, streamed):
     with LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "1.0")) as dcs:
-        survivor, doomed, trainer = start_three(tmp_path, dcs.url, "k", 3, "doomed", ["--die-at", "2:1"])
+        survivor, doomed, trainer = start_three(tmp_path, dcs.url, "k", 3, "doomed", ["--die-at", "2:1"],
+                                                trainer_args=("--streamed",) if streamed else ())
         assert trainer.proc.wait(120) == 0, trainer.log_tail()
         assert survivor.proc.wait(60) == 0, survivor.log_tail()
         assert doomed.proc.wait(10) == -9  # it really died mid-sync
         events = {e["version"]: e for e in _events(tmp_path / "trainer.jsonl")}
         assert events[1]["event"] == "published" and events[1]["world_size"] == 3
         assert events[2]["event"] == "failed"
-        assert events[2]["seconds"]["total"] < 3 + 2.0  # within the deadline (plus slack for start-up)
+        if streamed:  # closed although the broadcast failed part-way (a sharded trainer's peers wait for it)
+            assert events[2]["closed"]        assert events[2]["seconds"]["total"] < 3 + 2.0  # within the deadline (plus slack for start-up)
         assert events[3]["event"] == "published" and events[3]["world_size"] == 2  # the dead member dropped
         seen = _events(tmp_path / "survivor.jsonl")
         received = {e["version"]: e["digest"] for e in seen if e["event"] == "received"}

@@ -22,10 +22,10 @@ RUN = dict(name="r", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_
 
 
 def train_once(backend: str, model_dir: str, dp: DataParallel, out_dir: str, resume: str = "", seed: int = 0,
-               tp: int = 1, pp: int = 1):
+               tp: int = 1, pp: int = 1, sp: bool = False):
     run = RunConfig(model=model_dir, **RUN)
     model, _ = load_causal_lm(resume or model_dir)
-    b = make_backend(backend, model, run, "cpu", dp, tp=tp, pp=pp)
+    b = make_backend(backend, model, run, "cpu", dp, tp=tp, pp=pp, sequence_parallel=sp)
     if resume:
         b.load_optimizer(resume)
     full = _batch(seed)
@@ -35,11 +35,21 @@ def train_once(backend: str, model_dir: str, dp: DataParallel, out_dir: str, res
     tokens = dp.total(float(sum(float(m.sum()) for m in share["loss_mask"]))) / (dp.size // b.data_size)
     m = b.train(share, run, 1, totals=(tokens, 4.0))
     loss = m.loss if backend == "megatron" else dp.total(m.loss)  # megatron's metrics are the global batch's
-    weights = b.gather_weights() or [(n, p.detach()) for n, p in model.named_parameters()]
+    stream = b.weight_stream()
+    weights = _taken(stream) if stream is not None else [(n, p.detach()) for n, p in model.named_parameters()]
     state = b.full_state(os.path.join(out_dir, "actor", "step_00000001.sharded.tmp"))
     if dp.is_leader:
         save_checkpoint(out_dir, "actor", model, b.optimizer, model_dir, 1, 1, state=state)
         _write(out_dir, weights, loss, m.grad_norm)
+
+
+def _taken(stream) -> list:
+    """Everything the stream yields, taken three tensors at a time as a publisher takes buckets."""
+    got = []
+    for _ in range(0, len(stream.specs()), 3):
+        got += stream.take(3)
+    stream.close()
+    return got
 
 
 def _write(out_dir: str, weights, loss: float, grad_norm: float) -> None:
@@ -55,10 +65,11 @@ def main() -> None:
         p.add_argument(flag, default="")
     for flag in ("--rank", "--size", "--seed", "--tp", "--pp"):
         p.add_argument(flag, type=int, default=1)
+    p.add_argument("--sp", type=int, default=0)
     a = p.parse_args()
     torch.set_num_threads(1)
     dp = DataParallel(a.rank, a.size, a.master, timeout_s=120)
-    train_once(a.backend, a.model, dp, a.out, a.resume, a.seed, a.tp, a.pp)
+    train_once(a.backend, a.model, dp, a.out, a.resume, a.seed, a.tp, a.pp, bool(a.sp))
     dp.close()
 
 

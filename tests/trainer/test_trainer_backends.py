@@ -31,11 +31,12 @@ def qwen2_dir(tmp_path_factory):
 
 
 def _ranks(tmp_path, name: str, backend: str, model: str, seed: int, resume: str = "", size: int = 2,
-           tp: int = 1, pp: int = 1) -> str:
+           tp: int = 1, pp: int = 1, sp: bool = False) -> str:
     out = tmp_path / name
     master = f"127.0.0.1:{free_port()}"
     argv = ["--model", model, "--backend", backend, "--size", str(size), "--master", master, "--out", str(out),
-            "--seed", str(seed), "--tp", str(tp), "--pp", str(pp)] + (["--resume", resume] if resume else [])
+            "--seed", str(seed), "--tp", str(tp), "--pp", str(pp), "--sp", str(int(sp))] + \
+        (["--resume", resume] if resume else [])
     procs = [ChildProcess(f"{name}-{r}", [sys.executable, "-m", "tests.trainer.backend_worker", *argv,
                                           "--rank", str(r)], str(tmp_path / f"{name}-{r}.log")) for r in range(size)]
     assert [p.proc.wait(180) for p in procs] == [0] * size, [p.log_tail() for p in procs]
@@ -72,16 +73,17 @@ def test_fsdp_two_ranks_take_the_torch_step_and_checkpoints_cross_backends(model
     _same_step(torch_again, _ranks(tmp_path, "fsdp2", "fsdp", model_dir, seed=1, resume=ca))
 
 
-@pytest.mark.parametrize("tp,pp,size", [(1, 1, 1), (2, 1, 2), (1, 2, 2), (1, 1, 2), (2, 2, 4)],
-                         ids=["tp1", "tp2", "pp2", "dp2", "tp2pp2"])
-def test_megatron_takes_the_torch_step(qwen2_dir, tmp_path, tp, pp, size):
+@pytest.mark.parametrize("tp,pp,size,sp", [(1, 1, 1, 0), (2, 1, 2, 0), (1, 2, 2, 0), (1, 1, 2, 0), (2, 2, 4, 1)],
+                         ids=["tp1", "tp2", "pp2", "dp2", "tp2pp2sp"])
+def test_megatron_takes_the_torch_step(qwen2_dir, tmp_path, tp, pp, size, sp):
     """megatron-core's model, schedules and DistributedOptimizer (CPU, gloo) against the torch backend: the same
-    loss, gradient norm and updated weights (gathered from the shards back into HF names). Qwen2 only (QKV
-    biases; Llama's layout is the same without them, and test_megatron_cpu checks its logits)."""
+    loss, gradient norm and updated weights (gathered from the shards back into HF names; TP=2 x PP=2 with
+    sequence parallelism, its sequences padded to a multiple of TP). Qwen2 only (QKV biases; Llama's layout is
+    the same without them, and test_megatron_cpu checks its logits)."""
     model_dir = qwen2_dir
     single = str(tmp_path / "torch")
     train_once("torch", model_dir, DataParallel(), single)
-    sharded = _ranks(tmp_path, "megatron", "megatron", model_dir, seed=0, size=size, tp=tp, pp=pp)
+    sharded = _ranks(tmp_path, "megatron", "megatron", model_dir, seed=0, size=size, tp=tp, pp=pp, sp=sp)
     _same_step(single, sharded)
     # its checkpoint: the HF export of the weights and megatron's own shards; a second step resumed from it is
     # the torch backend's second step
@@ -92,4 +94,4 @@ def test_megatron_takes_the_torch_step(qwen2_dir, tmp_path, tp, pp, size):
     torch_again = str(tmp_path / "torch2")
     train_once("torch", model_dir, DataParallel(), torch_again, resume=latest_checkpoint(single, "actor").path, seed=1)
     _same_step(torch_again, _ranks(tmp_path, "megatron2", "megatron", model_dir, seed=1, size=size, tp=tp, pp=pp,
-                                   resume=cm))
+                                   sp=sp, resume=cm))

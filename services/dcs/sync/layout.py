@@ -6,7 +6,7 @@ the published metadata and view the tensors out of them without copying."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -17,6 +17,22 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat
                 torch.float64: "float64", torch.int64: "int64", torch.int32: "int32", torch.int16: "int16",
                 torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool"}
 TORCH_DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
+
+
+@runtime_checkable
+class WeightStream(Protocol):
+    """Weights that exist only a few at a time: a sharded trainer gathers each tensor from its ranks (a
+    collective), so the publisher takes them in order, one bucket's worth before packing it, and never holds
+    the whole model. The source's other ranks produce the same sequence; `close` produces (and drops) what
+    was not taken, so a publish that failed half-way leaves no peer waiting."""
+
+    def specs(self) -> list[tuple[str, torch.Tensor]]:
+        """Every (name, tensor) to come, in order, as shape-only (meta) tensors."""
+
+    def take(self, count: int) -> list[tuple[str, torch.Tensor]]:
+        """The next `count` tensors, in order."""
+
+    def close(self) -> None: ...
 
 
 def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int) -> tuple[list[WeightTensor], list[int]]:

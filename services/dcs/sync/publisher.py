@@ -30,7 +30,7 @@ import torch
 from services.dcs.client import DCSClient
 from services.dcs.models import SyncGroupRequest, SyncReport, WeightMetadata
 from services.dcs.sync.groups import BroadcastGroup
-from services.dcs.sync.layout import TORCH_DTYPES, pack, plan_buckets
+from services.dcs.sync.layout import TORCH_DTYPES, WeightStream, pack, plan_buckets
 from services.sglang_protocol.client import SGLangClient
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,16 @@ def node_url(node) -> str | None:
         if (port := node.ports.get(scheme)) is not None:
             return f"{scheme}://{node.host}:{port}"
     return None
+
+
+def _bucket_tensors(entries, buckets: int, named: list, stream: WeightStream | None):
+    """bucket k -> its tensors by name: taken from the stream as the bucket is packed (so only about two
+    buckets' worth exist at once), or looked up among all of `named`."""
+    if stream is None:
+        everything = dict(named)
+        return lambda k: everything
+    counts = [sum(e.bucket == k for e in entries) for k in range(buckets)]
+    return lambda k: dict(stream.take(counts[k]))
 
 
 class WeightPublisher:
@@ -125,11 +135,20 @@ class WeightPublisher:
         for f in futures:
             f.result()
 
-    def publish(self, named: Iterable[tuple[str, torch.Tensor]], version: int, announce: bool = True) -> SyncResult:
+    def publish(self, named: Iterable[tuple[str, torch.Tensor]] | WeightStream, version: int,
+                announce: bool = True) -> SyncResult:
         """Broadcast `named` as `version` to the current group of receiver roles. announce=False sends an
         already published version again without recording it with the coordinator: only for engines
-        (driven over HTTP, they do not read the coordinator's metadata), e.g. one that restarted."""
-        named = list(named)
+        (driven over HTTP, they do not read the coordinator's metadata), e.g. one that restarted. A
+        WeightStream is taken bucket by bucket as the buckets are packed, and closed whatever happens."""
+        stream = named if isinstance(named, WeightStream) else None
+        try:
+            return self._publish(stream.specs() if stream is not None else list(named), version, announce, stream)
+        finally:
+            if stream is not None:
+                stream.close()
+
+    def _publish(self, named: list, version: int, announce: bool, stream: WeightStream | None) -> SyncResult:
         result = SyncResult(version=version, ok=False)
         t0 = time.perf_counter()
         try:
@@ -162,7 +181,8 @@ class WeightPublisher:
                     self._open_group(group_spec)
                     result.seconds["open_group"] = time.perf_counter() - t0 - result.seconds["metadata"]
                 self._failed = False
-                self._transfer(entries, sizes, dict(named), result, transfer, str(version))
+                self._transfer(entries, sizes, _bucket_tensors(entries, len(sizes), named, stream), result,
+                               transfer, str(version))
             finally:
                 for engine in paused:  # always resume generation, whatever happened
                     try:
@@ -280,37 +300,43 @@ class WeightPublisher:
 
         def timed_pack(k: int):
             start = time.perf_counter()
-            flat = pack(k, entries, sizes[k], tensors, out=self._staging[k % 2][:sizes[k]])
+            flat = pack(k, entries, sizes[k], tensors(k), out=self._staging[k % 2][:sizes[k]])
             return flat, time.perf_counter() - start
 
         broadcast_s = 0.0
         pending = self._packer.submit(timed_pack, 0)
-        for k in range(len(sizes)):
-            flat, took = pending.result()
-            pack_s += took
-            if k + 1 < len(sizes):
-                pending = self._packer.submit(timed_pack, k + 1)  # overlaps the broadcast below
-            start = time.perf_counter()
-            bucket = [e for e in entries if e.bucket == k]
-            flat_spec = {"offsets": [e.offset for e in bucket], "nbytes": sizes[k]} \
-                if transfer == "flat_buckets" else None
-            # the engines' HTTP calls return only after receiving: send them first, then broadcast
-            calls = [self._http.submit(self._engines[m.node_id].update_weights_from_distributed,
-                                       [e.name for e in bucket], [e.dtype for e in bucket],
-                                       [e.shape for e in bucket], self._group.name, version,
-                                       self._mode(self._engines[m.node_id]) not in ("in_place", "none"),
-                                       self.timeout_s, flat_spec)
-                     for m in self._current_engines]
-            if transfer == "flat_buckets":
-                self._group.broadcast(flat, 0)
-            else:
-                for e in bucket:  # typed, as the engine allocates it (NCCL matches dtype and count)
-                    self._group.broadcast(flat[e.offset:e.offset + e.nbytes].view(TORCH_DTYPES[e.dtype]), 0)
-            for call in calls:
-                call.result(timeout=self.timeout_s)
-            broadcast_s += time.perf_counter() - start
+        try:
+            for k in range(len(sizes)):
+                flat, took = pending.result()
+                pack_s += took
+                if k + 1 < len(sizes):
+                    pending = self._packer.submit(timed_pack, k + 1)  # overlaps the broadcast below
+                start = time.perf_counter()
+                self._send_bucket([e for e in entries if e.bucket == k], flat, sizes[k], transfer, version)
+                broadcast_s += time.perf_counter() - start
+        except BaseException:
+            # a stream is closed next (on this thread): its packing must have stopped taking from it
+            pending.exception()
+            raise
         result.seconds["pack"] = pack_s
         result.seconds["broadcast"] = broadcast_s
+
+    def _send_bucket(self, bucket, flat: torch.Tensor, size: int, transfer: str, version: str) -> None:
+        flat_spec = {"offsets": [e.offset for e in bucket], "nbytes": size} if transfer == "flat_buckets" else None
+        # the engines' HTTP calls return only after receiving: send them first, then broadcast
+        calls = [self._http.submit(self._engines[m.node_id].update_weights_from_distributed,
+                                   [e.name for e in bucket], [e.dtype for e in bucket],
+                                   [e.shape for e in bucket], self._group.name, version,
+                                   self._mode(self._engines[m.node_id]) not in ("in_place", "none"),
+                                   self.timeout_s, flat_spec)
+                 for m in self._current_engines]
+        if transfer == "flat_buckets":
+            self._group.broadcast(flat, 0)
+        else:
+            for e in bucket:  # typed, as the engine allocates it (NCCL matches dtype and count)
+                self._group.broadcast(flat[e.offset:e.offset + e.nbytes].view(TORCH_DTYPES[e.dtype]), 0)
+        for call in calls:
+            call.result(timeout=self.timeout_s)
 
     def _report(self, result: SyncResult) -> None:
         try:
