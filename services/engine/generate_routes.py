@@ -49,6 +49,18 @@ def check_capacity(engine, items) -> None:
                           " retry later")
 
 
+def check_prompt_ids(engine, prompts: list[list[int]]) -> None:
+    """Refuse empty prompts, ids outside the vocabulary and prompts that leave no room in the context."""
+    vocab = engine.model.config.vocab_size
+    if not prompts or not all(prompts):
+        raise BadRequest("empty input")
+    for p in prompts:
+        if any(i < 0 or i >= vocab for i in p):
+            raise BadRequest(f"input_ids must be in [0, {vocab})")
+        if len(p) >= engine.pool.slot_len:
+            raise BadRequest(f"the input is {len(p)} tokens; the context length is {engine.pool.slot_len}")
+
+
 def prompts_of(engine, req: GenerateRequest) -> list[tuple[list[int], SamplingParams, str]]:
     """-> (prompt ids, SamplingParams, rid) per input (n is expanded by samples_of)."""
     if (req.text is None) == (req.input_ids is None):
@@ -58,14 +70,8 @@ def prompts_of(engine, req: GenerateRequest) -> list[tuple[list[int], SamplingPa
         prompts = [engine.tokenizer(t).input_ids for t in ([req.text] if single else req.text)]
     else:
         prompts = [req.input_ids] if single else req.input_ids
+    check_prompt_ids(engine, prompts)
     vocab = engine.model.config.vocab_size
-    if not prompts or not all(prompts):
-        raise BadRequest("empty input")
-    for p in prompts:
-        if any(i < 0 or i >= vocab for i in p):
-            raise BadRequest(f"input_ids must be in [0, {vocab})")
-        if len(p) >= engine.pool.slot_len:
-            raise BadRequest(f"the input is {len(p)} tokens; the context length is {engine.pool.slot_len}")
     raw = req.sampling_params or SamplingParams()
     params = raw if isinstance(raw, list) else [raw] * len(prompts)
     if len(params) != len(prompts):
@@ -134,11 +140,11 @@ def _events(engine, seqs: list[Generation], queues: list[asyncio.Queue], result)
                         pending.discard(i)
             yield "data: [DONE]\n\n"
         finally:  # client went away: abort what is left
-            _abort_unfinished(engine, seqs)
+            abort_unfinished(engine, seqs)
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-async def _wait_all(request: Request, seqs: list[Generation], queues: list[asyncio.Queue]) -> bool:
+async def wait_all(request: Request, seqs: list[Generation], queues: list[asyncio.Queue]) -> bool:
     """Until every sample finished (True) or the client disconnected (False)."""
     for seq, q in zip(seqs, queues):
         while not seq.finished:
@@ -150,7 +156,7 @@ async def _wait_all(request: Request, seqs: list[Generation], queues: list[async
     return True
 
 
-def _abort_unfinished(engine, seqs: list[Generation]) -> None:
+def abort_unfinished(engine, seqs: list[Generation]) -> None:
     for seq in seqs:
         if not seq.finished:
             engine.scheduler.control(lambda rid=seq.rid: engine.scheduler.abort(rid))
@@ -181,11 +187,11 @@ def generate_router(engine) -> APIRouter:
         if req.stream:
             return _events(engine, seqs, queues, result)
         try:
-            if not await _wait_all(request, seqs, queues):
-                _abort_unfinished(engine, seqs)  # the client went away: its samples stop taking KV slots
+            if not await wait_all(request, seqs, queues):
+                abort_unfinished(engine, seqs)  # the client went away: its samples stop taking KV slots
                 return Response(status_code=499)
         except asyncio.CancelledError:
-            _abort_unfinished(engine, seqs)
+            abort_unfinished(engine, seqs)
             raise
         for seq in seqs:
             REQUESTS.labels(seq.finish_reason["type"]).inc()

@@ -19,6 +19,7 @@ from services.engine.config import EngineConfig
 from services.engine.control_routes import (engine_info_router, generation_control_router, service_router,
                                             weight_update_router)
 from services.engine.generate_routes import BadRequest, Unavailable, generate_router
+from services.engine.openai_routes import openai_router
 from services.engine.scheduler import Scheduler
 from services.engine.weight_updates import WeightUpdates
 from services.model.batched_decoder import BatchedDecoder
@@ -144,7 +145,7 @@ def build_app(engine: Engine) -> FastAPI:
         return response
 
     weights = weight_update_router(engine)
-    for router in (generate_router(engine), generation_control_router(engine), weights,
+    for router in (generate_router(engine), openai_router(engine), generation_control_router(engine), weights,
                    engine_info_router(engine), service_router(engine)):
         app.include_router(router)
     if not engine.config.auth_token and not engine.config.allow_unauthenticated_weight_updates:

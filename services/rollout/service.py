@@ -28,6 +28,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
+from services.model.chat_format import render_chat
 from services.rollout.admission import may_admit
 from services.rollout.config import RolloutConfig
 from services.rollout.connections import RolloutConnections, RolloutMembership, engine_pool
@@ -127,10 +128,7 @@ class RolloutService:
         if isinstance(prompt, str) and not self.run.rollout.apply_chat_template:
             return self.tokenizer.encode(prompt, add_special_tokens=False)
         messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        return render_chat(self.tokenizer, messages)
 
     # ------------------------------------------------------------------ the loop
 

@@ -75,13 +75,38 @@ def build_gpt(hf_config, tp: int = 1, pp: int = 1, pre_process: bool = True, pos
     over the TP ranks (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
     Models")."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    return GPTModel(config=transformer_config(hf_config, tp, pp, sequence_parallel), transformer_layer_spec=get_gpt_layer_local_spec(),
+    config = transformer_config(hf_config, tp, pp, sequence_parallel)
+    return GPTModel(config=config, transformer_layer_spec=_block_spec(config),
                     vocab_size=hf_config.vocab_size, max_sequence_length=hf_config.max_position_embeddings,
                     position_embedding_type="rope", rotary_base=_rope_theta(hf_config),
                     share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
                     pre_process=pre_process, post_process=post_process)
+
+
+class RMSNorm:
+    """torch's RMSNorm as megatron's local layers build a norm (WrappedTorchNorm, which refuses sequence
+    parallelism: megatron expects apex's fused norm there). The weight carries megatron's `sequence_parallel`
+    mark, so that with sequence parallelism, where each TP rank's norm sees only its part of the sequence,
+    finalize_model_grads sums its gradient over the TP ranks."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        norm = torch.nn.RMSNorm(hidden_size, eps=eps)
+        norm.weight.sequence_parallel = bool(config.sequence_parallel)
+        return norm
+
+
+def _block_spec(config):
+    """megatron's local (non-TransformerEngine) layer spec for this stage's layers, with RMSNorm above."""
+    import dataclasses
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    layer = get_gpt_layer_local_spec()
+    layer = dataclasses.replace(layer, submodules=dataclasses.replace(
+        layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm))
+    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
 
 
 def _fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -> torch.Tensor:

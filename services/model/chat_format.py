@@ -1,0 +1,91 @@
+"""Chat messages to prompt token ids through the model's own chat template, and tool calls back out of what the
+model wrote, in the format that template defines.
+
+The one tool-call format read today is Qwen2.5's (Hermes): each call a JSON object
+`{"name": ..., "arguments": {...}}` between `<tool_call>` and `</tool_call>`; a template that mentions
+`<tool_call>` uses it (the built-in tokenizer's does, services/model/tokenizer_build.py). A block that is
+not such an object stays in the message's text, as SGLang leaves an unparsable call."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterable
+
+from jinja2 import TemplateError
+
+CALL_START, CALL_END = "<tool_call>", "</tool_call>"
+_CALL = re.compile(re.escape(CALL_START) + r"\s*(.*?)\s*" + re.escape(CALL_END), re.S)
+# tokens that end an assistant turn in common chat templates (ChatML, Llama 3, Phi, Gemma)
+_TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+
+
+class ChatFormatError(ValueError):
+    """Messages or tools the model's chat template cannot render (the message says why)."""
+
+
+def tool_call_format(tokenizer) -> str | None:
+    """"hermes" when the model's chat template writes tool calls in <tool_call> tags, else None."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return "hermes" if isinstance(template, str) and CALL_START in template else None
+
+
+def turn_end_ids(tokenizer) -> list[int]:
+    """Ids of the tokens that end an assistant turn in the model's template (a chat completion stops there)."""
+    vocab = tokenizer.get_vocab()
+    return [vocab[t] for t in _TURN_ENDS if t in vocab]
+
+
+def template_message(message: dict) -> dict:
+    """A message as chat templates read it: text parts joined into one string, tool-call arguments given as
+    a JSON string (OpenAI's form) parsed into the object templates expect."""
+    out = {k: v for k, v in message.items() if v is not None}
+    content = out.get("content")
+    if isinstance(content, list):
+        out["content"] = "".join(part["text"] for part in content)
+    if out.get("tool_calls"):
+        calls = []
+        for call in out["tool_calls"]:
+            fn = dict(call["function"])
+            if isinstance(fn.get("arguments"), str):
+                try:
+                    fn["arguments"] = json.loads(fn["arguments"])
+                except json.JSONDecodeError:
+                    pass  # rendered as the string it is
+            calls.append({**call, "function": fn})
+        out["tool_calls"] = calls
+    return out
+
+
+def render_chat(tokenizer, messages: Iterable[dict], tools: list[dict] | None = None,
+                **template_kwargs: Any) -> list[int]:
+    """The prompt ids of `messages` (and `tools`) with the generation prompt of an assistant turn appended."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ChatFormatError("the model has no chat template")
+    try:
+        ids = tokenizer.apply_chat_template([template_message(m) for m in messages], tools=tools or None,
+                                            add_generation_prompt=True, tokenize=True, **template_kwargs)
+    except (TemplateError, TypeError, KeyError) as exc:
+        raise ChatFormatError(f"the chat template cannot render these messages: {exc}") from None
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """(the text without its tool calls, or None if nothing else is left; [(name, arguments as JSON)])."""
+    calls: list[tuple[str, str]] = []
+
+    def take(match: re.Match) -> str:
+        try:
+            call = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            return match.group(0)
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return match.group(0)
+        args = call.get("arguments", call.get("parameters", {}))
+        calls.append((call["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
+        return ""
+
+    rest = _CALL.sub(take, text).strip()
+    return (rest or None), calls
