@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 
 from services.engine.generate_routes import (BadRequest, abort_unfinished, check_capacity, check_prompt_ids,
                                              meta_info, samples_of, wait_all)
-from services.engine.openai_protocol import (MAX_STOPS, AssistantMessage, ChatChoice, ChatCompletionRequest,
+from services.openai_api.models import (MAX_STOPS, AssistantMessage, ChatChoice, ChatCompletionRequest,
                                              ChatCompletionResponse, ChoiceLogprobs, CompletionChoice,
                                              CompletionLogprobs, CompletionRequest, CompletionResponse,
                                              FunctionCall, ModelCard, ModelList, TokenLogprob, ToolCall,

@@ -3,6 +3,8 @@ per sample, the prompt's tokens followed by the response's."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from services.rollout.engine_pool import SampleOutput
@@ -25,3 +27,22 @@ def group_columns(position: int, prompt_ids: list[int], samples: list[SampleOutp
         "sample_index": torch.arange(n, dtype=torch.int64),
         "step": torch.full((n,), step, dtype=torch.int64),
     }
+
+
+@dataclass
+class ScoredGroup:
+    """A generated and scored group, ready to be written."""
+
+    record: object  # PromptRecord
+    columns: dict
+    rewards: list[float]
+    begin_version: int  # the oldest version any of its samples began under
+    tokens: int  # tokens the model generated for it
+    resubmits: int = 0  # requests resumed after a weight update aborted them
+
+    @classmethod
+    def of_samples(cls, record, prompt_ids: list[int], samples: list[SampleOutput], rewards: list[float],
+                   step: int) -> "ScoredGroup":
+        return cls(record, group_columns(record.position, prompt_ids, samples, rewards, step), rewards,
+                   min(s.begin_version for s in samples), sum(len(s.output_ids) for s in samples),
+                   sum(s.resubmits for s in samples))

@@ -27,16 +27,17 @@ import torch
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.dcs.membership import RunMembership
-from services.dcs.models import NodeRegistration
 from services.model.chat_format import render_chat
 from services.rollout.admission import may_admit
 from services.rollout.config import RolloutConfig
-from services.rollout.connections import RolloutConnections, RolloutMembership, engine_pool
-from services.rollout.engine_pool import Engines, SampleOutput
+from services.rollout.connections import RolloutConnections, RolloutMembership, engine_pool, registrations
+from services.rollout.engine_pool import Engines
 from services.rollout.evaluation import Evaluator
 from services.rollout.lost_groups import LostGroups
 from services.rollout.put_coalescing import PutCoalescer
-from services.rollout.sample_columns import group_columns
+from services.rollout.agent_endpoint import Episodes
+from services.rollout.agents import agent_runner
+from services.rollout.sample_columns import ScoredGroup
 from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
 from services.rollout.rewards import build_reward
 from services.rollout.scoring import GroupScorer
@@ -69,6 +70,7 @@ class RolloutService:
         self.join = join
         self.engines = engines
         self.memberships: list[RolloutMembership] = []
+        self.episodes = Episodes()  # agent episodes' endpoints (served by the role's HTTP server)
 
     # ------------------------------------------------------------------ setup
 
@@ -81,14 +83,12 @@ class RolloutService:
         r = run.rollout
         self.tokenizer = load_tokenizer(run.model)
         self.source = open_prompt_source(r.prompts, r.prompt_field, r.shuffle_seed)
-        spec = r.reward
-        if spec is None:
-            task = r.prompts.removeprefix("demo:")
-            if not r.prompts.startswith("demo:") or task not in DEMO_TASKS:
-                raise ValueError("rollout.reward is required unless prompts is a demo task")
-            spec = DEMO_TASKS[task].reward
+        task = r.prompts.removeprefix("demo:")
+        spec = r.reward or (DEMO_TASKS[task].reward if r.prompts.startswith("demo:") and task in DEMO_TASKS else None)
+        if spec is None and not r.agent:
+            raise ValueError("rollout.reward is required unless prompts is a demo task (or an agent scores them)")
         self.reward = build_reward(spec, label_field=r.label_field, timeout_s=r.reward_timeout_s,
-                                   retries=r.reward_retries, token=self.config.reward_token or None)
+                                   retries=r.reward_retries, token=self.config.reward_token or None) if spec else None
         self.scorer = GroupScorer(self.reward, r.reward_fallback)
         self.pool = self.engines(self.config)
         self.writes = PutCoalescer(self.tq.put, linger_s=self.config.put_linger_s)
@@ -106,23 +106,14 @@ class RolloutService:
         self.cap = r.max_groups_in_flight or 2 * run.rollout_batch_size
         self.version_moved = asyncio.Event()  # wakes admission the moment the engines' version moves
         self.sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
+        self.agents = agent_runner(self.config, run, self.episodes, self.pool.generate, self.tokenizer, self.sampling,
+                                   self.reward)
         self._partitions: set[int] = set()
         self._prepared: dict[int, tuple[PromptRecord, list[int]]] = {}  # prompt position -> record, its ids
         self.replaced: dict[int, int] = {}  # slot -> the spare prompt position it holds (skip_group)
 
     def _register(self) -> None:
-        reg = NodeRegistration(role="rollout", host=self.config.advertise_host, ports={"http": self.config.port},
-                               run_id=self.config.run_id)
-        self.memberships.append(self.join(self.dcs, reg))
-        if self.config.register_engines:
-            import httpx
-            # (a rollout that died left registrations of these engines: RunMembership takes them over)
-            for rank, url in enumerate(self.config.engine_urls):
-                u = httpx.URL(url)
-                self.memberships.append(self.join(self.dcs, NodeRegistration(
-                    role="engine", rank=rank, host=u.host, run_id=self.config.run_id,
-                    # the port under its scheme: the trainer reaches an https engine over TLS
-                    ports={u.scheme: u.port or (443 if u.scheme == "https" else 80)})))
+        self.memberships += [self.join(self.dcs, reg) for reg in registrations(self.config)]
 
     def encode(self, prompt) -> list[int]:
         if isinstance(prompt, str) and not self.run.rollout.apply_chat_template:
@@ -281,24 +272,31 @@ class RolloutService:
         await self._ensure_partition(slot // self.groups_per_step)
         return self._prepared[position]
 
-    async def _scored_group(self, slot: int, step: int) -> tuple[PromptRecord, list[int], list[SampleOutput], list]:
-        """The slot's prompt, its samples and their rewards; a group the reward fails on is dropped under
-        reward_fallback skip_group, and the slot generates the next spare prompt instead."""
+    async def _scored_group(self, slot: int, step: int) -> ScoredGroup:
+        """The slot's prompt, its samples and their rewards; a group the reward (or the agent) fails on is
+        dropped under reward_fallback skip_group (an agent's, always), and the slot takes the next spare prompt."""
         run, n = self.run, self.run.n_samples_per_prompt
         while True:
             record, prompt_ids = await self._prepare(slot)
             self._prepared.pop(record.position, None)
             seed = run.optim.seed * 1_000_003 + record.position * 4099
-            version = self.pool.serving_version
-            with span("generate", step, version):
-                samples = await self.pool.generate_group(  # one request per group: the prompt is prefilled once
-                    prompt_ids, [{**self.sampling, "sampling_seed": seed + k} for k in range(n)],
-                    run.rollout.max_new_tokens, [f"{self.config.run_id}-{record.position}-{k}" for k in range(n)])
-            with span("reward", step, version):
-                texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
-                rewards = await self.scorer.score(record, texts)
-            if rewards is not None:
-                return record, prompt_ids, samples, rewards
+            version, rid = self.pool.serving_version, f"{self.config.run_id}-{record.position}"
+            if self.agents is not None:
+                with span("generate", step, version):  # the agent's reward calls included
+                    scored = await self.agents.scored_group(record, n, rid, step)
+                if scored is not None:
+                    return scored
+                self.scorer.last_error = self.agents.last_error
+            else:
+                with span("generate", step, version):
+                    samples = await self.pool.generate_group(  # one request per group: the prompt is prefilled once
+                        prompt_ids, [{**self.sampling, "sampling_seed": seed + k} for k in range(n)],
+                        run.rollout.max_new_tokens, [f"{rid}-{k}" for k in range(n)])
+                with span("reward", step, version):
+                    texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
+                    rewards = await self.scorer.score(record, texts)
+                if rewards is not None:
+                    return ScoredGroup.of_samples(record, prompt_ids, samples, rewards, step)
             self.replaced[slot] = await self.ledger.skip(slot, record.position, self.scorer.last_error,
                                                          self.total_groups)
             log.warning("group dropped (reward_fallback skip_group); its slot takes a spare prompt", extra={
@@ -311,13 +309,13 @@ class RolloutService:
         partition = partition_name(run.name, step)
         self.writes.expect(partition)  # its put waits a moment for this group (services/rollout/put_coalescing.py)
         try:
-            record, prompt_ids, samples, rewards = await self._scored_group(position, step)
-            columns = group_columns(record.position, prompt_ids, samples, rewards, step)
+            scored = await self._scored_group(position, step)
         except BaseException:
             self.writes.abandon(partition)
             raise
-        with span("put", step, min(s.begin_version for s in samples)):
-            rows = await self.writes.put(partition, columns)  # with the step's groups finishing meanwhile
+        record, rewards = scored.record, scored.rewards
+        with span("put", step, scored.begin_version):
+            rows = await self.writes.put(partition, scored.columns)  # with the step's groups finishing meanwhile
         source = record.fields.get(run.rollout.source_field)
         if self.source_rewards is not None and source is not None:
             await self.source_rewards.add(step, str(source), rewards)
@@ -327,9 +325,9 @@ class RolloutService:
             await self.tq.seal_partition(partition)
             log.info("step written", extra={"step": step})
         GROUPS.inc()
-        for s, r in zip(samples, rewards):
-            SAMPLES_TOKENS.inc(len(s.output_ids))
-            RESUBMITS.inc(s.resubmits)
+        SAMPLES_TOKENS.inc(scored.tokens)
+        RESUBMITS.inc(scored.resubmits)
+        for r in rewards:
             REWARD.observe(r)
         self.status.update(last_position=position, step=step, **self.scorer.counts())
         for m in self.memberships[:1]:
@@ -378,7 +376,7 @@ class RolloutService:
     async def _close(self) -> None:
         for m in self.memberships:
             await asyncio.to_thread(m.close)
-        closers = [self.pool.aclose(), self.reward.aclose(), self.tq.close()]
+        closers = [self.pool.aclose(), self.tq.close()] + ([self.reward.aclose()] if self.reward else [])
         if self.conn.redis is not None:  # a role test gives no Redis
             closers.append(self.conn.redis.aclose())
         for closer in closers:
@@ -393,4 +391,5 @@ class RolloutService:
 async def serve(config: RolloutConfig, stop: asyncio.Event) -> None:
     torch.set_num_threads(1)
     status = RoleStatus("rollout")
-    await serve_role(config, stop, status, aloop=RolloutService(config, status).run_loop)
+    service = RolloutService(config, status)
+    await serve_role(config, stop, status, aloop=service.run_loop, routers=[service.episodes.router()])

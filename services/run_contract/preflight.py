@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from services.demo_tasks import DEMO_TASKS
 from services.model.loading import ModelDirError, check_model_dir, load_tokenizer
+from services.run_contract.agent_spec import check_agent_spec
 from services.run_contract.reward_spec import check_reward_spec
 from services.run_contract.run_config import RunConfig
 from services.run_contract.run_policy import RunPolicy
@@ -67,9 +68,11 @@ def check_run(config: RunConfig, role: str | None = None, policy: RunPolicy | No
         if eval_prompts is not None:
             problems += _prompt_problems("eval.prompts", eval_prompts, r.prompt_field)
     if "reward" in checks:
-        message = check_reward_spec(r.reward, r.prompts)
+        message = check_reward_spec(r.reward, r.prompts) if not (r.agent and r.reward is None) else None
         if message is not None:
             problems.append(Problem("rollout.reward", message))
+        if (message := check_agent_spec(r.agent)) is not None:
+            problems.append(Problem("rollout.agent", message))
     return problems
 
 

@@ -46,6 +46,14 @@ class RolloutSettings(_Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest token set of this mass")
     top_k: int = Field(-1, ge=-1, le=1 << 24, description="sample among the k likeliest tokens; -1 = all")
     max_groups_in_flight: int = Field(0, ge=0, le=1 << 20, description="cap on prompt groups generating at once; 0 = 2 steps' worth")
+    agent: str | None = Field(None, max_length=1024, description=(
+        "import:module:function: an agent that plays each sample's episode, talking to the model through an "
+        "OpenAI client (docs/agents.md); None = one completion per sample"))
+    agent_max_turns: int = Field(16, ge=1, le=4096, description="most model calls of one agent episode")
+    agent_max_tokens: int = Field(8192, ge=1, le=1 << 24, description="most tokens (prompt + output) of one call "
+                                  "of an agent episode: the conversation's length")
+    agent_timeout_s: float = Field(600.0, gt=0, le=86400, description="wall-time limit of one agent episode")
+    agent_retries: int = Field(1, ge=0, le=20, description="fresh tries of an agent episode that failed")
     reward_fallback: Literal["zero", "skip_group"] = Field("zero", description=(
         "when the reward fails on a sample (raises, or times out after reward_retries): zero = that sample gets "
         "reward 0.0; skip_group = its whole group is dropped and the next spare prompt takes its place "

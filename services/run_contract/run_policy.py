@@ -34,7 +34,7 @@ class RunPolicySettings(BaseSettings):
     model_config = SettingsConfigDict(populate_by_name=True)
 
     allow_reward_modules: str = Field("", validation_alias="SLUICE_ALLOW_REWARD_MODULES", description=(
-        "comma-separated modules an import: reward may come from (and their submodules); empty = any"))
+        "comma-separated modules an import: reward or agent may come from (and their submodules); empty = any"))
     allow_reward_hosts: str = Field("", validation_alias="SLUICE_ALLOW_REWARD_HOSTS", description=(
         "comma-separated hosts an http(s) reward may post to; empty = any"))
     data_roots: str = Field("", validation_alias="SLUICE_DATA_ROOTS", description=(
@@ -54,11 +54,12 @@ class RunPolicy:
         """(key, what is wrong) for each part of `config` outside the policy."""
         found = []
         reward = config.rollout.reward or ""
-        if reward.startswith("import:") and self.reward_modules:
-            module = reward[len("import:"):].partition(":")[0]
-            if not any(module == m or module.startswith(m + ".") for m in self.reward_modules):
-                found.append(("rollout.reward", f"module {module!r} is not among the allowed reward modules "
-                                                f"({', '.join(self.reward_modules)}; --allow-reward-modules)"))
+        for key, spec in (("rollout.reward", reward), ("rollout.agent", config.rollout.agent or "")):
+            if spec.startswith("import:") and self.reward_modules:
+                module = spec[len("import:"):].partition(":")[0]
+                if not any(module == m or module.startswith(m + ".") for m in self.reward_modules):
+                    found.append((key, f"module {module!r} is not among the allowed reward modules "
+                                       f"({', '.join(self.reward_modules)}; --allow-reward-modules)"))
         if reward.startswith(("http://", "https://")) and self.reward_hosts:
             host = urlsplit(reward).hostname or ""
             if host not in self.reward_hosts:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
@@ -21,6 +21,7 @@ from services.runtime.auth_token import AuthTokenSettings
 from services.runtime.tls import TLSSettings
 from services.runtime.http_auth import require_bearer_token
 from services.runtime.http_service import serve_http
+from services.runtime.processes import free_port
 from services.runtime.metrics import observability_router
 from services.runtime.dependency_errors import dependency_unavailable
 from services.runtime.run_watch import RunWatch, failure_message
@@ -81,9 +82,12 @@ class RoleStatus:
             return {"role": self.role, "ready": self.ready, **self.fields}
 
 
-def build_status_app(status: RoleStatus, token: str = "") -> FastAPI:
-    """/healthz and /readyz for probes; /status, /metrics, /spans and /openapi.json need the token (if set)."""
+def build_status_app(status: RoleStatus, token: str = "", routers: Sequence[APIRouter] = ()) -> FastAPI:
+    """/healthz and /readyz for probes; /status, /metrics, /spans, /openapi.json and the role's own `routers`
+    need the token (if set)."""
     app = FastAPI(title=f"sluice {status.role}", docs_url=None, redoc_url=None)
+    for router in routers:
+        app.include_router(router)
     require_bearer_token(app, token, ("/healthz", "/readyz"))
 
     @app.get("/healthz")
@@ -109,7 +113,7 @@ class PreflightFailed(RuntimeError):
 async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStatus,
                      loop: Callable[[threading.Event], None] | None = None,
                      aloop: Callable[[asyncio.Event], Awaitable[None]] | None = None,
-                     watch_poll_s: float = 1.0) -> None:
+                     watch_poll_s: float = 1.0, routers: Sequence[APIRouter] = ()) -> None:
     """Serve the status endpoint; wait for the run and check what this role reads of it (preflight); then
     run the step loop. SIGTERM, or the run failing or being stopped, sets the loop's stop flag and the loop
     returns at its next safe point; the process then exits 0 (a finished loop whose run goes on, or whose
@@ -117,7 +121,9 @@ async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStat
     reported as the run's failure and takes the service down (non-zero exit); an error that says a
     dependency is unreachable (runtime/dependency_errors.py) takes it down without failing the run."""
     http_stop = asyncio.Event()
-    app = build_status_app(status, config.auth_token)
+    if not config.port:  # a free port now, so that the role knows where it serves (an agent's endpoint URL)
+        config.port = free_port()
+    app = build_status_app(status, config.auth_token, routers)
     http = asyncio.create_task(serve_http(app, config.host, config.port, http_stop, tls=config))
     watch = RunWatch(config.dcs_url, config.auth_token or None, config.run_id, status.role, watch_poll_s)
     try:

@@ -1,0 +1,153 @@
+"""Per-episode OpenAI endpoints of the rollout service: `/episodes/<id>/v1/chat/completions` (and `/models`).
+
+An agent's client has the episode's base URL; each call is rendered with the model's chat template, generated
+token-in-token-out through the rollout's engine pool (least loaded engine; a request a weight update aborts
+resumes under the new weights, so one call may span versions) and recorded as a Turn (services/rollout/
+episodes.py) before the answer goes back in OpenAI's shape, tool calls parsed as the engine's own route
+parses them. Sampling is the run's (temperature, top_p, top_k: the trainer's loss assumes them); a call
+chooses only max_tokens and stop strings. Limits per episode (turns, context tokens) answer 400 naming the
+limit, and the episode records the outcome."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from fastapi import APIRouter, HTTPException
+
+from services.model.chat_format import ChatFormatError, parse_tool_calls, render_chat_text, turn_end_ids
+from services.openai_api.models import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
+                                        FunctionCall, ModelCard, ModelList, ToolCall, Usage)
+from services.rollout.episodes import Turn
+
+Generate = Callable[[list[int], dict, int, str], Awaitable]  # EnginePool.generate: -> SampleOutput
+
+
+@dataclass
+class Episode:
+    id: str
+    turns: list[Turn] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)  # the last call's conversation, with the model's reply
+    outcome: str = "running"  # running | done | turn_limit | token_limit | timeout | error
+    context: tuple[str, list[int]] | None = None  # the last call's prompt + output, as text and as ids
+
+    def prompt_ids(self, text: str, tokenizer) -> list[int]:
+        """The ids of a call's rendered prompt `text`. When it continues the last call's prompt + output as
+        text (the agent sent the model's reply back, and more after it), they are the last call's ids, the
+        output's exactly as the engine produced them, followed by the rest tokenized: re-tokenizing the
+        model's text could give other ids (BPE is not unique), and the sample would no longer be the
+        tokens the engine saw."""
+        if self.context is not None and text.startswith(self.context[0]):
+            return self.context[1] + tokenizer.encode(text[len(self.context[0]):], add_special_tokens=False)
+        return tokenizer.encode(text, add_special_tokens=False)
+
+
+@dataclass
+class EpisodeLimits:
+    max_turns: int = 16
+    max_tokens: int = 8192  # prompt + output of the episode's longest call
+
+
+class Episodes:
+    """The live episodes by id, and the router that serves their endpoints (attached to the engines once the
+    rollout has set up)."""
+
+    def __init__(self, limits: EpisodeLimits | None = None):
+        self.limits = limits or EpisodeLimits()
+        self.live: dict[str, Episode] = {}
+        self._ids = itertools.count()
+        self._generate: Generate | None = None
+
+    def attach(self, generate: Generate, tokenizer, sampling: dict, limits: EpisodeLimits, model_name: str) -> None:
+        self._generate, self.tokenizer, self.sampling = generate, tokenizer, dict(sampling)
+        self.limits, self.model_name = limits, model_name
+        self.stop_ids = turn_end_ids(tokenizer)
+
+    def open(self, prefix: str) -> Episode:
+        episode = Episode(id=f"{prefix}-e{next(self._ids)}")
+        self.live[episode.id] = episode
+        return episode
+
+    def close(self, episode: Episode) -> None:
+        self.live.pop(episode.id, None)
+        if episode.outcome == "running":
+            episode.outcome = "done"
+
+    def router(self) -> APIRouter:
+        router = APIRouter(prefix="/episodes/{episode_id}/v1", tags=["agent episodes"])
+
+        @router.get("/models", response_model=ModelList)
+        async def models(episode_id: str):
+            self._episode(episode_id)
+            return ModelList(data=[ModelCard(id=self.model_name, created=0)])
+
+        @router.post("/chat/completions", response_model=ChatCompletionResponse,
+                     responses={400: {"description": "a limit of the episode, or a body it cannot serve"},
+                                404: {"description": "no such live episode"}})
+        async def chat(episode_id: str, req: ChatCompletionRequest):
+            """One model call of the episode, recorded token for token."""
+            return await self._chat(self._episode(episode_id), req)
+
+        return router
+
+    def _episode(self, episode_id: str) -> Episode:
+        if self._generate is None:
+            raise HTTPException(503, "the rollout is not set up yet")
+        episode = self.live.get(episode_id)
+        if episode is None:
+            raise HTTPException(404, f"no live episode {episode_id!r}")
+        return episode
+
+    def _prompt(self, episode: Episode, req: ChatCompletionRequest) -> tuple[str, list[int], int]:
+        if req.n != 1 or req.stream:
+            raise HTTPException(400, "an episode call generates one completion, not streamed (n = 1, stream false)")
+        if len(episode.turns) >= self.limits.max_turns:
+            episode.outcome = "turn_limit"
+            raise HTTPException(400, f"turn_limit: the episode made its {self.limits.max_turns} calls")
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools and req.tool_choice != "none" else None
+        try:
+            text = render_chat_text(self.tokenizer, [m.model_dump(exclude_none=True) for m in req.messages], tools,
+                                    **(req.chat_template_kwargs or {}))
+        except ChatFormatError as exc:
+            raise HTTPException(400, str(exc)) from None
+        prompt = episode.prompt_ids(text, self.tokenizer)
+        room = self.limits.max_tokens - len(prompt)
+        if room <= 0:
+            episode.outcome = "token_limit"
+            raise HTTPException(400, f"token_limit: the conversation is {len(prompt)} tokens; the episode allows "
+                                     f"{self.limits.max_tokens}")
+        asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        return text, prompt, min(room, asked) if asked is not None else room
+
+    async def _chat(self, episode: Episode, req: ChatCompletionRequest) -> ChatCompletionResponse:
+        text, prompt, max_new = self._prompt(episode, req)
+        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        sampling = {**self.sampling, "stop_token_ids": self.stop_ids + list(req.stop_token_ids or [])}
+        if stops:
+            sampling["stop"] = stops
+        out = await self._generate(prompt, sampling, max_new, f"{episode.id}-t{len(episode.turns)}")
+        episode.turns.append(Turn(prompt, list(out.output_ids), list(out.log_probs), out.token_versions()))
+        episode.context = (text + self.tokenizer.decode(out.output_ids), prompt + list(out.output_ids))
+        text = self.tokenizer.decode(out.output_ids, skip_special_tokens=True)
+        for stop in stops:
+            text = text.split(stop, 1)[0] if stop else text
+        tools = bool(req.tools) and req.tool_choice != "none"
+        content, calls = parse_tool_calls(text) if tools else (text, [])
+        index = len(episode.turns) - 1
+        tool_calls = [ToolCall(id=f"call_{episode.id}_{index}_{k}", function=FunctionCall(name=name, arguments=args))
+                      for k, (name, args) in enumerate(calls)] or None
+        reply = AssistantMessage(content=content, tool_calls=tool_calls)
+        episode.messages = [m.model_dump(exclude_none=True) for m in req.messages] + [reply.model_dump(exclude_none=True)]
+        reason = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
+        spans = [{"version": str(v), "start": s, "end": e} for v, s, e in out.spans]
+        choice = ChatChoice(index=0, message=reply, finish_reason=reason, prompt_token_ids=prompt,
+                            token_ids=list(out.output_ids),
+                            meta_info={"weight_version": str(out.begin_version), "weight_versions": spans,
+                                       "output_token_logprobs": [[lp, t, None] for lp, t in zip(out.log_probs,
+                                                                                               out.output_ids)]})
+        return ChatCompletionResponse(id=f"chatcmpl-{episode.id}-{index}", created=int(time.time()), model=req.model,
+                                      choices=[choice], usage=Usage(prompt_tokens=len(prompt),
+                                                                    completion_tokens=len(out.output_ids),
+                                                                    total_tokens=len(prompt) + len(out.output_ids)))

@@ -1,0 +1,142 @@
+"""Agent rollouts: the user's agent function plays each sample's episode against the model.
+
+`rollout.agent: import:my_pkg.agents:solve` names a function called as
+
+    solve(sample, client) -> reward or None
+
+    sample  dict: prompt (text or chat messages), fields (the row's other columns), position, index
+    client  an `openai` client (AsyncOpenAI for an `async def`, OpenAI for a plain function, which runs in a
+            worker thread) whose base URL is the episode's own endpoint of the rollout service
+            (services/rollout/agent_endpoint.py); it talks to the model as often as it likes and runs its
+            tools itself
+
+It returns the episode's reward, or None to leave it to the run's reward function, which then scores the
+model's last reply with the whole conversation as the prompt. The episode's calls become its training sample
+(services/rollout/episodes.py: its last consistent chain; a chain the agent abandoned by rewriting the
+history is counted in sluice_rollout_agent_chains_dropped_total). An episode is bounded by its limits
+(turns, context tokens: the endpoint refuses a call past them) and by `agent_timeout_s` of wall time; one that
+fails (raises, times out, or never calls the model) is tried again up to `agent_retries` times, each try a
+fresh episode; a sample whose tries all failed fails its group, which the rollout then handles as a reward
+failure (rollout.reward_fallback: the group is dropped and recorded, its slot takes a spare prompt)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import inspect
+import logging
+from dataclasses import dataclass
+
+import openai
+from prometheus_client import Counter
+
+from services.rollout.agent_endpoint import EpisodeLimits, Episodes
+from services.rollout.episodes import Chain, chains, episode_columns
+from services.rollout.prompts import PromptRecord
+from services.rollout.rewards import RewardError, RewardFunction
+from services.rollout.sample_columns import ScoredGroup
+from services.run_contract.agent_spec import load_agent
+
+log = logging.getLogger(__name__)
+EPISODES = Counter("sluice_rollout_agent_episodes_total", "agent episodes, by outcome", ["outcome"])
+DROPPED_CHAINS = Counter("sluice_rollout_agent_chains_dropped_total",
+                         "consistent chains of an episode left untrained because the agent rewrote its history")
+
+
+class AgentFailed(RewardError):
+    """Every try of an episode failed (the message says how the last one did)."""
+
+
+@dataclass
+class EpisodeResult:
+    sample: Chain
+    reward: float
+    turns: int
+    outcome: str
+
+
+def agent_runner(config, run, episodes: Episodes, generate, tokenizer, sampling: dict,
+                 reward: RewardFunction | None):
+    """The run's AgentRunner (None without rollout.agent), its episodes' endpoints attached to the engines. The
+    agent reaches them on this rollout's own HTTP server (config: a RoleSettings)."""
+    r = run.rollout
+    if not r.agent:
+        return None
+    episodes.attach(generate, tokenizer, sampling, EpisodeLimits(r.agent_max_turns, r.agent_max_tokens), run.model)
+    host = config.host if config.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    scheme = "https" if getattr(config, "tls_cert_file", "") else "http"
+    return AgentRunner(r.agent, episodes, f"{scheme}://{host}:{config.port}", config.auth_token, reward,
+                       r.agent_timeout_s, r.agent_retries)
+
+
+class AgentRunner:
+    def __init__(self, spec: str, episodes: Episodes, base_url: str, api_key: str, reward: RewardFunction | None,
+                 timeout_s: float, retries: int):
+        self.fn = load_agent(spec.removeprefix("import:"))
+        self.is_async = inspect.iscoroutinefunction(self.fn)
+        self.episodes, self.base_url, self.api_key = episodes, base_url.rstrip("/"), api_key or "none"
+        self.reward, self.timeout_s, self.retries = reward, timeout_s, retries
+        self.last_error = ""
+
+    async def scored_group(self, record: PromptRecord, n: int, prefix: str, step: int) -> ScoredGroup | None:
+        """The n episodes of one prompt, played concurrently, as a group to write; None if one of them failed
+        every try (`last_error` says why)."""
+        try:
+            results = await asyncio.gather(*(self.episode(record, k, f"{prefix}-{k}") for k in range(n)))
+        except RewardError as exc:
+            self.last_error = str(exc)
+            return None
+        samples, rewards = [r.sample for r in results], [r.reward for r in results]
+        return ScoredGroup(record, episode_columns(record.position, samples, rewards, step), rewards,
+                           min(s.begin_version for s in samples), sum(s.model_tokens for s in samples))
+
+    async def episode(self, record: PromptRecord, index: int, prefix: str) -> EpisodeResult:
+        error = ""
+        for attempt in range(self.retries + 1):
+            episode = self.episodes.open(f"{prefix}-a{attempt}")
+            sample = {"prompt": copy.deepcopy(record.prompt), "fields": copy.deepcopy(record.fields),
+                      "position": record.position, "index": index}
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    value = await self._call(sample, f"{self.base_url}/episodes/{episode.id}/v1")
+            except TimeoutError:
+                episode.outcome, error = "timeout", f"the agent did not finish within {self.timeout_s:g} s"
+            except Exception as exc:  # the agent's (or its tools') failure: counted, tried again
+                if episode.outcome == "running":
+                    episode.outcome = "error"
+                error = f"the agent raised {type(exc).__name__}: {exc}"
+            finally:
+                self.episodes.close(episode)
+            EPISODES.labels(episode.outcome).inc()
+            found = chains(episode.turns)
+            if episode.outcome == "done" and not found:
+                error = "the agent returned without calling the model"
+            elif episode.outcome == "done":
+                DROPPED_CHAINS.inc(len(found) - 1)
+                reward = await self._reward(value, record, episode, found[-1])
+                return EpisodeResult(found[-1], reward, len(episode.turns), episode.outcome)
+            log.warning("agent episode failed", extra={"episode": episode.id, "attempt": attempt, "error": error})
+        raise AgentFailed(f"agent episode {prefix} failed {self.retries + 1} times; the last: {error}")
+
+    async def _call(self, sample: dict, base_url: str):
+        if self.is_async:
+            async with openai.AsyncOpenAI(base_url=base_url, api_key=self.api_key, max_retries=0) as client:
+                return await self.fn(sample, client)
+
+        def run():
+            with openai.OpenAI(base_url=base_url, api_key=self.api_key, max_retries=0) as client:
+                return self.fn(sample, client)
+        return await asyncio.to_thread(run)
+
+    async def _reward(self, value, record: PromptRecord, episode, sample: Chain) -> float:
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+                    or value in (float("inf"), float("-inf")):
+                raise AgentFailed(f"the agent returned {value!r}; a reward must be a finite number or None")
+            return float(value)
+        if self.reward is None:
+            raise AgentFailed("the agent returned no reward and the run has no rollout.reward to score it")
+        conversation = dataclasses.replace(record, prompt=episode.messages[:-1])
+        reply = (episode.messages[-1].get("content") or "") if episode.messages else ""
+        return await self.reward.score(conversation, reply)
