@@ -44,8 +44,9 @@ def build_run(args, model_dir: str, workdir: str) -> RunFile:
                    checkpoint_interval=args.checkpoint_interval,
                    algorithm={"estimator": args.estimator, "kl_coef": 0.0},
                    rollout={"prompts": prompts, "max_new_tokens": args.max_new_tokens, "shuffle_seed": args.seed,
-                            "temperature": args.temperature},
-                   eval={"prompts": prompts if prompts.startswith("demo:") and args.eval_every else None,
+                            "temperature": args.temperature, "agent": DEMO_TASKS[args.task].agent},
+                   eval={"prompts": prompts if prompts.startswith("demo:") and args.eval_every
+                         and not DEMO_TASKS[args.task].agent else None,  # eval makes plain completions
                          "every_n_versions": max(1, args.eval_every), "max_prompts": args.eval_prompts,
                          "temperature": 0.0},
                    optim={"lr": args.lr, "seed": args.seed, "lr_schedule": args.lr_schedule,

@@ -10,6 +10,10 @@ no downloads), each with the reward spec that scores it.
     letters   "Write a short word using only the letters ..." (fraction of allowed letters, continuous).
               Even a random model's samples differ in reward, so GRPO always has a signal: the
               throughput benchmarks use it; it does not teach anything useful.
+    tool      "What is 512 + 347? Use the add tool ..." played by an agent (services/demo_tasks/tool_agent.py)
+              that runs the model's `add` calls and sends the results back; the last reply is scored as
+              arith scores it. Multi-turn, tool-using rollouts end to end; a random model rarely calls the
+              tool, so it shows the machinery, not learning.
 
 Training reads rows 0 .. DEMO_LENGTH-1 (position % DEMO_LENGTH); held-out evaluation reads rows from
 DEMO_LENGTH on, which training never reaches."""
@@ -27,6 +31,7 @@ class DemoTask(NamedTuple):
     reward: str                                  # the default reward spec (built-in reward name)
     summary: str                                 # one line for `sluice demo --task`
     label_field: str = "label"
+    agent: str | None = None                     # the agent that plays its episodes (rollout.agent), if any
 
 
 DEMO_TASKS: dict[str, DemoTask] = {
@@ -35,6 +40,8 @@ DEMO_TASKS: dict[str, DemoTask] = {
     "arith": DemoTask(catalog.arith_row, "arith", "add two numbers below 100; math answer"),
     "letters": DemoTask(catalog.letters_row, "letters",
                         "a word from given letters; continuous reward; for throughput benchmarks"),
+    "tool": DemoTask(catalog.tool_row, "arith", "add two 3-digit numbers with an add tool (an agent, docs/agents.md)",
+                     agent="import:services.demo_tasks.tool_agent:solve"),
 }
 
 

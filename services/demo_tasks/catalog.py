@@ -36,3 +36,9 @@ def letters_row(index: int) -> tuple[str, dict]:
     letters = "".join(sorted(rng.sample("abcdefghijklmnopqrstuvwxyz", rng.randint(5, 8))))
     return (f"Write a short word using only the letters {', '.join(letters)}. Answer with the word.",
             {"letters": letters})
+
+
+def tool_row(index: int) -> tuple[str, dict]:
+    rng = random.Random(f"demo:tool:{index}")
+    a, b = rng.randint(100, 999), rng.randint(100, 999)
+    return f"What is {a} + {b}? Use the add tool, then answer with the number.", {"label": str(a + b)}

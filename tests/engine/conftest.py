@@ -3,8 +3,11 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
+from services.model.chat_format import render_chat, turn_end_ids
 from services.model.init_model import init_model
+from services.model.loading import load_causal_lm
 from services.runtime.auth_token import token_env
 from services.runtime.processes import ChildProcess, free_port, http_ok, sluice_argv
 
@@ -35,3 +38,30 @@ def engine(tiny_model_dir, tmp_path_factory):
     proc, url = start_engine(tiny_model_dir, tmp_path_factory.mktemp("engine"))
     yield url
     proc.stop()
+
+
+QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
+ADD = {"type": "function", "function": {"name": "add", "description": "a + b",
+                                         "parameters": {"type": "object", "properties": {
+                                             "a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory):
+    """The tiny model, overfit to answer QUESTION (with the ADD tool offered) by CALL and the end of its turn."""
+    torch.manual_seed(0)
+    model_dir = init_model(str(tmp_path_factory.mktemp("tool-model")), preset="tiny", arch="qwen2", seed=7)
+    model, tok = load_causal_lm(model_dir)
+    prompt = render_chat(tok, QUESTION, [ADD])
+    ids = torch.tensor([prompt + tok.encode(CALL, add_special_tokens=False) + turn_end_ids(tok)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(400):
+        loss = torch.nn.functional.cross_entropy(model(ids).logits[0, len(prompt) - 1:-1], ids[0, len(prompt):])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.005:
+            break
+    model.save_pretrained(model_dir)
+    return model_dir, tok

@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from services.model.init_model import init_model
-from tests.engine.conftest import engine, start_engine, tiny_model_dir  # noqa: F401 - fixtures shared with the engine's tests
+from tests.engine.conftest import engine, start_engine, tiny_model_dir, tool_model  # noqa: F401 - fixtures shared with the engine's tests
 from tests.rollout.rollout_harness import PROMPTS
 
 

@@ -25,7 +25,7 @@ from services.runtime.http_service import serve_http
 from services.runtime.processes import free_port
 from services.runtime.role_service import RoleStatus, build_status_app
 from tests.engine.conftest import start_engine
-from tests.engine.test_openai_routes import QUESTION, tool_model  # noqa: F401 (the fixture)
+from tests.engine.conftest import QUESTION
 from tests.fakes import AsyncInMemoryDataPlane, FakeMembership, InMemoryDataPlane, InMemoryLedger, ProgressBox
 from tests.rollout import scripted_agent
 
@@ -69,7 +69,7 @@ def run_rollout(model_dir: str, prompts: str, engine_url: str) -> InMemoryDataPl
 
 
 @pytest.fixture(scope="module")
-def episodes(tool_model, tmp_path_factory):  # noqa: F811
+def episodes(tool_model, tmp_path_factory):
     model_dir, _ = tool_model
     prompts = tmp_path_factory.mktemp("prompts") / "q.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": QUESTION[0]["content"], "label": "5"}) + "\n" for _ in range(2)))
@@ -82,7 +82,7 @@ def episodes(tool_model, tmp_path_factory):  # noqa: F811
     return plane, dict(scripted_agent.CALLS)
 
 
-def test_each_call_continues_the_last_one_token_for_token(episodes, tool_model):  # noqa: F811
+def test_each_call_continues_the_last_one_token_for_token(episodes, tool_model):
     _, calls = episodes
     _, tok = tool_model
     assert len(calls) == 2 * N
@@ -116,7 +116,7 @@ def test_the_sample_is_the_last_chain_with_model_tokens_masked_in(episodes):
         assert int(row["response_length"]) == len(tokens) - prompt_length
 
 
-def test_rollout_log_probs_are_the_models_under_teacher_forcing(episodes, tool_model):  # noqa: F811
+def test_rollout_log_probs_are_the_models_under_teacher_forcing(episodes, tool_model):
     plane, _ = episodes
     model, _ = load_causal_lm(tool_model[0])
     for row in (row for p in plane.partitions.values() for row in p.rows):
