@@ -6,21 +6,24 @@ resumes under the new weights, so one call may span versions) and recorded as a 
 episodes.py) before the answer goes back in OpenAI's shape, tool calls parsed as the engine's own route
 parses them. Sampling is the run's (temperature, top_p, top_k: the trainer's loss assumes them); a call
 chooses only max_tokens and stop strings. Limits per episode (turns, context tokens) answer 400 naming the
-limit, and the episode records the outcome."""
+limit, and the episode records the outcome. Each episode has its own key, the agent's bearer token: an agent
+(or an environment service elsewhere) is given that, never the stack's token, and reaches nothing else."""
 
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 
 from services.model.chat_format import ChatFormatError, parse_tool_calls, render_chat_text, turn_end_ids
 from services.openai_api.models import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
                                         FunctionCall, ModelCard, ModelList, ToolCall, Usage)
 from services.rollout.episodes import Turn
+from services.runtime.http_auth import bearer_matches
 
 Generate = Callable[[list[int], dict, int, str], Awaitable]  # EnginePool.generate: -> SampleOutput
 
@@ -28,6 +31,7 @@ Generate = Callable[[list[int], dict, int, str], Awaitable]  # EnginePool.genera
 @dataclass
 class Episode:
     id: str
+    key: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # the agent's bearer token for it
     turns: list[Turn] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)  # the last call's conversation, with the model's reply
     outcome: str = "running"  # running | done | turn_limit | token_limit | timeout | error
@@ -77,27 +81,30 @@ class Episodes:
 
     def router(self) -> APIRouter:
         router = APIRouter(prefix="/episodes/{episode_id}/v1", tags=["agent episodes"])
+        router.own_gate = "/episodes/"  # each episode's own key, not the stack's token (services/runtime/role_service.py)
 
         @router.get("/models", response_model=ModelList)
-        async def models(episode_id: str):
-            self._episode(episode_id)
+        async def models(episode_id: str, request: Request):
+            self._episode(episode_id, request)
             return ModelList(data=[ModelCard(id=self.model_name, created=0)])
 
         @router.post("/chat/completions", response_model=ChatCompletionResponse,
                      responses={400: {"description": "a limit of the episode, or a body it cannot serve"},
                                 404: {"description": "no such live episode"}})
-        async def chat(episode_id: str, req: ChatCompletionRequest):
+        async def chat(episode_id: str, req: ChatCompletionRequest, request: Request):
             """One model call of the episode, recorded token for token."""
-            return await self._chat(self._episode(episode_id), req)
+            return await self._chat(self._episode(episode_id, request), req)
 
         return router
 
-    def _episode(self, episode_id: str) -> Episode:
+    def _episode(self, episode_id: str, request: Request) -> Episode:
+        """The live episode whose key the request carries (401 otherwise, whether or not it exists)."""
+        episode = self.live.get(episode_id)
+        sent = request.headers.get("authorization", "")
+        if episode is None or not bearer_matches(sent, episode.key):
+            raise HTTPException(401, "no live episode with this id and key", headers={"WWW-Authenticate": "Bearer"})
         if self._generate is None:
             raise HTTPException(503, "the rollout is not set up yet")
-        episode = self.live.get(episode_id)
-        if episode is None:
-            raise HTTPException(404, f"no live episode {episode_id!r}")
         return episode
 
     def _prompt(self, episode: Episode, req: ChatCompletionRequest) -> tuple[str, list[int], int]:

@@ -1,6 +1,7 @@
 """Agent rollouts: the user's agent function plays each sample's episode against the model.
 
-`rollout.agent: import:my_pkg.agents:solve` names a function called as
+`rollout.agent: import:my_pkg.agents:solve` names a function called as (an http(s) URL names an environment
+service instead: EnvironmentService)
 
     solve(sample, client) -> reward or None
 
@@ -28,6 +29,7 @@ import inspect
 import logging
 from dataclasses import dataclass
 
+import httpx
 import openai
 from prometheus_client import Counter
 
@@ -64,18 +66,62 @@ def agent_runner(config, run, episodes: Episodes, generate, tokenizer, sampling:
     if not r.agent:
         return None
     episodes.attach(generate, tokenizer, sampling, EpisodeLimits(r.agent_max_turns, r.agent_max_tokens), run.model)
-    host = config.host if config.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    remote = r.agent.startswith(("http://", "https://"))
+    # an agent in this process reaches the endpoint on loopback; an environment service at the advertised address
+    host = config.advertise_host if remote else (config.host if config.host not in ("", "0.0.0.0", "::")
+                                                 else "127.0.0.1")
     scheme = "https" if getattr(config, "tls_cert_file", "") else "http"
-    return AgentRunner(r.agent, episodes, f"{scheme}://{host}:{config.port}", config.auth_token, reward,
-                       r.agent_timeout_s, r.agent_retries)
+    play = EnvironmentService(r.agent, getattr(config, "reward_token", ""), r.agent_timeout_s) if remote \
+        else PythonAgent(r.agent)
+    return AgentRunner(play, episodes, f"{scheme}://{host}:{config.port}", reward, r.agent_timeout_s, r.agent_retries)
+
+
+class PythonAgent:
+    """The user's function, called with the sample and an `openai` client on the episode's endpoint."""
+
+    def __init__(self, spec: str):
+        self.fn = load_agent(spec.removeprefix("import:"))
+        self.is_async = inspect.iscoroutinefunction(self.fn)
+
+    async def __call__(self, sample: dict, base_url: str, key: str):
+        if self.is_async:
+            async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
+                return await self.fn(sample, client)
+
+        def run():
+            with openai.OpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
+                return self.fn(sample, client)
+        return await asyncio.to_thread(run)
+
+    async def aclose(self) -> None:
+        pass
+
+
+class EnvironmentService:
+    """An agent in any language, behind HTTP: each episode is one POST of {"sample", "base_url", "api_key"} (the
+    episode's OpenAI endpoint and its key), answered {"reward": number or null} once the episode is over. The
+    rollout's reward_token, if set, goes as its bearer token (never the stack's)."""
+
+    def __init__(self, url: str, token: str, timeout_s: float):
+        self.url = url
+        self.http = httpx.AsyncClient(timeout=timeout_s, headers={"Authorization": f"Bearer {token}"} if token else {})
+
+    async def __call__(self, sample: dict, base_url: str, key: str):
+        response = await self.http.post(self.url, json={"sample": sample, "base_url": base_url, "api_key": key})
+        response.raise_for_status()
+        body = response.json()
+        if not isinstance(body, dict) or "reward" not in body:
+            raise ValueError(f"the environment service answered {str(body)[:200]!r}, not {{\"reward\": ...}}")
+        return body["reward"]
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
 
 
 class AgentRunner:
-    def __init__(self, spec: str, episodes: Episodes, base_url: str, api_key: str, reward: RewardFunction | None,
-                 timeout_s: float, retries: int):
-        self.fn = load_agent(spec.removeprefix("import:"))
-        self.is_async = inspect.iscoroutinefunction(self.fn)
-        self.episodes, self.base_url, self.api_key = episodes, base_url.rstrip("/"), api_key or "none"
+    def __init__(self, play, episodes: Episodes, base_url: str, reward: RewardFunction | None, timeout_s: float,
+                 retries: int):
+        self.play, self.episodes, self.base_url = play, episodes, base_url.rstrip("/")
         self.reward, self.timeout_s, self.retries = reward, timeout_s, retries
         self.last_error = ""
 
@@ -99,7 +145,7 @@ class AgentRunner:
                       "position": record.position, "index": index}
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    value = await self._call(sample, f"{self.base_url}/episodes/{episode.id}/v1")
+                    value = await self.play(sample, f"{self.base_url}/episodes/{episode.id}/v1", episode.key)
             except TimeoutError:
                 episode.outcome, error = "timeout", f"the agent did not finish within {self.timeout_s:g} s"
             except Exception as exc:  # the agent's (or its tools') failure: counted, tried again
@@ -118,16 +164,6 @@ class AgentRunner:
                 return EpisodeResult(found[-1], reward, len(episode.turns), episode.outcome)
             log.warning("agent episode failed", extra={"episode": episode.id, "attempt": attempt, "error": error})
         raise AgentFailed(f"agent episode {prefix} failed {self.retries + 1} times; the last: {error}")
-
-    async def _call(self, sample: dict, base_url: str):
-        if self.is_async:
-            async with openai.AsyncOpenAI(base_url=base_url, api_key=self.api_key, max_retries=0) as client:
-                return await self.fn(sample, client)
-
-        def run():
-            with openai.OpenAI(base_url=base_url, api_key=self.api_key, max_retries=0) as client:
-                return self.fn(sample, client)
-        return await asyncio.to_thread(run)
 
     async def _reward(self, value, record: PromptRecord, episode, sample: Chain) -> float:
         if value is not None:

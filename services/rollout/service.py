@@ -376,7 +376,8 @@ class RolloutService:
     async def _close(self) -> None:
         for m in self.memberships:
             await asyncio.to_thread(m.close)
-        closers = [self.pool.aclose(), self.tq.close()] + ([self.reward.aclose()] if self.reward else [])
+        closers = [self.pool.aclose(), self.tq.close()] + ([self.reward.aclose()] if self.reward else []) + \
+            ([self.agents.play.aclose()] if self.agents else [])
         if self.conn.redis is not None:  # a role test gives no Redis
             closers.append(self.conn.redis.aclose())
         for closer in closers:

@@ -36,7 +36,7 @@ class RunPolicySettings(BaseSettings):
     allow_reward_modules: str = Field("", validation_alias="SLUICE_ALLOW_REWARD_MODULES", description=(
         "comma-separated modules an import: reward or agent may come from (and their submodules); empty = any"))
     allow_reward_hosts: str = Field("", validation_alias="SLUICE_ALLOW_REWARD_HOSTS", description=(
-        "comma-separated hosts an http(s) reward may post to; empty = any"))
+        "comma-separated hosts an http(s) reward or agent environment may be posted to; empty = any"))
     data_roots: str = Field("", validation_alias="SLUICE_DATA_ROOTS", description=(
         "comma-separated directories the run's model and prompt files must be under; empty = anywhere"))
 
@@ -60,11 +60,12 @@ class RunPolicy:
                 if not any(module == m or module.startswith(m + ".") for m in self.reward_modules):
                     found.append((key, f"module {module!r} is not among the allowed reward modules "
                                        f"({', '.join(self.reward_modules)}; --allow-reward-modules)"))
-        if reward.startswith(("http://", "https://")) and self.reward_hosts:
-            host = urlsplit(reward).hostname or ""
-            if host not in self.reward_hosts:
-                found.append(("rollout.reward", f"host {host!r} is not among the allowed reward hosts "
-                                                f"({', '.join(self.reward_hosts)}; --allow-reward-hosts)"))
+        for key, spec in (("rollout.reward", reward), ("rollout.agent", config.rollout.agent or "")):
+            if spec.startswith(("http://", "https://")) and self.reward_hosts:
+                host = urlsplit(spec).hostname or ""
+                if host not in self.reward_hosts:
+                    found.append((key, f"host {host!r} is not among the allowed reward hosts "
+                                       f"({', '.join(self.reward_hosts)}; --allow-reward-hosts)"))
         if self.data_roots:
             paths = [("model", config.model), ("rollout.prompts", config.rollout.prompts),
                      ("eval.prompts", config.eval.prompts)]

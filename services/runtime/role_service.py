@@ -84,11 +84,13 @@ class RoleStatus:
 
 def build_status_app(status: RoleStatus, token: str = "", routers: Sequence[APIRouter] = ()) -> FastAPI:
     """/healthz and /readyz for probes; /status, /metrics, /spans, /openapi.json and the role's own `routers`
-    need the token (if set)."""
+    need the token (if set), except a router's paths under its `own_gate` prefix (an attribute it may carry),
+    whose routes check a credential of their own."""
     app = FastAPI(title=f"sluice {status.role}", docs_url=None, redoc_url=None)
     for router in routers:
         app.include_router(router)
-    require_bearer_token(app, token, ("/healthz", "/readyz"))
+    gates = [router.own_gate for router in routers if getattr(router, "own_gate", "")]
+    require_bearer_token(app, token, ("/healthz", "/readyz"), own_gates=gates)
 
     @app.get("/healthz")
     async def healthz():

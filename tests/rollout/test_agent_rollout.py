@@ -8,8 +8,11 @@ episode is the same every time."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
+import threading
 
+import openai
 import pytest
 import torch
 
@@ -24,8 +27,7 @@ from services.run_state.trainer_progress import TrainerProgress
 from services.runtime.http_service import serve_http
 from services.runtime.processes import free_port
 from services.runtime.role_service import RoleStatus, build_status_app
-from tests.engine.conftest import start_engine
-from tests.engine.conftest import QUESTION
+from tests.engine.conftest import QUESTION, start_engine
 from tests.fakes import AsyncInMemoryDataPlane, FakeMembership, InMemoryDataPlane, InMemoryLedger, ProgressBox
 from tests.rollout import scripted_agent
 
@@ -34,11 +36,37 @@ TOKEN = "agent-test-token"
 N = 2
 
 
-def run_rollout(model_dir: str, prompts: str, engine_url: str) -> InMemoryDataPlane:
+class Environment(http.server.ThreadingHTTPServer):
+    """The scripted agent behind HTTP, as an environment service in any language would be: each POST is one
+    episode ({"sample", "base_url", "api_key"} -> {"reward"})."""
+
+    def __init__(self):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                with openai.OpenAI(base_url=body["base_url"], api_key=body["api_key"], max_retries=0) as client:
+                    reward = scripted_agent.agent(body["sample"], client)
+                answer = json.dumps({"reward": reward}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args):
+                pass
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/episode"
+
+
+def run_rollout(model_dir: str, prompts: str, engine_url: str, agent: str) -> InMemoryDataPlane:
     run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=N, rollout_batch_size=1, global_batch_size=N,
                     micro_batch_size=N, num_steps=2, max_staleness=8,
-                    rollout={"prompts": prompts, "agent": "import:tests.rollout.scripted_agent:agent",
-                             "temperature": 1e-7, "agent_max_turns": 4})
+                    rollout={"prompts": prompts, "agent": agent, "temperature": 1e-7, "agent_max_turns": 4})
     plane, ledger, progress = InMemoryDataPlane(), InMemoryLedger(), ProgressBox()
 
     async def connect(config, stop):
@@ -68,17 +96,23 @@ def run_rollout(model_dir: str, prompts: str, engine_url: str) -> InMemoryDataPl
     return plane
 
 
-@pytest.fixture(scope="module")
-def episodes(tool_model, tmp_path_factory):
+@pytest.fixture(scope="module", params=["python", "environment"])
+def episodes(request, tool_model, tmp_path_factory):
+    """The rollout's rows and the agent's calls, the agent a Python function in the rollout, or the same code
+    behind an HTTP environment service."""
     model_dir, _ = tool_model
     prompts = tmp_path_factory.mktemp("prompts") / "q.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": QUESTION[0]["content"], "label": "5"}) + "\n" for _ in range(2)))
     proc, url = start_engine(model_dir, tmp_path_factory.mktemp("engine"), token=TOKEN)
+    environment = Environment() if request.param == "environment" else None
     try:
         scripted_agent.CALLS.clear()
-        plane = run_rollout(model_dir, str(prompts), url)
+        agent = environment.url if environment else "import:tests.rollout.scripted_agent:agent"
+        plane = run_rollout(model_dir, str(prompts), url, agent)
     finally:
         proc.stop()
+        if environment:
+            environment.shutdown()
     return plane, dict(scripted_agent.CALLS)
 
 

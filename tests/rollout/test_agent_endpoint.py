@@ -1,0 +1,67 @@
+"""The rollout's per-episode endpoint (services/rollout/agent_endpoint.py) in the role's real status app, its
+generation a fake: each episode answers only to its own key (not the stack's token, which does not open it),
+limits answer 400 naming them and record the outcome, and a body it cannot serve changes nothing."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from services.model.chat_format import render_chat
+from services.rollout.agent_endpoint import EpisodeLimits, Episodes
+from services.rollout.engine_pool import SampleOutput
+from services.runtime.role_service import RoleStatus, build_status_app
+
+STACK = "stack-token"
+
+
+def setup(tokenizer, limits: EpisodeLimits):
+    episodes, calls = Episodes(), []
+
+    async def generate(prompt, sampling, max_new_tokens, rid):
+        calls.append((prompt, sampling, max_new_tokens))
+        out = SampleOutput()
+        out.append([5, 6], [-0.1, -0.2], [("3", 0, 2)])
+        out.finish_reason = "length"
+        return out
+    episodes.attach(generate, tokenizer, {"temperature": 0.7, "top_p": 1.0, "top_k": -1}, limits, "m")
+    app = build_status_app(RoleStatus("rollout"), STACK, [episodes.router()])
+    return episodes, calls, TestClient(app)
+
+
+def ask(http, episode, key, **body):
+    body = {"messages": [{"role": "user", "content": "hi"}], **body}
+    return http.post(f"/episodes/{episode.id}/v1/chat/completions", json=body,
+                     headers={"Authorization": f"Bearer {key}"})
+
+
+def test_an_episode_answers_only_to_its_own_key(tokenizer):
+    episodes, calls, http = setup(tokenizer, EpisodeLimits())
+    mine, other = episodes.open("a"), episodes.open("b")
+    assert http.get("/status").status_code == 401  # the stack's token still guards the rest
+    for key in (STACK, other.key, ""):
+        assert ask(http, mine, key).status_code == 401
+    assert calls == [] and mine.turns == []
+    reply = ask(http, mine, mine.key, max_tokens=4, temperature=0.0).json()
+    prompt, sampling, max_new = calls[0]
+    assert prompt == render_chat(tokenizer, [{"role": "user", "content": "hi"}]) and max_new == 4
+    assert sampling["temperature"] == 0.7  # the run's sampling, not the call's
+    assert reply["choices"][0]["token_ids"] == [5, 6] and reply["choices"][0]["meta_info"]["weight_version"] == "3"
+    assert mine.turns[0].versions == [3, 3] and mine.turns[0].log_probs == [-0.1, -0.2]
+    episodes.close(mine)
+    assert ask(http, mine, mine.key).status_code == 401  # a closed episode takes no more calls
+
+
+def test_limits_answer_400_naming_them_and_record_the_outcome(tokenizer):
+    episodes, calls, http = setup(tokenizer, EpisodeLimits(max_turns=2, max_tokens=10_000))
+    ep = episodes.open("a")
+    assert ask(http, ep, ep.key).status_code == 200 and ask(http, ep, ep.key).status_code == 200
+    third = ask(http, ep, ep.key)
+    assert third.status_code == 400 and "turn_limit" in third.text and ep.outcome == "turn_limit"
+    short = episodes.open("b")
+    episodes.limits = EpisodeLimits(max_turns=5, max_tokens=3)
+    refused = ask(http, short, short.key)
+    assert refused.status_code == 400 and "token_limit" in refused.text and short.turns == []
+    for body in ({"n": 2}, {"stream": True}, {"messages": []}):
+        fresh = episodes.open("c")
+        assert ask(http, fresh, fresh.key, **body).status_code in (400, 422) and fresh.turns == []
+    assert len(calls) == 2
