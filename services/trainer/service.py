@@ -150,6 +150,7 @@ class ActorTrainer:
             ids, metrics = trained
             state = self.sharded_state(step)
             then = functools.partial(self.finish, step, ids=ids, metrics=metrics, state=state)
+            self.weights.settle()  # the last publish: its version numbers this one
             if self.backend.gathers:  # streamed from every rank's shards, here, with the other ranks
                 self.weights.publish_now(step, self.version + 1, then)
             else:

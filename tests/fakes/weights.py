@@ -5,6 +5,7 @@ the calls roles make on it directly) and its `publisher` / `receiver` factories 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Iterable
@@ -24,7 +25,8 @@ class Published:
 
 
 class InMemoryCoordinator:
-    def __init__(self):
+    def __init__(self, broadcast_s: float = 0.0):
+        self.broadcast_s = broadcast_s  # how long each publish takes (a real broadcast is not instant)
         self.published: list[Published] = []
         self.cursors: dict[str, int] = {}
         self.publishers: list[FakeWeightPublisher] = []
@@ -93,6 +95,10 @@ class FakeWeightPublisher:
         self.prefetched: list[list[str]] = []  # receiver roles of each prefetch_group call
 
     def publish(self, named, version: int, announce: bool = True) -> SimpleNamespace:
+        announced = [p.version for p in self.coordinator.published if p.announced]
+        if announce and announced and version <= announced[-1]:  # as the coordinator answers 409
+            raise AssertionError(f"version {version} is not newer than the latest published {announced[-1]}")
+        time.sleep(self.coordinator.broadcast_s)
         self.coordinator.publish(named, version, self.receiver_roles, announce)
         return SimpleNamespace(version=version, ok=True, seconds={"total": 0.0}, announced=announce)
 

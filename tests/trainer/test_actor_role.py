@@ -66,7 +66,9 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
                     micro_batch_size=2, num_steps=2, max_staleness=1,
                     optim={"lr": 1e-2, "lr_schedule": "linear", "min_lr_ratio": 0.5})
     initial, _ = load_causal_lm(model_dir, "float32")
-    plane, redis, coordinator = InMemoryDataPlane(), InMemoryRedis(), InMemoryCoordinator()
+    # each publish takes a while, as a broadcast does: the next step trains meanwhile, and numbers its version
+    # after the publish in flight
+    plane, redis, coordinator = InMemoryDataPlane(), InMemoryRedis(), InMemoryCoordinator(broadcast_s=0.5)
     for step in range(2):
         write_step(plane, step, initial, run.rollout.temperature)
     batches = [plane.get(partition_name("r", step), [0, 1, 2, 3], actor_fields(run)) for step in range(2)]
