@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
 
 from services.engine.generate_routes import (BadRequest, abort_unfinished, check_capacity, check_prompt_ids,
                                              meta_info, samples_of, wait_all)
@@ -35,10 +36,13 @@ def sampling_params(req, max_new_tokens: int, extra_stop_ids: list[int] = ()) ->
     if len(stops) > MAX_STOPS:
         raise BadRequest(f"at most {MAX_STOPS} stop strings")
     stop_ids = list(req.stop_token_ids or []) + [i for i in extra_stop_ids if not req.ignore_eos]
-    return SamplingParams(max_new_tokens=max_new_tokens, temperature=req.temperature, top_p=req.top_p,
-                          top_k=req.top_k, min_p=req.min_p, stop=stops or None, stop_token_ids=stop_ids or None,
-                          ignore_eos=req.ignore_eos, min_new_tokens=req.min_tokens, n=req.n,
-                          sampling_seed=req.seed)
+    try:
+        return SamplingParams(max_new_tokens=max_new_tokens, temperature=req.temperature, top_p=req.top_p,
+                              top_k=req.top_k, min_p=req.min_p, stop=stops or None, stop_token_ids=stop_ids or None,
+                              ignore_eos=req.ignore_eos, min_new_tokens=req.min_tokens, n=req.n,
+                              sampling_seed=req.seed)
+    except ValidationError as exc:  # what the engine's sampler refuses (top_k 0): 400 naming it
+        raise BadRequest("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])) from None
 
 
 def completion_prompts(engine, prompt) -> list[list[int]]:

@@ -129,8 +129,9 @@ def test_bad_requests_get_400_and_no_token_401(served):
                    dict(messages=[{"role": "wizard", "content": "x"}])):
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model="m", **kwargs)
-    with pytest.raises(openai.BadRequestError):
-        client.completions.create(model="m", prompt=[10 ** 9], max_tokens=1)
+    for kwargs in (dict(prompt=[10 ** 9]), dict(prompt="x", extra_body={"top_k": 0})):
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="m", max_tokens=1, **kwargs)
     anonymous = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         anonymous.models.list()

@@ -73,6 +73,9 @@ def test_fsdp_two_ranks_take_the_torch_step_and_checkpoints_cross_backends(model
     _same_step(torch_again, _ranks(tmp_path, "fsdp2", "fsdp", model_dir, seed=1, resume=ca))
 
 
+RESUMED = {(1, 1, 1), (1, 1, 2), (2, 2, 4)}  # layouts that also resume a second step (CI time: the others share code)
+
+
 @pytest.mark.parametrize("tp,pp,size,sp", [(1, 1, 1, 0), (2, 1, 2, 0), (1, 2, 2, 0), (1, 1, 2, 0), (2, 2, 4, 1)],
                          ids=["tp1", "tp2", "pp2", "dp2", "tp2pp2sp"])
 def test_megatron_takes_the_torch_step(qwen2_dir, tmp_path, tp, pp, size, sp):
@@ -91,6 +94,8 @@ def test_megatron_takes_the_torch_step(qwen2_dir, tmp_path, tp, pp, size, sp):
     assert os.path.isdir(f"{cm}/sharded") and not os.path.exists(f"{cm}/optimizer.pt")
     for name, t in load_file(f"{cm}/model.safetensors").items():
         torch.testing.assert_close(t, load_file(f"{single}/weights.safetensors")[name], atol=ATOL, rtol=RTOL)
+    if (tp, pp, size) not in RESUMED:
+        return
     torch_again = str(tmp_path / "torch2")
     train_once("torch", model_dir, DataParallel(), torch_again, resume=latest_checkpoint(single, "actor").path, seed=1)
     _same_step(torch_again, _ranks(tmp_path, "megatron2", "megatron", model_dir, seed=1, size=size, tp=tp, pp=pp,
