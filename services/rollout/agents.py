@@ -143,9 +143,11 @@ class AgentRunner:
             episode = self.episodes.open(f"{prefix}-a{attempt}")
             sample = {"prompt": copy.deepcopy(record.prompt), "fields": copy.deepcopy(record.fields),
                       "position": record.position, "index": index}
+            returned, value = False, None
             try:
                 async with asyncio.timeout(self.timeout_s):
                     value = await self.play(sample, f"{self.base_url}/episodes/{episode.id}/v1", episode.key)
+                returned = True  # also after a limit the agent caught: its episode counts, with that outcome
             except TimeoutError:
                 episode.outcome, error = "timeout", f"the agent did not finish within {self.timeout_s:g} s"
             except Exception as exc:  # the agent's (or its tools') failure: counted, tried again
@@ -156,9 +158,9 @@ class AgentRunner:
                 self.episodes.close(episode)
             EPISODES.labels(episode.outcome).inc()
             found = chains(episode.turns)
-            if episode.outcome == "done" and not found:
+            if returned and not found:
                 error = "the agent returned without calling the model"
-            elif episode.outcome == "done":
+            elif returned:
                 DROPPED_CHAINS.inc(len(found) - 1)
                 reward = await self._reward(value, record, episode, found[-1])
                 return EpisodeResult(found[-1], reward, len(episode.turns), episode.outcome)

@@ -1,0 +1,72 @@
+"""AgentRunner's episode policy (services/rollout/agents.py) with a fake agent that records its model calls
+straight into the episode: a reward returned after a limit the agent caught counts, failures are tried again
+as fresh episodes, and a run of failures (or a reward that is not a finite number) fails the episode."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.rollout.agent_endpoint import Episodes
+from services.rollout.agents import AgentFailed, AgentRunner
+from services.rollout.episodes import Turn
+from services.rollout.prompts import PromptRecord
+
+RECORD = PromptRecord(position=3, epoch=0, index=3, prompt="q", fields={"label": "1"})
+
+
+class FakeAgent:
+    """Each try runs the next behaviour: "call" (one model call, reward 1.0), "limit" (a call, then the turn limit,
+    caught: reward 0.5), "raise", "silent" (no call), or a value to return after one call."""
+
+    def __init__(self, episodes: Episodes, behaviours: list):
+        self.episodes, self.behaviours, self.samples = episodes, list(behaviours), []
+
+    async def __call__(self, sample, base_url, key):
+        self.samples.append(sample)
+        episode = next(e for e in self.episodes.live.values() if e.key == key)
+        assert base_url.endswith(f"/episodes/{episode.id}/v1")
+        behaviour = self.behaviours.pop(0)
+        if behaviour == "raise":
+            raise RuntimeError("the tool broke")
+        if behaviour == "silent":
+            return 1.0
+        episode.turns.append(Turn([1, 2], [3, 4], [-0.1, -0.2], [7, 7]))
+        if behaviour == "limit":
+            episode.outcome = "turn_limit"
+            return 0.5
+        return 1.0 if behaviour == "call" else behaviour
+
+    async def aclose(self):
+        pass
+
+
+def run(behaviours: list, retries: int = 1):
+    episodes = Episodes()
+    agent = FakeAgent(episodes, behaviours)
+    runner = AgentRunner(agent, episodes, "http://127.0.0.1:1", reward=None, timeout_s=5, retries=retries)
+    try:
+        return asyncio.run(runner.episode(RECORD, 1, "r-3-1")), agent
+    finally:
+        assert not episodes.live  # every try's episode was closed
+
+
+def test_a_reward_after_a_caught_limit_counts_with_that_outcome():
+    result, agent = run(["limit"])
+    assert (result.reward, result.outcome, result.turns) == (0.5, "turn_limit", 1)
+    assert result.sample.response_ids == [3, 4] and result.sample.begin_version == 7
+    assert agent.samples == [{"prompt": "q", "fields": {"label": "1"}, "position": 3, "index": 1}]
+
+
+def test_failed_tries_are_played_again_as_fresh_episodes():
+    result, agent = run(["raise", "call"])
+    assert result.reward == 1.0 and len(agent.samples) == 2
+    result, _ = run(["silent", "call"])  # returned without calling the model: tried again
+    assert result.turns == 1
+
+
+@pytest.mark.parametrize("behaviours", [["raise", "raise"], ["silent", "silent"], [float("nan")], [True]])
+def test_an_episode_fails_after_its_tries_or_on_a_reward_that_is_not_a_number(behaviours):
+    with pytest.raises(AgentFailed):
+        run(behaviours)
