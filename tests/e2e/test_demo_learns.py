@@ -22,12 +22,17 @@ def test_the_default_demo_climbs_from_at_most_0_3_to_at_least_0_8(tmp_path):
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     steps = [x for x in lines if "step" in x]
     assert [x["step"] for x in steps] == list(range(300))
+    # each line carries the newest held-out score the view has seen; the first lines may come before the
+    # version-0 eval lands (it finishes within a second of step 0), so the warm-started model's own score is
+    # read from the report below
     evals = [x["eval_reward"] for x in steps]
-    assert all(e is not None for e in evals)  # the warm-started model is scored before the first step ends
-    assert evals[0] <= 0.3, evals[:5]
-    assert max(evals) >= 0.8, evals[-20:]
+    known = [e for e in evals if e is not None]
+    assert known and evals.index(known[0]) < 10 and all(e is not None for e in evals[evals.index(known[0]):])
+    assert known[0] <= 0.3, evals[:5]
+    assert max(known) >= 0.8, evals[-20:]
     summary = lines[-1]
     assert summary["event"] == "finished" and summary["every_sample_once"] and summary["failure"] is None
     assert os.path.getsize(summary["report"]["png"]) > 10_000
     with open(summary["report"]["summary"]) as f:
-        assert json.load(f)["eval_reward"]["best"] >= 0.8
+        report = json.load(f)
+    assert report["eval_reward"]["first"] <= 0.3 and report["eval_reward"]["best"] >= 0.8  # first: version 0
