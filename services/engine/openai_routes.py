@@ -19,9 +19,8 @@ from services.engine.generate_routes import (BadRequest, abort_unfinished, check
 from services.openai_api.models import (MAX_STOPS, AssistantMessage, ChatChoice, ChatCompletionRequest,
                                              ChatCompletionResponse, ChoiceLogprobs, CompletionChoice,
                                              CompletionLogprobs, CompletionRequest, CompletionResponse,
-                                             FunctionCall, ModelCard, ModelList, TokenLogprob, ToolCall,
-                                             TopLogprob, Usage)
-from services.engine.openai_stream import chat_events, completion_events
+                                             ModelCard, ModelList, Usage, tool_calls)
+from services.engine.openai_stream import chat_events, chat_logprobs, completion_events, token_usage
 from services.engine.request import Generation, new_rid, share_prompts
 from services.engine.sampling import SamplingParams
 from services.model.chat_format import (ChatFormatError, parse_tool_calls, render_chat, tool_call_format,
@@ -95,12 +94,6 @@ def matched(seq: Generation):
     return (seq.finish_reason or {}).get("matched")
 
 
-def usage(seqs: list[Generation], prompts: list[list[int]]) -> Usage:
-    prompt_tokens, completion_tokens = sum(len(p) for p in prompts), sum(len(s.output) for s in seqs)
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=prompt_tokens + completion_tokens)
-
-
 def completion_logprobs(engine, seq: Generation) -> CompletionLogprobs:
     pieces = [engine.tokenizer.decode([t]) for t in seq.output]
     offsets, at = [], 0
@@ -113,28 +106,14 @@ def completion_logprobs(engine, seq: Generation) -> CompletionLogprobs:
                               text_offset=offsets)
 
 
-def chat_logprobs(engine, seq: Generation) -> ChoiceLogprobs:
-    def entry(token: int, lp: float) -> dict:
-        piece = engine.tokenizer.decode([token])
-        return {"token": piece, "bytes": list(piece.encode()), "logprob": lp}
-    steps = seq.top_logprobs if seq.top_logprobs_num else [[] for _ in seq.output]
-    return ChoiceLogprobs(content=[TokenLogprob(**entry(t, lp), top_logprobs=[TopLogprob(**entry(tt, tlp))
-                                                                             for tlp, tt in top])
-                                   for t, lp, top in zip(seq.output, seq.logprobs, steps)])
-
-
-def tool_calls(rid: str, index: int, calls: list[tuple[str, str]]) -> list[ToolCall]:
-    return [ToolCall(id=f"call_{rid}_{index}_{k}", function=FunctionCall(name=name, arguments=args))
-            for k, (name, args) in enumerate(calls)]
-
-
 def chat_choice(engine, req: ChatCompletionRequest, seq: Generation, index: int, prompt: list[int],
                 rid: str) -> ChatChoice:
     content, calls = (parse_tool_calls(seq.text) if req.tools and req.tool_choice != "none" else (seq.text, []))
     reason = "tool_calls" if calls and finish_reason(seq) == "stop" else finish_reason(seq)
     return ChatChoice(
-        index=index, message=AssistantMessage(content=content, tool_calls=tool_calls(rid, index, calls) or None),
-        logprobs=chat_logprobs(engine, seq) if req.logprobs else None, finish_reason=reason,
+        index=index, message=AssistantMessage(content=content, tool_calls=tool_calls(f"{rid}_{index}", calls)),
+        logprobs=ChoiceLogprobs(**chat_logprobs(engine, seq, range(len(seq.logprobs)))) if req.logprobs else None,
+        finish_reason=reason,
         matched_stop=matched(seq),
         prompt_token_ids=prompt if req.return_prompt_token_ids or req.return_token_ids else None,
         token_ids=list(seq.output) if req.return_token_ids or req.return_prompt_token_ids else None,
@@ -170,7 +149,7 @@ def openai_router(engine) -> APIRouter:
             prompt_token_ids=prompts[i // req.n] if req.return_token_ids else None,
             meta_info=meta_info(s, engine.scheduler.weight_version, True) if req.return_meta_info else None)
             for i, s in enumerate(seqs)]
-        return CompletionResponse(id=f"cmpl-{rid}", model=req.model, choices=choices, usage=usage(seqs, prompts))
+        return CompletionResponse(id=f"cmpl-{rid}", model=req.model, choices=choices, usage=Usage(**token_usage(seqs, prompts)))
 
     @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
     async def chat_completions(req: ChatCompletionRequest, request: Request):
@@ -189,6 +168,6 @@ def openai_router(engine) -> APIRouter:
             return Response(status_code=499)
         choices = [chat_choice(engine, req, s, i, prompt, rid) for i, s in enumerate(seqs)]
         return ChatCompletionResponse(id=f"chatcmpl-{rid}", model=req.model, choices=choices,
-                                      usage=usage(seqs, [prompt]))
+                                      usage=Usage(**token_usage(seqs, [prompt])))
 
     return router

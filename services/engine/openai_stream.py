@@ -18,6 +18,7 @@ from fastapi.responses import StreamingResponse
 from services.engine.generate_routes import abort_unfinished, meta_info
 from services.engine.request import Generation
 from services.model.chat_format import CALL_START, parse_tool_calls
+from services.openai_api.models import tool_calls
 
 
 def settled_text(engine, seq: Generation, hold: list[str]) -> str:
@@ -79,7 +80,8 @@ def _sse(engine, seqs, body) -> StreamingResponse:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def _usage(seqs: list[Generation], prompts: list[list[int]]) -> dict:
+def token_usage(seqs: list[Generation], prompts: list[list[int]]) -> dict:
+    """OpenAI's usage: each prompt counted once (not once per sample), every sample's output."""
     p, c = sum(len(x) for x in prompts), sum(len(s.output) for s in seqs)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
@@ -113,11 +115,12 @@ def completion_events(engine, req, seqs, queues, prompts, response_id: str) -> S
                               **_extras(engine, req, seq, prompts[i // req.n]))
             yield {**head, "choices": [choice]}
         if req.stream_options and req.stream_options.include_usage:
-            yield {**head, "choices": [], "usage": _usage(seqs, prompts)}
+            yield {**head, "choices": [], "usage": token_usage(seqs, prompts)}
     return _sse(engine, seqs, body())
 
 
-def _chat_logprobs(engine, seq: Generation, new: range) -> dict:
+def chat_logprobs(engine, seq: Generation, new: range) -> dict:
+    """OpenAI's chat `logprobs` of the sample's output tokens at positions `new`."""
     def entry(token: int, lp: float) -> dict:
         piece = engine.tokenizer.decode([token])
         return {"token": piece, "bytes": list(piece.encode()), "logprob": lp}
@@ -136,8 +139,7 @@ def _final_chat_delta(samples: Samples, i: int, tools: bool, rid: str) -> tuple[
     sent = samples.chars[i]
     delta = {"content": (content or "")[sent:]}
     if calls:
-        delta["tool_calls"] = [{"index": k, "id": f"call_{rid}_{i}_{k}", "type": "function",
-                                "function": {"name": name, "arguments": args}} for k, (name, args) in enumerate(calls)]
+        delta["tool_calls"] = [{"index": k, **c.model_dump()} for k, c in enumerate(tool_calls(f"{rid}_{i}", calls))]
         reason = "tool_calls" if reason == "stop" else reason
     return delta, reason
 
@@ -162,8 +164,8 @@ def chat_events(engine, req, seqs, queues, prompt: list[int], response_id: str) 
             else:
                 choice["delta"] = {"content": samples.new_text(i)}
             if req.logprobs:
-                choice["logprobs"] = _chat_logprobs(engine, seqs[i], new)
+                choice["logprobs"] = chat_logprobs(engine, seqs[i], new)
             yield {**head, "choices": [choice]}
         if req.stream_options and req.stream_options.include_usage:
-            yield {**head, "choices": [], "usage": _usage(seqs, [prompt])}
+            yield {**head, "choices": [], "usage": token_usage(seqs, [prompt])}
     return _sse(engine, seqs, body())

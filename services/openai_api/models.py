@@ -80,6 +80,12 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
+def tool_calls(prefix: str, calls: list[tuple[str, str]]) -> list[ToolCall] | None:
+    """The parsed (name, arguments) calls of one reply as OpenAI tool calls, ids `call_<prefix>_<k>`; None if none."""
+    return [ToolCall(id=f"call_{prefix}_{k}", function=FunctionCall(name=name, arguments=args))
+            for k, (name, args) in enumerate(calls)] or None
+
+
 class ContentPart(_Body):
     type: Literal["text"]
     text: str

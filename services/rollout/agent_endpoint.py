@@ -21,7 +21,7 @@ from fastapi import APIRouter, HTTPException, Request
 
 from services.model.chat_format import ChatFormatError, parse_tool_calls, render_chat_text, turn_end_ids
 from services.openai_api.models import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
-                                        FunctionCall, ModelCard, ModelList, ToolCall, Usage)
+                                        ModelCard, ModelList, Usage, tool_calls)
 from services.rollout.episodes import Turn
 from services.runtime.http_auth import bearer_matches
 
@@ -143,9 +143,7 @@ class Episodes:
         tools = bool(req.tools) and req.tool_choice != "none"
         content, calls = parse_tool_calls(text) if tools else (text, [])
         index = len(episode.turns) - 1
-        tool_calls = [ToolCall(id=f"call_{episode.id}_{index}_{k}", function=FunctionCall(name=name, arguments=args))
-                      for k, (name, args) in enumerate(calls)] or None
-        reply = AssistantMessage(content=content, tool_calls=tool_calls)
+        reply = AssistantMessage(content=content, tool_calls=tool_calls(f"{episode.id}_{index}", calls))
         episode.messages = [m.model_dump(exclude_none=True) for m in req.messages] + [reply.model_dump(exclude_none=True)]
         reason = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
         spans = [{"version": str(v), "start": s, "end": e} for v, s, e in out.spans]
