@@ -12,15 +12,21 @@ puts, acks and spans are the driver's."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Callable
+
+import grpc
 
 from services.run_contract.partitions import partition_name, step_of
 from services.run_state.seams import DataPlane
 from services.run_state.step_partitions import StepPartitions, claim_or_done, put_once
 from services.runtime.spans import span
 from services.transferqueue.codec import Batch
+from services.transferqueue.errors import TQError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,8 +64,22 @@ def consume_partition(tq: DataPlane, partition: str, consumer: Consumer, lease_s
             columns = consumer.compute(batch)
         with span("put", step, version):
             put_once(tq, partition, columns, batch.rows, group_size)
+        if ack_or_lapsed(tq, batch):
+            consumer.done(batch)
+
+
+def ack_or_lapsed(tq: DataPlane, batch: Batch) -> bool:
+    """Ack `batch`; False when its lease had lapsed (a storage shard or this process stalled longer than the
+    lease) and the rows went back to the queue. Nothing is lost then: the columns are already written, and
+    whoever claims the rows next finds them written (put_once) and acks them."""
+    try:
         tq.ack(batch)
-        consumer.done(batch)
+        return True
+    except TQError as exc:
+        if exc.code != grpc.StatusCode.FAILED_PRECONDITION:
+            raise
+        log.warning("lease lapsed before the ack; the rows were handed out again", extra={"error": exc.message})
+        return False
 
 
 def each_step(steps: StepPartitions, num_steps: int, halt: threading.Event, safe_point: Callable[[], None],

@@ -1,7 +1,8 @@
 """A shard killed with kill -9 (real redis-server, controller and shard processes): restarted on its
 --data-dir it holds every row it acknowledged, a read waiting across the kill gets its rows once the
 shard is back, and a read of a shard that stays down fails within the client's shard wait, not the
-two-minute RPC deadline."""
+two-minute RPC deadline; a put across the kill lands, and one to a shard that stays down fails within
+the put's timeout."""
 
 from __future__ import annotations
 
@@ -94,3 +95,35 @@ def test_a_read_of_a_shard_that_stays_down_fails_within_the_shard_wait(tmp_path)
             # the claim was released: the rows go to the next reader once the shard is back
             info = tq.partition("p")
             assert [(t.ready, t.consumed) for t in info.tasks] == [(4, 0)]
+
+
+def test_a_put_across_the_kill_lands_once_the_shard_is_back(stack):
+    with TransferQueue(stack.controller_address) as tq:
+        tq.create_partition("p")
+        tq.register_task("t", ["x"])
+        tq.put("p", {"x": torch.arange(2)})  # the client knows the shard
+        stack.shards[0].kill()
+        restarter = threading.Timer(1.0, stack.restart_shard, args=(0,))
+        restarter.start()
+        try:
+            rows = tq.put("p", {"x": torch.arange(4) + 10})  # sent while the shard is down
+        finally:
+            restarter.join()
+        assert rows == [2, 3, 4, 5]
+        assert torch.equal(tq.claim("p", "t", 6)["x"], torch.tensor([0, 1, 10, 11, 12, 13]))
+
+
+def test_a_put_to_a_shard_that_stays_down_fails_within_its_timeout_and_stores_nothing(tmp_path):
+    with LocalTransferQueue(shards=1, log_dir=str(tmp_path)) as stack:
+        with TransferQueue(stack.controller_address, put_timeout_s=2.0) as tq:
+            tq.create_partition("p")
+            tq.register_task("t", ["x"])
+            tq.put("p", {"x": torch.arange(2)})
+            stack.shards[0].kill()
+            started = time.monotonic()
+            with pytest.raises(TQError) as err:
+                tq.put("p", {"x": torch.arange(4)})
+            assert err.value.code == grpc.StatusCode.UNAVAILABLE
+            assert "shard-0" in err.value.message
+            assert time.monotonic() - started < 15
+            assert tq.partition("p").rows == 2  # the failed put committed nothing

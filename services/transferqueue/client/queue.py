@@ -49,16 +49,25 @@ class ClaimedRows:
 
 
 class _Backoff:
-    """Retry schedule for a full shard (RESOURCE_EXHAUSTED): jittered exponential, bounded by a deadline."""
+    """Retry schedule of one shard's part of a put, jittered exponential until the put's deadline: a full
+    shard (RESOURCE_EXHAUSTED "shard full") frees up, and a shard that cannot be reached (UNAVAILABLE:
+    killed, then restarted by its supervisor) is back in seconds once it replayed its journal. Sending the
+    bytes again is safe: nothing is visible before the commit, and a shard's put overwrites its rows."""
 
-    def __init__(self, deadline_s: float):
+    def __init__(self, shard_id: str, deadline_s: float):
+        self.shard_id, self.deadline_s = shard_id, deadline_s
         self.deadline = time.monotonic() + deadline_s
         self.delay = 0.02
 
     def next_delay(self, err: TQError) -> float:
-        # only a full shard frees up; a put over a per-call cap never fits
+        # a put over a per-call cap never fits, and no other refusal goes away by itself
         full = err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and err.message.startswith("shard full")
-        if not full or time.monotonic() + self.delay > self.deadline:
+        if not (full or err.code == grpc.StatusCode.UNAVAILABLE):
+            raise err
+        if time.monotonic() + self.delay > self.deadline:
+            if err.code == grpc.StatusCode.UNAVAILABLE:
+                raise TQError(err.code, f"storage shard {self.shard_id} did not answer for {self.deadline_s:g} s "
+                              f"(the put's timeout): {err.message}") from None
             raise err
         delay = self.delay * (0.5 + random.random())
         self.delay = min(self.delay * 2, 1.0)
@@ -193,11 +202,12 @@ class AsyncTransferQueue:
 
         async def send(shard_id, positions):
             data = to_ipc(select(batch, positions))
-            backoff = _Backoff(self.put_timeout_s)
+            backoff = _Backoff(shard_id, self.put_timeout_s)
             while True:
                 try:
                     reply = await self._shard_for(shard_id).aput(partition, row_array[positions].tolist(), data,
-                                                                 reservation=prepared.reservation)
+                                                                 reservation=prepared.reservation,
+                                                                 wait_for_ready=False)
                     stored.append((shard_id, positions, reply.incarnation))
                     return
                 except TQError as err:

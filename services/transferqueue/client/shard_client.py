@@ -76,11 +76,13 @@ class ShardClient(GrpcTransport):
             raise TQError.from_rpc(err) from None
 
     async def aput(self, partition: str, rows, ipc_data, timeout: float | None = None,
-                   reservation: bytes = b"") -> pb.PutResponse:
+                   reservation: bytes = b"", wait_for_ready: bool = True) -> pb.PutResponse:
+        """`wait_for_ready=False`: UNAVAILABLE at once while the shard cannot be reached."""
         try:
             put = self._raw_call(True, "stream_unary", _PUT, None, pb.PutResponse.FromString)
             return await put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes, reservation),
-                             timeout=timeout or self.default_timeout_s, metadata=self._metadata, wait_for_ready=True)
+                             timeout=timeout or self.default_timeout_s, metadata=self._metadata,
+                             wait_for_ready=wait_for_ready)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
 
