@@ -11,6 +11,7 @@ ADD = {"type": "function", "function": {"name": "add", "description": "a + b",
                                          "parameters": {"type": "object", "properties": {
                                              "a": {"type": "integer"}, "b": {"type": "integer"}}}}}
 CALLS: dict[tuple[int, int], list[dict]] = {}
+BEFORE_LAST_CALL: list = []  # callables a test runs before each episode's last call (a weight update there)
 
 
 def agent(sample, client):
@@ -33,6 +34,8 @@ def agent(sample, client):
     ask(question + [first.model_dump(exclude_none=True), result], tools=[ADD])
     summary = [{"role": "system", "content": f"The tool said {result['content']}."}] + question  # a rewrite
     third = ask(summary)
+    for hook in BEFORE_LAST_CALL:
+        hook()
     ask(summary + [third.model_dump(exclude_none=True), {"role": "user", "content": "Sure?"}])
     CALLS[(sample["position"], sample["index"])] = calls
     return 1.0 if first.tool_calls else 0.0

@@ -63,9 +63,9 @@ class Environment(http.server.ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}/episode"
 
 
-def run_rollout(model_dir: str, prompts: str, engine_url: str, agent: str) -> InMemoryDataPlane:
+def run_rollout(model_dir: str, prompts: str, engine_url: str, agent: str, num_steps: int = 2) -> InMemoryDataPlane:
     run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=N, rollout_batch_size=1, global_batch_size=N,
-                    micro_batch_size=N, num_steps=2, max_staleness=8,
+                    micro_batch_size=N, num_steps=num_steps, max_staleness=8,
                     rollout={"prompts": prompts, "agent": agent, "temperature": 1e-7, "agent_max_turns": 4})
     plane, ledger, progress = InMemoryDataPlane(), InMemoryLedger(), ProgressBox()
 
