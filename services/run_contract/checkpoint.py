@@ -49,16 +49,24 @@ def copy_tokenizer(source: str, target: str) -> list[str]:
     return names
 
 
-SHARDED = "sharded"  # a backend's own distributed checkpoint inside a checkpoint directory (megatron's)
+SHARDED = "sharded"  # a backend's own distributed checkpoint inside a checkpoint directory (megatron's, fsdp's)
+
+
+@dataclass
+class ShardedState:
+    """What a sharded trainer backend wrote for a checkpoint (every rank together) under a scratch directory:
+    `model_dir` holds the weights as Hugging Face safetensors files (services/model/weight_files.py),
+    `sharded` the optimizer state in the backend's own distributed format."""
+    model_dir: str
+    sharded: str
 
 
 def save_checkpoint(directory: str, role: str, model, optimizer, tokenizer_dir: str | None, next_step: int,
-                    version: int, keep: int = 2, state: tuple[dict, dict | None, str | None] | None = None) -> str:
+                    version: int, keep: int = 2, state: ShardedState | None = None) -> str:
     """Write <directory>/<role>/step_<next_step>/: the model (safetensors), the tokenizer files of
     `tokenizer_dir` (the run's model directory), the optimizer state and trainer_state.json; then delete all
-    but the newest `keep` checkpoints of the role. `state`: (model state dict, optimizer state dict, sharded
-    directory) gathered from a sharded model, written in place of `model`'s and `optimizer`'s own; an optimizer
-    kept sharded (megatron) has no optimizer.pt and its sharded directory moves in as `sharded/`."""
+    but the newest `keep` checkpoints of the role. `state`: a sharded backend's files, moved in instead of
+    `model`'s weights (its config is still written) and `optimizer`'s state (as `sharded/`, no optimizer.pt)."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     root = _root(directory, role)
@@ -66,14 +74,18 @@ def save_checkpoint(directory: str, role: str, model, optimizer, tokenizer_dir: 
     final = os.path.join(root, f"step_{next_step:08d}")
     tmp = final + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model_state, optimizer_state, sharded = state if state is not None else (None, optimizer.state_dict(), None)
-    model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
+    if state is None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+    else:
+        os.replace(state.model_dir, tmp)
+        model.config.save_pretrained(tmp)
+        if model.can_generate():
+            model.generation_config.save_pretrained(tmp)
+        os.replace(state.sharded, os.path.join(tmp, SHARDED))
+        shutil.rmtree(os.path.dirname(state.model_dir), ignore_errors=True)  # the backend's emptied scratch
     if tokenizer_dir:
         copy_tokenizer(tokenizer_dir, tmp)
-    if optimizer_state is not None:
-        torch.save(optimizer_state, os.path.join(tmp, "optimizer.pt"))
-    if sharded:
-        os.replace(sharded, os.path.join(tmp, SHARDED))
     with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
         json.dump({"next_step": next_step, "version": version}, f)
     shutil.rmtree(final, ignore_errors=True)

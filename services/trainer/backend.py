@@ -5,19 +5,22 @@ summed in one all-reduce (services/trainer/data_parallel.py). `fsdp`: torch's FS
 and optimizer state over the ranks (services/trainer/fsdp_backend.py). `megatron`: megatron-core with tensor and
 pipeline parallelism (services/trainer/megatron_backend.py). The role's loop, the loss (services/algorithms) and
 the weight publishing path are the same for all: the loop calls `train`, publishes what `weight_stream`
-yields and checkpoints what `full_state` returns, in the checkpoint layout of
-services/run_contract/checkpoint.py (torch and fsdp checkpoints resume under either).
+yields and checkpoints what `write_checkpoint_files` wrote (a sharded backend) or the live model and optimizer
+(torch), in the checkpoint layout of services/run_contract/checkpoint.py (torch and fsdp checkpoints resume
+under either).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+import os
+
 import torch
 
 from services.dcs.sync.layout import WeightStream
 from services.model.response_batch import ResponseLogits
-from services.run_contract.checkpoint import load_optimizer_state
+from services.run_contract.checkpoint import SHARDED, ShardedState, load_optimizer_state
 from services.trainer.actor_update import StepMetrics, actor_step
 from services.trainer.data_parallel import DataParallel
 from services.trainer.optimizer import adamw
@@ -42,10 +45,10 @@ class TrainerBackend(Protocol):
         consumes in the same order (the leader's publisher takes it, the other ranks close it at once); None
         from a backend that does not gather: it publishes its live weights."""
 
-    def full_state(self, scratch_dir: str) -> tuple[dict, dict | None, str | None] | None:
-        """Collective when `gathers`: for a checkpoint, on the leader (None elsewhere) the model's state dict
-        with HF names, the optimizer's state dict in torch's own format (None when it is kept sharded) and the
-        directory of a sharded checkpoint the backend wrote under `scratch_dir` (None if it wrote none)."""
+    def write_checkpoint_files(self, scratch_dir: str) -> ShardedState | None:
+        """Collective when `gathers`: a checkpoint's files written under `scratch_dir` by the ranks together (the
+        weights as HF files, streamed; the optimizer state sharded), and on the leader what was written; None
+        elsewhere, and from a backend whose checkpoint is its live model and optimizer (torch)."""
 
     def load_optimizer(self, checkpoint_path: str) -> None: ...
 
@@ -70,11 +73,21 @@ class TorchBackend:
     def weight_stream(self):
         return None
 
-    def full_state(self, scratch_dir: str):
-        return (self.policy.hf.state_dict(), self.optimizer.state_dict(), None) if self.dp.is_leader else None
+    def write_checkpoint_files(self, scratch_dir: str) -> None:
+        return None  # the leader saves its model and optimizer as they are
 
     def load_optimizer(self, checkpoint_path: str) -> None:
-        load_optimizer_state(checkpoint_path, self.optimizer)
+        """The torch-format optimizer.pt, or an fsdp checkpoint's DCP optimizer state read whole."""
+        sharded = os.path.join(checkpoint_path, SHARDED)
+        if os.path.isfile(os.path.join(checkpoint_path, "optimizer.pt")) or not os.path.isdir(sharded):
+            load_optimizer_state(checkpoint_path, self.optimizer)
+            return
+        from services.trainer.fsdp_backend import is_dcp, torch_format_optimizer  # torch.distributed.fsdp only here
+        if not is_dcp(sharded):
+            raise RuntimeError(f"{checkpoint_path} holds megatron's optimizer state, which the torch backend does not "
+                               "read: resume it with --backend megatron and the same TP x PP")
+        names = [n for n, _ in self.policy.hf.named_parameters()]
+        self.optimizer.load_state_dict(torch_format_optimizer(sharded, names))
 
 
 def make_backend(name: str, hf_model, run, device: str, dp: DataParallel, param_dtype: str = "",

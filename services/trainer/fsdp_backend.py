@@ -10,26 +10,35 @@ services/algorithms/policy_loss.py), so the global gradient is the sum over rank
 averages; `reduce_gradients` multiplies by the number of ranks (gloo has no PREMUL_SUM, which
 `set_gradient_divide_factor(1.0)` needs).
 
-Publishing and checkpoints gather full tensors from the shards, a collective every rank joins from its main
-loop: `weight_stream` gathers one parameter at a time as the weight publisher on the leader packs its buckets
-(so no rank holds the whole model; the publish does not overlap the next step), `full_state` gathers the model and optimizer state for a checkpoint in the torch
-backend's format (optimizer state keyed by parameter index in Hugging Face order), so checkpoints move between
-backends. On CPU/gloo mixed precision and offload are options, not defaults.
+Publishing and checkpoints are collectives every rank joins from its main loop, and no rank ever holds the
+whole model: `weight_stream` gathers one parameter at a time as the weight publisher on the leader packs its
+buckets (the publish does not overlap the next step). A checkpoint (`write_checkpoint_files`) is the same
+stream written as Hugging Face safetensors files a file at a time (services/model/weight_files.py) and the
+optimizer state saved sharded with torch.distributed.checkpoint (DCP), each rank its own share, under
+`sharded/`. A resume reads a DCP optimizer state into the shards (any number of ranks: DCP reshards), or the
+torch backend's `optimizer.pt`; the torch backend reads fsdp's DCP state too (`torch_format_optimizer`), so
+checkpoints move between the two. On CPU/gloo mixed precision and offload are options, not defaults.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict,
+    StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from services.model.response_batch import ResponseLogits
+from services.model.weight_files import write_weight_files
+from services.run_contract.checkpoint import SHARDED, ShardedState
 from services.trainer.actor_update import StepMetrics, actor_step
 from services.trainer.data_parallel import DataParallel
 from services.trainer.optimizer import adamw
@@ -83,27 +92,48 @@ class FSDPBackend:
         """Every parameter's full tensor, gathered one at a time as the publisher takes them (collective)."""
         return GatheredParameters(self.policy.hf.named_parameters(), _full, keep=self.dp.is_leader)
 
-    def _options(self) -> StateDictOptions:
-        return StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-    def full_state(self, scratch_dir: str = "") -> tuple[dict, dict, None] | None:
-        model = get_model_state_dict(self.policy, options=self._options())
-        optim = get_optimizer_state_dict(self.policy, self.optimizer, options=self._options())
-        if not self.dp.is_leader:
-            return None
-        model = {k.removeprefix(PREFIX): v for k, v in model.items()}
-        return model, self._by_index(optim), None
-
-    def _by_index(self, optim: dict) -> dict:
-        """torch's optimizer.state_dict() format (state keyed by the parameter's index) from the FQN-keyed one."""
-        index = {PREFIX + n: i for i, n in enumerate(self.names)}
-        groups = [{**g, "params": [index[f] for f in g["params"]]} for g in optim["param_groups"]]
-        return {"state": {index[f]: s for f, s in optim["state"].items()}, "param_groups": groups}
+    def write_checkpoint_files(self, scratch_dir: str) -> ShardedState | None:
+        """Collective: the weights as HF files (streamed, written by the leader) and each rank's share of the
+        optimizer state (DCP) under `scratch_dir`; what was written, on the leader."""
+        if self.dp.is_leader:  # a crash's leftover
+            shutil.rmtree(scratch_dir, ignore_errors=True)
+        self.dp.barrier()
+        model_dir, sharded = os.path.join(scratch_dir, "model"), os.path.join(scratch_dir, SHARDED)
+        write_weight_files(self.weight_stream(), model_dir)
+        dcp.save({"optimizer": get_optimizer_state_dict(self.policy, self.optimizer)}, checkpoint_id=sharded)
+        return ShardedState(model_dir, sharded) if self.dp.is_leader else None
 
     def load_optimizer(self, checkpoint_path: str) -> None:
-        """Every rank reads the checkpoint's (full, torch-format) optimizer state and keeps its shard."""
+        """Each rank reads its share of the optimizer state: from fsdp's DCP state (written with any number of
+        ranks), or from the torch backend's optimizer.pt (every rank reads it whole and keeps its shard)."""
+        sharded = os.path.join(checkpoint_path, SHARDED)
+        if is_dcp(sharded):
+            state = {"optimizer": get_optimizer_state_dict(self.policy, self.optimizer)}
+            dcp.load(state, checkpoint_id=sharded)
+            set_optimizer_state_dict(self.policy, self.optimizer, state["optimizer"])
+            return
+        if not os.path.isfile(os.path.join(checkpoint_path, "optimizer.pt")):
+            raise RuntimeError(f"{checkpoint_path} has neither fsdp's optimizer state ({SHARDED}/ in DCP format) nor "
+                               "the torch backend's (optimizer.pt): written by another backend, it holds the "
+                               "weights but not an optimizer state fsdp reads")
         saved = torch.load(os.path.join(checkpoint_path, "optimizer.pt"), weights_only=True)
         fqn = [PREFIX + n for n in self.names]
         state = {"state": {fqn[int(i)]: s for i, s in saved["state"].items()},
                  "param_groups": [{**g, "params": [fqn[int(i)] for i in g["params"]]} for g in saved["param_groups"]]}
         set_optimizer_state_dict(self.policy, self.optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def is_dcp(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, ".metadata"))
+
+
+def torch_format_optimizer(sharded: str, names: list[str]) -> dict:
+    """fsdp's DCP optimizer state as torch's optimizer.state_dict() (state keyed by the index of the parameter
+    in Hugging Face order, `names`), read whole in this process: what the torch backend loads."""
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "optimizer.pt")
+        dcp_to_torch_save(sharded, path)
+        optim = torch.load(path, weights_only=True)["optimizer"]
+    index = {PREFIX + n: i for i, n in enumerate(names)}
+    groups = [{**g, "params": [index[f] for f in g["params"]]} for g in optim["param_groups"]]
+    return {"state": {index[f]: s for f, s in optim["state"].items()}, "param_groups": groups}

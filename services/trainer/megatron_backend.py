@@ -30,7 +30,8 @@ import torch
 import torch.distributed as dist
 
 from services.model.response_batch import ResponseBatch
-from services.run_contract.checkpoint import SHARDED
+from services.model.weight_files import write_weight_files
+from services.run_contract.checkpoint import SHARDED, ShardedState
 from services.trainer.actor_update import StepMetrics, global_totals, micro_batch_loss, micro_batches
 from services.trainer.data_parallel import DataParallel
 from services.trainer.megatron_cpu import install as install_cpu_shim
@@ -159,21 +160,24 @@ class MegatronBackend:
                         inner.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
                                           "exp_avg_sq": torch.zeros_like(p)}
 
-    def full_state(self, scratch_dir: str):
-        """The DistributedOptimizer's state in megatron's own distributed-optimizer format, one file per (TP, PP)
-        rank written by its data-parallel rank 0 (the state gathered over DP: tensors and plain values only),
-        and the HF export of the weights, gathered on the leader (a resume builds the model from it)."""
+    def write_checkpoint_files(self, scratch_dir: str) -> ShardedState | None:
+        """The DistributedOptimizer's state in megatron's own distributed-optimizer format under `sharded/`, one
+        file per (TP, PP) rank written by its data-parallel rank 0 (the state gathered over DP: tensors and plain
+        values only), and the HF export of the weights, streamed unit by unit to the leader, which writes a file
+        at a time (a resume builds the model from it)."""
         if self.dp.is_leader:  # a crash's leftover
             shutil.rmtree(scratch_dir, ignore_errors=True)
         self.dp.barrier()
-        os.makedirs(scratch_dir, exist_ok=True)
+        sharded = os.path.join(scratch_dir, SHARDED)
+        os.makedirs(sharded, exist_ok=True)
         for index, optimizer in enumerate(self._optimizers()):
             state = {"common": optimizer.state_dict(), "params": optimizer.get_parameter_state_dp_zero()}
             if self.data_rank == 0:
-                torch.save(state, self._shard_file(scratch_dir, index))
+                torch.save(state, self._shard_file(sharded, index))
         self.dp.barrier()
-        weights = self.weights.gather()
-        return (dict(weights), None, scratch_dir) if self.dp.is_leader else None
+        model_dir = os.path.join(scratch_dir, "model")
+        write_weight_files(self.weight_stream(), model_dir)
+        return ShardedState(model_dir, sharded) if self.dp.is_leader else None
 
     def load_optimizer(self, checkpoint_path: str) -> None:
         """The optimizer state of a megatron checkpoint of the same TP x PP layout (any data-parallel size: DP

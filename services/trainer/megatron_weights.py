@@ -65,14 +65,6 @@ class ShardGather:
                                                           stage)
         return self._shapes[stage, rank_in_tp]
 
-    def gather(self) -> list[tuple[str, torch.Tensor]] | None:
-        """(HF name, full tensor) on the leader, None on the other ranks."""
-        stream = ShardStream(self)
-        if not self.dp.is_leader:
-            stream.close()
-            return None
-        return stream.take(len(self.names))
-
 
 class ShardStream:
     """The full weights as a WeightStream: on the leader, a unit is received and merged when the next name

@@ -172,12 +172,12 @@ class ActorTrainer:
                 log.warning("the run ended before it finished", extra={"error": str(exc)})
 
     def sharded_state(self, step: int):
-        """After step N trained, on every rank: a backend that shards the weights gathers, when N is due for a
-        checkpoint, the model and optimizer state (a collective, so here in the main loop, in the same order
-        on every rank). Returns the checkpoint state (leader) or None."""
+        """After step N trained, on every rank: a backend that shards the weights writes, when N is due for a
+        checkpoint, its checkpoint files (a collective, so here in the main loop, in the same order on every
+        rank). Returns what it wrote (leader) or None."""
         if not (self.backend.gathers and self.checkpoint_due(step)):
             return None
-        return self.backend.full_state(self.scratch(step + 1))
+        return self.backend.write_checkpoint_files(self.scratch(step + 1))
 
     def weight_stream(self):
         """The leader's source of a publish from a sharded backend: the other ranks are told to make the same
@@ -186,7 +186,7 @@ class ActorTrainer:
         return self.backend.weight_stream()
 
     def scratch(self, next_step: int) -> str:
-        """Where a backend that checkpoints sharded (megatron) writes before the checkpoint directory exists
+        """Where a backend that checkpoints sharded (fsdp, megatron) writes before the checkpoint directory exists
         (a .tmp name: ignored, and replaced, if a crash leaves it)."""
         return os.path.join(self.config.checkpoint_dir, "actor", f"step_{next_step:08d}.sharded.tmp")
 
@@ -215,7 +215,7 @@ class ActorTrainer:
                             extra={"next_step": next_step, "checkpointed": self.checkpointed})
                 return
             self.dp.share([2, next_step, self.version])
-            state = self.backend.full_state(self.scratch(next_step))
+            state = self.backend.write_checkpoint_files(self.scratch(next_step))
         self.write_checkpoint(next_step, self.version, state)
         log.info("final checkpoint", extra={"next_step": next_step, "version": self.version})
 
@@ -244,7 +244,7 @@ class ActorTrainer:
             if not more:
                 return
             if more == 2:  # the leader's final checkpoint of a sharded model
-                self.backend.full_state(self.scratch(step))
+                self.backend.write_checkpoint_files(self.scratch(step))
                 continue
             if more == 3:  # the leader publishes (or sends again) the weights: gather them with it
                 self.backend.weight_stream().close()

@@ -202,9 +202,13 @@ def test_fsdp_trainer_over_two_ranks_trains_publishes_and_checkpoints(model_dir,
         status = httpx.get(lr.procs["trainer-1"].status_url + "/status").json()
         assert status["step"] == run.num_steps - 1
         last_version = steps[run.num_steps - 1]["metrics"]["weight_version"]
-    # the interval checkpoint after step 1 and the final one, gathered from both ranks' shards
+    # the interval checkpoint after step 1 and the final one: the HF weights streamed from both ranks' shards,
+    # the optimizer state in DCP shards
     names = sorted(os.listdir(tmp_path / "ckpt" / "actor"))
     assert names == ["step_00000002", f"step_{run.num_steps:08d}"]
+    for name in names:
+        assert (tmp_path / "ckpt" / "actor" / name / "model.safetensors").is_file()
+        assert (tmp_path / "ckpt" / "actor" / name / "sharded" / ".metadata").is_file()
     final = tmp_path / "ckpt" / "actor" / names[-1]
     assert json.loads((final / "trainer_state.json").read_text()) == {"next_step": run.num_steps,
                                                                       "version": last_version}

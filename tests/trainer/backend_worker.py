@@ -37,7 +37,7 @@ def train_once(backend: str, model_dir: str, dp: DataParallel, out_dir: str, res
     loss = m.loss if backend == "megatron" else dp.total(m.loss)  # megatron's metrics are the global batch's
     stream = b.weight_stream()
     weights = _taken(stream) if stream is not None else [(n, p.detach()) for n, p in model.named_parameters()]
-    state = b.full_state(os.path.join(out_dir, "actor", "step_00000001.sharded.tmp"))
+    state = b.write_checkpoint_files(os.path.join(out_dir, "actor", "step_00000001.sharded.tmp"))
     if dp.is_leader:
         save_checkpoint(out_dir, "actor", model, b.optimizer, model_dir, 1, 1, state=state)
         _write(out_dir, weights, loss, m.grad_norm)
