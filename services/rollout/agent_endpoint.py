@@ -5,12 +5,15 @@ token-in-token-out through the rollout's engine pool (least loaded engine; a req
 resumes under the new weights, so one call may span versions) and recorded as a Turn (services/rollout/
 episodes.py) before the answer goes back in OpenAI's shape, tool calls parsed as the engine's own route
 parses them. Sampling is the run's (temperature, top_p, top_k: the trainer's loss assumes them); a call
-chooses only max_tokens and stop strings. Limits per episode (turns, context tokens) answer 400 naming the
-limit, and the episode records the outcome. Each episode has its own key, the agent's bearer token: an agent
+chooses only max_tokens, stop strings and `n` (its n completions are n turns; the next call continues
+whichever of them the agent sent back). `stream: true` gets the answer as server-sent events once it is whole
+(services/openai_api/chunks.py). Limits per episode (turns, context tokens) answer 400 naming the limit,
+and the episode records the outcome. Each episode has its own key, the agent's bearer token: an agent
 (or an environment service elsewhere) is given that, never the stack's token, and reaches nothing else."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import secrets
 import time
@@ -18,8 +21,10 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import StreamingResponse
 
 from services.model.chat_format import ChatFormatError, parse_tool_calls, render_chat_text, turn_end_ids
+from services.openai_api.chunks import chat_chunks, sse_lines
 from services.openai_api.models import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
                                         ModelCard, ModelList, Usage, tool_calls)
 from services.rollout.episodes import Turn
@@ -35,16 +40,18 @@ class Episode:
     turns: list[Turn] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)  # the last call's conversation, with the model's reply
     outcome: str = "running"  # running | done | turn_limit | token_limit | timeout | error
-    context: tuple[str, list[int]] | None = None  # the last call's prompt + output, as text and as ids
+    contexts: list[tuple[str, list[int]]] = field(default_factory=list)  # the last call's prompt + each output
 
     def prompt_ids(self, text: str, tokenizer) -> list[int]:
-        """The ids of a call's rendered prompt `text`. When it continues the last call's prompt + output as
-        text (the agent sent the model's reply back, and more after it), they are the last call's ids, the
-        output's exactly as the engine produced them, followed by the rest tokenized: re-tokenizing the
-        model's text could give other ids (BPE is not unique), and the sample would no longer be the
+        """The ids of a call's rendered prompt `text`. When it continues the last call's prompt + one of its
+        outputs as text (the agent sent the model's reply back, and more after it), they are the last call's
+        ids, the output's exactly as the engine produced them, followed by the rest tokenized: re-tokenizing
+        the model's text could give other ids (BPE is not unique), and the sample would no longer be the
         tokens the engine saw."""
-        if self.context is not None and text.startswith(self.context[0]):
-            return self.context[1] + tokenizer.encode(text[len(self.context[0]):], add_special_tokens=False)
+        continued = [(t, ids) for t, ids in self.contexts if text.startswith(t)]
+        if continued:
+            done, ids = max(continued, key=lambda c: len(c[0]))
+            return ids + tokenizer.encode(text[len(done):], add_special_tokens=False)
         return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -89,11 +96,17 @@ class Episodes:
             return ModelList(data=[ModelCard(id=self.model_name, created=0)])
 
         @router.post("/chat/completions", response_model=ChatCompletionResponse,
-                     responses={400: {"description": "a limit of the episode, or a body it cannot serve"},
+                     responses={200: {"content": {"text/event-stream": {}},
+                                      "description": "the completion, or with stream: true its chunks"},
+                                400: {"description": "a limit of the episode, or a body it cannot serve"},
                                 404: {"description": "no such live episode"}})
         async def chat(episode_id: str, req: ChatCompletionRequest, request: Request):
-            """One model call of the episode, recorded token for token."""
-            return await self._chat(self._episode(episode_id, request), req)
+            """One model call of the episode (its n completions), each recorded token for token."""
+            response = await self._chat(self._episode(episode_id, request), req)
+            if not req.stream:
+                return response
+            usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(sse_lines(chat_chunks(response, usage)), media_type="text/event-stream")
 
         return router
 
@@ -108,11 +121,10 @@ class Episodes:
         return episode
 
     def _prompt(self, episode: Episode, req: ChatCompletionRequest) -> tuple[str, list[int], int]:
-        if req.n != 1 or req.stream:
-            raise HTTPException(400, "an episode call generates one completion, not streamed (n = 1, stream false)")
-        if len(episode.turns) >= self.limits.max_turns:
+        if len(episode.turns) + req.n > self.limits.max_turns:
             episode.outcome = "turn_limit"
-            raise HTTPException(400, f"turn_limit: the episode made its {self.limits.max_turns} calls")
+            raise HTTPException(400, f"turn_limit: the episode made {len(episode.turns)} of its "
+                                     f"{self.limits.max_turns} completions; this call asks for {req.n} more")
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools and req.tool_choice != "none" else None
         try:
             text = render_chat_text(self.tokenizer, [m.model_dump(exclude_none=True) for m in req.messages], tools,
@@ -134,25 +146,34 @@ class Episodes:
         sampling = {**self.sampling, "stop_token_ids": self.stop_ids + list(req.stop_token_ids or [])}
         if stops:
             sampling["stop"] = stops
-        out = await self._generate(prompt, sampling, max_new, f"{episode.id}-t{len(episode.turns)}")
+        rid = f"{episode.id}-t{len(episode.turns)}"
+        outs = await asyncio.gather(*(self._generate(prompt, sampling, max_new, rid if req.n == 1 else f"{rid}-{i}")
+                                      for i in range(req.n)))
+        first = len(episode.turns)
+        choices = [self._choice(episode, req, prompt, stops, out, i, first + i) for i, out in enumerate(outs)]
+        episode.contexts = [(text + self.tokenizer.decode(out.output_ids), prompt + list(out.output_ids))
+                            for out in outs]
+        episode.messages = [m.model_dump(exclude_none=True) for m in req.messages] + \
+            [choices[0].message.model_dump(exclude_none=True)]
+        completion = sum(len(out.output_ids) for out in outs)
+        return ChatCompletionResponse(id=f"chatcmpl-{episode.id}-{first}", created=int(time.time()), model=req.model,
+                                      choices=choices, usage=Usage(prompt_tokens=len(prompt), completion_tokens=completion,
+                                                                   total_tokens=len(prompt) + completion))
+
+    def _choice(self, episode: Episode, req: ChatCompletionRequest, prompt: list[int], stops: list[str], out,
+                index: int, turn: int) -> ChatChoice:
+        """Completion `index` of the call, recorded as the episode's turn `turn`, in OpenAI's shape."""
         episode.turns.append(Turn(prompt, list(out.output_ids), list(out.log_probs), out.token_versions()))
-        episode.context = (text + self.tokenizer.decode(out.output_ids), prompt + list(out.output_ids))
         text = self.tokenizer.decode(out.output_ids, skip_special_tokens=True)
         for stop in stops:
             text = text.split(stop, 1)[0] if stop else text
         tools = bool(req.tools) and req.tool_choice != "none"
         content, calls = parse_tool_calls(text) if tools else (text, [])
-        index = len(episode.turns) - 1
-        reply = AssistantMessage(content=content, tool_calls=tool_calls(f"{episode.id}_{index}", calls))
-        episode.messages = [m.model_dump(exclude_none=True) for m in req.messages] + [reply.model_dump(exclude_none=True)]
+        reply = AssistantMessage(content=content, tool_calls=tool_calls(f"{episode.id}_{turn}", calls))
         reason = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
         spans = [{"version": str(v), "start": s, "end": e} for v, s, e in out.spans]
-        choice = ChatChoice(index=0, message=reply, finish_reason=reason, prompt_token_ids=prompt,
-                            token_ids=list(out.output_ids),
-                            meta_info={"weight_version": str(out.begin_version), "weight_versions": spans,
-                                       "output_token_logprobs": [[lp, t, None] for lp, t in zip(out.log_probs,
-                                                                                               out.output_ids)]})
-        return ChatCompletionResponse(id=f"chatcmpl-{episode.id}-{index}", created=int(time.time()), model=req.model,
-                                      choices=[choice], usage=Usage(prompt_tokens=len(prompt),
-                                                                    completion_tokens=len(out.output_ids),
-                                                                    total_tokens=len(prompt) + len(out.output_ids)))
+        return ChatChoice(index=index, message=reply, finish_reason=reason, prompt_token_ids=prompt,
+                          token_ids=list(out.output_ids),
+                          meta_info={"weight_version": str(out.begin_version), "weight_versions": spans,
+                                     "output_token_logprobs": [[lp, t, None] for lp, t in zip(out.log_probs,
+                                                                                             out.output_ids)]})
