@@ -70,7 +70,7 @@ def advantages_of(batch: Batch, run: RunConfig) -> tuple[torch.Tensor, torch.Ten
     values = padded("values") if run.uses_critic else None
     return compute_advantages(algo.estimator, batch["reward"].float(), mask, run.n_samples_per_prompt,
                               values=values, kl=kl, kl_coef=algo.kl_coef if kl is not None else 0.0,
-                              gamma=algo.gamma, lam=algo.lam)
+                              gamma=algo.gamma, lam=algo.lam, copies=run.chains_per_episode)
 
 
 class AdvantageService:
@@ -93,7 +93,7 @@ class AdvantageService:
         run, tq = conn.run, conn.tq
         membership = self.join(conn.dcs, NodeRegistration(role="advantage", host=c.advertise_host,
                                                               ports={"http": c.port}, run_id=c.run_id))
-        n = run.n_samples_per_prompt
+        n = run.group_rows
         tq.register_task(task_name(run.name, TASK), required_fields(run), group_size=n)
         # min_rows: answer once a global batch is ready (the trainer claims no less at a time, so waiting for
         # it delays nothing and a step costs one claim, read, put and ack instead of one per few groups), or

@@ -190,12 +190,16 @@ def whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
 
 def compute_advantages(estimator: str, rewards: Tensor, mask: Tensor, group_size: int, *,
                        values: Tensor | None = None, kl: Tensor | None = None, kl_coef: float = 0.0,
-                       gamma: float = 1.0, lam: float = 1.0) -> tuple[Tensor, Tensor]:
+                       gamma: float = 1.0, lam: float = 1.0, copies: int = 1) -> tuple[Tensor, Tensor]:
     """(advantages, returns), both [B, T], for `estimator` in ESTIMATORS.
 
-    - grpo, dr_grpo, rloo: one advantage per sample, on every masked-in token; returns = advantages.
-      With kl and kl_coef, the KL is a reward penalty first: r_i - kl_coef * sum_t(mask * kl)_i.
-      gamma, lam and values are not used.
+    `copies`: rows per sample. An agent episode is written as `copies` consecutive rows (its chains, which share
+    its reward; services/rollout/episodes.py), so a group is group_size x copies rows, and the statistics of
+    the outcome estimators are the episodes' (each counted once), as AReaL does for an episode's chains.
+
+    - grpo, dr_grpo, rloo: one advantage per sample, on every masked-in token of each of its rows; returns =
+      advantages. With kl and kl_coef, the KL is a reward penalty first: r_i - kl_coef * sum_t(mask * kl)_i
+      (summed over all of a sample's rows). gamma, lam and values are not used.
     - reinforce_pp, reinforce_pp_baseline: `reinforce_pp_advantages` (KL penalty per token).
     - ppo: per-token rewards with the KL penalty, `gae_advantages` with the critic's `values`;
       advantages whitened over the batch, returns (the critic's targets) not.
@@ -204,13 +208,15 @@ def compute_advantages(estimator: str, rewards: Tensor, mask: Tensor, group_size
         raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {ESTIMATORS}")
     B, _ = _check_mask(mask)
     rewards = _check_rewards(rewards, B)
-    if estimator in ("reinforce_pp", "reinforce_pp_baseline"):
-        return reinforce_pp_advantages(rewards, mask, group_size, kl, kl_coef, gamma,
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1 or B % copies:
+        raise ValueError(f"copies must be a positive int dividing the batch of {B} rows, got {copies!r}")
+    if estimator in ("reinforce_pp", "reinforce_pp_baseline"):  # token-level: each row is a sample of the group
+        return reinforce_pp_advantages(rewards, mask, group_size * copies, kl, kl_coef, gamma,
                                        baseline=estimator == "reinforce_pp_baseline")
     if estimator == "ppo":
         if values is None:
             raise ValueError("the ppo estimator needs the critic's values [B, T]")
-        _grouped(rewards, group_size)
+        _grouped(rewards, group_size * copies)
         advantages, returns = gae_advantages(token_rewards(rewards, mask, kl, kl_coef), values, mask, gamma, lam)
         return whiten(advantages, mask), returns
 
@@ -219,9 +225,10 @@ def compute_advantages(estimator: str, rewards: Tensor, mask: Tensor, group_size
         if kl is None:
             raise ValueError(f"kl_coef={kl_coef} needs the per-token kl tensor")
         _check_like(kl, mask, "kl")
-        rewards = rewards - kl_coef * torch.where(on, kl.to(rewards.dtype), 0.0).sum(dim=1)
+        penalty = torch.where(on, kl.to(rewards.dtype), 0.0).sum(dim=1)
+        rewards = rewards - kl_coef * penalty.view(-1, copies).sum(dim=1).repeat_interleave(copies)
     outcome = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}[estimator]
-    per_sample = outcome(rewards, group_size)
+    per_sample = outcome(rewards.view(-1, copies)[:, 0].contiguous(), group_size).repeat_interleave(copies)
     advantages = torch.where(on, per_sample[:, None], 0.0)
     return advantages, advantages.clone()
 

@@ -90,7 +90,7 @@ class ForwardService:
             if receiver.version > 0:
                 self._catch_up(receiver.version)
         micro = c.micro_batch_size or run.micro_batch_size
-        n = run.n_samples_per_prompt
+        n = run.group_rows
         micro = max(n, micro - micro % n)  # claims come in whole groups
         tq.register_task(task_name(run.name, self.role), SAMPLE_FIELDS, group_size=n)
         consumer = Consumer(task_name(run.name, self.role), micro, self.compute, "forward", done=self.done,

@@ -12,9 +12,11 @@ service instead: EnvironmentService)
             tools itself
 
 It returns the episode's reward, or None to leave it to the run's reward function, which then scores the
-model's last reply with the whole conversation as the prompt. The episode's calls become its training sample
-(services/rollout/episodes.py: its last consistent chain; a chain the agent abandoned by rewriting the
-history is counted in sluice_rollout_agent_chains_dropped_total). An episode is bounded by its limits
+model's last reply with the whole conversation as the prompt. The episode's calls become its training samples
+(services/rollout/episodes.py): its last `rollout.agent_chains` consistent chains (an agent that rewrites its
+history makes several), each sharing the episode's reward, padded with copies of the last that train on
+nothing when it made fewer, so every group has n_samples_per_prompt x agent_chains rows; older chains are
+counted in sluice_rollout_agent_chains_dropped_total. An episode is bounded by its limits
 (turns, context tokens: the endpoint refuses a call past them) and by `agent_timeout_s` of wall time; one that
 fails (raises, times out, or never calls the model) is tried again up to `agent_retries` times, each try a
 fresh episode; a sample whose tries all failed fails its group, which the rollout then handles as a reward
@@ -52,7 +54,7 @@ class AgentFailed(RewardError):
 
 @dataclass
 class EpisodeResult:
-    sample: Chain
+    samples: list[Chain]  # its rows: chains_per_episode of them
     reward: float
     turns: int
     outcome: str
@@ -73,7 +75,8 @@ def agent_runner(config, run, episodes: Episodes, generate, tokenizer, sampling:
     scheme = "https" if getattr(config, "tls_cert_file", "") else "http"
     play = EnvironmentService(r.agent, getattr(config, "reward_token", ""), r.agent_timeout_s) if remote \
         else PythonAgent(r.agent)
-    return AgentRunner(play, episodes, f"{scheme}://{host}:{config.port}", reward, r.agent_timeout_s, r.agent_retries)
+    return AgentRunner(play, episodes, f"{scheme}://{host}:{config.port}", reward, r.agent_timeout_s, r.agent_retries,
+                       run.chains_per_episode)
 
 
 class PythonAgent:
@@ -120,9 +123,10 @@ class EnvironmentService:
 
 class AgentRunner:
     def __init__(self, play, episodes: Episodes, base_url: str, reward: RewardFunction | None, timeout_s: float,
-                 retries: int):
+                 retries: int, chains_per_episode: int = 1):
         self.play, self.episodes, self.base_url = play, episodes, base_url.rstrip("/")
         self.reward, self.timeout_s, self.retries = reward, timeout_s, retries
+        self.chains_per_episode = chains_per_episode
         self.last_error = ""
 
     async def scored_group(self, record: PromptRecord, n: int, prefix: str, step: int) -> ScoredGroup | None:
@@ -133,7 +137,8 @@ class AgentRunner:
         except RewardError as exc:
             self.last_error = str(exc)
             return None
-        samples, rewards = [r.sample for r in results], [r.reward for r in results]
+        samples = [chain for r in results for chain in r.samples]
+        rewards = [r.reward for r in results for _ in r.samples]  # every chain has its episode's reward
         return ScoredGroup(record, episode_columns(record.position, samples, rewards, step), rewards,
                            min(s.begin_version for s in samples), sum(s.model_tokens for s in samples))
 
@@ -161,9 +166,11 @@ class AgentRunner:
             if returned and not found:
                 error = "the agent returned without calling the model"
             elif returned:
-                DROPPED_CHAINS.inc(len(found) - 1)
-                reward = await self._reward(value, record, episode, found[-1])
-                return EpisodeResult(found[-1], reward, len(episode.turns), episode.outcome)
+                kept = found[-self.chains_per_episode:]
+                DROPPED_CHAINS.inc(len(found) - len(kept))
+                reward = await self._reward(value, record, episode, kept[-1])
+                padding = [kept[-1].untrained() for _ in range(self.chains_per_episode - len(kept))]
+                return EpisodeResult(kept + padding, reward, len(episode.turns), episode.outcome)
             log.warning("agent episode failed", extra={"episode": episode.id, "attempt": attempt, "error": error})
         raise AgentFailed(f"agent episode {prefix} failed {self.retries + 1} times; the last: {error}")
 

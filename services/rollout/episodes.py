@@ -9,7 +9,8 @@ mask 0, its output with loss mask 1. A turn that continues no chain (the agent t
 rewrote the history) starts a new one: the sample is never mis-aligned, its tokens are exactly the ones the
 engine saw and produced.
 
-A chain becomes one training sample: tokens = its first prompt + response, where response = every token
+A chain becomes one training sample (an episode's last `rollout.agent_chains` chains, each with the episode's
+reward; `untrained` copies pad an episode with fewer, so groups keep their size): tokens = its first prompt + response, where response = every token
 after that prompt; loss_mask, rollout_log_probs and token_weight_versions are aligned to the response
 (inserted tokens carry log-prob 0 and the version of the output that follows them; they are masked out of
 the loss). Under decoupled PPO / TIS each model token keeps the version that produced it, so a weight update
@@ -54,6 +55,11 @@ class Chain:
         self.log_probs += [0.0] * len(inserted) + list(turn.log_probs)
         self.versions += [version] * len(inserted) + list(turn.versions)
         self.turns += 1
+
+    def untrained(self) -> "Chain":
+        """A copy that trains on nothing (loss mask 0 everywhere): a row that pads an episode's samples."""
+        return Chain(list(self.prompt_ids), list(self.response_ids), [0.0] * len(self.loss_mask),
+                     list(self.log_probs), list(self.versions), self.turns)
 
     @property
     def model_tokens(self) -> int:

@@ -132,7 +132,7 @@ class RolloutService:
         await asyncio.to_thread(self._register)
         try:
             await self.tq.register_task(task_name(run.name, RECOVER_TASK), ["prompt_position"],
-                                        group_size=run.n_samples_per_prompt)
+                                        group_size=run.group_rows)
             todo = await self.recover()
             self.status.running()
             poller = asyncio.create_task(self._poll_versions(stop))
@@ -336,7 +336,7 @@ class RolloutService:
     async def _ensure_partition(self, step: int) -> None:
         if step not in self._partitions:
             await self.tq.create_partition(partition_name(self.run.name, step),
-                                           group_size=self.run.n_samples_per_prompt, exist_ok=True)
+                                           group_size=self.run.group_rows, exist_ok=True)
             self._partitions.add(step)
 
     # ------------------------------------------------------------------ restart

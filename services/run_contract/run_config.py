@@ -54,6 +54,11 @@ class RolloutSettings(_Strict):
                                   "of an agent episode: the conversation's length")
     agent_timeout_s: float = Field(600.0, gt=0, le=86400, description="wall-time limit of one agent episode")
     agent_retries: int = Field(1, ge=0, le=20, description="fresh tries of an agent episode that failed")
+    agent_chains: int = Field(1, ge=1, le=64, description=(
+        "samples each agent episode writes: its last agent_chains consistent chains (an agent that rewrites its "
+        "history makes several), sharing the episode's reward; an episode with fewer fills the rest with copies "
+        "of its last chain that train on nothing (loss mask 0), so groups keep a fixed size; older chains are "
+        "counted as dropped (docs/agents.md)"))
     reward_fallback: Literal["zero", "skip_group"] = Field("zero", description=(
         "when the reward fails on a sample (raises, or times out after reward_retries): zero = that sample gets "
         "reward 0.0; skip_group = its whole group is dropped and the next spare prompt takes its place "
@@ -222,20 +227,32 @@ class RunConfig(_Strict):
             raise ValueError("colocate mode is synchronous: max_staleness must be 0")
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError("global_batch_size must be a multiple of micro_batch_size")
-        if self.global_batch_size % self.n_samples_per_prompt:
-            raise ValueError("global_batch_size must hold whole prompt groups (a multiple of n_samples_per_prompt)")
+        if self.global_batch_size % self.group_rows:
+            raise ValueError(f"global_batch_size must hold whole prompt groups (a multiple of n_samples_per_prompt"
+                             f"{' x rollout.agent_chains' if self.chains_per_episode > 1 else ''} = {self.group_rows})")
         rows = self.rows_per_step
         iters = self.num_iters_per_train_update or max(1, rows // self.global_batch_size)
         if iters * self.global_batch_size != rows:
-            raise ValueError(f"a step holds rollout_batch_size * n_samples_per_prompt = {rows} samples, which must "
-                             f"equal num_iters_per_train_update ({iters}) x global_batch_size "
+            raise ValueError(f"a step holds rollout_batch_size * n_samples_per_prompt"
+                             f"{' * rollout.agent_chains' if self.chains_per_episode > 1 else ''} = {rows} samples, "
+                             f"which must equal num_iters_per_train_update ({iters}) x global_batch_size "
                              f"({self.global_batch_size})")
         self.num_iters_per_train_update = iters
         return self
 
     @property
+    def chains_per_episode(self) -> int:
+        """Samples (rows) each of a group's n samples is written as: an agent episode's chains, else 1."""
+        return self.rollout.agent_chains if self.rollout.agent else 1
+
+    @property
+    def group_rows(self) -> int:
+        """Rows of one prompt's group in TransferQueue: n_samples_per_prompt x chains_per_episode."""
+        return self.n_samples_per_prompt * self.chains_per_episode
+
+    @property
     def rows_per_step(self) -> int:
-        return self.rollout_batch_size * self.n_samples_per_prompt
+        return self.rollout_batch_size * self.group_rows
 
     @property
     def uses_reference(self) -> bool:

@@ -102,7 +102,8 @@ def micro_batch_loss(logits: torch.Tensor, rb, mask: torch.Tensor, batch: Batch,
 
 def global_totals(batch: Batch, totals: tuple[float, float] | None) -> tuple[float, float]:
     masks = batch["loss_mask"]
-    return totals or (float(sum(float(m.sum()) for m in masks)), float(len(masks)))
+    # a row with no token to train (one that pads an agent episode's chains) is not a sequence of the loss
+    return totals or (float(sum(float(m.sum()) for m in masks)), float(max(1, sum(1 for m in masks if float(m.sum()) > 0))))
 
 
 def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size: int, device: str = "cpu",

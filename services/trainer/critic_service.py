@@ -66,7 +66,7 @@ class CriticTrainer:
             load_optimizer_state(ckpt.path, optimizer)
         membership = self.join(conn.dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
                                                          device=c.device, run_id=c.run_id))
-        n = run.n_samples_per_prompt
+        n = run.group_rows
         tq.register_task(task_name(run.name, CRITIC_VALUES_TASK), CRITIC_VALUE_FIELDS, group_size=n)
         tq.register_task(task_name(run.name, CRITIC_TRAIN_TASK), CRITIC_TRAIN_FIELDS, group_size=n)
         self.status.running()
@@ -139,7 +139,7 @@ class CriticTrainer:
                      idle: Callable[[], None] = lambda: None) -> None:
         """`values` for every row of the partition (the advantage role's GAE needs them); `idle` runs
         while no row is ready."""
-        n = run.n_samples_per_prompt
+        n = run.group_rows
 
         def values(batch) -> dict:
             rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])

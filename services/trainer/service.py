@@ -117,7 +117,7 @@ class ActorTrainer:
                                           source=self.weight_stream if self.backend.gathers else None)
             self.tracking = open_training_tracker(run, c.output_dir, c.run_id, self.redis, self.dcs)
         self.actor_task = task_name(run.name, ACTOR_TASK)  # the run's own task
-        self.tq.register_task(self.actor_task, actor_fields(run), group_size=run.n_samples_per_prompt)
+        self.tq.register_task(self.actor_task, actor_fields(run), group_size=run.group_rows)
         try:
             if self.dp.is_leader:
                 self.lead(ckpt, halt)
@@ -267,7 +267,7 @@ class ActorTrainer:
         Returns (trained sample ids, metrics) on the leader, (None, None) elsewhere; None if halted."""
         run, c, dp = self.run, self.config, self.dp
         partition = partition_name(run.name, step)
-        n = run.n_samples_per_prompt
+        n = run.group_rows
         ids: list[str] = []
         totals = StepMetrics()
         staleness = collections.Counter()
@@ -296,12 +296,9 @@ class ActorTrainer:
             version = self._policy_version(it)
             lr = set_lr(self.optimizer, run.optim.lr, step, run.optim, run.num_steps)  # run.optim.lr_schedule
             t1 = time.perf_counter()
-            # every rank of a model replica (megatron: TP x PP ranks) holds the same rows: count them once
-            replica = dp.size // self.backend.data_size
-            tokens = dp.total(float(sum(float(m.sum()) for m in batch["loss_mask"]))) / replica
+            tokens, seqs = self.loss_totals(batch)
             with span("train", step, version):
-                m = self.backend.train(batch, run, run.micro_batch_size, c.device,
-                                       totals=(tokens, float(run.global_batch_size)))
+                m = self.backend.train(batch, run, run.micro_batch_size, c.device, totals=(tokens, seqs))
             compute_s += time.perf_counter() - t1
             if not dp.is_leader:
                 continue
@@ -324,6 +321,19 @@ class ActorTrainer:
                        lr=lr,
                        **staleness_metrics(step, staleness, run.max_staleness))
         return ids, metrics
+
+    def loss_totals(self, batch) -> tuple[float, float]:
+        """The global batch's (tokens, sequences) the loss is normalised by (services/algorithms/policy_loss.py:
+        aggregate), from every rank's share: the ranks of one model replica (megatron: TP x PP) hold the same
+        rows, so they are counted once; rows that pad an agent episode's chains train on nothing and count for
+        nothing."""
+        run, dp = self.run, self.dp
+        replica = dp.size // self.backend.data_size
+        masks = batch["loss_mask"]
+        tokens = dp.total(float(sum(float(m.sum()) for m in masks))) / replica
+        if run.chains_per_episode == 1:
+            return tokens, float(run.global_batch_size)
+        return tokens, max(1.0, dp.total(float(sum(1 for m in masks if float(m.sum()) > 0))) / replica)
 
     def _policy_version(self, it: int) -> int:
         """The version iteration `it`'s samples are trained at (the one in flight, if a publish is), once the

@@ -203,6 +203,22 @@ def test_compute_advantages_kl_is_a_reward_penalty_for_outcome_estimators():
     close(adv, [[0.5, 0.5, 0.0], [-0.5, 0.0, 0.0]])
 
 
+def test_compute_advantages_of_episodes_written_as_several_rows_counts_each_episode_once():
+    # two episodes of one group, each written as 2 rows (its chains; the second of episode 1 is padding, mask 0)
+    mask = T([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    rewards = T([1.0, 1.0, 0.0, 0.0])
+    adv, _ = compute_advantages("grpo", rewards, mask, 2, copies=2)  # the group [1, 0]: +-H
+    close(adv, [[H, H], [H, 0], [-H, 0], [0, 0]])
+    adv, _ = compute_advantages("rloo", rewards, mask, 2, copies=2)  # leave-one-out over episodes: +-1
+    close(adv, [[1, 1], [1, 0], [-1, 0], [0, 0]])
+    # the KL penalty is the episode's, summed over its rows: 1 - 0.5 * (0.4 + 0.2) = 0.7 and 0 - 0.5 * 0.2 = -0.1
+    kl = T([[0.2, 0.2], [0.2, 9.0], [0.2, 9.0], [9.0, 9.0]])
+    adv, _ = compute_advantages("dr_grpo", rewards, mask, 2, kl=kl, kl_coef=0.5, copies=2)
+    close(adv, [[0.4, 0.4], [0.4, 0], [-0.4, 0], [0, 0]])
+    with pytest.raises(ValueError, match="copies"):
+        compute_advantages("grpo", rewards[:3], mask[:3], 1, copies=2)
+
+
 def test_compute_advantages_reinforce_pp_variants():
     mask = torch.ones(4, 1)
     adv, _ = compute_advantages("reinforce_pp_baseline", T([1.0, 0.0, 0.0, 0.0]), mask, 2)

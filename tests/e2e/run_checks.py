@@ -26,7 +26,7 @@ def assert_run_complete(lr: LocalRun, run: RunConfig, staleness_bounded: bool = 
         skipped = skipped_prompts(r, run.name)
     trained = [i for rec in steps.values() for i in rec["samples"]]
     expected = {f"{p}:{k}" for p in range(run.num_steps * run.rollout_batch_size + len(skipped))
-                if p not in skipped for k in range(run.n_samples_per_prompt)}
+                if p not in skipped for k in range(run.group_rows)}
     assert len(trained) == len(set(trained)) and set(trained) == expected
     for step, rec in steps.items():
         m = rec["metrics"]

@@ -63,10 +63,12 @@ class Environment(http.server.ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}/episode"
 
 
-def run_rollout(model_dir: str, prompts: str, engine_url: str, agent: str, num_steps: int = 2) -> InMemoryDataPlane:
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=N, rollout_batch_size=1, global_batch_size=N,
-                    micro_batch_size=N, num_steps=num_steps, max_staleness=8,
-                    rollout={"prompts": prompts, "agent": agent, "temperature": 1e-7, "agent_max_turns": 4})
+def run_rollout(model_dir: str, prompts: str, engine_url: str, agent: str, num_steps: int = 2,
+                chains: int = 1) -> InMemoryDataPlane:
+    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=N, rollout_batch_size=1,
+                    global_batch_size=N * chains, micro_batch_size=N, num_steps=num_steps, max_staleness=8,
+                    rollout={"prompts": prompts, "agent": agent, "temperature": 1e-7, "agent_max_turns": 4,
+                             "agent_chains": chains})
     plane, ledger, progress = InMemoryDataPlane(), InMemoryLedger(), ProgressBox()
 
     async def connect(config, stop):
@@ -161,3 +163,30 @@ def test_rollout_log_probs_are_the_models_under_teacher_forcing(episodes, tool_m
         mask = row["loss_mask"].bool()
         torch.testing.assert_close(row["rollout_log_probs"][mask], forced[mask], atol=2e-4, rtol=0)
         assert (row["rollout_log_probs"][~mask] == 0).all()
+
+
+def test_with_agent_chains_two_each_chain_is_its_own_sample_with_the_episodes_reward(tool_model, tmp_path):
+    """The scripted agent's history rewrite leaves two consistent chains: with rollout.agent_chains 2 both are
+    written, in order, each exactly the tokens the engine saw and produced, both with the episode's reward."""
+    model_dir, _ = tool_model
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text(json.dumps({"prompt": QUESTION[0]["content"], "label": "5"}) + "\n")
+    proc, url = start_engine(model_dir, tmp_path, token=TOKEN)
+    try:
+        scripted_agent.CALLS.clear()
+        plane = run_rollout(model_dir, str(prompts), url, "import:tests.rollout.scripted_agent:agent", num_steps=1,
+                            chains=2)
+    finally:
+        proc.stop()
+    partition = plane.partitions[partition_name("r", 0)]
+    rows = partition.rows
+    assert partition.group_size == 2 * N and len(rows) == 2 * N
+    assert [int(r["sample_index"]) for r in rows] == list(range(2 * N))  # each row its own sample id
+    for k in range(N):
+        first, second = rows[2 * k], rows[2 * k + 1]
+        turns = scripted_agent.CALLS[(int(first["prompt_position"]), k)]
+        for row, (a, b) in ((first, turns[:2]), (second, turns[2:])):
+            assert row["tokens"].tolist() == b["prompt_token_ids"] + b["token_ids"]
+            assert row["tokens"].tolist()[:int(row["prompt_length"])] == a["prompt_token_ids"]
+            assert float(row["loss_mask"].sum()) == len(a["token_ids"]) + len(b["token_ids"])
+        assert float(first["reward"]) == float(second["reward"]) == 1.0

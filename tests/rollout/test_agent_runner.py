@@ -42,10 +42,11 @@ class FakeAgent:
         pass
 
 
-def run(behaviours: list, retries: int = 1):
+def run(behaviours: list, retries: int = 1, chains: int = 1):
     episodes = Episodes()
     agent = FakeAgent(episodes, behaviours)
-    runner = AgentRunner(agent, episodes, "http://127.0.0.1:1", reward=None, timeout_s=5, retries=retries)
+    runner = AgentRunner(agent, episodes, "http://127.0.0.1:1", reward=None, timeout_s=5, retries=retries,
+                         chains_per_episode=chains)
     try:
         return asyncio.run(runner.episode(RECORD, 1, "r-3-1")), agent
     finally:
@@ -55,7 +56,7 @@ def run(behaviours: list, retries: int = 1):
 def test_a_reward_after_a_caught_limit_counts_with_that_outcome():
     result, agent = run(["limit"])
     assert (result.reward, result.outcome, result.turns) == (0.5, "turn_limit", 1)
-    assert result.sample.response_ids == [3, 4] and result.sample.begin_version == 7
+    assert result.samples[0].response_ids == [3, 4] and result.samples[0].begin_version == 7
     assert agent.samples == [{"prompt": "q", "fields": {"label": "1"}, "position": 3, "index": 1}]
 
 
@@ -70,3 +71,12 @@ def test_failed_tries_are_played_again_as_fresh_episodes():
 def test_an_episode_fails_after_its_tries_or_on_a_reward_that_is_not_a_number(behaviours):
     with pytest.raises(AgentFailed):
         run(behaviours)
+
+
+def test_an_episode_with_fewer_chains_than_its_rows_is_padded_with_copies_that_train_on_nothing():
+    result, _ = run(["call"], chains=3)
+    real, *padding = result.samples
+    assert real.loss_mask == [1.0, 1.0] and len(padding) == 2
+    for row in padding:
+        assert (row.prompt_ids, row.response_ids, row.versions) == (real.prompt_ids, real.response_ids, real.versions)
+        assert row.loss_mask == [0.0, 0.0] and row.model_tokens == 0
