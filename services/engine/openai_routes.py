@@ -23,8 +23,8 @@ from services.openai_api.models import (MAX_STOPS, AssistantMessage, ChatChoice,
 from services.engine.openai_stream import chat_events, chat_logprobs, completion_events, token_usage
 from services.engine.request import Generation, new_rid, share_prompts
 from services.engine.sampling import SamplingParams
-from services.model.chat_format import (ChatFormatError, parse_tool_calls, render_chat, tool_call_format,
-                                        turn_end_ids)
+from services.model.chat_format import ChatFormatError, render_chat, turn_end_ids
+from services.model.tool_call_formats import parse_tool_calls, tool_call_format
 
 ERRORS = {400: {"description": "a body the engine cannot serve"},
           503: {"description": "the queue is full, or the engine failed"}}
@@ -108,7 +108,8 @@ def completion_logprobs(engine, seq: Generation) -> CompletionLogprobs:
 
 def chat_choice(engine, req: ChatCompletionRequest, seq: Generation, index: int, prompt: list[int],
                 rid: str) -> ChatChoice:
-    content, calls = (parse_tool_calls(seq.text) if req.tools and req.tool_choice != "none" else (seq.text, []))
+    content, calls = (parse_tool_calls(seq.text, tool_call_format(engine.tokenizer))
+                      if req.tools and req.tool_choice != "none" else (seq.text, []))
     reason = "tool_calls" if calls and finish_reason(seq) == "stop" else finish_reason(seq)
     return ChatChoice(
         index=index, message=AssistantMessage(content=content, tool_calls=tool_calls(f"{rid}_{index}", calls)),

@@ -2,8 +2,9 @@
 
 Each event carries, per sample, the text new since its last event. Text that may still change is held back
 until it cannot: a trailing partial UTF-8 character, the start of a stop string (the finished text is cut
-before it), and, when tools are offered, a `<tool_call>` block, which goes out parsed as a `tool_calls` delta
-when the sample finishes. The last event of a sample carries its finish reason (and, when asked for, SGLang's
+before it), and, when tools are offered, what may be a tool call in the template's format (from its marker
+on: services/model/tool_call_formats.py), which goes out parsed as a `tool_calls` delta when the sample
+finishes. The last event of a sample carries its finish reason (and, when asked for, SGLang's
 token ids and meta info); with `stream_options.include_usage` a last chunk carries the usage. A client that
 goes away has its unfinished samples aborted."""
 
@@ -17,7 +18,7 @@ from fastapi.responses import StreamingResponse
 
 from services.engine.generate_routes import abort_unfinished, meta_info
 from services.engine.request import Generation
-from services.model.chat_format import CALL_START, parse_tool_calls
+from services.model.tool_call_formats import parse_tool_calls, tool_call_format
 from services.openai_api.models import tool_calls
 
 
@@ -135,7 +136,7 @@ def _final_chat_delta(samples: Samples, i: int, tools: bool, rid: str) -> tuple[
     reason = seq.finish_reason["type"]
     if not tools:
         return {"content": samples.new_text(i)}, reason
-    content, calls = parse_tool_calls(seq.text)
+    content, calls = parse_tool_calls(seq.text, tool_call_format(samples.engine.tokenizer))
     sent = samples.chars[i]
     delta = {"content": (content or "")[sent:]}
     if calls:
@@ -148,7 +149,8 @@ def chat_events(engine, req, seqs, queues, prompt: list[int], response_id: str) 
     head = {"id": response_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": req.model}
     tools = bool(req.tools) and req.tool_choice != "none"
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    samples = Samples(engine, seqs, stops + ([CALL_START] if tools else []))
+    fmt = tool_call_format(engine.tokenizer)
+    samples = Samples(engine, seqs, stops + (list(fmt.hold) if tools and fmt else []))
     rid = response_id.removeprefix("chatcmpl-")
 
     async def body():

@@ -1,33 +1,19 @@
-"""Chat messages to prompt token ids through the model's own chat template, and tool calls back out of what the
-model wrote, in the format that template defines.
-
-The one tool-call format read today is Qwen2.5's (Hermes): each call a JSON object
-`{"name": ..., "arguments": {...}}` between `<tool_call>` and `</tool_call>`; a template that mentions
-`<tool_call>` uses it (the built-in tokenizer's does, services/model/tokenizer_build.py). A block that is
-not such an object stays in the message's text, as SGLang leaves an unparsable call."""
+"""Chat messages to prompt token ids through the model's own chat template (tool calls back out of what the model
+wrote: services/model/tool_call_formats.py)."""
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Iterable
 
 from jinja2 import TemplateError
 
-CALL_START, CALL_END = "<tool_call>", "</tool_call>"
-_CALL = re.compile(re.escape(CALL_START) + r"\s*(.*?)\s*" + re.escape(CALL_END), re.S)
 # tokens that end an assistant turn in common chat templates (ChatML, Llama 3, Phi, Gemma)
 _TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 
 class ChatFormatError(ValueError):
     """Messages or tools the model's chat template cannot render (the message says why)."""
-
-
-def tool_call_format(tokenizer) -> str | None:
-    """"hermes" when the model's chat template writes tool calls in <tool_call> tags, else None."""
-    template = getattr(tokenizer, "chat_template", None) or ""
-    return "hermes" if isinstance(template, str) and CALL_START in template else None
 
 
 def turn_end_ids(tokenizer) -> list[int]:
@@ -75,22 +61,3 @@ def render_chat(tokenizer, messages: Iterable[dict], tools: list[dict] | None = 
     apply_chat_template(tokenize=True) does (no special tokens added)."""
     text = render_chat_text(tokenizer, messages, tools, **template_kwargs)
     return tokenizer.encode(text, add_special_tokens=False)
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[tuple[str, str]]]:
-    """(the text without its tool calls, or None if nothing else is left; [(name, arguments as JSON)])."""
-    calls: list[tuple[str, str]] = []
-
-    def take(match: re.Match) -> str:
-        try:
-            call = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            return match.group(0)
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return match.group(0)
-        args = call.get("arguments", call.get("parameters", {}))
-        calls.append((call["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
-        return ""
-
-    rest = _CALL.sub(take, text).strip()
-    return (rest or None), calls

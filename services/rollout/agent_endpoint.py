@@ -23,7 +23,8 @@ from typing import Awaitable, Callable
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
-from services.model.chat_format import ChatFormatError, parse_tool_calls, render_chat_text, turn_end_ids
+from services.model.chat_format import ChatFormatError, render_chat_text, turn_end_ids
+from services.model.tool_call_formats import parse_tool_calls, tool_call_format
 from services.openai_api.chunks import chat_chunks, sse_lines
 from services.openai_api.models import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
                                         ModelCard, ModelList, Usage, tool_calls)
@@ -75,6 +76,7 @@ class Episodes:
         self._generate, self.tokenizer, self.sampling = generate, tokenizer, dict(sampling)
         self.limits, self.model_name = limits, model_name
         self.stop_ids = turn_end_ids(tokenizer)
+        self.tool_format = tool_call_format(tokenizer)
 
     def open(self, prefix: str) -> Episode:
         episode = Episode(id=f"{prefix}-e{next(self._ids)}")
@@ -126,6 +128,8 @@ class Episodes:
             raise HTTPException(400, f"turn_limit: the episode made {len(episode.turns)} of its "
                                      f"{self.limits.max_turns} completions; this call asks for {req.n} more")
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools and req.tool_choice != "none" else None
+        if tools and self.tool_format is None:
+            raise HTTPException(400, "tools: the model's chat template defines no tool-call format")
         try:
             text = render_chat_text(self.tokenizer, [m.model_dump(exclude_none=True) for m in req.messages], tools,
                                     **(req.chat_template_kwargs or {}))
@@ -168,7 +172,7 @@ class Episodes:
         for stop in stops:
             text = text.split(stop, 1)[0] if stop else text
         tools = bool(req.tools) and req.tool_choice != "none"
-        content, calls = parse_tool_calls(text) if tools else (text, [])
+        content, calls = parse_tool_calls(text, self.tool_format) if tools else (text, [])
         reply = AssistantMessage(content=content, tool_calls=tool_calls(f"{episode.id}_{turn}", calls))
         reason = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
         spans = [{"version": str(v), "start": s, "end": e} for v, s, e in out.spans]
