@@ -40,7 +40,8 @@ class Episode:
     key: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # the agent's bearer token for it
     turns: list[Turn] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)  # the last call's conversation, with the model's reply
-    outcome: str = "running"  # running | done | turn_limit | token_limit | timeout | error
+    outcome: str = "running"  # running | done | turn_limit | token_limit | timeout | tool_timeout | error
+    tool_wait_since: float | None = None  # time.monotonic() of an answer with tool calls the agent is running
     contexts: list[tuple[str, list[int]]] = field(default_factory=list)  # the last call's prompt + each output
 
     def prompt_ids(self, text: str, tokenizer) -> list[int]:
@@ -145,6 +146,7 @@ class Episodes:
         return text, prompt, min(room, asked) if asked is not None else room
 
     async def _chat(self, episode: Episode, req: ChatCompletionRequest) -> ChatCompletionResponse:
+        episode.tool_wait_since = None  # the agent is back from its tools
         text, prompt, max_new = self._prompt(episode, req)
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         sampling = {**self.sampling, "stop_token_ids": self.stop_ids + list(req.stop_token_ids or [])}
@@ -159,6 +161,8 @@ class Episodes:
                             for out in outs]
         episode.messages = [m.model_dump(exclude_none=True) for m in req.messages] + \
             [choices[0].message.model_dump(exclude_none=True)]
+        if any(c.message.tool_calls for c in choices):
+            episode.tool_wait_since = time.monotonic()
         completion = sum(len(out.output_ids) for out in outs)
         return ChatCompletionResponse(id=f"chatcmpl-{episode.id}-{first}", created=int(time.time()), model=req.model,
                                       choices=choices, usage=Usage(prompt_tokens=len(prompt), completion_tokens=completion,

@@ -17,7 +17,8 @@ model's last reply with the whole conversation as the prompt. The episode's call
 history makes several), each sharing the episode's reward, padded with copies of the last that train on
 nothing when it made fewer, so every group has n_samples_per_prompt x agent_chains rows; older chains are
 counted in sluice_rollout_agent_chains_dropped_total. An episode is bounded by its limits
-(turns, context tokens: the endpoint refuses a call past them) and by `agent_timeout_s` of wall time; one that
+(turns, context tokens: the endpoint refuses a call past them), by `agent_timeout_s` of wall time and by
+`agent_tool_timeout_s` for its tools (from an answer with tool calls to its next model call); one that
 fails (raises, times out, or never calls the model) is tried again up to `agent_retries` times, each try a
 fresh episode; a sample whose tries all failed fails its group, which the rollout then handles as a reward
 failure (rollout.reward_fallback: the group is dropped and recorded, its slot takes a spare prompt)."""
@@ -29,6 +30,7 @@ import copy
 import dataclasses
 import inspect
 import logging
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -50,6 +52,12 @@ DROPPED_CHAINS = Counter("sluice_rollout_agent_chains_dropped_total",
 
 class AgentFailed(RewardError):
     """Every try of an episode failed (the message says how the last one did)."""
+
+
+class EpisodeTimeout(Exception):
+    def __init__(self, outcome: str, message: str):
+        super().__init__(message)
+        self.outcome = outcome
 
 
 @dataclass
@@ -76,7 +84,7 @@ def agent_runner(config, run, episodes: Episodes, generate, tokenizer, sampling:
     play = EnvironmentService(r.agent, getattr(config, "reward_token", ""), r.agent_timeout_s) if remote \
         else PythonAgent(r.agent)
     return AgentRunner(play, episodes, f"{scheme}://{host}:{config.port}", reward, r.agent_timeout_s, r.agent_retries,
-                       run.chains_per_episode)
+                       run.chains_per_episode, r.agent_tool_timeout_s)
 
 
 class PythonAgent:
@@ -123,10 +131,10 @@ class EnvironmentService:
 
 class AgentRunner:
     def __init__(self, play, episodes: Episodes, base_url: str, reward: RewardFunction | None, timeout_s: float,
-                 retries: int, chains_per_episode: int = 1):
+                 retries: int, chains_per_episode: int = 1, tool_timeout_s: float = 120.0):
         self.play, self.episodes, self.base_url = play, episodes, base_url.rstrip("/")
         self.reward, self.timeout_s, self.retries = reward, timeout_s, retries
-        self.chains_per_episode = chains_per_episode
+        self.chains_per_episode, self.tool_timeout_s = chains_per_episode, tool_timeout_s
         self.last_error = ""
 
     async def scored_group(self, record: PromptRecord, n: int, prefix: str, step: int) -> ScoredGroup | None:
@@ -150,11 +158,10 @@ class AgentRunner:
                       "position": record.position, "index": index}
             returned, value = False, None
             try:
-                async with asyncio.timeout(self.timeout_s):
-                    value = await self.play(sample, f"{self.base_url}/episodes/{episode.id}/v1", episode.key)
+                value = await self._play(sample, episode)
                 returned = True  # also after a limit the agent caught: its episode counts, with that outcome
-            except TimeoutError:
-                episode.outcome, error = "timeout", f"the agent did not finish within {self.timeout_s:g} s"
+            except EpisodeTimeout as exc:
+                episode.outcome, error = exc.outcome, str(exc)
             except Exception as exc:  # the agent's (or its tools') failure: counted, tried again
                 if episode.outcome == "running":
                     episode.outcome = "error"
@@ -173,6 +180,27 @@ class AgentRunner:
                 return EpisodeResult(kept + padding, reward, len(episode.turns), episode.outcome)
             log.warning("agent episode failed", extra={"episode": episode.id, "attempt": attempt, "error": error})
         raise AgentFailed(f"agent episode {prefix} failed {self.retries + 1} times; the last: {error}")
+
+    async def _play(self, sample: dict, episode):
+        """The agent's episode, ended (EpisodeTimeout) past agent_timeout_s of wall time, or past
+        agent_tool_timeout_s after an answer with tool calls without the agent's next call. Checked at least
+        once a second: the endpoint that starts a tool wait may serve on another thread's loop."""
+        task = asyncio.ensure_future(self.play(sample, f"{self.base_url}/episodes/{episode.id}/v1", episode.key))
+        started = time.monotonic()
+        try:
+            while not task.done():
+                now, since = time.monotonic(), episode.tool_wait_since
+                if now - started >= self.timeout_s:
+                    raise EpisodeTimeout("timeout", f"the agent did not finish within {self.timeout_s:g} s")
+                if since is not None and now - since >= self.tool_timeout_s:
+                    raise EpisodeTimeout("tool_timeout", f"the agent's tools ran past {self.tool_timeout_s:g} s "
+                                                         "after the model called them")
+                left = min(started + self.timeout_s, (since or now) + self.tool_timeout_s) - now
+                await asyncio.wait({task}, timeout=max(0.0, min(1.0, left)))
+            return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
 
     async def _reward(self, value, record: PromptRecord, episode, sample: Chain) -> float:
         if value is not None:

@@ -53,6 +53,9 @@ class RolloutSettings(_Strict):
     agent_max_tokens: int = Field(8192, ge=1, le=1 << 24, description="most tokens (prompt + output) of one call "
                                   "of an agent episode: the conversation's length")
     agent_timeout_s: float = Field(600.0, gt=0, le=86400, description="wall-time limit of one agent episode")
+    agent_tool_timeout_s: float = Field(120.0, gt=0, le=86400, description=(
+        "limit on the agent's tools: from a model answer with tool calls to the agent's next model call (or its "
+        "return); past it the episode ends with outcome tool_timeout"))
     agent_retries: int = Field(1, ge=0, le=20, description="fresh tries of an agent episode that failed")
     agent_chains: int = Field(1, ge=1, le=64, description=(
         "samples each agent episode writes: its last agent_chains consistent chains (an agent that rewrites its "

@@ -111,3 +111,24 @@ def test_a_streamed_call_is_the_whole_answer_in_chunks_for_the_openai_client(tok
     assert chunks[-1].usage.completion_tokens == len(replies[0])
     assert chunks[-2].choices[0].model_extra["token_ids"] == replies[0]
     assert len(ep.turns) == 2  # each call recorded once
+
+
+def test_an_answer_with_tool_calls_starts_the_tool_wait_and_the_next_call_ends_it(tokenizer):
+    call = tokenizer.encode('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', add_special_tokens=False)
+    episodes = Episodes()
+
+    async def generate(prompt, sampling, max_new_tokens, rid):
+        out = SampleOutput()
+        out.append(call, [-0.5] * len(call), [("0", 0, len(call))])
+        out.finish_reason = "stop"
+        return out
+    episodes.attach(generate, tokenizer, {"temperature": 1.0}, EpisodeLimits(), "m")
+    http = TestClient(build_status_app(RoleStatus("rollout"), STACK, [episodes.router()]))
+    ep = episodes.open("a")
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    plain = ask(http, ep, ep.key).json()  # no tools offered: the same text is not a call
+    assert plain["choices"][0]["message"].get("tool_calls") is None and ep.tool_wait_since is None
+    reply = ask(http, ep, ep.key, tools=[tool]).json()
+    assert reply["choices"][0]["finish_reason"] == "tool_calls" and ep.tool_wait_since is not None
+    ask(http, ep, ep.key)
+    assert ep.tool_wait_since is None

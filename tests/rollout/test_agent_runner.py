@@ -5,11 +5,12 @@ as fresh episodes, and a run of failures (or a reward that is not a finite numbe
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from services.rollout.agent_endpoint import Episodes
-from services.rollout.agents import AgentFailed, AgentRunner
+from services.rollout.agents import EPISODES, AgentFailed, AgentRunner
 from services.rollout.episodes import Turn
 from services.rollout.prompts import PromptRecord
 
@@ -33,6 +34,10 @@ class FakeAgent:
         if behaviour == "silent":
             return 1.0
         episode.turns.append(Turn([1, 2], [3, 4], [-0.1, -0.2], [7, 7]))
+        if behaviour in ("tool_hangs", "hangs"):
+            if behaviour == "tool_hangs":  # as the endpoint marks an answer with tool calls
+                episode.tool_wait_since = time.monotonic()
+            await asyncio.sleep(30)
         if behaviour == "limit":
             episode.outcome = "turn_limit"
             return 0.5
@@ -42,11 +47,11 @@ class FakeAgent:
         pass
 
 
-def run(behaviours: list, retries: int = 1, chains: int = 1):
+def run(behaviours: list, retries: int = 1, chains: int = 1, timeout_s: float = 5, tool_timeout_s: float = 5):
     episodes = Episodes()
     agent = FakeAgent(episodes, behaviours)
-    runner = AgentRunner(agent, episodes, "http://127.0.0.1:1", reward=None, timeout_s=5, retries=retries,
-                         chains_per_episode=chains)
+    runner = AgentRunner(agent, episodes, "http://127.0.0.1:1", reward=None, timeout_s=timeout_s, retries=retries,
+                         chains_per_episode=chains, tool_timeout_s=tool_timeout_s)
     try:
         return asyncio.run(runner.episode(RECORD, 1, "r-3-1")), agent
     finally:
@@ -80,3 +85,18 @@ def test_an_episode_with_fewer_chains_than_its_rows_is_padded_with_copies_that_t
     for row in padding:
         assert (row.prompt_ids, row.response_ids, row.versions) == (real.prompt_ids, real.response_ids, real.versions)
         assert row.loss_mask == [0.0, 0.0] and row.model_tokens == 0
+
+
+def _outcomes() -> dict:
+    return {s.labels["outcome"]: s.value for m in EPISODES.collect() for s in m.samples if s.name.endswith("_total")}
+
+
+@pytest.mark.parametrize("hang,outcome", [("tool_hangs", "tool_timeout"), ("hangs", "timeout")])
+def test_a_tool_or_an_episode_past_its_limit_ends_the_try_with_that_outcome(hang, outcome):
+    before = _outcomes().get(outcome, 0.0)
+    started = time.monotonic()
+    result, agent = run([hang, "call"], timeout_s=1.5, tool_timeout_s=0.3)
+    assert result.reward == 1.0 and len(agent.samples) == 2  # the second try
+    assert _outcomes()[outcome] == before + 1
+    # a hung tool ends its try at the tool limit, well before the episode's
+    assert time.monotonic() - started < (1.4 if hang == "tool_hangs" else 5)
