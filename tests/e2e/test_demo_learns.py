@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow  # the whole default demo (~2.5 min on two cores); ./dev test runs it
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the whole default demo (~2.5-5 min on two cores); ./dev test runs it
 
 
 def test_the_default_demo_climbs_from_at_most_0_3_to_at_least_0_8(tmp_path):
