@@ -47,14 +47,12 @@ ADD = {"type": "function", "function": {"name": "add", "description": "a + b",
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 
 
-@pytest.fixture(scope="module")
-def tool_model(tmp_path_factory):
-    """The tiny model, overfit to answer QUESTION (with the ADD tool offered) by CALL and the end of its turn."""
+def teach_tool_call(model, tok, model_dir: str, call: str) -> None:
+    """Overfit `model` to answer QUESTION (with the ADD tool offered) by `call` and the end of its turn, in a few
+    seconds of supervised steps, and save it to `model_dir`."""
     torch.manual_seed(0)
-    model_dir = init_model(str(tmp_path_factory.mktemp("tool-model")), preset="tiny", arch="qwen2", seed=7)
-    model, tok = load_causal_lm(model_dir)
     prompt = render_chat(tok, QUESTION, [ADD])
-    ids = torch.tensor([prompt + tok.encode(CALL, add_special_tokens=False) + turn_end_ids(tok)])
+    ids = torch.tensor([prompt + tok.encode(call, add_special_tokens=False) + turn_end_ids(tok)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(400):
         loss = torch.nn.functional.cross_entropy(model(ids).logits[0, len(prompt) - 1:-1], ids[0, len(prompt):])
@@ -64,4 +62,13 @@ def tool_model(tmp_path_factory):
         if loss.item() < 0.005:
             break
     model.save_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory):
+    """The tiny model, overfit to answer QUESTION (with the ADD tool offered) by CALL and the end of its turn."""
+    torch.manual_seed(0)
+    model_dir = init_model(str(tmp_path_factory.mktemp("tool-model")), preset="tiny", arch="qwen2", seed=7)
+    model, tok = load_causal_lm(model_dir)
+    teach_tool_call(model, tok, model_dir, CALL)
     return model_dir, tok

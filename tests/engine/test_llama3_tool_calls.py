@@ -9,12 +9,11 @@ import shutil
 
 import openai
 import pytest
-import torch
 
-from services.model.chat_format import render_chat, turn_end_ids
+from services.model.chat_format import render_chat
 from services.model.loading import load_causal_lm
 from services.model.tool_call_formats import LLAMA3, tool_call_format
-from tests.engine.conftest import ADD, QUESTION, start_engine
+from tests.engine.conftest import ADD, QUESTION, start_engine, teach_tool_call
 
 TOKEN = "llama3-tools-token"
 TEMPLATE = (
@@ -37,18 +36,7 @@ def served(tool_model, tmp_path_factory):
     model, tok = load_causal_lm(model_dir)
     tok.chat_template = TEMPLATE
     tok.save_pretrained(model_dir)
-    torch.manual_seed(0)
-    prompt = render_chat(tok, QUESTION, [ADD])
-    ids = torch.tensor([prompt + tok.encode(CALL, add_special_tokens=False) + turn_end_ids(tok)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(400):
-        loss = torch.nn.functional.cross_entropy(model(ids).logits[0, len(prompt) - 1:-1], ids[0, len(prompt):])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if loss.item() < 0.005:
-            break
-    model.save_pretrained(model_dir)
+    teach_tool_call(model, tok, model_dir, CALL)
     proc, url = start_engine(model_dir, tmp_path_factory.mktemp("engine"), token=TOKEN)
     client = openai.OpenAI(base_url=url + "/v1", api_key=TOKEN, max_retries=0, timeout=60)
     yield client, tok
