@@ -1,4 +1,4 @@
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.runtime.auth_token import AuthTokenSettings
@@ -42,5 +42,15 @@ class EngineConfig(AuthTokenSettings, TLSSettings):
     torch_threads: int = Field(1, ge=1, le=1024, description="intra-op threads of the forward; 1 suits a machine "
                                "shared with other services (one thread each); an engine with cores to itself "
                                "may use them all")
+    forward_workers: int = Field(1, ge=1, le=64, description="CPU only: threads a step's forward is split over "
+                                 "(sub-batches of its sequences, one intra-op thread each; a narrow step runs "
+                                 "whole with this many intra-op threads); for an engine with that many cores to "
+                                 "itself, 1 on a machine shared with other services")
     weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
     log_level: str = Field("info", description="debug|info|warning|error")
+
+    @model_validator(mode="after")
+    def _workers_on_cpu(self):
+        if self.forward_workers > 1 and self.device != "cpu":
+            raise ValueError("forward_workers > 1 splits a step over CPU threads; on a GPU leave it at 1")
+        return self

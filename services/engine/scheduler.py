@@ -6,10 +6,8 @@ prefill tokens a step, shared out in admission order), and then one batched samp
 every request whose input is complete. Requests that arrive while others decode join at the next step;
 finished ones leave at once and free their KV slot. When every slot is taken new requests wait; nothing is
 dropped. The n samples of one prompt are admitted together: the first prefills the prompt, the others get a
-copy of its KV and sample from the same last-position logits.
-
-Control operations (pause modes, aborts, weight loads) run on this thread between steps, so they never race
-a forward pass.
+copy of its KV and sample from the same last-position logits. Control operations (pause modes, aborts,
+weight loads) run on this thread between steps, so they never race a forward pass.
 
 A step that raises is not retried: every request held fails with the error, `failure` says why, `on_fatal`
 tells the server (503, then exit non-zero for its supervisor to restart it) and the thread ends: a loop going
@@ -22,11 +20,10 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
-from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
 from services.engine.request import Generation, still_waiting
 from services.engine.sampling import GREEDY_BELOW, sample_batch
@@ -36,15 +33,22 @@ from services.runtime.spans import RECORDER
 log = logging.getLogger(__name__)
 
 
+class StepForward(Protocol):
+    """A step's forward: `BatchedDecoder`, or it split over CPU threads (parallel_forward.py)."""
+    pool: KVPool
+
+    def forward(self, slots: list[int], new_tokens: list[list[int]],
+                full_logits: list[bool] | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]: ...
+
+
 class Scheduler:
-    def __init__(self, decoder: BatchedDecoder, tokenizer, chunked_prefill_size: int = 4096,
+    def __init__(self, decoder: StepForward, tokenizer, chunked_prefill_size: int = 4096,
                  num_draft_tokens: int = 0, draft_budget: int = 64,
                  on_fatal: Callable[[BaseException], None] | None = None):
         """num_draft_tokens > 0: n-gram speculative decoding of greedy requests (services/engine/speculation.py),
         at most that many drafts per request and `draft_budget` per step. `on_fatal(error)`: called on the
         engine thread when a step failed and the loop stopped."""
-        self.decoder = decoder
-        self.pool: KVPool = decoder.pool
+        self.decoder, self.pool = decoder, decoder.pool
         self.tokenizer = tokenizer
         self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         self.chunked_prefill_size = chunked_prefill_size
@@ -57,8 +61,7 @@ class Scheduler:
         self.steps = 0
         self.num_draft_tokens = num_draft_tokens
         self.draft_budget = draft_budget
-        self.drafted = 0                        # draft tokens verified, and of them accepted, since start
-        self.accepted = 0
+        self.drafted = self.accepted = 0        # draft tokens verified, and of them accepted, since start
         self._cv = threading.Condition()
         self._controls: deque = deque()
         self._stop = False
@@ -99,8 +102,7 @@ class Scheduler:
     def control(self, fn: Callable[[], object]) -> "threading.Event":
         """Run fn on the engine thread between steps; returns an event set when done (result/error on it)."""
         done = threading.Event()
-        done.result = None
-        done.error = None
+        done.result = done.error = None
         with self._cv:
             self._controls.append((fn, done))
             self._cv.notify_all()

@@ -20,6 +20,7 @@ from services.engine.control_routes import (engine_info_router, generation_contr
                                             weight_update_router)
 from services.engine.generate_routes import BadRequest, Unavailable, generate_router
 from services.engine.openai_routes import openai_router
+from services.engine.parallel_forward import ParallelForward
 from services.engine.scheduler import Scheduler
 from services.engine.weight_updates import WeightUpdates
 from services.model.batched_decoder import BatchedDecoder
@@ -106,6 +107,8 @@ class VersionWatch:
 
 def make_scheduler(decoder: BatchedDecoder, tokenizer, config: EngineConfig) -> Scheduler:
     drafts = config.speculative_num_draft_tokens if config.speculative_algorithm == "ngram" else 0
+    if config.forward_workers > 1:
+        decoder = ParallelForward(decoder, config.forward_workers)
     return Scheduler(decoder, tokenizer, config.chunked_prefill_size, num_draft_tokens=drafts,
                      draft_budget=config.max_running)
 
