@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -137,9 +138,11 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
     """Start the run's services, submit it, follow it to its end and stop them; the exit status."""
     config, dirs, stack = run_file.run_config(), run_file.directories(), run_file.stack
     view = choose_view(options.view)
-    view.note("starting", run=config.name, run_dir=dirs["run"], logs=dirs["logs"])
+    token, token_file = stack_token(options.token, dirs["run"])
+    view.note("starting", run=config.name, run_dir=dirs["run"], logs=dirs["logs"],
+              **({"auth_token_file": token_file} if token_file else {}))
     try:
-        local = LocalRun(config, log_dir=dirs["logs"], engines=stack.engines, token=options.token,
+        local = LocalRun(config, log_dir=dirs["logs"], engines=stack.engines, token=token,
                          checkpoint_dir=dirs["checkpoints"], engine_args=run_file.engine_argv(),
                          role_args=run_file.role_argv(), trainer_ranks=stack.trainer_ranks, submit=False,
                          redis_url=stack.redis_url, dcs_port=stack.coordinator_port,
@@ -154,7 +157,7 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
         except DCSError as exc:
             print(f"sluice run: the coordinator refused the run: {exc}", file=sys.stderr)
             return 1
-        _write_stack_file(dirs, local, config.name)
+        _write_stack_file(dirs, local, config.name, token_file)
         view.note("running", coordinator=local.dcs.url, services=sorted(local.procs))
         with local.dcs_client() as dcs:
             def on_interrupt(progress: RunProgress) -> None:
@@ -165,7 +168,7 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
                 if progress.state == "finished" and options.check:
                     options.check(local, progress)
                 if progress.state != "interrupted":
-                    progress.extra["report"] = write_run_report(dirs["run"], local, options.token)
+                    progress.extra["report"] = write_run_report(dirs["run"], local, token)
 
             progress = follow(dcs, config, view, liveness=lambda: dead_service(local),
                               eval_reward=lambda: latest_eval_reward(local), on_interrupt=on_interrupt,
@@ -264,12 +267,31 @@ def interrupts_set(event: threading.Event):
             signal.signal(sig, handler)
 
 
-def _write_stack_file(dirs: dict[str, str], local: LocalRun, run_id: str) -> None:
-    """<run_dir>/stack.json: where this run's coordinator and logs are (`sluice logs`, other terminals)."""
+def stack_token(given: str, run_dir: str) -> tuple[str, str | None]:
+    """The token every service of the run requires: the operator's (env SLUICE_AUTH_TOKEN or
+    --auth-token-file), else a new random one, written to <run_dir>/auth-token (mode 0600) for other terminals
+    (`--auth-token-file`). A stack never runs without one: whoever reaches an engine's port could otherwise
+    join its weight-update group and replace the model. Returns (token, the file it was written to or None)."""
+    if given:
+        return given, None
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, "auth-token")
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(token + "\n")
+    os.chmod(path, 0o600)  # a file left by an earlier run keeps its mode through O_TRUNC
+    return token, path
+
+
+def _write_stack_file(dirs: dict[str, str], local: LocalRun, run_id: str, token_file: str | None) -> None:
+    """<run_dir>/stack.json: where this run's coordinator, logs and generated token are (`sluice logs`,
+    other terminals)."""
     os.makedirs(dirs["run"], exist_ok=True)
     with open(os.path.join(dirs["run"], "stack.json"), "w", encoding="utf-8") as f:
         json.dump({"run_id": run_id, "coordinator": local.dcs.url, "redis_url": local.redis_url,
-                   "log_dir": dirs["logs"], "checkpoint_dir": dirs["checkpoints"], "pid": os.getpid()}, f, indent=1)
+                   "log_dir": dirs["logs"], "checkpoint_dir": dirs["checkpoints"], "pid": os.getpid(),
+                   **({"auth_token_file": token_file} if token_file else {})}, f, indent=1)
 
 
 def attach(args) -> int:

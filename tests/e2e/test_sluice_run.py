@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+import httpx
 import pytest
 import redis
 
@@ -129,13 +130,22 @@ def test_a_service_that_cannot_start_fails_the_run_loudly(tmp_path):
 
 def test_an_operator_stop_from_another_terminal_ends_sluice_run_with_3(tmp_path):
     proc = start(write_run(str(tmp_path), "cli-stop", steps=30))
-    coordinator = None
-    for line in proc.stdout:  # the coordinator's URL, then the first trained step
+    coordinator = token_file = None
+    for line in proc.stdout:  # the generated token's file and the coordinator's URL, then the first trained step
         event = json.loads(line)
         coordinator = event.get("coordinator", coordinator)
+        token_file = event.get("auth_token_file", token_file)
         if event.get("step") == 0:
             break
+    # no token given: the stack made one (mode 0600) and requires it, so its engines' weight updates are closed
+    assert token_file and os.stat(token_file).st_mode & 0o777 == 0o600
+    assert httpx.get(f"{coordinator}/v1/runs/cli-stop", timeout=10).status_code == 401
     env = {**os.environ, "SLUICE_COORDINATOR_URL": coordinator}
+    env.pop("SLUICE_AUTH_TOKEN", None)
+    refused = subprocess.run([sys.executable, "-m", "services.cli", "stop", "cli-stop"], capture_output=True,
+                             text=True, env=env, timeout=60)
+    assert refused.returncode == 1 and "401" in refused.stderr
+    env["SLUICE_AUTH_TOKEN_FILE"] = token_file
     stop = subprocess.run([sys.executable, "-m", "services.cli", "stop", "cli-stop"], capture_output=True, text=True,
                           env=env, timeout=60)
     assert stop.returncode == 0, stop.stderr
