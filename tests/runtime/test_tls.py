@@ -223,11 +223,11 @@ def test_the_node_client_speaks_tls_to_the_controller_and_the_shard(tls_transfer
     """The second-language client, too: it verifies the servers against the CA, presents its certificate
     (the servers require one), and dials the shard over TLS because it reached the controller that way."""
     address, env = tls_transferqueue
-    client_env = {name: env[name] for name in (CA_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV)}
+    client_env = {**{name: env[name] for name in (CA_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV)}, **token_env(TOKEN)}
     columns = json.dumps({"x": {"dtype": "int64", "values": [4, 5, 6]}})
-    put = cli(node_client, "put", f"tls://{address}", "--token", TOKEN, "--partition", "node-tls", "--create",
+    put = cli(node_client, "put", f"tls://{address}", "--partition", "node-tls", "--create",
               "--columns", columns, env=client_env)
     assert put["rows"] == [0, 1, 2]
-    got = cli(node_client, "get", f"tls://{address}", "--token", TOKEN, "--partition", "node-tls",
+    got = cli(node_client, "get", f"tls://{address}", "--partition", "node-tls",
               "--rows", "[0, 1, 2]", "--fields", '["x"]', env=client_env)
     assert got["columns"] == {"x": [4, 5, 6]}

@@ -11,6 +11,7 @@ import grpc
 import pytest
 import torch
 
+from services.runtime.auth_token import token_env
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.local_stack import LocalTransferQueue
 from services.transferqueue.pb import transferqueue_pb2 as pb
@@ -159,11 +160,21 @@ def test_node_client_sends_the_bearer_token(node_client, tmp_path, uniq):
     with LocalTransferQueue(shards=1, token="s3cret", log_dir=str(tmp_path)) as stack:
         p = uniq("node_p")
         columns = json.dumps({"x": {"dtype": "int64", "values": [7, 8]}})
-        for token in ([], ["--token", "wrong"]):
+        token_file = tmp_path / "token"
+        token_file.write_text("s3cret\n")
+        for env in (token_env(""), token_env("wrong")):
             out = cli(node_client, "put", stack.controller_address, "--partition", p, "--create",
-                      "--columns", columns, *token, expect_rc=3)["error"]
+                      "--columns", columns, env=env, expect_rc=3)["error"]
             assert out["codeName"] == "UNAUTHENTICATED"
+        # the token as the services read it: env SLUICE_AUTH_TOKEN_FILE (wins), or env SLUICE_AUTH_TOKEN
         assert cli(node_client, "put", stack.controller_address, "--partition", p, "--create",
-                   "--columns", columns, "--token", "s3cret")["rows"] == [0, 1]
+                   "--columns", columns, env={"SLUICE_AUTH_TOKEN_FILE": str(token_file),
+                                              "SLUICE_AUTH_TOKEN": "wrong"})["rows"] == [0, 1]
+        assert cli(node_client, "put", stack.controller_address, "--partition", p,
+                   "--columns", columns, env=token_env("s3cret"))["rows"] == [2, 3]
+        # a token file that cannot be read is a clear error, not an unauthenticated call
+        out = cli(node_client, "put", stack.controller_address, "--partition", p, "--columns", columns,
+                  env={"SLUICE_AUTH_TOKEN_FILE": str(tmp_path / "missing")}, expect_rc=3)["error"]
+        assert out["codeName"] == "INVALID_ARGUMENT" and "SLUICE_AUTH_TOKEN_FILE" in out["details"]
         with TransferQueue(stack.controller_address, token="s3cret") as tq:
-            assert tq.get(p, [0, 1], ["x"])["x"].tolist() == [7, 8]
+            assert tq.get(p, [0, 1, 2, 3], ["x"])["x"].tolist() == [7, 8, 7, 8]

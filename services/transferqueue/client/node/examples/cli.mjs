@@ -15,7 +15,6 @@ const { values: args, positionals } = parseArgs({
   allowPositionals: true,
   options: {
     controller: { type: 'string' },
-    token: { type: 'string', default: '' },
     partition: { type: 'string' },
     task: { type: 'string' },
     columns: { type: 'string' },
@@ -52,8 +51,10 @@ if (!command || !args.controller || !args.partition) {
   console.error('usage: cli.mjs put|claim|get --controller HOST:PORT --partition P ... (see the file header)');
   process.exit(2);
 }
-const client = new TransferQueueClient(args.controller, { token: args.token });
+// the token: env SLUICE_AUTH_TOKEN_FILE or SLUICE_AUTH_TOKEN (never an argument: the process list shows those)
+let client;
 try {
+  client = new TransferQueueClient(args.controller);
   console.log(JSON.stringify(await command(client)));
 } catch (err) {
   const { code, codeName, details } = err;
@@ -61,5 +62,5 @@ try {
   console.log(JSON.stringify({ error }));
   process.exitCode = 3;
 } finally {
-  client.close();
+  client?.close();
 }

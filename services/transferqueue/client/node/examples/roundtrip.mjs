@@ -3,7 +3,7 @@
 // (an int64 scalar, a float32 scalar and a ragged float32 column), claim them, read them back
 // with get, ack, and print what was read as one JSON object.
 //
-//   node examples/roundtrip.mjs --controller 127.0.0.1:50051 [--token T] [--partition P] [--task T]
+//   node examples/roundtrip.mjs --controller 127.0.0.1:50051 [--partition P] [--task T]
 import { parseArgs } from 'node:util';
 
 import { TransferQueueClient, batchToPlain } from '../src/index.js';
@@ -11,17 +11,17 @@ import { TransferQueueClient, batchToPlain } from '../src/index.js';
 const { values: args } = parseArgs({
   options: {
     controller: { type: 'string' },
-    token: { type: 'string', default: '' },
     partition: { type: 'string', default: `node_roundtrip_${process.pid}` },
     task: { type: 'string', default: `node_task_${process.pid}` },
   },
 });
 if (!args.controller) {
-  console.error('usage: roundtrip.mjs --controller HOST:PORT [--token T] [--partition P] [--task T]');
+  console.error('usage: roundtrip.mjs --controller HOST:PORT [--partition P] [--task T]');
   process.exit(2);
 }
 
-const client = new TransferQueueClient(args.controller, { token: args.token });
+// the token: env SLUICE_AUTH_TOKEN_FILE or SLUICE_AUTH_TOKEN (never an argument: the process list shows those)
+const client = new TransferQueueClient(args.controller);
 try {
   await client.createPartition(args.partition);
   await client.registerTask(args.task, ['id', 'score', 'logprobs']);

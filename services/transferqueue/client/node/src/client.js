@@ -11,6 +11,7 @@ import { Status, TQError, invalid } from './errors.js';
 import { loadServices } from './proto.js';
 import { TLS_SCHEME, makeClient, unary, withTls } from './rpc.js';
 import { ShardClient } from './shard.js';
+import { tokenFromEnv } from './token.js';
 
 // slack on top of a claim's long-poll wait for the RPC deadline
 const WAIT_SLACK_S = 10;
@@ -41,9 +42,10 @@ export function splitByShard(info, rows) {
 export class TransferQueueClient {
   // controller: "host:port", or "tls://host:port" for TLS (the shards are then dialled with TLS too;
   // certificates from SLUICE_TLS_CA_FILE, SLUICE_TLS_CLIENT_CERT_FILE, SLUICE_TLS_CLIENT_KEY_FILE).
-  // options: token (bearer), protoDir (default: the repository's proto/),
+  // options: token (bearer; default: SLUICE_AUTH_TOKEN_FILE's content, else SLUICE_AUTH_TOKEN, as the
+  // services read it), protoDir (default: the repository's proto/),
   // putTimeoutS (how long a put retries a full shard), chunkBytes (shard stream chunk size).
-  constructor(controller, { token = '', protoDir, putTimeoutS = 60, chunkBytes } = {}) {
+  constructor(controller, { token = tokenFromEnv(), protoDir, putTimeoutS = 60, chunkBytes } = {}) {
     this.services = loadServices(protoDir);
     this.token = token;
     this.putTimeoutS = putTimeoutS;

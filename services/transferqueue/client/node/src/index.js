@@ -7,3 +7,4 @@ export { fromIpc } from './decode.js';
 export { DTYPES, DTYPE_META } from './dtypes.js';
 export { loadServices, DEFAULT_PROTO_DIR } from './proto.js';
 export { toPlain, batchToPlain } from './plain.js';
+export { tokenFromEnv } from './token.js';
