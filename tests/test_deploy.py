@@ -314,3 +314,25 @@ def test_every_sluice_container_gets_the_one_token_from_the_environment():
                 assert token["valueFrom"]["secretKeyRef"] == {"name": "sluice-token", "key": "token"}, name
     for path in (DEPLOY / "docker-compose.yml", DEPLOY / "k8s" / "sluice.yaml"):
         assert "--auth-token " not in path.read_text() and '"--auth-token"' not in path.read_text()
+
+
+def test_redis_keeps_an_append_only_file_on_a_volume_in_both_deployments():
+    """Redis holds every run's state (queues, leases, versions): both deployments run it with AOF, its data
+    dir on a volume that outlives the container, so a restarted Redis comes back with the runs."""
+    compose = _compose()["services"]["redis"]
+    assert compose["command"][0] == "redis-server" and _appendonly(compose["command"])
+    assert any(v.split(":")[1] == "/data" and v.split(":")[0] in _compose().get("volumes", {})
+               for v in compose["volumes"])
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "sluice.yaml").read_text()) if d]
+    [redis] = [c for d in docs if d["kind"] == "Deployment"
+               for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "redis"]
+    assert redis["args"][0] == "redis-server" and _appendonly(redis["args"])
+    [mount] = [m for m in redis["volumeMounts"] if m["mountPath"] == "/data"]
+    [deployment] = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "sluice-redis"]
+    [volume] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    claims = {d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim"}
+    assert volume["persistentVolumeClaim"]["claimName"] in claims
+
+
+def _appendonly(argv: list[str]) -> bool:
+    return any(a == "--appendonly" and b == "yes" for a, b in zip(argv, argv[1:]))

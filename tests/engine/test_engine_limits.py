@@ -44,6 +44,15 @@ def test_requests_over_a_limit_get_400_and_a_full_queue_503(small_engine):
     url = small_engine
     over = _post(url, {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2001}})
     assert over.status_code == 400 and "--max-new-tokens-limit" in over.json()["error"]["message"]
+    # a prompt as long as the context (the engine's default: the tiny model's max_position_embeddings, 2048)
+    # leaves no room: refused, with the length named, single or in a batch, as ids or as text
+    context = 2048
+    for body in ({"input_ids": [5] * context}, {"input_ids": [[1, 2], [5] * (context + 7)]},
+                 {"text": "a " * (4 * context)}):
+        long = _post(url, {**body, "sampling_params": {"max_new_tokens": 1}})
+        assert long.status_code == 400, long.text
+        assert f"the context length is {context}" in long.json()["error"]["message"]
+    assert _queued(url) == 0
     too_many = _post(url, {"input_ids": [1, 2, 3], "sampling_params": {"n": 3, "max_new_tokens": 4}})
     assert too_many.status_code == 400 and "--max-queued-requests" in too_many.json()["error"]["message"]
     for bad in ({"temperature": float("inf")}, {"top_p": float("nan")}, {"sampling_seed": 1 << 64}):
