@@ -1,6 +1,7 @@
-"""TLS for the HTTP services, with a CA and certificates this test makes: the coordinator and the engine
-(real processes) serve HTTPS; the clients verify the server by default (an unknown CA fails), trust
-SLUICE_TLS_CA_FILE, and present a client certificate where the server requires one (mutual TLS)."""
+"""TLS for every service, with a CA and certificates this test makes: the coordinator, the engine and a role's
+status server (real processes) serve HTTPS, the controller and shards gRPC over TLS, with or without client
+certificates; the clients verify the server by default (an unknown CA fails), trust SLUICE_TLS_CA_FILE, and
+present a client certificate where the server requires one (mutual TLS)."""
 
 from __future__ import annotations
 
@@ -231,3 +232,72 @@ def test_the_node_client_speaks_tls_to_the_controller_and_the_shard(tls_transfer
     got = cli(node_client, "get", f"tls://{address}", "--partition", "node-tls",
               "--rows", "[0, 1, 2]", "--fields", '["x"]', env=client_env)
     assert got["columns"] == {"x": [4, 5, 6]}
+
+
+def test_a_role_serves_its_status_over_https_and_reaches_the_coordinator_over_mutual_tls(pki, mutual_tls_dcs):
+    """A role process (the advantage role, waiting for its run) with a certificate: /healthz over HTTPS to a
+    client that trusts the CA, its other routes with the token only, no plain HTTP; it polls the coordinator,
+    which requires client certificates, with its own."""
+    redis, redis_url = start_redis(log_dir=pki["dir"])
+    port = free_port()
+    env = {"SLUICE_TLS_CERT_FILE": pki["cert"], "SLUICE_TLS_KEY_FILE": pki["key"], CA_ENV: pki["ca"],
+           CLIENT_CERT_ENV: pki["client_cert"], CLIENT_KEY_ENV: pki["client_key"], "HF_HUB_OFFLINE": "1"}
+    argv = sluice_argv("advantage", "--run-id", "tls-run", "--dcs-url", f"https://127.0.0.1:{mutual_tls_dcs}",
+                       "--tq-controller", "127.0.0.1:1", "--redis-url", redis_url, "--host", "127.0.0.1",
+                       "--port", str(port))
+    verify = trusting(pki["ca"])
+    proc = start("advantage", argv, env, pki["dir"], f"https://127.0.0.1:{port}/healthz", verify)
+    try:
+        base = f"https://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/status", verify=verify).status_code == 401
+        status = httpx.get(f"{base}/status", verify=verify, headers={"authorization": f"Bearer {TOKEN}"})
+        assert status.status_code == 200 and status.json()["role"] == "advantage"
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            httpx.get(f"{base}/healthz", verify=trusting(pki["other_ca"]))
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=3)
+        # waiting for its run, it asks the mutual-TLS coordinator, which answers (no such run yet), rather than
+        # finding it unreachable
+        log_file = os.path.join(pki["dir"], "advantage.log")
+        proc.wait_until(lambda: "waiting for the run to be created" in open(log_file).read(), 30)
+        assert "coordinator unreachable" not in open(log_file).read() and proc.proc.poll() is None
+    finally:
+        proc.stop()
+        redis.stop()
+
+
+def test_transferqueue_over_tls_with_server_certificates_only(pki, tmp_path, monkeypatch):
+    """TLS without client certificates: a controller and a shard with a certificate each; a client that
+    trusts the CA puts and reads; one that trusts another CA, or speaks plain gRPC, is refused."""
+    redis, redis_url = start_redis(log_dir=str(tmp_path))
+    env = {**token_env(TOKEN), "SLUICE_TLS_CERT_FILE": pki["cert"], "SLUICE_TLS_KEY_FILE": pki["key"],
+           CA_ENV: pki["ca"]}
+    controller_port, shard_port = free_port(), free_port()
+    controller = ChildProcess("tq-controller", sluice_argv("tq-controller", "--host", "127.0.0.1", "--port",
+                                                           str(controller_port), "--redis-url", redis_url),
+                              str(tmp_path / "controller.log"), env=env)
+    shard = ChildProcess("tq-shard", sluice_argv("tq-shard", "--host", "127.0.0.1", "--port", str(shard_port),
+                                                 "--advertise-host", "127.0.0.1", "--shard-id", "s0",
+                                                 "--controller", f"tls://127.0.0.1:{controller_port}"),
+                         str(tmp_path / "shard.log"), env=env)
+    try:
+        only_ca = {CA_ENV: pki["ca"]}
+        shard.wait_until(lambda: grpc_health(f"127.0.0.1:{shard_port}",
+                                             channel_target(f"tls://127.0.0.1:{shard_port}", only_ca)[1])
+                         == grpc.StatusCode.OK, 60)
+        monkeypatch.setenv(CA_ENV, pki["ca"])
+        monkeypatch.delenv(CLIENT_CERT_ENV, raising=False)
+        monkeypatch.delenv(CLIENT_KEY_ENV, raising=False)
+        address = f"127.0.0.1:{controller_port}"
+        with TransferQueue(f"tls://{address}", token=TOKEN) as tq:
+            tq.create_partition("p")
+            tq.register_task("t", ["x"])
+            rows = tq.put("p", {"x": torch.arange(4)})
+            assert tq.get("p", rows, ["x"])["x"].tolist() == [0, 1, 2, 3]
+        assert grpc_health(address, None) == grpc.StatusCode.UNAVAILABLE
+        assert grpc_health(address, channel_target(f"tls://{address}", {CA_ENV: pki["other_ca"]})[1]) \
+            == grpc.StatusCode.UNAVAILABLE
+    finally:
+        shard.stop()
+        controller.stop()
+        redis.stop()
