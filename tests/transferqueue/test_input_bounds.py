@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from services.transferqueue.local_stack import LocalTransferQueue
 from services.transferqueue.pb import transferqueue_pb2 as pb
 from tests.transferqueue import hardened_stack as hs
 from tests.transferqueue.hardened_stack import (MAX_LEASE_MS, PARTITION_ROWS, ROWS_PER_CALL, ipc, lying_offsets,
@@ -221,3 +222,31 @@ def test_streams_responses_and_messages_are_capped(stubs):
     assert len(b"".join(ch.data for ch in s.shard.Get(pb.GetRequest(partition="big", rows=last[:16], fields=["w"]))))
     oversized = s.raw_controller("ListTasks")
     _rejected(s, oversized, b"\x0a" + b"\x80\x80\x40" + b"x" * (hs.CONTROLLER_MESSAGE_BYTES + 16), RE)
+
+
+def test_a_late_task_or_a_reset_over_more_rows_than_allowed_is_refused_before_any_change(tmp_path):
+    """Registering a task after its partitions filled, or resetting one, recomputes its readiness over the
+    rows already there in one Redis call: over --max-readiness-rows that call is refused with
+    FAILED_PRECONDITION and changes nothing, so no request can keep Redis busy for long."""
+    args = (*hs.CONTROLLER_ARGS, "--max-readiness-rows", "100")
+    with LocalTransferQueue(shards=1, log_dir=str(tmp_path), controller_args=args, shard_args=hs.SHARD_ARGS) as stack:
+        s = hs.Stubs(stack)
+        c = s.controller
+        try:
+            c.RegisterTask(pb.RegisterTaskRequest(name="r/early", required_fields=["x"]))
+            for name in ("r/a", "r/b"):
+                c.CreatePartition(pb.CreatePartitionRequest(name=name))
+                _put(s, name, np.arange(60))
+            details = _rejected(s, c.RegisterTask, pb.RegisterTaskRequest(name="r/late", required_fields=["x"]),
+                                FP, "120 rows in 2 partition(s)", "--max-readiness-rows")
+            assert "r/late" in details
+            # within the bound: registered, and its readiness covers the rows already there
+            c.RegisterTask(pb.RegisterTaskRequest(name="other/late", required_fields=["x"]))
+            assert c.ResetTask(pb.ResetTaskRequest(partition="r/a", task="r/early")).rows_ready == 60
+            c.CreatePartition(pb.CreatePartitionRequest(name="r/big"))
+            _put(s, "r/big", np.arange(64))
+            _put(s, "r/big", np.arange(64))
+            _rejected(s, c.ResetTask, pb.ResetTaskRequest(partition="r/big", task="r/early"), FP,
+                      "128 rows in 1 partition(s)", "--max-readiness-rows")
+        finally:
+            s.close()

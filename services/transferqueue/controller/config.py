@@ -27,6 +27,9 @@ class ControllerConfig(AuthTokenSettings, TLSSettings):
                                     description="row indices of a partition are below this (its allocation cap)")
     max_partitions: int = Field(100_000, ge=1, description="partitions that may exist at once")
     max_tasks: int = Field(10_000, ge=1, description="tasks that may be registered")
+    max_readiness_rows: int = Field(1 << 20, ge=1, le=1 << 40, description="most rows a task registered late, "
+                                    "or a task reset, may recompute its readiness over in one call (the work one "
+                                    "Redis call may do); more is refused with FAILED_PRECONDITION")
     max_fields_per_call: int = Field(256, ge=1, description="most fields one put, task or read may name")
     max_row_elements: int = Field(1 << 24, ge=1, description="most elements per row of a TENSOR field")
     max_lease_ms: int = Field(3_600_000, ge=1, description="longest lease a claim or extension may ask for")

@@ -47,13 +47,14 @@ class ClaimResult:
 
 class RedisMetadata:
     def __init__(self, redis_url: str, prefix: str = "tq", max_partitions: int = 100_000, max_tasks: int = 10_000,
-                 max_partition_rows: int = 1 << 24):
+                 max_partition_rows: int = 1 << 24, max_readiness_rows: int = 1 << 20):
         self.redis = async_redis(redis_url)
         self.prefix = prefix
         self.events_channel = f"{prefix}:events"
         self.max_partitions = max_partitions
         self.max_tasks = max_tasks
         self.max_partition_rows = max_partition_rows
+        self.max_readiness_rows = max_readiness_rows
 
     async def load_functions(self) -> None:
         await self.redis.function_load(_FUNCTIONS, replace=True)
@@ -132,7 +133,7 @@ class RedisMetadata:
 
     async def register_task(self, name: str, fields: list[str], group_size: int) -> None:
         definition = json.dumps({"fields": list(fields), "group_size": group_size}, separators=(",", ":"))
-        await self._call("tq_register_task", name, definition, self.max_tasks)
+        await self._call("tq_register_task", name, definition, self.max_tasks, self.max_readiness_rows)
 
     async def tasks(self) -> list[pb.TaskInfo]:
         raw = await self.redis.hgetall(f"{self.prefix}:tasks")
@@ -143,7 +144,7 @@ class RedisMetadata:
         return out
 
     async def reset_task(self, partition: str, task: str) -> int:
-        return int(await self._call("tq_reset_task", partition, task))
+        return int(await self._call("tq_reset_task", partition, task, self.max_readiness_rows))
 
     # ------------------------------------------------------------ puts
 

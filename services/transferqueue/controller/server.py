@@ -309,7 +309,8 @@ class ControllerServicer(pb_grpc.ControllerServicer):
 async def serve(config: ControllerConfig, stop: asyncio.Event, on_bound=None) -> None:
     """Run until `stop` is set; then stop taking calls and give in-flight ones `grace_s`."""
     meta = RedisMetadata(config.redis_url, config.key_prefix, max_partitions=config.max_partitions,
-                         max_tasks=config.max_tasks, max_partition_rows=config.max_partition_rows)
+                         max_tasks=config.max_tasks, max_partition_rows=config.max_partition_rows,
+                         max_readiness_rows=config.max_readiness_rows)
     await meta.load_functions()
     key = await meta.reservation_key()
     events = RedisEvents(meta.redis, meta.events_channel)

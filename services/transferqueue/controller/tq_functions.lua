@@ -403,7 +403,17 @@ end)
 
 ---------------------------------------------------------------- tasks
 
--- args: K, T, definition json, max_tasks
+-- A task registered late or reset recomputes its readiness over the rows already there: refused, before
+-- anything changes, when that is more than `limit` rows, so that one call's work in Redis stays bounded.
+local function check_readiness_work(T, rows, partitions, limit)
+  if rows > limit then
+    fail('FAILED_PRECONDITION', 'task ' .. T .. ' would recompute readiness over ' .. istr(rows) ..
+         ' rows in ' .. istr(partitions) .. ' partition(s), more than ' .. istr(limit) ..
+         ' (--max-readiness-rows); register tasks before their partitions fill')
+  end
+end
+
+-- args: K, T, definition json, max_tasks, max_readiness_rows
 redis.register_function('tq_register_task', function(keys, args)
   local K, T, def = args[1], args[2], args[3]
   local cur = redis.call('HGET', K .. ':tasks', T)
@@ -415,6 +425,14 @@ redis.register_function('tq_register_task', function(keys, args)
   if redis.call('HLEN', K .. ':tasks') >= cap then
     fail('RESOURCE_EXHAUSTED', istr(cap) .. ' tasks are registered (--max-tasks)')
   end
+  local rows, parts = 0, 0
+  for _, P in ipairs(redis.call('ZRANGE', K .. ':partitions', 0, -1)) do
+    if applies(P, T) then
+      rows = rows + tonumber(redis.call('HGET', pkey(K, P), 'alloc') or '0')
+      parts = parts + 1
+    end
+  end
+  check_readiness_work(T, rows, parts, tonumber(args[5]))
   redis.call('HSET', K .. ':tasks', T, def)
   local d = cjson.decode(def)
   for _, P in ipairs(redis.call('ZRANGE', K .. ':partitions', 0, -1)) do
@@ -426,11 +444,12 @@ redis.register_function('tq_register_task', function(keys, args)
   return 1
 end)
 
--- args: K, P, T
+-- args: K, P, T, max_readiness_rows
 redis.register_function('tq_reset_task', function(keys, args)
   local K, P, T = args[1], args[2], args[3]
   local pk = need_partition(K, P)
   local fields, gs = need_task(K, T, P)
+  check_readiness_work(T, tonumber(redis.call('HGET', pk, 'alloc') or '0'), 1, tonumber(args[4]))
   local tk = tkey(K, P, T)
   for _, id in ipairs(redis.call('ZRANGE', tk .. ':leases', 0, -1)) do
     local lk = K .. ':lease:' .. id
