@@ -128,6 +128,9 @@ class SyncGroupRequest(Strict):
         default_factory=lambda: ["engine", "actor_fwd", "reference"], max_length=16)
     backend: Literal["gloo", "nccl"] = "gloo"
     new_group: bool = Field(False, description="a new group even if membership is unchanged (the last sync failed)")
+    exclude_nodes: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list, max_length=1024, description="receivers to leave out although alive: engines the "
+        "source found unresponsive (a failed sync, no /health answer since); they rejoin when they answer")
 
 
 class GroupMember(Strict):

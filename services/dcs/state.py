@@ -222,8 +222,9 @@ class RedisState:
             raise Missing(f"source node {req.source_node} is not a live registered node")
         if source.run_id != run_id:
             raise Conflict(f"source node {req.source_node} belongs to run {source.run_id}, not {run_id}")
+        left_out = set(req.exclude_nodes)
         receivers = [n for n in nodes.values() if n.alive and n.role in req.receiver_roles
-                     and n.node_id != source.node_id and n.run_id == run_id]
+                     and n.node_id != source.node_id and n.run_id == run_id and n.node_id not in left_out]
         members = [GroupMember(node_id=source.node_id, role=source.role, rank=0, ranks=1)]
         next_rank = 1
         for n in sorted(receivers, key=lambda n: (n.role, n.rank, n.node_id)):

@@ -1,7 +1,9 @@
 """The rollout's engines: requests balanced across them (least in flight), their weight versions
 watched (a long poll where the engine offers one), and partial rollout: a sample whose request was
 aborted by a weight update (pause mode abort) is resubmitted as prompt + partial output under the new
-weights, keeping the version spans of every part.
+weights, keeping the version spans of every part. An engine whose version long poll stops answering (a hung
+or stopped process) gets no new requests, and the requests it holds are given up and sent to another engine
+(the engine drops them itself once it sees their connections closed).
 
 Two seams, so a role test runs the real pool against in-memory engines (tests/fakes/): the pool takes
 `client`, what it makes each engine's client with (EngineClient: the SGLang protocol calls it uses), and the
@@ -97,6 +99,7 @@ class EnginePool:
         self.urls = list(urls)
         self.engines = [client(u, timeout_s=timeout_s, api_key=api_key) for u in self.urls]
         self.in_flight = [0] * len(self.engines)
+        self._calls: list[set[asyncio.Future]] = [set() for _ in self.engines]  # generate calls in flight
         self.versions = [0] * len(self.engines)
         self.reachable = [True] * len(self.engines)
         self.newest = 0  # the newest version any engine has reported: an engine below it is stale
@@ -127,8 +130,11 @@ class EnginePool:
                 self.reachable[i] = True
             except (httpx.HTTPError, SGLangError) as exc:
                 if self.reachable[i]:
-                    log.warning("engine unreachable", extra={"engine": self.urls[i], "error": str(exc)})
+                    log.warning("engine unreachable: its requests go to another engine",
+                                extra={"engine": self.urls[i], "error": str(exc), "requests": len(self._calls[i])})
                     self.reachable[i] = False
+                    for call in self._calls[i]:
+                        call.cancel()
                     on_change()
                 await asyncio.sleep(poll_s)
                 continue
@@ -168,19 +174,28 @@ class EnginePool:
                 continue
             self.in_flight[i] += len(todo)
             self.requests += 1
+            call = asyncio.ensure_future(self.engines[i].generate_batch(
+                [list(prompts[k]) + samples[k].output_ids for k in todo],
+                [{**samplings[k], "max_new_tokens": max_new_tokens - len(samples[k].output_ids)} for k in todo],
+                [rids[k] for k in todo]))
+            self._calls[i].add(call)
             try:
-                results = await self.engines[i].generate_batch(
-                    [list(prompts[k]) + samples[k].output_ids for k in todo],
-                    [{**samplings[k], "max_new_tokens": max_new_tokens - len(samples[k].output_ids)} for k in todo],
-                    [rids[k] for k in todo])
-            except EngineUnreachable as exc:  # engine restarting or unreachable: try again (maybe elsewhere)
+                results = await call
+            except (EngineUnreachable, asyncio.CancelledError) as exc:
+                if isinstance(exc, asyncio.CancelledError) and asyncio.current_task().cancelling():
+                    raise  # this sample itself was cancelled, not the engine's call
+                # engine restarting, unreachable, or stopped answering (_watch gave its calls up): try again,
+                # elsewhere if another engine serves
                 failures += 1
                 if failures > self.max_connect_retries:
-                    raise
-                log.warning("engine request failed; retrying", extra={"engine": self.urls[i], "error": str(exc)})
+                    if isinstance(exc, EngineUnreachable):
+                        raise
+                    raise EngineUnreachable(self.urls[i], f"{failures} tries failed: {exc!r}") from exc
+                log.warning("engine request failed; retrying", extra={"engine": self.urls[i], "error": repr(exc)})
                 await asyncio.sleep(min(5.0, 0.2 * failures))
                 continue
             finally:
+                self._calls[i].discard(call)
                 self.in_flight[i] -= len(todo)
             todo = [k for k, g in zip(todo, results) if self._absorb(samples[k], g, max_new_tokens, rids[k])]
         return samples

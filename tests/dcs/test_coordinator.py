@@ -224,3 +224,18 @@ def test_token_required_on_every_endpoint_but_health(tmp_path):
             assert c.topology().roles == {}
         assert d.proc.stop() == 0  # SIGTERM: clean exit
         assert '"msg": "dcs stopped"' in d.proc.log_tail()
+
+
+def test_a_sync_group_leaves_out_the_receivers_the_source_excludes(client, uniq):
+    """An engine the trainer found unresponsive (alive as far as the coordinator knows: the rollout
+    registers and heartbeats it) is left out of the group while excluded, and is back once it is not."""
+    run = uniq("run")
+    trainer = _node(client, "trainer", run, master_port=29500)
+    e1, e2 = _node(client, "engine", run), _node(client, "engine", run, rank=1)
+    req = SyncGroupRequest(source_node=trainer.node_id, master_address="127.0.0.1", master_port=29500)
+    whole = client.sync_group(run, req)
+    without = client.sync_group(run, req.model_copy(update={"exclude_nodes": [e2.node_id]}))
+    assert [m.node_id for m in without.members] == [trainer.node_id, e1.node_id] and without.world_size == 2
+    assert without.name != whole.name
+    again = client.sync_group(run, req)
+    assert [m.node_id for m in again.members] == [trainer.node_id, e1.node_id, e2.node_id]

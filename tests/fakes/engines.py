@@ -8,12 +8,16 @@ what every sample must hold:
     its log-prob:                log_prob(version, j) = -(j + 1) / 10 - version
 
 `abort_next(n)`: the next request is cut after n tokens of each sample by a weight update to version + 1 (pause
-mode abort); the pool resubmits prompt + partial output, which continues the same samples under the new version."""
+mode abort); the pool resubmits prompt + partial output, which continues the same samples under the new version.
+`stop(url)`: that engine hangs, as a process stopped with SIGSTOP does: its requests never answer and its version
+long poll times out (httpx.ReadTimeout, after the poll's wait)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+
+import httpx
 from typing import Sequence
 
 from services.sglang_protocol.client import Generation
@@ -47,6 +51,8 @@ class FakeEngines:
         self._abort_at: int | None = None
         self._prompt_length: dict[str, int] = {}  # rid -> the prompt's length (its first request's input)
         self._moved: asyncio.Event | None = None
+        self.stopped: set[str] = set()
+        self.hung: list[Request] = []  # requests a stopped engine took and never answered
 
     def client(self, url: str, timeout_s: float = 60.0, api_key: str | None = None) -> "FakeEngineClient":
         """Made as SGLangClient is: the pool's `client` seam."""
@@ -58,6 +64,9 @@ class FakeEngines:
         if self._moved is not None:
             self._moved.set()
             self._moved = None
+
+    def stop(self, url: str) -> None:
+        self.stopped.add(url)
 
     def abort_next(self, after_tokens: int) -> None:
         self._abort_at = after_tokens
@@ -92,6 +101,9 @@ class FakeEngines:
                           [(str(self.version), 0, len(ids))])
 
     async def generate(self, url: str, inputs, sampling_params, rids) -> list[Generation]:
+        if url in self.stopped:
+            self.hung.append(Request(url, list(rids), [list(x) for x in inputs], self.version))
+            await asyncio.Event().wait()  # never answers; a caller can only give up (cancel)
         self.requests.append(Request(url, list(rids), [list(x) for x in inputs], self.version))
         await asyncio.sleep(0)  # in flight: other groups' requests go out meanwhile
         await asyncio.sleep(0)
@@ -109,6 +121,9 @@ class FakeEngineClient:
         self.closed = False
 
     async def wait_weight_version(self, newer_than: str | None, wait_s: float) -> str:
+        if self.url in self.fleet.stopped:
+            await asyncio.sleep(wait_s)
+            raise httpx.ReadTimeout(f"{self.url} did not answer")
         if newer_than is not None and wait_s > 0:
             await self.fleet._wait_moved(newer_than, wait_s)
         return str(self.fleet.version)

@@ -31,6 +31,7 @@ from services.dcs.client import DCSClient
 from services.dcs.models import SyncGroupRequest, SyncReport, WeightMetadata
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, WeightStream, pack, plan_buckets
+from services.dcs.sync.unresponsive import UnresponsiveEngines
 from services.sglang_protocol.client import SGLangClient
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class WeightPublisher:
         self._http = ThreadPoolExecutor(max_workers=16, thread_name_prefix="engine-http")
         # reports go out in order, off the publishing path: the next step need not wait for one
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-report")
+        self.unresponsive = UnresponsiveEngines(self._http, self._engine_client)
 
     def close(self) -> None:
         self._drop_group()
@@ -151,6 +153,7 @@ class WeightPublisher:
     def _publish(self, named: list, version: int, announce: bool, stream: WeightStream | None) -> SyncResult:
         result = SyncResult(version=version, ok=False)
         t0 = time.perf_counter()
+        self.unresponsive.readmit()
         try:
             entries, sizes = plan_buckets(named, self.bucket_bytes)
             result.bytes = sum(sizes)
@@ -192,6 +195,8 @@ class WeightPublisher:
             result.ok = True
         except Exception as exc:
             self._failed = True
+            self.unresponsive.after_failure({m.node_id: self._engines[m.node_id] for m in self._current_engines
+                                             if m.node_id in self._engines})
             self._drop_group()
             result.error = f"{type(exc).__name__}: {exc}"
         result.seconds["total"] = time.perf_counter() - t0
@@ -203,7 +208,8 @@ class WeightPublisher:
     def _group_request(self, receiver_roles: list[str]) -> SyncGroupRequest:
         return SyncGroupRequest(source_node=self.node_id, master_address=self.master_address,
                                 master_port=_free_port(self.master_address),  # used only if DCS makes a new group
-                                receiver_roles=list(receiver_roles), backend=self.backend, new_group=self._failed)
+                                receiver_roles=list(receiver_roles), backend=self.backend, new_group=self._failed,
+                                exclude_nodes=self.unresponsive.excluded())
 
     def prefetch_group(self, receiver_roles: list[str]) -> None:
         """Ask the coordinator now, on a worker thread, for the group of the next publish to `receiver_roles`
@@ -221,6 +227,7 @@ class WeightPublisher:
         if prefetched is not None:
             at, request, answer = prefetched
             if (not self._failed and request.receiver_roles == list(self.receiver_roles)
+                    and request.exclude_nodes == self.unresponsive.excluded()
                     and time.monotonic() - at <= GROUP_MAX_AGE_S):
                 try:
                     return answer.result(timeout=self.timeout_s)
