@@ -20,7 +20,7 @@ steps (scheduler.py), never during one. The outputs are the whole step's, in the
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import torch
 
@@ -52,8 +52,11 @@ class ParallelForward:
         futures = [self._executor.submit(self.decoder.forward, slots[a:b], new_tokens[a:b],
                                          full_logits[a:b] if full_logits else None) for a, b in bounds[1:]]
         a, b = bounds[0]
-        parts = [self.decoder.forward(slots[a:b], new_tokens[a:b], full_logits[a:b] if full_logits else None)]
-        parts += [f.result() for f in futures]  # every part finishes (or raises) before the step returns
+        try:
+            first = self.decoder.forward(slots[a:b], new_tokens[a:b], full_logits[a:b] if full_logits else None)
+        finally:  # every part ends before the step does, even when this one raised
+            wait(futures)
+        parts = [first, *(f.result() for f in futures)]  # a sub-batch's error is raised here
         full: dict[int, torch.Tensor] = {}
         for (start, _), (_, part_full) in zip(bounds, parts):
             full.update({start + i: rows for i, rows in part_full.items()})

@@ -112,3 +112,15 @@ def test_an_engine_with_two_forward_workers_answers_as_one_without(tiny_model_di
         finally:
             proc.stop()
     assert answers[0] == answers[1] and all(len(ids) == 24 for ids in answers[0])
+
+
+def test_a_step_whose_part_fails_raises_after_every_part_ended(tiny_model_dir):
+    split = ParallelForward(_decoder(tiny_model_dir)[0], workers=2)
+    too_long = [3] * (split.pool.slot_len + 1)
+    # the overflowing sequence in the calling thread's part, then in the worker's
+    for prompts in ([too_long] + [[3] * 8] * 15, [[3] * 200] * 15 + [too_long]):
+        assert split_points([len(p) for p in prompts], 2), "the step must be split for this test"
+        with pytest.raises(ValueError, match="context length"):
+            split.forward(list(range(16)), prompts)
+        assert not split._executor._work_queue.qsize()  # nothing of the failed step still queued
+    split.close()
