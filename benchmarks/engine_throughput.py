@@ -193,11 +193,15 @@ def engine_round(url: str, pid: int, workload: list[dict]) -> dict:
 # ---------------------------------------------------------------------------------- summaries
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The repetition with the median wall time."""
+    return sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
+
+
 def summarize(runs: list[dict], useful_tokens: int, computed_tokens: int | None = None) -> dict:
     walls = [r["wall_s"] for r in runs]
     median = statistics.median(walls)
-    # latency percentiles are those of the repetition with the median wall time
-    mid = runs[sorted(range(len(runs)), key=lambda i: walls[i])[len(runs) // 2]]
+    mid = median_run(runs)  # latency percentiles are those of the repetition with the median wall time
     out = {"wall_s": round(median, 3), "useful_tokens_per_s": round(useful_tokens / median, 1),
            "latency": percentiles(mid["latencies_s"]), "runs_wall_s": [round(w, 3) for w in walls]}
     if computed_tokens is not None:
@@ -327,9 +331,7 @@ def systems(ctx: dict, runs: dict) -> dict:
 def bucket_walls(runs: list[dict]) -> list[float]:
     """Each length bucket's own wall time in the median repetition (information: two processes, one bucket
     each, could at best take the longest of them)."""
-    walls = [r["wall_s"] for r in runs]
-    mid = runs[sorted(range(len(runs)), key=lambda i: walls[i])[len(runs) // 2]]
-    ends = sorted(set(mid["latencies_s"]))
+    ends = sorted(set(median_run(runs)["latencies_s"]))
     return [round(b - a, 3) for a, b in zip([0.0, *ends], ends)]
 
 
