@@ -26,6 +26,7 @@ from services.engine.weight_updates import WeightUpdates
 from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
 from services.model.loading import load_causal_lm
+from services.runtime.heap import freeze_heap
 from services.runtime.http_auth import PathRefusal, require_bearer_token
 from services.runtime.http_service import serve_http
 from services.runtime.service_main import ServiceFailed
@@ -178,6 +179,7 @@ async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
     closer = asyncio.create_task(engine.version_moved.close_when(stop))
     # a failed step stops the server (its requests were failed): exit 1, and the supervisor restarts the engine
     engine.scheduler.on_fatal = lambda exc: loop.call_soon_threadsafe(stop.set)
+    freeze_heap()  # the model and the KV pool's bookkeeping live as long as the process (services/runtime/heap.py)
     engine.scheduler.start()
     log.info("engine serving", extra={"port": config.port, "model": config.model})
     try:

@@ -20,6 +20,7 @@ from services.run_contract.run_name import run_name_from_file
 from services.runtime.auth_token import AuthTokenSettings
 from services.runtime.tls import TLSSettings
 from services.runtime.http_auth import require_bearer_token
+from services.runtime.heap import freeze_heap
 from services.runtime.http_service import serve_http
 from services.runtime.processes import free_port
 from services.runtime.metrics import observability_router
@@ -65,6 +66,9 @@ class RoleStatus:
         self._lock = threading.Lock()
 
     def running(self) -> None:
+        """Set up (model loaded, connections open): what was made so far lives as long as the process."""
+        if not self.ready:
+            freeze_heap()
         self.ready = True
         self.update(state="running")
 

@@ -10,6 +10,7 @@ from typing import Awaitable, Callable, Sequence, TypeVar
 from pydantic_settings import BaseSettings
 
 from services.model.loading import ModelDirError
+from services.runtime.heap import manage_service_heap
 from services.runtime.logs import configure_logging
 from services.runtime.metrics import serve_metrics
 from services.runtime.settings_cli import parse_settings
@@ -35,6 +36,8 @@ def run_service(model: type[C], command: str, serve: Callable[[C, asyncio.Event]
 
     async def run() -> None:
         await serve(config, shutdown_event())
+
+    manage_service_heap()  # freezes the imports; a role or the engine freezes again once its model is loaded
 
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:

@@ -56,6 +56,11 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
         # the run overlapped: samples one version old were trained (max_staleness 1 was used)
         assert any("1" in steps[s]["metrics"]["staleness"] for s in steps)
         assert all("kl" in steps[s]["metrics"] and "tis_weight_mean" in steps[s]["metrics"] for s in steps)
+        # every service froze its start-up heap out of the collector's way (services/runtime/heap.py)
+        for lane, url in lr.service_urls().items():
+            metrics = httpx.get(url.rstrip("/") + "/metrics").text
+            frozen = [float(x.split()[-1]) for x in metrics.splitlines() if x.startswith("sluice_gc_frozen_objects ")]
+            assert frozen and frozen[0] > 10_000, lane
         # both engines generated (requests balanced across them)
         for url in lr.engine_urls:
             assert "sluice_engine_requests_total" in httpx.get(url + "/metrics").text
