@@ -62,11 +62,13 @@ class ShardedState:
 
 
 def save_checkpoint(directory: str, role: str, model, optimizer, tokenizer_dir: str | None, next_step: int,
-                    version: int, keep: int = 2, state: ShardedState | None = None) -> str:
+                    version: int, keep: int = 2, state: ShardedState | None = None, copied=None) -> str:
     """Write <directory>/<role>/step_<next_step>/: the model (safetensors), the tokenizer files of
     `tokenizer_dir` (the run's model directory), the optimizer state and trainer_state.json; then delete all
     but the newest `keep` checkpoints of the role. `state`: a sharded backend's files, moved in instead of
-    `model`'s weights (its config is still written) and `optimizer`'s state (as `sharded/`, no optimizer.pt)."""
+    `model`'s weights (its config is still written) and `optimizer`'s state (as `sharded/`, no optimizer.pt).
+    `copied`: a copy of both taken earlier (anything with `model_state` and `optimizer_state`, e.g.
+    services/trainer/checkpoint_copy.py), written instead of the live ones."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     root = _root(directory, role)
@@ -75,8 +77,8 @@ def save_checkpoint(directory: str, role: str, model, optimizer, tokenizer_dir: 
     tmp = final + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     if state is None:
-        model.save_pretrained(tmp, safe_serialization=True)
-        torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=copied.model_state if copied else None)
+        torch.save(copied.optimizer_state if copied else optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
     else:
         os.replace(state.model_dir, tmp)
         model.config.save_pretrained(tmp)

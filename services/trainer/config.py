@@ -52,8 +52,9 @@ class TrainerConfig(RoleSettings):
         "while waiting for data, how often to check for engines serving older weights than the published "
         "version (restarted, or missed a publish) and publish again"))
     snapshot_publish_mb: int = Field(2048, ge=0, le=1 << 30, description=(
-        "publish a copy of the weights, so the next step trains while they are sent, when they are at most this "
-        "many MiB; larger models publish the live weights and the next optimizer step waits; 0 = never copy"))
+        "publish (and checkpoint) from a copy, so the next step trains while the weights are sent and written, "
+        "when it is at most this many MiB (the weights; for a checkpoint with the optimizer's two moments: 3x); "
+        "larger models use the live weights and the next optimizer step waits; 0 = never copy"))
     lease_s: float = Field(300.0, gt=0, description="claim lease: rows return to the queue if this node dies")
     clear_wait_s: float = Field(600.0, gt=0, description="how long to wait for every task to consume a step")
 

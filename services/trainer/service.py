@@ -9,8 +9,9 @@ Actor, one step N at a time (N from the checkpoint / progress, see resumption.py
         micro batches -> PPO-style loss -> backward; clip; optimizer step; ack the rows
     version += 1; on a worker thread, while the loop claims and trains step N+1: publish a copy of the
         weights through DCS (engines, actor_fwd, reference on its interval) and record progress (next step,
-        version); a step due for a checkpoint publishes the live weights and is checkpointed there too, and
-        step N+1's optimizer waits for it (services/trainer/publishing.py); a sharded backend (fsdp,
+        version); a step due for a checkpoint is checkpointed there too, from a copy of the weights and
+        optimizer state (services/trainer/checkpoint_copy.py; over --snapshot-publish-mb, from the live ones,
+        and step N+1's optimizer waits for it: services/trainer/publishing.py); a sharded backend (fsdp,
         megatron) publishes here instead, its weights gathered from every rank a bucket at a time
     clear train_N once every task consumed it (on another worker thread)
 
@@ -52,6 +53,7 @@ from services.trainer.data_parallel import DataParallel, process_group_backend
 from services.trainer.critic_service import CriticTrainer
 from services.trainer.optimizer import set_lr
 from services.trainer.partition_clearing import PartitionClearing
+from services.trainer.checkpoint_copy import TrainingStateCopy, copy_if_affordable
 from services.trainer.publishing import WeightVersions
 from services.trainer.resumption import resume_position
 from services.trainer.staleness import staleness_histogram, staleness_metrics
@@ -148,16 +150,19 @@ class ActorTrainer:
             if trained is None:  # halted mid-step: the rows go back to the queue on restart
                 break
             ids, metrics = trained
-            state = self.sharded_state(step)
-            then = functools.partial(self.finish, step, ids=ids, metrics=metrics, state=state)
+            state, copied = self.sharded_state(step), None
+            if self.checkpoint_due(step) and not self.backend.gathers:
+                copied = copy_if_affordable(self.model, self.optimizer, self.config.snapshot_publish_mb << 20)
+            then = functools.partial(self.finish, step, ids=ids, metrics=metrics, state=state, copied=copied)
             self.weights.settle()  # the last publish: its version numbers this one
             if self.backend.gathers:  # streamed from every rank's shards, here, with the other ranks
                 self.weights.publish_now(step, self.version + 1, then)
             else:
                 # published and recorded on a worker thread while the next step's rows are claimed and trained
-                # (from a copy of the weights); a step due for a checkpoint publishes the live weights, which
-                # train_step lets settle before the optimizer moves them again (the checkpoint reads them too)
-                self.weights.publish_later(step, self.version + 1, then,
+                # (from a copy of the weights; with the optimizer state when checkpointed: checkpoint_copy.py); a
+                # checkpoint too large to copy is written from the live weights, which train_step lets settle
+                # before the optimizer moves them again
+                self.weights.publish_later(step, self.version + 1, then, weights=copied and copied.weights,
                                            snapshot=self.weights.snapshot_fits and not self.checkpoint_due(step))
             self.clearing.later(step, halt, recorded=self.weights.pending)
             step += 1
@@ -190,10 +195,10 @@ class ActorTrainer:
         (a .tmp name: ignored, and replaced, if a crash leaves it)."""
         return os.path.join(self.config.checkpoint_dir, "actor", f"step_{next_step:08d}.sharded.tmp")
 
-    def write_checkpoint(self, next_step: int, version: int, state=None) -> None:
+    def write_checkpoint(self, next_step: int, version: int, state=None, copied: TrainingStateCopy | None = None):
         with span("checkpoint", next_step - 1, version):
             save_checkpoint(self.config.checkpoint_dir, "actor", self.model, self.optimizer, self.run.model,
-                            next_step, version, keep=self.run.checkpoint.keep_last, state=state)
+                            next_step, version, keep=self.run.checkpoint.keep_last, state=state, copied=copied)
         self.checkpointed = next_step
 
     def final_checkpoint(self, next_step: int, halt: threading.Event) -> None:
@@ -219,7 +224,8 @@ class ActorTrainer:
         self.write_checkpoint(next_step, self.version, state)
         log.info("final checkpoint", extra={"next_step": next_step, "version": self.version})
 
-    def finish(self, step: int, version: int, ids: list[str], metrics: dict, state=None) -> None:
+    def finish(self, step: int, version: int, ids: list[str], metrics: dict, state=None,
+               copied: TrainingStateCopy | None = None) -> None:
         """Step N is published as `version`: its audit record and the progress past it, its checkpoint if due,
         then its report. The checkpoint comes after the record: a process killed between the two resumes
         past the recorded step with the older weights (resumption.py), and no trained step goes unrecorded."""
@@ -228,7 +234,7 @@ class ActorTrainer:
         metrics.update(weight_version=version, publish_s=self.weights.last_publish_s)
         finish_step(self.redis, c.run_id, step, ids, metrics, TrainerProgress(next_step=step + 1, version=version))
         if self.checkpoint_due(step):
-            self.write_checkpoint(step + 1, version, state)
+            self.write_checkpoint(step + 1, version, state, copied)
         self.report(step, metrics)
         self.tracking.step_finished(step, metrics)
 
