@@ -33,6 +33,12 @@ Also per mode (medians over reps of per-rep means over the measured steps), to s
                 targets for fully_async: achieved >= 90% of the bound, every engine busy >= 90% of the window.
 Checks: every sample trained exactly once and no sample beyond its mode's staleness bound.
 
+The overlap targets describe a generation-bound run: `--steps 24 --warmup 4 --max-staleness 2
+--max-new-tokens 96` meets both here. At the defaults (32 new tokens, max_staleness 1) a step's generation is
+about as long as the chain from its last token to the next version in the engine (put, advantage, claim,
+train, publish, load), which gates the step after next, so the engine idles ~20-30% whatever the schedule
+(docs/performance.md).
+
 Usage: python benchmarks/async_vs_colocate.py [--reps 5] [--steps 12] [--warmup 2] [--engines 1] ...
 """
 
