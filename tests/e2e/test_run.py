@@ -129,8 +129,11 @@ def test_colocate_ppo_with_critic_and_kl_reward(model_dir, tmp_path):
 
 
 def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating(model_dir, tmp_path):
+    # 12 steps: the engine restarted after step 6 must generate some of the steps after it (the rollout runs
+    # at most a couple of steps ahead), so publishes follow its return (docs/operations.md: one that comes back
+    # after the last publish keeps its initial weights)
     run = RunConfig(name="restart", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=4, micro_batch_size=4, num_steps=9, checkpoint_interval=1,
+                    global_batch_size=4, micro_batch_size=4, num_steps=12, checkpoint_interval=1,
                     algorithm={"decoupled": True}, rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
     ckpt = tmp_path / "ckpt"
     with LocalRun(run, log_dir=str(tmp_path / "logs"), checkpoint_dir=str(ckpt),
