@@ -60,12 +60,35 @@ def _truncate(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, mi
     return probs
 
 
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of `probs` [rows, vocab] (unnormalised, >= 0) by inverse transform sampling:
+
+        token_i = min { j : sum_{v <= j} p_iv > u_i * sum_v p_iv },   u_i ~ U[0, 1)
+
+    so token j is drawn with probability p_ij / sum_v p_iv, and a token of zero probability never is. One
+    cumulative sum and one binary search for the whole batch, from one uniform per row. Why not
+    `torch.multinomial`: on CPU it cost 35 us per row at a 1k vocabulary and 0.8 ms at 32k (measured here,
+    one thread), and a seeded row needs a call of its own; in a fully-async run it was a third of the
+    engine's CPU time."""
+    cdf = probs.cumsum(dim=-1)
+    if not bool(torch.isfinite(cdf[:, -1]).all()):  # NaN anywhere in a row reaches its total
+        raise ValueError("sampling probabilities are NaN or infinite: the model's logits are not finite")
+    ids = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
+    # float rounding can put u * total at or past the last cumulative sum, onto a token with no mass: such a
+    # row takes its most likely token
+    empty = probs.gather(-1, ids[:, None])[:, 0] <= 0
+    if bool(empty.any()):
+        ids = torch.where(empty, probs.argmax(dim=-1), ids)
+    return ids
+
+
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
                  banned: list[list[int]]) -> tuple[list[int], list[float], torch.Tensor]:
     """One token per row of `logits` [rows, vocab]: greedy rows take the argmax, the others sample from
     softmax(logits / T) truncated by their own top-k, min-p and top-p. `banned[i]` (EOS before
-    min_new_tokens) can never be picked. A row with a generator (a request's `sampling_seed`) draws from it
-    alone, so its sample does not depend on the rest of the batch; the others share one batched draw.
+    min_new_tokens) can never be picked. Sampled rows draw by `inverse_cdf`, one uniform each: a row with a
+    generator (a request's `sampling_seed`) takes its uniform from it alone, so its sample does not depend on the
+    rest of the batch; the others share one batched draw.
 
     Returns the tokens, their log-probs, and per row the log-probs over the vocabulary of the temperature-scaled
     distribution,
@@ -90,12 +113,10 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
         probs = _truncate(scores[index], torch.tensor([params[i].top_k for i in sampled], device=device),
                           torch.tensor([params[i].top_p for i in sampled], device=device),
                           torch.tensor([params[i].min_p for i in sampled], device=device))
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-        shared = [k for k, i in enumerate(sampled) if generators[i] is None]
-        if shared:
-            tokens[index[shared]] = torch.multinomial(probs[shared], 1)[:, 0]
+        uniforms = torch.rand(len(sampled), device=device)  # one shared draw for the rows without a seed ...
         for k, i in enumerate(sampled):
-            if generators[i] is not None:
-                tokens[i] = torch.multinomial(probs[k], 1, generator=generators[i])[0]
+            if generators[i] is not None:  # ... and a seeded row's own, from its generator alone
+                uniforms[k] = torch.rand((), generator=generators[i], device=device)
+        tokens[index] = inverse_cdf(probs, uniforms)
     chosen = logprobs.gather(-1, tokens[:, None])[:, 0]
     return tokens.tolist(), chosen.tolist(), logprobs
