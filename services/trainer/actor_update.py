@@ -134,3 +134,16 @@ def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return metrics
+
+
+def loss_totals(batch, run: RunConfig, dp, data_size: int) -> tuple[float, float]:
+    """The global batch's (tokens, sequences) the loss is normalised by (services/algorithms/policy_loss.py:
+    aggregate), from every rank's share (`dp`: the data-parallel group; `data_size`: the backend's model
+    replicas): the ranks of one replica (megatron: TP x PP) hold the same rows, so they are counted once; rows
+    that pad an agent episode's chains train on nothing and count for nothing."""
+    replica = dp.size // data_size
+    masks = batch["loss_mask"]
+    tokens = dp.total(float(sum(float(m.sum()) for m in masks))) / replica
+    if run.chains_per_episode == 1:
+        return tokens, float(run.global_batch_size)
+    return tokens, max(1.0, dp.total(float(sum(1 for m in masks if float(m.sum()) > 0))) / replica)

@@ -51,6 +51,9 @@ class TrainerConfig(RoleSettings):
     republish_check_s: float = Field(10.0, gt=0, description=(
         "while waiting for data, how often to check for engines serving older weights than the published "
         "version (restarted, or missed a publish) and publish again"))
+    final_sync_wait_s: float = Field(60.0, ge=0, description=(
+        "after the last step: how long to wait for engines of the run that are down (restarting) or serve older "
+        "weights, sending them the last weights, before the run is recorded as finished"))
     snapshot_publish_mb: int = Field(2048, ge=0, le=1 << 30, description=(
         "publish (and checkpoint) from a copy, so the next step trains while the weights are sent and written, "
         "when it is at most this many MiB (the weights; for a checkpoint with the optimizer's two moments: 3x); "

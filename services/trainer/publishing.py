@@ -4,6 +4,7 @@ its next step's data, and re-sending to engines that fell behind."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
@@ -16,6 +17,7 @@ from services.run_state.seams import WeightSender
 from services.runtime.spans import span
 
 log = logging.getLogger(__name__)
+HEARTBEAT_SETTLE_S = 2.5  # an engine's new version reaches the coordinator within a heartbeat or two
 
 
 class WeightVersions:
@@ -141,15 +143,46 @@ class WeightVersions:
                    and n.weight_version < version]
         if not lagging:
             return
-        # the same version again, to the engines only: no renumbering, so no sample gets staler
+        self._send_engines(version, lagging)
+
+    def catch_up_engines(self, version: int, wait_s: float, stop: threading.Event | None = None,
+                         poll_s: float = 0.25) -> bool:
+        """After the run's last step is published, before it is recorded (so the rollout still keeps its engines
+        registered): every engine of the run serves `version` before the run ends. An engine that restarted
+        near the end comes back with its initial weights, and no later publish would reach it (the resend of
+        `resend_if_lagging` runs only while the trainer waits for data). Engines that report an older version
+        get `version` again; one that is down (its registration not alive) is waited for; both up to `wait_s`.
+        Versions reach the coordinator on heartbeats (~1 s), so an engine is only taken as behind once
+        HEARTBEAT_SETTLE_S passed since the last send to it. Returns whether every engine caught up."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            engines = [n for n in self.dcs.topology().roles.get("engine", []) if n.run_id == self.run_id]
+            current = [n for n in engines if n.alive and n.weight_version is not None and n.weight_version >= version]
+            if len(current) == len(engines):
+                return True
+            settled = time.monotonic() - self._published_at >= HEARTBEAT_SETTLE_S
+            behind = [n.node_id for n in engines if n.alive and n.weight_version is not None
+                      and n.weight_version < version]
+            if settled and behind:
+                self._send_engines(version, behind)
+            elif time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+                log.warning("the run ends with engines that do not serve its last weights",
+                            extra={"version": version, "engines": [(n.node_id, n.alive, n.weight_version)
+                                                                   for n in engines if n not in current]})
+                return False
+            else:
+                time.sleep(poll_s)
+
+    def _send_engines(self, version: int, node_ids: list[str]) -> None:
+        """`version` again, to the engines only: no renumbering, so no sample gets staler."""
         log.warning("engines lag behind the published weights; sending them again",
-                    extra={"engines": lagging, "version": version})
+                    extra={"engines": node_ids, "version": version})
         self.sender.receiver_roles = ["engine"]
         try:
             self.sender.publish(self._weights(), version, announce=False)
-            self._published_at = time.monotonic()
         except SyncFailed as exc:  # tried again at the next check
             log.warning("resending weights to engines failed", extra={"error": str(exc)})
+        self._published_at = time.monotonic()
 
     def close(self) -> None:
         """Let a publish in flight finish (a half-sent version would leave engines waiting), then stop."""

@@ -45,7 +45,7 @@ from services.run_state.trainer_progress import TrainerProgress, finish_step
 from services.runtime.metrics import gauges
 from services.runtime.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
-from services.trainer.actor_update import StepMetrics, actor_fields
+from services.trainer.actor_update import StepMetrics, actor_fields, loss_totals
 from services.run_contract.checkpoint import latest_checkpoint, save_checkpoint
 from services.trainer.config import TrainerConfig
 from services.trainer.backend import make_backend
@@ -153,7 +153,8 @@ class ActorTrainer:
             state, copied = self.sharded_state(step), None
             if self.checkpoint_due(step) and not self.backend.gathers:
                 copied = copy_if_affordable(self.model, self.optimizer, self.config.snapshot_publish_mb << 20)
-            then = functools.partial(self.finish, step, ids=ids, metrics=metrics, state=state, copied=copied)
+            then = functools.partial(self.finish, step, ids=ids, metrics=metrics, state=state, copied=copied,
+                                     halt=halt)
             self.weights.settle()  # the last publish: its version numbers this one
             if self.backend.gathers:  # streamed from every rank's shards, here, with the other ranks
                 self.weights.publish_now(step, self.version + 1, then)
@@ -225,12 +226,15 @@ class ActorTrainer:
         log.info("final checkpoint", extra={"next_step": next_step, "version": self.version})
 
     def finish(self, step: int, version: int, ids: list[str], metrics: dict, state=None,
-               copied: TrainingStateCopy | None = None) -> None:
-        """Step N is published as `version`: its audit record and the progress past it, its checkpoint if due,
-        then its report. The checkpoint comes after the record: a process killed between the two resumes
-        past the recorded step with the older weights (resumption.py), and no trained step goes unrecorded."""
+               copied: TrainingStateCopy | None = None, halt: threading.Event | None = None) -> None:
+        """Step N is published as `version`: its audit record and the progress past it, its checkpoint if due, then
+        its report. The checkpoint follows the record: a process killed between the two resumes past the recorded
+        step with the older weights (resumption.py); no trained step goes unrecorded. The last step first waits
+        for the run's engines to serve its weights (WeightVersions.catch_up_engines)."""
         c = self.config
         self.version = version
+        if step == self.run.num_steps - 1:  # before the record, while the rollout keeps its engines registered
+            self.weights.catch_up_engines(version, c.final_sync_wait_s, halt)
         metrics.update(weight_version=version, publish_s=self.weights.last_publish_s)
         finish_step(self.redis, c.run_id, step, ids, metrics, TrainerProgress(next_step=step + 1, version=version))
         if self.checkpoint_due(step):
@@ -302,7 +306,7 @@ class ActorTrainer:
             version = self._policy_version(it)
             lr = set_lr(self.optimizer, run.optim.lr, step, run.optim, run.num_steps)  # run.optim.lr_schedule
             t1 = time.perf_counter()
-            tokens, seqs = self.loss_totals(batch)
+            tokens, seqs = loss_totals(batch, run, dp, self.backend.data_size)
             with span("train", step, version):
                 m = self.backend.train(batch, run, run.micro_batch_size, c.device, totals=(tokens, seqs))
             compute_s += time.perf_counter() - t1
@@ -327,19 +331,6 @@ class ActorTrainer:
                        lr=lr,
                        **staleness_metrics(step, staleness, run.max_staleness))
         return ids, metrics
-
-    def loss_totals(self, batch) -> tuple[float, float]:
-        """The global batch's (tokens, sequences) the loss is normalised by (services/algorithms/policy_loss.py:
-        aggregate), from every rank's share: the ranks of one model replica (megatron: TP x PP) hold the same
-        rows, so they are counted once; rows that pad an agent episode's chains train on nothing and count for
-        nothing."""
-        run, dp = self.run, self.dp
-        replica = dp.size // self.backend.data_size
-        masks = batch["loss_mask"]
-        tokens = dp.total(float(sum(float(m.sum()) for m in masks))) / replica
-        if run.chains_per_episode == 1:
-            return tokens, float(run.global_batch_size)
-        return tokens, max(1.0, dp.total(float(sum(1 for m in masks if float(m.sum()) > 0))) / replica)
 
     def _policy_version(self, it: int) -> int:
         """The version iteration `it`'s samples are trained at (the one in flight, if a publish is), once the

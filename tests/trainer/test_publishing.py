@@ -2,10 +2,13 @@
 ended, even while the optimizer moves them; a live publish holds the optimizer (settle_live) until it is sent."""
 
 import threading
+import time
+from types import SimpleNamespace
 
 import torch
 
 from services.run_contract.run_config import RunConfig
+from services.trainer import publishing
 from services.trainer.publishing import WeightVersions
 from tests.fakes.weights import FakeWeightPublisher, InMemoryCoordinator
 
@@ -76,3 +79,64 @@ def test_weights_larger_than_the_snapshot_limit_are_published_live():
                           snapshot_max_bytes=32).snapshot_fits
     assert not WeightVersions(FakeWeightPublisher(coordinator), model, run, coordinator, "r", 60.0,
                               snapshot_max_bytes=31).snapshot_fits
+
+
+class EngineTopology(InMemoryCoordinator):
+    """A coordinator whose engines are scripted: `engines` (alive, weight_version) per node, changed by the test;
+    an engine in `loads` takes each non-announced resend it is alive for as its version (the engine loading it)."""
+
+    def __init__(self, engines: dict[str, tuple[bool, int | None]]):
+        super().__init__()
+        self.engines = engines
+        self.loads: set[str] = set()
+
+    def topology(self) -> SimpleNamespace:
+        return SimpleNamespace(roles={"engine": [
+            SimpleNamespace(node_id=k, run_id="r", alive=a, weight_version=v) for k, (a, v) in self.engines.items()]
+            + [SimpleNamespace(node_id="other-run", run_id="x", alive=False, weight_version=0)]})
+
+    def publish(self, named, version, receiver_roles, announce=True):
+        for node in self.loads:
+            if self.engines[node][0]:
+                self.engines[node] = (True, version)
+        return super().publish(named, version, receiver_roles, announce)
+
+
+def _caught_up(monkeypatch, engines: dict, wait_s: float, during=None) -> tuple[bool, EngineTopology, float]:
+    monkeypatch.setattr(publishing, "HEARTBEAT_SETTLE_S", 0.05)
+    coordinator = EngineTopology(engines)
+    coordinator.loads = set(engines)
+    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=2)
+    versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
+    if during is not None:
+        threading.Timer(0.3, during, args=(coordinator,)).start()
+    began = time.monotonic()
+    ok = versions.catch_up_engines(3, wait_s, poll_s=0.01)
+    return ok, coordinator, time.monotonic() - began
+
+
+def test_engines_already_on_the_last_version_end_the_run_at_once(monkeypatch):
+    ok, coordinator, took = _caught_up(monkeypatch, {"e0": (True, 3), "e1": (True, 3)}, wait_s=30)
+    assert ok and coordinator.published == [] and took < 1
+
+
+def test_an_engine_behind_gets_the_last_version_again_unannounced(monkeypatch):
+    ok, coordinator, _ = _caught_up(monkeypatch, {"e0": (True, 3), "e1": (True, 0)}, wait_s=30)
+    assert ok
+    assert [(p.version, p.announced, p.receiver_roles) for p in coordinator.published] == [(3, False, ["engine"])]
+
+
+def test_an_engine_that_is_down_is_waited_for_and_caught_up_when_it_returns(monkeypatch):
+    def restarted(coordinator):  # back with its initial weights
+        coordinator.engines["e1"] = (True, 0)
+
+    ok, coordinator, took = _caught_up(monkeypatch, {"e0": (True, 3), "e1": (False, 2)}, wait_s=30,
+                                       during=restarted)
+    assert ok and took >= 0.3
+    assert coordinator.engines["e1"] == (True, 3) and [p.version for p in coordinator.published] == [3]
+
+
+def test_an_engine_that_never_returns_ends_the_wait_at_its_bound(monkeypatch):
+    ok, coordinator, took = _caught_up(monkeypatch, {"e0": (True, 3), "e1": (False, 2)}, wait_s=0.4)
+    assert not ok and 0.4 <= took < 5 and coordinator.published == []
