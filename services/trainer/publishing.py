@@ -44,6 +44,7 @@ class WeightVersions:
         self._pending_reads_model = False  # the publish in flight reads the live parameters (no snapshot)
         self.in_flight_version: int | None = None  # the version being published, until settled
         self.last_publish_s = 0.0  # how long the last publish's sync took (tracked with its step)
+        self._loaded: tuple[int, set[str]] = (0, set())  # the newest version sent, and the engines that loaded it
 
     def receiver_roles(self, version: int) -> list[str]:
         roles = ["engine"]
@@ -69,7 +70,7 @@ class WeightVersions:
             self.sender.receiver_roles = self.receiver_roles(version)
             try:
                 result = self.sender.publish(weights if weights is not None else self._weights(), version)
-                self._published_at = time.monotonic()
+                self._note_loaded(version, result)
                 self.last_publish_s = result.seconds.get("total", 0.0)
                 log.info("weights published", extra={"version": version, "seconds": result.seconds})
                 return version
@@ -145,6 +146,11 @@ class WeightVersions:
             return
         self._send_engines(version, lagging)
 
+    def _note_loaded(self, version: int, result) -> None:
+        self._published_at = time.monotonic()
+        done = set(getattr(result, "engines", ()))
+        self._loaded = (version, done | self._loaded[1] if version == self._loaded[0] else done)
+
     def catch_up_engines(self, version: int, wait_s: float, stop: threading.Event | None = None,
                          poll_s: float = 0.25) -> bool:
         """After the run's last step is published, before it is recorded (so the rollout still keeps its engines
@@ -152,15 +158,19 @@ class WeightVersions:
         near the end comes back with its initial weights, and no later publish would reach it (the resend of
         `resend_if_lagging` runs only while the trainer waits for data). Engines that report an older version
         get `version` again; one that is down (its registration not alive) is waited for; both up to `wait_s`.
-        Versions reach the coordinator on heartbeats (~1 s), so an engine is only taken as behind once
-        HEARTBEAT_SETTLE_S passed since the last send to it. Returns whether every engine caught up."""
+        Versions reach the coordinator on heartbeats (~1 s): until HEARTBEAT_SETTLE_S passed since the last
+        send, an engine that loaded `version` in that sync counts as current (the common end of a run returns at
+        once) and none is taken as behind; after it, what each engine reports decides. Returns whether every
+        engine caught up."""
         deadline = time.monotonic() + wait_s
         while True:
             engines = [n for n in self.dcs.topology().roles.get("engine", []) if n.run_id == self.run_id]
-            current = [n for n in engines if n.alive and n.weight_version is not None and n.weight_version >= version]
+            settled = time.monotonic() - self._published_at >= HEARTBEAT_SETTLE_S
+            loaded = self._loaded[1] if self._loaded[0] == version and not settled else set()
+            current = [n for n in engines if n.alive and (n.node_id in loaded or (
+                n.weight_version is not None and n.weight_version >= version))]
             if len(current) == len(engines):
                 return True
-            settled = time.monotonic() - self._published_at >= HEARTBEAT_SETTLE_S
             behind = [n.node_id for n in engines if n.alive and n.weight_version is not None
                       and n.weight_version < version]
             if settled and behind:
@@ -179,10 +189,10 @@ class WeightVersions:
                     extra={"engines": node_ids, "version": version})
         self.sender.receiver_roles = ["engine"]
         try:
-            self.sender.publish(self._weights(), version, announce=False)
+            self._note_loaded(version, self.sender.publish(self._weights(), version, announce=False))
         except SyncFailed as exc:  # tried again at the next check
             log.warning("resending weights to engines failed", extra={"error": str(exc)})
-        self._published_at = time.monotonic()
+            self._published_at = time.monotonic()
 
     def close(self) -> None:
         """Let a publish in flight finish (a half-sent version would leave engines waiting), then stop."""

@@ -48,6 +48,10 @@ class InMemoryCoordinator:
     def topology(self) -> SimpleNamespace:
         return SimpleNamespace(roles={})  # no engine registered: none lags behind the published weights
 
+    def engines_loading(self) -> list[str]:
+        """Node ids of the engines a publish reaches (none registered here)."""
+        return []
+
     def finish_run(self, run_id: str) -> None:
         self.finished.append(run_id)
 
@@ -100,7 +104,8 @@ class FakeWeightPublisher:
             raise AssertionError(f"version {version} is not newer than the latest published {announced[-1]}")
         time.sleep(self.coordinator.broadcast_s)
         self.coordinator.publish(named, version, self.receiver_roles, announce)
-        return SimpleNamespace(version=version, ok=True, seconds={"total": 0.0}, announced=announce)
+        return SimpleNamespace(version=version, ok=True, seconds={"total": 0.0}, announced=announce,
+                               engines=list(self.coordinator.engines_loading()))
 
     def prefetch_group(self, receiver_roles: list[str]) -> None:
         self.prefetched.append(list(receiver_roles))

@@ -95,10 +95,12 @@ class EngineTopology(InMemoryCoordinator):
             SimpleNamespace(node_id=k, run_id="r", alive=a, weight_version=v) for k, (a, v) in self.engines.items()]
             + [SimpleNamespace(node_id="other-run", run_id="x", alive=False, weight_version=0)]})
 
+    def engines_loading(self) -> list[str]:
+        return [node for node in self.loads if self.engines[node][0]]
+
     def publish(self, named, version, receiver_roles, announce=True):
-        for node in self.loads:
-            if self.engines[node][0]:
-                self.engines[node] = (True, version)
+        for node in self.engines_loading():
+            self.engines[node] = (True, version)
         return super().publish(named, version, receiver_roles, announce)
 
 
@@ -135,6 +137,19 @@ def test_an_engine_that_is_down_is_waited_for_and_caught_up_when_it_returns(monk
                                        during=restarted)
     assert ok and took >= 0.3
     assert coordinator.engines["e1"] == (True, 3) and [p.version for p in coordinator.published] == [3]
+
+
+def test_engines_that_loaded_the_last_publish_end_the_run_before_their_heartbeats_say_so():
+    coordinator = EngineTopology({"e0": (True, 2), "e1": (True, 2)})  # heartbeats still carry the version before
+    coordinator.loads = {"e0", "e1"}
+    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=2)
+    versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
+    assert versions.publish(3) == 3
+    coordinator.engines = {"e0": (True, 2), "e1": (True, 2)}
+    began = time.monotonic()
+    assert versions.catch_up_engines(3, wait_s=30, poll_s=0.01)
+    assert time.monotonic() - began < 0.5 and len(coordinator.published) == 1
 
 
 def test_an_engine_that_never_returns_ends_the_wait_at_its_bound(monkeypatch):

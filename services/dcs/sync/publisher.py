@@ -48,6 +48,7 @@ class SyncResult:
     seconds: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     announced: bool = False  # the coordinator recorded the version (receivers may have started on it)
+    engines: list[str] = field(default_factory=list)  # node ids of the engines that loaded it (when ok)
 
 
 class SyncFailed(RuntimeError):
@@ -193,6 +194,7 @@ class WeightPublisher:
                     except Exception as exc:
                         log.warning("could not resume an engine", extra={"engine": engine.base_url, "error": str(exc)})
             result.ok = True
+            result.engines = [m.node_id for m in self._current_engines]
         except Exception as exc:
             self._failed = True
             self.unresponsive.after_failure({m.node_id: self._engines[m.node_id] for m in self._current_engines
