@@ -1,53 +1,108 @@
-"""A step's forward split over several CPU threads: `--forward-workers W` for an engine with W cores to itself.
+"""A step's forward over several CPU threads: `--forward-workers W` for an engine with W cores to itself.
 
-On CPU, torch's own intra-op threads barely help the engine: a decode step of a small model is hundreds of
-small kernels (matmuls of tens of rows, batched attention of a few rows per sequence), each too short to pay
-for waking and joining a thread team. Splitting the step's *sequences* instead gives each thread whole
-kernels: W sub-batches, balanced by token count, run the same `BatchedDecoder.forward` at once on disjoint
-KV slots (torch releases the GIL inside every kernel), one intra-op thread each. Measured on a 2-core CPU
-(the `engine_throughput.py` small workload, in-process scheduler, medians of 7, see docs/performance.md):
-a 64-sequence decode step with two tokens each took 12.0 ms split in two against 17.2 ms whole, while two
-intra-op threads gain ~6%.
+Two ways to use W cores for one step, and which is faster depends on the step and on the machine:
+- **split**: the step's *sequences* in W sub-batches, balanced by token count, each run by the same
+  `BatchedDecoder.forward` on its own thread with one intra-op thread (torch releases the GIL inside every
+  kernel). Each thread gets whole kernels, so it wins where the kernels are long: a prefill step.
+- **whole**: the step as it is, on W intra-op threads: every kernel shares the work. It wins where a step is
+  hundreds of short kernels, whose GIL hand-offs between two Python threads cost more than they overlap.
+Measured here (AMD EPYC, 2 vCPUs, the small preset, medians of 25; one thread / whole on 2 / split in 2):
+a prefill of 64 prompts 251 / 141 / 125 ms; a decode step of 64 sequences x 2 tokens 17.1 / 11.3 / 17.2 ms;
+a long-tail step of 6 x 9 tokens 8.4 / 5.8 / 11.5 ms. An earlier VM measured the 64 x 2 decode step the other
+way round (split 12.0 ms against 17.2 whole on one thread; two intra-op threads gained ~6%). So
+`StrategyChooser` measures both on the live steps, per kind of step (prefill or decode, and the step's token
+count to a power of two), and runs each kind the faster way, trying the other now and then.
 
-A step too narrow to split well (the long tail of a batch: a handful of sequences, each reading every weight)
-runs whole with W intra-op threads instead: there the matmuls are bound by reading the weights, and two
-threads share that read.
+A step too narrow to split (fewer than MIN_SPLIT_TOKENS tokens or MIN_SPLIT_SEQS sequences) runs whole.
 
 Why this is safe: sub-batches touch disjoint slots of the KV pool and disjoint entries of `pool.lengths`; the
 weights are only read during a forward, and weight loads, pauses and aborts run on the engine thread between
-steps (scheduler.py), never during one. The outputs are the whole step's, in the same order.
+steps (scheduler.py), never during one. The outputs are the whole step's, in the same order, either way.
 """
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Protocol
 
 import torch
 
-from services.model.batched_decoder import BatchedDecoder
+from services.model.batched_decoder import SHORT_INPUT, BatchedDecoder
 
 # a step with fewer tokens or sequences than this runs whole (see the module doc)
 MIN_SPLIT_TOKENS = 64
 MIN_SPLIT_SEQS = 8
 
 
-class ParallelForward:
-    """`BatchedDecoder.forward`, split over `workers` threads (the scheduler's decoder when W > 1)."""
+class StepStrategy(Protocol):
+    """Which way a splittable step runs ("split" or "whole"), and how long each took."""
 
-    def __init__(self, decoder: BatchedDecoder, workers: int):
+    def pick(self, kind: tuple) -> str: ...
+
+    def record(self, kind: tuple, how: str, seconds_per_token: float) -> None: ...
+
+
+class StrategyChooser:
+    """Per kind of step, the way with the lower moving average of seconds per token: each is tried WARM times
+    first, then the slower one once every EXPLORE_EVERY steps of that kind (machines and loads change)."""
+
+    WARM, EXPLORE_EVERY, ALPHA = 2, 16, 0.3
+
+    def __init__(self):
+        self._seen: dict[tuple, dict[str, list]] = {}  # kind -> way -> [average s/token, runs]
+        self._count: dict[tuple, int] = {}
+
+    def pick(self, kind: tuple) -> str:
+        ways = self._seen.setdefault(kind, {"split": [0.0, 0], "whole": [0.0, 0]})
+        self._count[kind] = n = self._count.get(kind, 0) + 1
+        fewest = min(ways, key=lambda w: ways[w][1])
+        if ways[fewest][1] < self.WARM:
+            return fewest
+        best, other = sorted(ways, key=lambda w: ways[w][0])
+        return other if n % self.EXPLORE_EVERY == 0 else best
+
+    def record(self, kind: tuple, how: str, seconds_per_token: float) -> None:
+        seen = self._seen.setdefault(kind, {"split": [0.0, 0], "whole": [0.0, 0]})[how]
+        seen[0] = seconds_per_token if not seen[1] else (1 - self.ALPHA) * seen[0] + self.ALPHA * seconds_per_token
+        seen[1] += 1
+
+
+def step_kind(lengths: list[int]) -> tuple:
+    """(has a prompt chunk, token count's power of two): steps of one kind cost about the same per token."""
+    return max(lengths) > SHORT_INPUT, sum(lengths).bit_length()
+
+
+class ParallelForward:
+    """`BatchedDecoder.forward` on `workers` threads (the scheduler's decoder when W > 1)."""
+
+    def __init__(self, decoder: BatchedDecoder, workers: int, strategy: StepStrategy | None = None):
         if workers < 2:
             raise ValueError("ParallelForward needs at least two workers (one runs the decoder as it is)")
         self.decoder = decoder
         self.pool = decoder.pool
         self.workers = workers
+        self.strategy = strategy or StrategyChooser()
         self._executor = ThreadPoolExecutor(workers - 1, thread_name_prefix="engine-forward")
 
     def forward(self, slots: list[int], new_tokens: list[list[int]],
                 full_logits: list[bool] | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """As `BatchedDecoder.forward`: last-token logits `[len(slots), vocab]` and the full logits asked for."""
-        cuts = split_points([len(t) for t in new_tokens], self.workers)
+        lengths = [len(t) for t in new_tokens]
+        cuts = split_points(lengths, self.workers)
         if not cuts:
             return self._whole(slots, new_tokens, full_logits)
+        kind = step_kind(lengths)
+        how = self.strategy.pick(kind)
+        began = time.perf_counter()
+        if how == "whole":
+            out = self._whole(slots, new_tokens, full_logits)
+        else:
+            out = self._split(slots, new_tokens, full_logits, cuts)
+        self.strategy.record(kind, how, (time.perf_counter() - began) / sum(lengths))
+        return out
+
+    def _split(self, slots, new_tokens, full_logits, cuts):
         bounds = list(zip([0, *cuts], [*cuts, len(slots)]))
         futures = [self._executor.submit(self.decoder.forward, slots[a:b], new_tokens[a:b],
                                          full_logits[a:b] if full_logits else None) for a, b in bounds[1:]]

@@ -9,7 +9,8 @@ import httpx
 import pytest
 import torch
 
-from services.engine.parallel_forward import MIN_SPLIT_SEQS, MIN_SPLIT_TOKENS, ParallelForward, split_points
+from services.engine.parallel_forward import (MIN_SPLIT_SEQS, MIN_SPLIT_TOKENS, ParallelForward, StrategyChooser,
+                                              split_points, step_kind)
 from services.engine.config import EngineConfig
 from services.engine.request import Generation, share_prompts
 from services.engine.sampling import SamplingParams
@@ -51,9 +52,49 @@ def _decoder(model_dir):
     return BatchedDecoder(model, make_pool(model, EngineConfig(model=model_dir, max_running=32))), tokenizer
 
 
-def test_a_split_step_computes_what_the_whole_step_does(tiny_model_dir):
+class Always:
+    """A StepStrategy that always answers `how`, and keeps what was recorded."""
+
+    def __init__(self, how: str):
+        self.how, self.records = how, []
+
+    def pick(self, kind: tuple) -> str:
+        return self.how
+
+    def record(self, kind: tuple, how: str, seconds_per_token: float) -> None:
+        self.records.append((kind, how, seconds_per_token))
+
+
+def test_the_chooser_tries_both_ways_then_runs_the_faster_and_keeps_checking():
+    chooser, kind = StrategyChooser(), (False, 7)
+    cost = {"split": 2.0, "whole": 1.0}
+    picks = []
+    for _ in range(64):
+        how = chooser.pick(kind)
+        picks.append(how)
+        chooser.record(kind, how, cost[how])
+    assert sorted(picks[:4]) == ["split", "split", "whole", "whole"]  # each tried WARM times first
+    every = StrategyChooser.EXPLORE_EVERY  # then the slower one only to check, on every n-th step of the kind
+    assert picks[4:].count("split") == sum(1 for n in range(5, 65) if n % every == 0)
+    cost = {"split": 0.5, "whole": 1.0}  # the machine changed: split became faster
+    for _ in range(64):
+        how = chooser.pick(kind)
+        chooser.record(kind, how, cost[how])
+    assert [chooser.pick(kind) for _ in range(10)].count("split") >= 9
+    assert chooser.pick((True, 11)) in ("split", "whole")  # another kind starts from scratch
+
+
+def test_step_kinds_separate_prompt_chunks_and_sizes():
+    assert step_kind([1] * 64) == (False, 7)
+    assert step_kind([2] * 64) == (False, 8)
+    assert step_kind([1] * 63 + [40]) == (True, 7)
+
+
+@pytest.mark.parametrize("how", ["split", "whole"])
+def test_a_step_on_two_workers_computes_what_one_worker_does(tiny_model_dir, how):
     whole, _ = _decoder(tiny_model_dir)
-    split = ParallelForward(_decoder(tiny_model_dir)[0], workers=2)
+    strategy = Always(how)
+    split = ParallelForward(_decoder(tiny_model_dir)[0], workers=2, strategy=strategy)
     rng = random.Random(0)
     vocab = whole.hf.config.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(3, 40))] for _ in range(20)]
@@ -69,6 +110,7 @@ def test_a_split_step_computes_what_the_whole_step_does(tiny_model_dir):
         for i in full_w:
             torch.testing.assert_close(full_s[i], full_w[i], rtol=1e-5, atol=1e-5)
     assert split.pool.lengths[:20] == whole.pool.lengths[:20]
+    assert {h for _, h, _ in strategy.records} == {how} and all(t > 0 for _, _, t in strategy.records)
     split.close()
 
 
