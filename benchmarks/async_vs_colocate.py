@@ -5,7 +5,7 @@ TransferQueue, the coordinator, --engines built-in engines, rollout, advantage a
 process, one torch thread each) on the same random model (`sluice init-model`, --preset, written once),
 the same prompts (demo:letters), estimator and batch sizes:
 
-  fully_async  max_staleness = --max-staleness (default 1): rollout generates up to that many versions
+  fully_async  max_staleness = --max-staleness (default 2): rollout generates up to that many versions
                ahead while the trainer trains, and the trainer starts a step as soon as rows arrive.
   colocate     the synchronous baseline: max_staleness 0 (every step generated under the version it is
                trained with) and every consumer waits for the whole batch before it starts.
@@ -33,13 +33,15 @@ Also per mode (medians over reps of per-rep means over the measured steps), to s
                 targets for fully_async: achieved >= 90% of the bound, every engine busy >= 90% of the window.
 Checks: every sample trained exactly once and no sample beyond its mode's staleness bound.
 
-The overlap targets describe a generation-bound run: `--steps 24 --warmup 4 --max-staleness 2
---max-new-tokens 96` meets both here. At the defaults (32 new tokens, max_staleness 1) a step's generation is
-about as long as the chain from its last token to the next version in the engine (put, advantage, claim,
-train, publish, load), which gates the step after next, so the engine idles ~20-30% whatever the schedule
-(docs/performance.md).
+Workload defaults: 24 steps (4 of warm-up), 96 new tokens, max_staleness 2: a generation-bound run, the case
+the overlap targets are about (the trainer waiting for data). With max_staleness 1 and 32 new tokens
+(`--max-staleness 1 --max-new-tokens 32 --steps 12 --warmup 2`, the defaults before 2026-11-27) a step's
+generation is about as long as the chain from its last token to the next version in the engine (put,
+advantage, claim, train, publish, load), which gates the step after next, so the engine idles ~30% whatever the
+schedule; docs/performance.md has both.
 
-Usage: python benchmarks/async_vs_colocate.py [--reps 5] [--steps 12] [--warmup 2] [--engines 1] ...
+Usage: python benchmarks/async_vs_colocate.py [--reps 5] [--steps 24] [--warmup 4] [--max-staleness 2]
+       [--max-new-tokens 96] [--engines 1] ...
 """
 
 from __future__ import annotations
@@ -381,10 +383,10 @@ def overlap_targets(overlap: dict) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reps", type=int, default=5, help="repetitions; each is one fresh run per mode (default 5)")
-    p.add_argument("--steps", type=int, default=12, help="training steps per run (default 12)")
-    p.add_argument("--warmup", type=int, default=2, help="first steps not counted (default 2)")
+    p.add_argument("--steps", type=int, default=24, help="training steps per run (default 24)")
+    p.add_argument("--warmup", type=int, default=4, help="first steps not counted (default 4)")
     p.add_argument("--cooldown", type=int, default=0, help="last steps not counted (default 0)")
-    p.add_argument("--max-staleness", type=int, default=1, help="fully_async's staleness bound (default 1)")
+    p.add_argument("--max-staleness", type=int, default=2, help="fully_async's staleness bound (default 2)")
     p.add_argument("--estimator", default="grpo",
                    choices=ESTIMATORS)
     p.add_argument("--prompts", default="demo:letters", help="demo:<task>, a .jsonl or a .parquet file")
@@ -393,7 +395,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--micro-batch-size", type=int, default=0, help="0 = min(rows per step, 8) if it divides them")
     p.add_argument("--max-groups-in-flight", type=int, default=0,
                    help="rollout.max_groups_in_flight (0 = the run default, 2 steps' worth)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=96, help="(default 96)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--engines", type=int, default=1, help="built-in engine processes (default 1)")
     p.add_argument("--preset", default="tiny", choices=["tiny", "small"], help="size of the random model")

@@ -6,9 +6,11 @@ exactly 8x = 256 (--quick: 4x = 128). Every request is greedy (temperature 0), E
 fixed `max_new_tokens`, so every system generates exactly the requested counts (checked). The model is a
 random `sluice init-model` checkpoint, qwen2, --preset "small" (~3M parameters; the default) or "tiny"
 (~0.08M; --quick's default), float32 on CPU, one torch thread in every process (--threads N gives the engine
-(`--torch-threads N`) and the transformers baselines N intra-op threads alike). --cores C lets the engine use C
-cores (`--forward-workers C`: each step split over C threads) and adds `hf_bucketed_Ct`, the per-bucket
-baseline with C intra-op threads; the target then compares against the faster per-bucket run.
+(`--torch-threads N`) and the transformers baselines N intra-op threads alike). --cores C (default: every core of
+the machine, as "the speed of the machine" means) lets the engine use C cores (`--forward-workers C`: each kind of
+step split over C threads or whole on C intra-op threads, whichever it measures faster) and adds
+`hf_bucketed_Ct`, the per-bucket baseline with C intra-op threads; the target then compares against the faster
+per-bucket run, so transformers gets its best thread count too. --cores 1: both on one core.
 
 Measured, interleaved per repetition (one untimed warm-up repetition first, then the median of --reps):
   engine       `sluice engine` in its own process (default flags: n-gram speculative decoding of these
@@ -39,7 +41,7 @@ With --profile, the engine's Scheduler + BatchedDecoder run in this process (no 
 the same workload, stepped by hand, and a cProfile run's top functions are added to the JSON.
 
 Usage: python benchmarks/engine_throughput.py [--quick] [--preset small|tiny] [--reps 5] [--profile]
-       [--model-dir DIR] [--threads 1] [--cores 1]
+       [--model-dir DIR] [--threads 1] [--cores N]
 """
 
 from __future__ import annotations
@@ -388,9 +390,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the engine's --speculative-algorithm (its default: ngram)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the engine (--torch-threads) "
                    "and of the transformers baselines alike (default 1)")
-    p.add_argument("--cores", type=int, default=1, help="cores the engine may use: its --forward-workers (a step "
-                   "split over that many threads); the per-bucket baseline is then also measured with that many "
-                   "intra-op threads and the faster of the two is the target's baseline (default 1)")
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores the engine may use: its "
+                   "--forward-workers; the per-bucket baseline is then also measured with that many intra-op threads "
+                   "and the faster of the two is the target's baseline (default: every core, %(default)s here)")
     return p.parse_args(argv)
 
 

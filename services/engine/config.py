@@ -42,9 +42,9 @@ class EngineConfig(AuthTokenSettings, TLSSettings):
     torch_threads: int = Field(1, ge=1, le=1024, description="intra-op threads of the forward; 1 suits a machine "
                                "shared with other services (one thread each); an engine with cores to itself "
                                "may use them all")
-    forward_workers: int = Field(1, ge=1, le=64, description="CPU only: cores a step's forward uses (split into "
-                                 "sub-batches of its sequences, one thread each, or whole on that many intra-op "
-                                 "threads, whichever is measured faster for that kind of step); for an engine "
+    forward_workers: int = Field(1, ge=1, le=64, description="CPU only: cores a step's forward may use (on one "
+                                 "thread, whole on that many intra-op threads, or split into sub-batches of its "
+                                 "sequences, whichever is measured fastest for that kind of step); for an engine "
                                  "with that many cores to itself, 1 on a machine shared with other services")
     weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
     log_level: str = Field("info", description="debug|info|warning|error")

@@ -1,6 +1,8 @@
 """A step's forward over several CPU threads: `--forward-workers W` for an engine with W cores to itself.
 
-Two ways to use W cores for one step, and which is faster depends on the step and on the machine:
+Three ways to run one step, and which is fastest depends on the step, the model and the machine:
+- **one**: the step as it is on one thread (the engine's own intra-op threads): a tiny model's step is all
+  Python and dispatch, which more threads only slow down;
 - **split**: the step's *sequences* in W sub-batches, balanced by token count, each run by the same
   `BatchedDecoder.forward` on its own thread with one intra-op thread (torch releases the GIL inside every
   kernel). Each thread gets whole kernels, so it wins where the kernels are long: a prefill step.
@@ -9,11 +11,11 @@ Two ways to use W cores for one step, and which is faster depends on the step an
 Measured here (AMD EPYC, 2 vCPUs, the small preset, medians of 25; one thread / whole on 2 / split in 2):
 a prefill of 64 prompts 251 / 141 / 125 ms; a decode step of 64 sequences x 2 tokens 17.1 / 11.3 / 17.2 ms;
 a long-tail step of 6 x 9 tokens 8.4 / 5.8 / 11.5 ms. An earlier VM measured the 64 x 2 decode step the other
-way round (split 12.0 ms against 17.2 whole on one thread; two intra-op threads gained ~6%). So
-`StrategyChooser` measures both on the live steps, per kind of step (prefill or decode, and the step's token
-count to a power of two), and runs each kind the faster way, trying the other now and then.
-
-A step too narrow to split (fewer than MIN_SPLIT_TOKENS tokens or MIN_SPLIT_SEQS sequences) runs whole.
+way round (split 12.0 ms against 17.2 whole on one thread; two intra-op threads gained ~6%); with the tiny
+preset two threads made the whole round slower than one. So `StrategyChooser` measures the ways on the live
+steps, per kind of step (prefill or decode, the step's token count to a power of two, splittable or not), runs
+each kind the fastest way and tries another now and then. A step too narrow to split (fewer than
+MIN_SPLIT_TOKENS tokens or MIN_SPLIT_SEQS sequences) runs one or whole.
 
 Why this is safe: sub-batches touch disjoint slots of the KV pool and disjoint entries of `pool.lengths`; the
 weights are only read during a forward, and weight loads, pauses and aborts run on the engine thread between
@@ -36,16 +38,17 @@ MIN_SPLIT_SEQS = 8
 
 
 class StepStrategy(Protocol):
-    """Which way a splittable step runs ("split" or "whole"), and how long each took."""
+    """Which of `ways` a step of `kind` runs ("one", "whole" or "split"), and how long each took."""
 
-    def pick(self, kind: tuple) -> str: ...
+    def pick(self, kind: tuple, ways: tuple[str, ...]) -> str: ...
 
     def record(self, kind: tuple, how: str, seconds_per_token: float) -> None: ...
 
 
 class StrategyChooser:
-    """Per kind of step, the way with the lower moving average of seconds per token: each is tried WARM times
-    first, then the slower one once every EXPLORE_EVERY steps of that kind (machines and loads change)."""
+    """Per kind of step, the way with the lowest moving average of seconds per token: each is tried WARM times
+    first, then, on every EXPLORE_EVERY-th step of that kind, one of the others in turn (machines and loads
+    change)."""
 
     WARM, EXPLORE_EVERY, ALPHA = 2, 16, 0.3
 
@@ -53,17 +56,20 @@ class StrategyChooser:
         self._seen: dict[tuple, dict[str, list]] = {}  # kind -> way -> [average s/token, runs]
         self._count: dict[tuple, int] = {}
 
-    def pick(self, kind: tuple) -> str:
-        ways = self._seen.setdefault(kind, {"split": [0.0, 0], "whole": [0.0, 0]})
+    def pick(self, kind: tuple, ways: tuple[str, ...]) -> str:
+        seen = self._seen.setdefault(kind, {})
+        stats = [seen.setdefault(w, [0.0, 0]) for w in ways]
         self._count[kind] = n = self._count.get(kind, 0) + 1
-        fewest = min(ways, key=lambda w: ways[w][1])
-        if ways[fewest][1] < self.WARM:
+        runs, fewest = min((s[1], w) for s, w in zip(stats, ways))
+        if runs < self.WARM:
             return fewest
-        best, other = sorted(ways, key=lambda w: ways[w][0])
-        return other if n % self.EXPLORE_EVERY == 0 else best
+        ranked = [w for _, w in sorted(zip((s[0] for s in stats), ways))]
+        if n % self.EXPLORE_EVERY == 0:
+            return ranked[1 + (n // self.EXPLORE_EVERY) % (len(ranked) - 1)]
+        return ranked[0]
 
     def record(self, kind: tuple, how: str, seconds_per_token: float) -> None:
-        seen = self._seen.setdefault(kind, {"split": [0.0, 0], "whole": [0.0, 0]})[how]
+        seen = self._seen.setdefault(kind, {}).setdefault(how, [0.0, 0])
         seen[0] = seconds_per_token if not seen[1] else (1 - self.ALPHA) * seen[0] + self.ALPHA * seconds_per_token
         seen[1] += 1
 
@@ -90,15 +96,15 @@ class ParallelForward:
         """As `BatchedDecoder.forward`: last-token logits `[len(slots), vocab]` and the full logits asked for."""
         lengths = [len(t) for t in new_tokens]
         cuts = split_points(lengths, self.workers)
-        if not cuts:
-            return self._whole(slots, new_tokens, full_logits)
-        kind = step_kind(lengths)
-        how = self.strategy.pick(kind)
+        kind = (*step_kind(lengths), bool(cuts))
+        how = self.strategy.pick(kind, ("one", "whole", "split") if cuts else ("one", "whole"))
         began = time.perf_counter()
-        if how == "whole":
+        if how == "split":
+            out = self._split(slots, new_tokens, full_logits, cuts)
+        elif how == "whole":
             out = self._whole(slots, new_tokens, full_logits)
         else:
-            out = self._split(slots, new_tokens, full_logits, cuts)
+            out = self.decoder.forward(slots, new_tokens, full_logits)
         self.strategy.record(kind, how, (time.perf_counter() - began) / sum(lengths))
         return out
 

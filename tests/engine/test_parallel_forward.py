@@ -58,30 +58,33 @@ class Always:
     def __init__(self, how: str):
         self.how, self.records = how, []
 
-    def pick(self, kind: tuple) -> str:
-        return self.how
+    def pick(self, kind: tuple, ways: tuple[str, ...]) -> str:
+        return self.how if self.how in ways else "whole"
 
     def record(self, kind: tuple, how: str, seconds_per_token: float) -> None:
         self.records.append((kind, how, seconds_per_token))
 
 
-def test_the_chooser_tries_both_ways_then_runs_the_faster_and_keeps_checking():
-    chooser, kind = StrategyChooser(), (False, 7)
-    cost = {"split": 2.0, "whole": 1.0}
+def _drive(chooser: StrategyChooser, kind: tuple, ways: tuple, cost: dict, steps: int) -> list[str]:
     picks = []
-    for _ in range(64):
-        how = chooser.pick(kind)
+    for _ in range(steps):
+        how = chooser.pick(kind, ways)
         picks.append(how)
         chooser.record(kind, how, cost[how])
-    assert sorted(picks[:4]) == ["split", "split", "whole", "whole"]  # each tried WARM times first
-    every = StrategyChooser.EXPLORE_EVERY  # then the slower one only to check, on every n-th step of the kind
-    assert picks[4:].count("split") == sum(1 for n in range(5, 65) if n % every == 0)
-    cost = {"split": 0.5, "whole": 1.0}  # the machine changed: split became faster
-    for _ in range(64):
-        how = chooser.pick(kind)
-        chooser.record(kind, how, cost[how])
-    assert [chooser.pick(kind) for _ in range(10)].count("split") >= 9
-    assert chooser.pick((True, 11)) in ("split", "whole")  # another kind starts from scratch
+    return picks
+
+
+def test_the_chooser_tries_every_way_then_runs_the_fastest_and_keeps_checking():
+    chooser, kind, ways = StrategyChooser(), (False, 7, True), ("one", "whole", "split")
+    picks = _drive(chooser, kind, ways, {"one": 3.0, "split": 2.0, "whole": 1.0}, 96)
+    assert sorted(picks[:6]) == ["one", "one", "split", "split", "whole", "whole"]  # each tried WARM times first
+    every = StrategyChooser.EXPLORE_EVERY  # then the others only to check, in turn, on every n-th step of the kind
+    assert picks[6:].count("whole") == sum(1 for n in range(7, 97) if n % every)
+    assert picks[6:].count("split") >= 2 and picks[6:].count("one") >= 2
+    picks = _drive(chooser, kind, ways, {"one": 3.0, "split": 0.5, "whole": 1.0}, 256)  # the machine changed
+    assert picks[-10:].count("split") >= 9
+    assert chooser.pick((True, 11, True), ways) in ways  # another kind starts from scratch
+    assert set(_drive(chooser, (False, 5, False), ("one", "whole"), {"one": 1.0, "whole": 2.0}, 40)) == {"one", "whole"}
 
 
 def test_step_kinds_separate_prompt_chunks_and_sizes():
@@ -90,7 +93,7 @@ def test_step_kinds_separate_prompt_chunks_and_sizes():
     assert step_kind([1] * 63 + [40]) == (True, 7)
 
 
-@pytest.mark.parametrize("how", ["split", "whole"])
+@pytest.mark.parametrize("how", ["split", "whole", "one"])
 def test_a_step_on_two_workers_computes_what_one_worker_does(tiny_model_dir, how):
     whole, _ = _decoder(tiny_model_dir)
     strategy = Always(how)
@@ -98,7 +101,7 @@ def test_a_step_on_two_workers_computes_what_one_worker_does(tiny_model_dir, how
     rng = random.Random(0)
     vocab = whole.hf.config.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(3, 40))] for _ in range(20)]
-    step = [[rng.randrange(vocab) for _ in range(1 + i % 4)] for i in range(20)]  # decodes, some with drafts
+    step = [[rng.randrange(vocab) for _ in range(1 + 2 * (i % 4))] for i in range(20)]  # decodes, some with drafts
     slots = list(range(20))
     outputs = {}
     for name, decoder in (("whole", whole), ("split", split)):  # a prefill step of every prompt, then `step`
@@ -111,6 +114,7 @@ def test_a_step_on_two_workers_computes_what_one_worker_does(tiny_model_dir, how
             torch.testing.assert_close(full_s[i], full_w[i], rtol=1e-5, atol=1e-5)
     assert split.pool.lengths[:20] == whole.pool.lengths[:20]
     assert {h for _, h, _ in strategy.records} == {how} and all(t > 0 for _, _, t in strategy.records)
+    assert all(kind[2] for kind, _, _ in strategy.records)  # both steps could be split
     split.close()
 
 
