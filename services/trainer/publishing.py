@@ -164,7 +164,14 @@ class WeightVersions:
         engine caught up."""
         deadline = time.monotonic() + wait_s
         while True:
-            engines = [n for n in self.dcs.topology().roles.get("engine", []) if n.run_id == self.run_id]
+            try:
+                engines = [n for n in self.dcs.topology().roles.get("engine", []) if n.run_id == self.run_id]
+            except Exception as exc:  # the coordinator restarting: the run's last record must not fail on it
+                log.warning("could not read the run's engines", extra={"error": repr(exc)})
+                if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+                    return False
+                time.sleep(poll_s)
+                continue
             settled = time.monotonic() - self._published_at >= HEARTBEAT_SETTLE_S
             loaded = self._loaded[1] if self._loaded[0] == version and not settled else set()
             current = [n for n in engines if n.alive and (n.node_id in loaded or (
@@ -190,8 +197,8 @@ class WeightVersions:
         self.sender.receiver_roles = ["engine"]
         try:
             self._note_loaded(version, self.sender.publish(self._weights(), version, announce=False))
-        except SyncFailed as exc:  # tried again at the next check
-            log.warning("resending weights to engines failed", extra={"error": str(exc)})
+        except Exception as exc:  # a failed sync, or the coordinator unreachable: tried again at the next check
+            log.warning("resending weights to engines failed", extra={"error": repr(exc)})
             self._published_at = time.monotonic()
 
     def close(self) -> None:

@@ -155,3 +155,31 @@ def test_engines_that_loaded_the_last_publish_end_the_run_before_their_heartbeat
 def test_an_engine_that_never_returns_ends_the_wait_at_its_bound(monkeypatch):
     ok, coordinator, took = _caught_up(monkeypatch, {"e0": (True, 3), "e1": (False, 2)}, wait_s=0.4)
     assert not ok and 0.4 <= took < 5 and coordinator.published == []
+
+
+class FlakyTopology(EngineTopology):
+    """The coordinator unreachable for its first `failures` topology reads (restarting)."""
+
+    def __init__(self, engines, failures: int):
+        super().__init__(engines)
+        self.failures = failures
+
+    def topology(self):
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("coordinator restarting")
+        return super().topology()
+
+
+def test_a_coordinator_restarting_at_the_end_is_waited_out_not_raised(monkeypatch):
+    monkeypatch.setattr(publishing, "HEARTBEAT_SETTLE_S", 0.05)
+    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=2)
+    coordinator = FlakyTopology({"e0": (True, 0)}, failures=3)
+    coordinator.loads = {"e0"}
+    versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
+    assert versions.catch_up_engines(3, wait_s=30, poll_s=0.01)
+    assert coordinator.engines["e0"] == (True, 3)
+    down = FlakyTopology({"e0": (True, 3)}, failures=10 ** 6)  # never answers: the bound ends the wait
+    versions = WeightVersions(FakeWeightPublisher(down), torch.nn.Linear(2, 2), run, down, "r", 60.0)
+    assert not versions.catch_up_engines(3, wait_s=0.2, poll_s=0.01)
