@@ -139,9 +139,12 @@ class WeightVersions:
                 or (self._pending is not None and not self._pending.done())):
             return
         self._last_lag_check = now
+        # an engine the publisher leaves out as unresponsive gets whole weights at the first sync after it answers
+        # again; a resend now would reach only the engines that have them already
+        left_out = set(self.sender.left_out())
         lagging = [n.node_id for n in self.dcs.topology().roles.get("engine", [])
                    if n.alive and n.run_id == self.run_id and n.weight_version is not None
-                   and n.weight_version < version]
+                   and n.weight_version < version and n.node_id not in left_out]
         if not lagging:
             return
         self._send_engines(version, lagging)
@@ -178,8 +181,9 @@ class WeightVersions:
                 n.weight_version is not None and n.weight_version >= version))]
             if len(current) == len(engines):
                 return True
+            left_out = set(self.sender.left_out())  # unresponsive: waited for, as a down engine is
             behind = [n.node_id for n in engines if n.alive and n.weight_version is not None
-                      and n.weight_version < version]
+                      and n.weight_version < version and n.node_id not in left_out]
             if settled and behind:
                 self._send_engines(version, behind)
             elif time.monotonic() >= deadline or (stop is not None and stop.is_set()):

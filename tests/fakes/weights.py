@@ -114,6 +114,9 @@ class FakeWeightPublisher:
         self.resumed += 1
         return 0
 
+    def left_out(self) -> list[str]:
+        return []
+
     def close(self) -> None:
         self.closed = True
 

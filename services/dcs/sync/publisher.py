@@ -114,6 +114,10 @@ class WeightPublisher:
         self._http.shutdown(wait=False)
         self._reporter.shutdown(wait=True)  # the last reports still reach the coordinator
 
+    def left_out(self) -> list[str]:
+        """Node ids of the engines this publisher leaves out of its syncs until they answer again (unresponsive.py)."""
+        return self.unresponsive.excluded()
+
     def _drop_group(self) -> None:
         if self._group is not None:
             self._group.close()  # a group that saw a failure is not reused
@@ -135,8 +139,8 @@ class WeightPublisher:
     def _each_engine(self, call) -> None:
         """Run call(member, client) for every engine concurrently; raise the first failure."""
         futures = [self._http.submit(call, m, self._engines[m.node_id]) for m in self._current_engines]
-        for f in futures:
-            f.result()
+        for f in futures:  # bounded: an engine that stopped answering fails the sync, it does not hang it
+            f.result(timeout=self.timeout_s + 5)
 
     def publish(self, named: Iterable[tuple[str, torch.Tensor]] | WeightStream, version: int,
                 announce: bool = True) -> SyncResult:

@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Protocol
 
 log = logging.getLogger(__name__)
+HEALTH_WAIT_S = 30.0  # the longest a failed sync waits for the /health answers it asks for
 
 
 class HealthChecked(Protocol):
@@ -41,7 +42,11 @@ class UnresponsiveEngines:
         """A sync with these engines (node id -> client) failed: leave out the ones that do not answer now."""
         answers = {node: self._pool.submit(client.health) for node, client in engines.items()}
         for node, answer in answers.items():
-            if not answer.result():
+            try:
+                answered = answer.result(timeout=HEALTH_WAIT_S)
+            except Exception:  # no answer in time (or the check failed): as good as no answer
+                answered = False
+            if not answered:
                 self._left_out[node] = engines[node].base_url
                 log.warning("engine unresponsive after a failed sync: left out of the next syncs until it "
                             "answers", extra={"node_id": node, "engine": engines[node].base_url})
