@@ -139,15 +139,19 @@ class WeightVersions:
                 or (self._pending is not None and not self._pending.done())):
             return
         self._last_lag_check = now
-        # an engine the publisher leaves out as unresponsive gets whole weights at the first sync after it answers
-        # again; a resend now would reach only the engines that have them already
-        left_out = set(self.sender.left_out())
-        lagging = [n.node_id for n in self.dcs.topology().roles.get("engine", [])
-                   if n.alive and n.run_id == self.run_id and n.weight_version is not None
-                   and n.weight_version < version and n.node_id not in left_out]
+        lagging = self._behind([n for n in self.dcs.topology().roles.get("engine", []) if n.run_id == self.run_id],
+                               version)
         if not lagging:
             return
         self._send_engines(version, lagging)
+
+    def _behind(self, engines: list, version: int) -> list[str]:
+        """Node ids of the live engines that report an older version than `version`. Not the ones the publisher
+        leaves out as unresponsive: they get whole weights at the first sync after they answer again (a resend
+        now would reach only engines that are current), and catch_up_engines waits for them as for one down."""
+        left_out = set(self.sender.left_out())
+        return [n.node_id for n in engines if n.alive and n.weight_version is not None
+                and n.weight_version < version and n.node_id not in left_out]
 
     def _note_loaded(self, version: int, result) -> None:
         self._published_at = time.monotonic()
@@ -181,9 +185,7 @@ class WeightVersions:
                 n.weight_version is not None and n.weight_version >= version))]
             if len(current) == len(engines):
                 return True
-            left_out = set(self.sender.left_out())  # unresponsive: waited for, as a down engine is
-            behind = [n.node_id for n in engines if n.alive and n.weight_version is not None
-                      and n.weight_version < version and n.node_id not in left_out]
+            behind = self._behind(engines, version)
             if settled and behind:
                 self._send_engines(version, behind)
             elif time.monotonic() >= deadline or (stop is not None and stop.is_set()):
