@@ -147,8 +147,8 @@ class WeightVersions:
 
     def _behind(self, engines: list, version: int) -> list[str]:
         """Node ids of the live engines that report an older version than `version`. Not the ones the publisher
-        leaves out as unresponsive: they get whole weights at the first sync after they answer again (a resend
-        now would reach only engines that are current), and catch_up_engines waits for them as for one down."""
+        leaves out as unresponsive (a resend now would reach only engines that are current): asking for them
+        has the publisher probe them again, and one that answers is behind at a later check."""
         left_out = set(self.sender.left_out())
         return [n.node_id for n in engines if n.alive and n.weight_version is not None
                 and n.weight_version < version and n.node_id not in left_out]

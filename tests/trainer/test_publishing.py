@@ -183,3 +183,48 @@ def test_a_coordinator_restarting_at_the_end_is_waited_out_not_raised(monkeypatc
     down = FlakyTopology({"e0": (True, 3)}, failures=10 ** 6)  # never answers: the bound ends the wait
     versions = WeightVersions(FakeWeightPublisher(down), torch.nn.Linear(2, 2), run, down, "r", 60.0)
     assert not versions.catch_up_engines(3, wait_s=0.2, poll_s=0.01)
+
+
+class AnsweringEngine:
+    """An engine's health check: answers once the test says it is back."""
+
+    def __init__(self, url: str, back: threading.Event):
+        self.base_url, self.back = url, back
+
+    def health(self) -> bool:
+        return self.back.is_set()
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_engine_left_out_while_down_gets_the_weights_again_once_it_answers_with_no_step_published():
+    # the run's only engine restarted with its initial weights: the rollout waits on it and the trainer on the
+    # rollout, so no publish comes; the lag check itself must find it answering again and send it the weights
+    from concurrent.futures import ThreadPoolExecutor
+
+    from services.dcs.sync.unresponsive import UnresponsiveEngines
+
+    back = threading.Event()
+    coordinator = EngineTopology({"e0": (True, 0)})
+    coordinator.loads = {"e0"}
+    sender = FakeWeightPublisher(coordinator)
+    with ThreadPoolExecutor(2) as pool:
+        sender.unresponsive = UnresponsiveEngines(pool, lambda url: AnsweringEngine(url, back))
+        sender.left_out = sender.unresponsive.unanswered
+        sender.unresponsive.after_failure({"e0": AnsweringEngine("http://e0", back)})  # the sync while it was down
+        run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                        micro_batch_size=2, num_steps=2)
+        versions = WeightVersions(sender, torch.nn.Linear(2, 2), run, coordinator, "r", republish_check_s=0.0)
+        versions._published_at -= 10  # the last publish was a while ago
+        versions.resend_if_lagging(3)
+        time.sleep(0.1)
+        versions.resend_if_lagging(3)  # its probe heard nothing: still left out, nothing sent
+        assert coordinator.published == [] and sender.left_out() == ["e0"]
+        back.set()
+        deadline = time.monotonic() + 5
+        while not coordinator.published and time.monotonic() < deadline:
+            versions.resend_if_lagging(3)
+            time.sleep(0.02)
+    assert [(p.version, p.announced) for p in coordinator.published] == [(3, False)]
+    assert coordinator.engines["e0"] == (True, 3)

@@ -508,6 +508,23 @@ def test_claim_key_gives_every_caller_the_same_lease_even_after_ack(tq, uniq):
     assert tq.claim_rows(p, task, 4, claim_key="run-8").rows == [4, 5]
 
 
+def test_a_released_claim_key_lease_is_claimed_anew_not_handed_back(tq, uniq):
+    # the trainer claims a whole batch under a key; answered short at the deadline, it gives the rows back and
+    # claims again: it must get the batch once the rest is ready, not its released short lease forever
+    p, task = uniq("p"), uniq("t")
+    tq.create_partition(p, group_size=2)
+    tq.register_task(task, ["x"], group_size=2)
+    tq.put(p, {"x": torch.arange(2)})
+    short = tq.claim_rows(p, task, 4, wait_s=0.2, min_rows=4, claim_key="step-5")
+    assert short.rows == [0, 1]  # the deadline's answer: what is ready
+    tq.release(short.lease_id)
+    tq.put(p, {"x": torch.arange(2)})
+    whole = tq.claim_rows(p, task, 4, wait_s=5, min_rows=4, claim_key="step-5")
+    assert whole.lease_id != short.lease_id and sorted(whole.rows) == [0, 1, 2, 3]
+    late = tq.claim_rows(p, task, 4, claim_key="step-5")  # the key now names the new lease
+    assert (late.lease_id, late.rows) == (whole.lease_id, whole.rows)
+
+
 def test_put_larger_than_the_whole_shard_fails_fast(tmp_path):
     from services.transferqueue.client.queue import TransferQueue
     from services.transferqueue.local_stack import LocalTransferQueue

@@ -115,8 +115,9 @@ class WeightPublisher:
         self._reporter.shutdown(wait=True)  # the last reports still reach the coordinator
 
     def left_out(self) -> list[str]:
-        """Node ids of the engines this publisher leaves out of its syncs until they answer again (unresponsive.py)."""
-        return self.unresponsive.excluded()
+        """Node ids of the engines this publisher leaves out of its syncs because they have not answered since
+        (unresponsive.py): asking readmits those that did, and asks the others again in the background."""
+        return self.unresponsive.unanswered()
 
     def _drop_group(self) -> None:
         if self._group is not None:

@@ -7,12 +7,15 @@ either. After a failed sync the publisher asks each engine of that group for `/h
 answer are left out of the next groups (`SyncGroupRequest.exclude_nodes`), and at each sync the ones left out
 are asked again, in the background (a sync never waits for an engine that does not answer): one that has
 answered by the next sync rejoins it, and since every sync sends whole weights, that sync brings it up to
-date.
+date. `unanswered` asks the same way without a sync: the trainer's check for engines behind the published
+version uses it, so an engine that restarted while no step is published (the run waits on that very engine)
+rejoins too.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Protocol
 
@@ -34,9 +37,16 @@ class UnresponsiveEngines:
         self._client_for = client_for
         self._left_out: dict[str, str] = {}  # node id -> the engine's URL
         self._probes: dict[str, Future] = {}  # node id -> its /health answer, asked for at an earlier sync
+        self._lock = threading.Lock()  # the publish thread and the trainer's lag check both ask
 
     def excluded(self) -> list[str]:
-        return sorted(self._left_out)
+        with self._lock:
+            return sorted(self._left_out)
+
+    def unanswered(self) -> list[str]:
+        """The engines left out that have not answered since: readmit, then what is still left out."""
+        self.readmit()
+        return self.excluded()
 
     def after_failure(self, engines: dict[str, HealthChecked]) -> None:
         """A sync with these engines (node id -> client) failed: leave out the ones that do not answer now."""
@@ -47,13 +57,18 @@ class UnresponsiveEngines:
             except Exception:  # no answer in time (or the check failed): as good as no answer
                 answered = False
             if not answered:
-                self._left_out[node] = engines[node].base_url
+                with self._lock:
+                    self._left_out[node] = engines[node].base_url
                 log.warning("engine unresponsive after a failed sync: left out of the next syncs until it "
                             "answers", extra={"node_id": node, "engine": engines[node].base_url})
 
     def readmit(self) -> None:
         """Engines left out whose /health has answered since the last sync rejoin; the others are asked
         (again) in the background, for the next sync."""
+        with self._lock:
+            self._readmit()
+
+    def _readmit(self) -> None:
         for node, probe in list(self._probes.items()):
             if probe.done():
                 del self._probes[node]
