@@ -28,7 +28,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.dcs.membership import RunMembership
 from services.model.chat_format import render_chat
-from services.rollout.admission import may_admit
+from services.rollout.admission import may_admit, version_offset
 from services.rollout.config import RolloutConfig
 from services.rollout.connections import RolloutConnections, RolloutMembership, engine_pool, registrations
 from services.rollout.engine_pool import Engines
@@ -232,8 +232,9 @@ class RolloutService:
 
     async def _admissible(self, position: int) -> bool:
         progress = await self.progress()
-        return may_admit(position, self.run.max_staleness, self.pool.serving_version, progress.version_offset,
-                         self.groups_per_step)
+        serving = self.pool.serving_version
+        return may_admit(position, self.run.max_staleness, serving,
+                         version_offset(progress.version, progress.next_step, serving), self.groups_per_step)
 
     async def _poll_versions(self, stop: asyncio.Event) -> None:
         """Engine versions as they move (admission wakes at once), and this rollout's progress reports."""

@@ -30,3 +30,20 @@ def test_a_renumbered_trainer_tightens_admission():
 
 def test_engine_versions_parse():
     assert parse_version("7") == 7 and parse_version("default") == 0 and parse_version(None) == 0
+
+
+def test_a_renumbered_version_on_the_engines_before_its_step_is_recorded_counts_as_renumbered():
+    from services.rollout.admission import version_offset
+
+    # normal: step 4 published as version 5; the record (next_step 5, version 5) follows
+    assert version_offset(recorded_version=4, next_step=4, engine_version=5) == 0
+    assert version_offset(recorded_version=5, next_step=5, engine_version=5) == 0
+    # version 5's sync failed after the coordinator recorded it: step 4 is published as 6 before its record
+    assert version_offset(recorded_version=4, next_step=4, engine_version=6) == 1
+    assert version_offset(recorded_version=6, next_step=5, engine_version=6) == 1
+    # an engine that restarted reports 0; a resumed trainer's recorded offset holds
+    assert version_offset(recorded_version=9, next_step=4, engine_version=0) == 5
+    # so under version 6 with max_staleness 1, step 6 (groups 12, 13; trained at 7) may start, step 7 (trained
+    # at 8) may not, which the recorded offset alone (0) would admit
+    offset = version_offset(4, 4, 6)
+    assert may_admit(13, 1, 6, offset, 2) and not may_admit(14, 1, 6, offset, 2) and may_admit(14, 1, 6, 0, 2)
