@@ -18,7 +18,8 @@ from prometheus_client import Gauge
 from services.engine.config import EngineConfig
 from services.engine.control_routes import (engine_info_router, generation_control_router, service_router,
                                             weight_update_router)
-from services.engine.generate_routes import BadRequest, Unavailable, generate_router
+from services.engine.generate_routes import (BadRequest, Unavailable, fast_generate_route, generate_router,
+                                             validation_message)
 from services.engine.openai_routes import openai_router
 from services.engine.parallel_forward import ParallelForward
 from services.engine.scheduler import Scheduler
@@ -135,8 +136,7 @@ def build_app(engine: Engine) -> FastAPI:
     # SGLang answers a body it cannot use with 400 and a message (FastAPI's default would be 422)
     @app.exception_handler(RequestValidationError)
     async def invalid(_, exc: RequestValidationError):
-        return _error("; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}"
-                                for e in exc.errors()[:5]))
+        return _error(validation_message(exc.errors(), skip=1))
 
     @app.exception_handler(BadRequest)
     async def bad(_, exc: BadRequest):
@@ -148,6 +148,7 @@ def build_app(engine: Engine) -> FastAPI:
         response.headers["Retry-After"] = "1"
         return response
 
+    app.router.routes.append(fast_generate_route(engine))  # first: ahead of every router included below
     weights = weight_update_router(engine)
     for router in (generate_router(engine), openai_router(engine), generation_control_router(engine), weights,
                    engine_info_router(engine), service_router(engine)):

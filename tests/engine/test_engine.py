@@ -104,6 +104,16 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(engine, body):
     assert httpx.get(engine + "/health").status_code == 200
 
 
+def test_a_body_that_does_not_validate_gets_a_message_naming_the_field(engine):
+    r = httpx.post(engine + "/generate", json={"input_ids": [1, 2], "sampling_params": {"temperature": "hot"}},
+                   timeout=30)
+    assert r.status_code == 400 and "sampling_params" in r.json()["error"]["message"]
+    assert "temperature" in r.json()["error"]["message"]
+    for raw in (b"{not json", b"", b"[1, 2]", b"null"):
+        r = httpx.post(engine + "/generate", content=raw, headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["message"], raw
+
+
 class _Streaming:
     """A streaming generate on a thread; `started` is set once the first tokens arrived, so a test
     acts while the request is certainly decoding (no timing guesses)."""
