@@ -88,9 +88,10 @@ def test_the_chooser_tries_every_way_then_runs_the_fastest_and_keeps_checking():
 
 
 def test_step_kinds_separate_prompt_chunks_and_sizes():
-    assert step_kind([1] * 64) == (False, 7)
-    assert step_kind([2] * 64) == (False, 8)
-    assert step_kind([1] * 63 + [40]) == (True, 7)
+    assert step_kind([1] * 64) == (False, 7, 7)
+    assert step_kind([2] * 64) == (False, 8, 7)
+    assert step_kind([1] * 63 + [40]) == (True, 7, 7)
+    assert step_kind([8] * 3) == (False, 5, 2) != step_kind([1] * 24)
 
 
 @pytest.mark.parametrize("how", ["split", "whole", "one"])
