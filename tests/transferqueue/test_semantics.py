@@ -523,6 +523,9 @@ def test_a_released_claim_key_lease_is_claimed_anew_not_handed_back(tq, uniq):
     assert whole.lease_id != short.lease_id and sorted(whole.rows) == [0, 1, 2, 3]
     late = tq.claim_rows(p, task, 4, claim_key="step-5")  # the key now names the new lease
     assert (late.lease_id, late.rows) == (whole.lease_id, whole.rows)
+    tq.reset_task(p, task)  # the task starts over: the key's holder claims anew as well
+    again = tq.claim_rows(p, task, 4, wait_s=5, min_rows=4, claim_key="step-5")
+    assert again.lease_id not in (whole.lease_id, short.lease_id) and sorted(again.rows) == [0, 1, 2, 3]
 
 
 def test_put_larger_than_the_whole_shard_fails_fast(tmp_path):

@@ -613,11 +613,12 @@ redis.register_function('tq_claim', function(keys, args)
     local existing = redis.call('GET', tk .. ':key:' .. ckey)
     -- every caller with the key gets the same lease, whatever became of it since (ranks that
     -- arrive late must see the batch the others split, even if it is acked by now), unless it was
-    -- released: its rows are back in the queue and the key's holder claims again (a claim answered
-    -- short at its deadline and given back must not be answered with the same short batch forever)
+    -- released or its task reset: its rows are back in the queue and the key's holder claims again (a
+    -- claim answered short at its deadline and given back must not get the same short batch forever)
     if existing then
       local lk = K .. ':lease:' .. existing
-      if redis.call('EXISTS', lk) == 1 and redis.call('HGET', lk, 'state') ~= 'released' then
+      local state = redis.call('HGET', lk, 'state')
+      if state and state ~= 'released' and state ~= 'reset' then
         return {existing, redis.call('HGET', lk, 'groups'), tonumber(redis.call('HGET', lk, 'expiry')),
                 is_complete(pk, T), gs, redis.call('ZCARD', tk .. ':q')}
       end
