@@ -185,8 +185,8 @@ class WeightVersions:
                 n.weight_version is not None and n.weight_version >= version))]
             if len(current) == len(engines):
                 return True
-            behind = self._behind(engines, version)
-            if settled and behind:
+            behind = self._behind(engines, version) if settled else []
+            if behind:
                 self._send_engines(version, behind)
             elif time.monotonic() >= deadline or (stop is not None and stop.is_set()):
                 log.warning("the run ends with engines that do not serve its last weights",

@@ -3,10 +3,12 @@ ended, even while the optimizer moves them; a live publish holds the optimizer (
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import torch
 
+from services.dcs.sync.unresponsive import UnresponsiveEngines
 from services.run_contract.run_config import RunConfig
 from services.trainer import publishing
 from services.trainer.publishing import WeightVersions
@@ -201,10 +203,6 @@ class AnsweringEngine:
 def test_an_engine_left_out_while_down_gets_the_weights_again_once_it_answers_with_no_step_published():
     # the run's only engine restarted with its initial weights: the rollout waits on it and the trainer on the
     # rollout, so no publish comes; the lag check itself must find it answering again and send it the weights
-    from concurrent.futures import ThreadPoolExecutor
-
-    from services.dcs.sync.unresponsive import UnresponsiveEngines
-
     back = threading.Event()
     coordinator = EngineTopology({"e0": (True, 0)})
     coordinator.loads = {"e0"}
