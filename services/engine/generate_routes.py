@@ -1,12 +1,7 @@
 """POST /generate and /abort_request: SGLang's generation routes over the engine's scheduler.
 
-/generate is served by a plain Starlette route ahead of FastAPI's (`fast_generate_route`): the body is parsed
-and validated in one pydantic call (`GenerateRequest.model_validate_json`) and the answer is the same
-`answer_generate`. Measured with py-spy on the engine over 64-request rounds of the tiny model: FastAPI's
-handling of the request (matching through the included routers, dependency solving, body parsing and
-validation) took ~4x the event loop's CPU of the route's own work, and the event loop shares the GIL with the
-engine thread, so it slowed generation. The FastAPI route stays registered, serving the same answer, so the
-OpenAPI document describes the body."""
+A running engine answers POST /generate on its lane (generate_lane.py), with the same `answer_generate`; the
+FastAPI route here describes it in the OpenAPI document and serves it where the app runs without the lane."""
 
 from __future__ import annotations
 
@@ -16,10 +11,8 @@ import json
 import orjson
 import torch
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import Counter
-from pydantic import ValidationError
-from starlette.routing import Route
 
 from services.engine.protocol import AbortRequest, GenerateRequest, GenerateResult
 from services.engine.request import Generation, new_rid, share_prompts
@@ -31,6 +24,11 @@ REQUESTS = Counter("sluice_engine_requests_total", "generate requests", ["finish
 
 # how often a non-streaming request that waits checks whether its client is still there
 DISCONNECT_CHECK_S = 1.0
+
+
+def error_response(message: str, status: int = 400, headers: dict | None = None) -> JSONResponse:
+    """SGLang's error body: {"error": {"message": ...}}."""
+    return JSONResponse({"error": {"message": message}}, status_code=status, headers=headers)
 
 
 class BadRequest(ValueError):
@@ -211,17 +209,6 @@ def validation_message(errors: list[dict], skip: int = 0) -> str:
     """A body's validation errors as one line naming the fields (the first five); `skip` leading parts of each
     error's location (FastAPI's "body")."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc'][skip:]) or 'body'}: {e['msg']}" for e in errors[:5])
-
-
-def fast_generate_route(engine) -> Route:
-    """POST /generate as a plain Starlette route (see the module doc); put ahead of FastAPI's routes."""
-    async def fast_generate(request: Request) -> Response:
-        try:
-            req = GenerateRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise BadRequest(validation_message(exc.errors())) from None
-        return await answer_generate(engine, req, request)
-    return Route("/generate", fast_generate, methods=["POST"])
 
 
 def generate_router(engine) -> APIRouter:

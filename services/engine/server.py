@@ -12,13 +12,13 @@ from typing import Callable
 import torch
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from prometheus_client import Gauge
 
 from services.engine.config import EngineConfig
 from services.engine.control_routes import (engine_info_router, generation_control_router, service_router,
                                             weight_update_router)
-from services.engine.generate_routes import (BadRequest, Unavailable, fast_generate_route, generate_router,
+from services.engine.generate_lane import GenerateLane
+from services.engine.generate_routes import (BadRequest, Unavailable, error_response, generate_router,
                                              validation_message)
 from services.engine.openai_routes import openai_router
 from services.engine.parallel_forward import ParallelForward
@@ -41,10 +41,6 @@ DRAFTED = Gauge("sluice_engine_draft_tokens", "speculative draft tokens verified
 ACCEPTED = Gauge("sluice_engine_accepted_draft_tokens", "speculative draft tokens accepted since start")
 # liveness only: a probe carries no secret, and /health says nothing an attacker could use
 OPEN_PATHS = frozenset({"/health"})
-
-
-def _error(message: str, status: int = 400) -> JSONResponse:
-    return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
 class Engine:
@@ -136,19 +132,16 @@ def build_app(engine: Engine) -> FastAPI:
     # SGLang answers a body it cannot use with 400 and a message (FastAPI's default would be 422)
     @app.exception_handler(RequestValidationError)
     async def invalid(_, exc: RequestValidationError):
-        return _error(validation_message(exc.errors(), skip=1))
+        return error_response(validation_message(exc.errors(), skip=1))
 
     @app.exception_handler(BadRequest)
     async def bad(_, exc: BadRequest):
-        return _error(str(exc))
+        return error_response(str(exc))
 
     @app.exception_handler(Unavailable)
     async def unavailable(_, exc: Unavailable):
-        response = _error(str(exc), 503)
-        response.headers["Retry-After"] = "1"
-        return response
+        return error_response(str(exc), 503, {"Retry-After": "1"})
 
-    app.router.routes.append(fast_generate_route(engine))  # first: ahead of every router included below
     weights = weight_update_router(engine)
     for router in (generate_router(engine), openai_router(engine), generation_control_router(engine), weights,
                    engine_info_router(engine), service_router(engine)):
@@ -163,7 +156,7 @@ def build_app(engine: Engine) -> FastAPI:
 
 def refuse_paths(app: FastAPI, paths: set[str], why: str) -> None:
     """403 with `why` on `paths`, before their routes run."""
-    app.add_middleware(PathRefusal, paths=paths, response=_error(why, 403))
+    app.add_middleware(PathRefusal, paths=paths, response=error_response(why, 403))
 
 
 async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
@@ -184,7 +177,8 @@ async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
     engine.scheduler.start()
     log.info("engine serving", extra={"port": config.port, "model": config.model})
     try:
-        await serve_http(build_app(engine), config.host, config.port, stop, tls=config)
+        app = GenerateLane(build_app(engine), engine, config.auth_token)  # POST /generate bypasses the app
+        await serve_http(app, config.host, config.port, stop, tls=config)
     finally:
         closer.cancel()
         engine.scheduler.stop()
