@@ -15,7 +15,8 @@ per-bucket run, so transformers gets its best thread count too. --cores 1: both 
 Measured, interleaved per repetition (one untimed warm-up repetition first, then the median of --reps):
   engine       `sluice engine` in its own process (default flags: n-gram speculative decoding of these
                greedy requests; --speculative-algorithm none to measure without); this process sends all N
-               requests at once (asyncio aiohttp, one connection each) to POST /generate. Wall = first send to last response;
+               requests at once (asyncio aiohttp, one connection each) to POST /generate, after POST /flush_cache
+               (each round repeats the workload: no round drafts from an earlier one's outputs). Wall = first send to last response;
                latency = each request's send to response. Its process's CPU seconds (/proc) are reported.
   hf_bucketed  transformers `model.generate` in this process, one left-padded greedy batch per output-length
                bucket (short <= 32, long > 32, short first), max_new_tokens = the bucket's longest, EOS off;
@@ -155,6 +156,10 @@ async def _engine_round(url: str, workload: list[dict]) -> tuple[float, list[flo
 
         # open the connections first, so connection setup is not inside the timing
         await asyncio.gather(*(health() for _ in workload))
+        # every round repeats the workload: its drafts must not come from an earlier round's outputs
+        async with client.post("/flush_cache") as r:
+            if r.status != 200:
+                raise RuntimeError(f"/flush_cache answered {r.status}: {(await r.text())[:500]}")
         start = time.perf_counter()
         results = await asyncio.gather(*(one(req) for req in workload))
         wall = time.perf_counter() - start

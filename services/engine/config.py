@@ -35,8 +35,9 @@ class EngineConfig(AuthTokenSettings, TLSSettings):
     chunked_prefill_size: int = Field(2048, ge=1, description="prompt tokens prefilled per step, batched "
                                       "with the decode tokens")
     speculative_algorithm: str = Field("ngram", pattern="^(none|ngram)$", description="speculative decoding of "
-                                       "greedy requests: ngram drafts from the request's own context, verified "
-                                       "in the step's forward (outputs unchanged); none = one token a step")
+                                       "greedy requests: ngram drafts from the request's own context (else other "
+                                       "greedy requests'), verified in the step's forward (outputs unchanged); "
+                                       "none = one token a step")
     speculative_num_draft_tokens: int = Field(8, ge=1, le=64, description="most draft tokens per request and "
                                               "step (a step drafts at most max_running tokens in all)")
     torch_threads: int = Field(1, ge=1, le=1024, description="intra-op threads of the forward; 1 suits a machine "

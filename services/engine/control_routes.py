@@ -40,8 +40,11 @@ def generation_control_router(engine) -> APIRouter:
 
     @router.api_route("/flush_cache", methods=["GET", "POST"], response_model=ControlResult)
     async def flush_cache():
+        """Empty the engine's caches (the n-gram index speculative decoding drafts from); refused while
+        requests are running or waiting."""
         if sched.busy():
             return result("cannot flush the cache while requests are running or waiting", ok=False)
+        await engine.run_control(sched.ngrams.clear)
         return result("cache flushed")
 
     return router

@@ -27,7 +27,7 @@ import torch
 from services.model.kv_pool import KVPool
 from services.engine.request import Generation, still_waiting
 from services.engine.sampling import GREEDY_BELOW, sample_batch
-from services.engine.speculation import NgramDrafter, accept_greedy, draft_sizes
+from services.engine.speculation import NgramDrafter, SharedNgrams, accept_greedy, draft_sizes
 from services.runtime.spans import RECORDER
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,8 @@ class Scheduler:
     def __init__(self, decoder: StepForward, tokenizer, chunked_prefill_size: int = 4096,
                  num_draft_tokens: int = 0, draft_budget: int = 64,
                  on_fatal: Callable[[BaseException], None] | None = None):
-        """num_draft_tokens > 0: n-gram speculative decoding of greedy requests (services/engine/speculation.py),
-        at most that many drafts per request and `draft_budget` per step. `on_fatal(error)`: called on the
-        engine thread when a step failed and the loop stopped."""
+        """num_draft_tokens > 0: n-gram speculative decoding of greedy requests (speculation.py), at most that
+        many drafts per request and `draft_budget` per step. `on_fatal(error)`: called when a step failed."""
         self.decoder, self.pool = decoder, decoder.pool
         self.tokenizer = tokenizer
         self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
@@ -62,6 +61,7 @@ class Scheduler:
         self.num_draft_tokens = num_draft_tokens
         self.draft_budget = draft_budget
         self.drafted = self.accepted = 0        # draft tokens verified, and of them accepted, since start
+        self.ngrams = SharedNgrams()            # every drafted request's n-grams (speculation.py)
         self._cv = threading.Condition()
         self._controls: deque = deque()
         self._stop = False
@@ -254,7 +254,7 @@ class Scheduler:
                 or len(req.output) < p.min_new_tokens:
             return False
         if req.drafter is None:
-            req.drafter = NgramDrafter()
+            req.drafter = NgramDrafter(shared=self.ngrams)
             req.drafter.extend(req.prompt)
         req.drafter.extend(req.output[len(req.drafter.tokens) - len(req.prompt):])
         return True

@@ -14,6 +14,12 @@ those tokens and the bonus token argmax l_a after them: a + 1 tokens, each exact
 decoding picks from the same logits, with log-prob log_softmax(l_j)[token]. The keys and values written for
 rejected drafts lie beyond the sequence's new length: masked out, then overwritten.
 
+Drafts come from the request's own context first and else from every greedy request's (`SharedNgrams`, as
+SGLang's NGRAM cache and suffix decoding share theirs across requests): samples of one prompt, and sequences
+that fall into the same phrases, draft from each other. Measured on the engine benchmark's tiny workload
+(64 greedy requests): the long tail's tokens were predicted by the last three tokens 59% of the time from
+their own context, 79% with the other requests' too. /flush_cache empties the shared index.
+
 Only greedy requests are drafted: for them acceptance is a comparison and the output is the same as
 without speculation (up to float rounding of the wider forward). Sampled requests decode one token a step.
 """
@@ -23,31 +29,60 @@ from __future__ import annotations
 import torch
 
 
+class SharedNgrams:
+    """Every drafted request's n-grams: each maps to the context (a drafter's token list, which only grows)
+    and end of its most recent occurrence. Emptied whole when it passes `max_entries`, so its memory (and
+    the finished requests' token lists it keeps alive) stays bounded."""
+
+    def __init__(self, max_entries: int = 1 << 18):
+        self.max_entries = max_entries
+        self.grams: dict[tuple[int, ...], tuple[list[int], int]] = {}
+
+    def swap(self, gram: tuple[int, ...], tokens: list[int], end: int) -> tuple[list[int], int] | None:
+        """Record `gram` as ending at `end` of `tokens`; returns the occurrence it replaces if another
+        context held it."""
+        if len(self.grams) >= self.max_entries:
+            self.grams.clear()
+        before = self.grams.get(gram)
+        self.grams[gram] = (tokens, end)
+        return before if before is not None and before[0] is not tokens else None
+
+    def clear(self) -> None:
+        self.grams.clear()
+
+
 class NgramDrafter:
     """The n-gram index of one request's context (prompt + output), extended as tokens are accepted.
 
     `_seen[n]` maps each n-gram to the end (exclusive) of its most recent occurrence; `_previous[n]` is,
-    for the context's current last n-gram, the end of the occurrence before it (None if there is none).
+    for the context's current last n-gram, the end of the occurrence before it (None if there is none), and
+    `_elsewhere[n]` its most recent occurrence in another request's context (`shared`, None if none).
     Appending a token is O(max_ngram) dict operations, drafting O(k): no scan of the context."""
 
-    def __init__(self, max_ngram: int = 3):
+    def __init__(self, max_ngram: int = 3, shared: SharedNgrams | None = None):
         self.max_ngram = max_ngram
+        self.shared = shared
         self.tokens: list[int] = []
         self._seen: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
         self._previous: list[int | None] = [None] * (max_ngram + 1)
+        self._elsewhere: list[tuple[list[int], int] | None] = [None] * (max_ngram + 1)
 
     def extend(self, tokens) -> None:
+        own, shared = self.tokens, self.shared
         for token in tokens:
-            self.tokens.append(token)
-            end = len(self.tokens)
+            own.append(token)
+            end = len(own)
             for n in range(1, min(self.max_ngram, end) + 1):
-                gram = tuple(self.tokens[end - n:end])
+                gram = tuple(own[end - n:end])
                 seen = self._seen[n]
                 self._previous[n] = seen.get(gram)
                 seen[gram] = end
+                if shared is not None:
+                    self._elsewhere[n] = shared.swap(gram, own, end)
 
     def draft(self, k: int) -> list[int]:
-        """Up to k tokens that followed the longest earlier match of the context's tail ([] if none)."""
+        """Up to k tokens that followed the longest earlier match of the context's tail ([] if none); at
+        one length a match in the request's own context goes first."""
         if k <= 0:
             return []
         for n in range(min(self.max_ngram, len(self.tokens)), 0, -1):
@@ -59,6 +94,10 @@ class NgramDrafter:
                     at = start + j
                     draft.append(full[at] if at < len(full) else draft[at - len(full)])
                 return draft
+            elsewhere = self._elsewhere[n]
+            if elsewhere is not None and elsewhere[1] < len(elsewhere[0]):
+                context, end = elsewhere
+                return context[end:end + k]
         return []
 
 

@@ -176,6 +176,29 @@ def test_pause_modes_under_load(engine):
     assert httpx.post(engine + "/flush_cache").status_code == 200
 
 
+def _steps(url: str) -> float:
+    line = next(x for x in httpx.get(url + "/metrics").text.splitlines() if x.startswith("sluice_engine_steps "))
+    return float(line.split()[1])
+
+
+def test_greedy_requests_draft_from_earlier_ones_until_the_cache_is_flushed(engine):
+    body = {"input_ids": [31, 32, 33, 34], "sampling_params": {"max_new_tokens": 40, "temperature": 0,
+                                                                "ignore_eos": True}}
+
+    def steps_of_one() -> tuple[float, list[int]]:
+        before = _steps(engine)
+        out = _gen(engine, **body)["output_ids"]
+        return _steps(engine) - before, out
+
+    assert httpx.post(engine + "/flush_cache").status_code == 200
+    cold, first = steps_of_one()
+    warm, again = steps_of_one()       # drafts its whole output from the first request's context
+    assert httpx.post(engine + "/flush_cache").status_code == 200
+    flushed, last = steps_of_one()
+    assert first == again == last
+    assert warm < cold and flushed == cold
+
+
 def test_abort_request_by_rid_prefix(engine):
     req = _Streaming(engine, input_ids=[4, 5], rid="job-7", sampling_params={**LONG, "temperature": 1.0})
     other = _Streaming(engine, input_ids=[4, 5], rid="keep-1", sampling_params={**LONG, "max_new_tokens": 200})

@@ -11,7 +11,7 @@ import torch
 from services.engine.request import Generation
 from services.engine.sampling import SamplingParams
 from services.engine.scheduler import Scheduler
-from services.engine.speculation import NgramDrafter, accept_greedy, draft_sizes
+from services.engine.speculation import NgramDrafter, SharedNgrams, accept_greedy, draft_sizes
 from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
 from services.model.loading import load_causal_lm
@@ -36,6 +36,37 @@ def test_drafter_runs_into_its_own_draft_on_a_cycle():
     d2 = NgramDrafter()
     d2.extend([7, 7, 7])
     assert d2.draft(4) == [7, 7, 7, 7]
+
+
+def test_drafter_falls_back_to_another_requests_context():
+    shared = SharedNgrams()
+    a, b = NgramDrafter(shared=shared), NgramDrafter(shared=shared)
+    a.extend([1, 2, 3, 4, 5, 6])
+    b.extend([9, 2, 3])
+    assert b.draft(3) == [4, 5, 6]   # [2, 3] never occurred in b before: a's continuation
+    assert b.draft(9) == [4, 5, 6]   # a foreign copy stops at the end of that context
+    b.extend([8, 9])
+    assert b.draft(2) == [2, 3]      # b's own earlier [9] goes before a's nothing
+    a.extend([9, 2, 3, 7])
+    b.extend([2, 3])
+    assert b.draft(1) == [8]         # own [9, 2, 3] (followed by 8) before a's later [9, 2, 3] (followed by 7)
+    c = NgramDrafter()               # not sharing: sees only itself
+    c.extend([2, 3])
+    assert c.draft(3) == []
+
+
+def test_shared_ngrams_stay_bounded_and_clear():
+    shared = SharedNgrams(max_entries=10)
+    a, b = NgramDrafter(shared=shared), NgramDrafter(shared=shared)
+    a.extend(range(100, 200))
+    assert len(shared.grams) <= 10
+    a.extend([1, 2, 3])
+    b.extend([1, 2])
+    assert b.draft(1) == [3]
+    shared.clear()
+    c = NgramDrafter(shared=shared)
+    c.extend([1, 2])
+    assert c.draft(1) == []
 
 
 def test_draft_sizes_share_the_step_budget():
