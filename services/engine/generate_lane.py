@@ -11,15 +11,14 @@ request, and the OpenAPI document describing /generate, is the app's."""
 
 from __future__ import annotations
 
-import hmac
-
 from fastapi import Request, Response
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.engine.generate_routes import BadRequest, Unavailable, answer_generate, error_response, validation_message
+from services.engine.generate_routes import (BadRequest, Unavailable, answer_generate, error_response, refusal,
+                                             validation_message)
 from services.engine.protocol import GenerateRequest
-from services.runtime.http_auth import header, unauthenticated
+from services.runtime.http_auth import BearerTokenGate
 
 
 class GenerateLane:
@@ -28,13 +27,14 @@ class GenerateLane:
 
     def __init__(self, app: ASGIApp, engine, token: str):
         self.app, self.engine = app, engine
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.generate = BearerTokenGate(self._generate, token, ()) if token else self._generate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/generate" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        if self.expected is not None and not hmac.compare_digest(header(scope, b"authorization"), self.expected):
-            return await unauthenticated()(scope, receive, send)
+        await self.generate(scope, receive, send)
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = await self.answer(Request(scope, receive))
         await response(scope, receive, send)
 
@@ -44,7 +44,5 @@ class GenerateLane:
             return await answer_generate(self.engine, req, request)
         except ValidationError as exc:
             return error_response(validation_message(exc.errors()))
-        except BadRequest as exc:
-            return error_response(str(exc))
-        except Unavailable as exc:
-            return error_response(str(exc), 503, {"Retry-After": "1"})
+        except (BadRequest, Unavailable) as exc:
+            return refusal(exc)

@@ -31,6 +31,14 @@ def error_response(message: str, status: int = 400, headers: dict | None = None)
     return JSONResponse({"error": {"message": message}}, status_code=status, headers=headers)
 
 
+def refusal(exc: "BadRequest | Unavailable") -> JSONResponse:
+    """A refused /generate's answer: 400 with the message, or 503 with Retry-After when the engine is full or
+    failed (the app's exception handlers and the lane both answer with it)."""
+    if isinstance(exc, Unavailable):
+        return error_response(str(exc), 503, {"Retry-After": "1"})
+    return error_response(str(exc))
+
+
 class BadRequest(ValueError):
     """A well-formed body the engine cannot serve (server.py answers 400 with the message)."""
 

@@ -18,7 +18,7 @@ from services.engine.config import EngineConfig
 from services.engine.control_routes import (engine_info_router, generation_control_router, service_router,
                                             weight_update_router)
 from services.engine.generate_lane import GenerateLane
-from services.engine.generate_routes import (BadRequest, Unavailable, error_response, generate_router,
+from services.engine.generate_routes import (BadRequest, Unavailable, error_response, generate_router, refusal,
                                              validation_message)
 from services.engine.openai_routes import openai_router
 from services.engine.parallel_forward import ParallelForward
@@ -134,13 +134,8 @@ def build_app(engine: Engine) -> FastAPI:
     async def invalid(_, exc: RequestValidationError):
         return error_response(validation_message(exc.errors(), skip=1))
 
-    @app.exception_handler(BadRequest)
-    async def bad(_, exc: BadRequest):
-        return error_response(str(exc))
-
-    @app.exception_handler(Unavailable)
-    async def unavailable(_, exc: Unavailable):
-        return error_response(str(exc), 503, {"Retry-After": "1"})
+    for refused in (BadRequest, Unavailable):
+        app.add_exception_handler(refused, lambda _, exc: refusal(exc))
 
     weights = weight_update_router(engine)
     for router in (generate_router(engine), openai_router(engine), generation_control_router(engine), weights,
