@@ -15,11 +15,27 @@ import pytest
 
 from services.launch.local_run import LocalRun
 from services.model.init_model import init_model
+from services.run_contract.partitions import ACTOR_TRAIN_TASK, task_name
 from services.run_contract.run_config import RunConfig
 from services.transferqueue.client.queue import TransferQueue
 from tests.e2e.run_checks import assert_run_complete
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def wait_for_untaken_rows(tq: TransferQueue, run: RunConfig, timeout_s: float = 120.0) -> int:
+    """Rows of the run written but neither consumed nor leased by the training task, once there are some:
+    only those must be generated again when their shard loses them (a fixed sleep raced a slow rollout)."""
+    task, deadline = task_name(run.name, ACTOR_TRAIN_TASK), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        untaken = 0
+        for info in tq.list_partitions(f"{run.name}/"):
+            progress = next((t for t in info.tasks if t.task == task), None)
+            untaken += info.rows - (progress.consumed + progress.leased if progress else 0)
+        if untaken:
+            return untaken
+        time.sleep(0.2)
+    raise AssertionError(f"the rollout wrote no rows the stopped trainer had not taken within {timeout_s} s")
 
 
 @pytest.mark.parametrize("algorithm", [{}, {"estimator": "ppo", "lam": 0.95}], ids=["grpo", "ppo-critic"])
@@ -33,7 +49,8 @@ def test_rows_lost_with_a_shard_are_generated_again_and_trained_once(tmp_path, a
         trainer = lr.procs["trainer"].proc
         os.kill(trainer.pid, signal.SIGSTOP)  # the trainer holds still: the rollout writes up to its bound
         try:
-            time.sleep(2.0)
+            with TransferQueue(lr.tq.controller_address) as tq:
+                wait_for_untaken_rows(tq, run)
             lr.tq.shards[0].kill()
             shutil.rmtree(lr.tq.data_dir)  # its journal is gone with its disk: it comes back empty
             lr.tq.restart_shard(0)
