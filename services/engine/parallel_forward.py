@@ -47,10 +47,16 @@ class StepStrategy(Protocol):
 
 class StrategyChooser:
     """Per kind of step, the way with the lowest moving average of seconds per token: each is tried WARM times
-    first, then, on every EXPLORE_EVERY-th step of that kind, one of the others in turn (machines and loads
-    change)."""
+    first, in the order the caller lists them (its prior: the likeliest fastest first), then, on every
+    EXPLORE_EVERY-th step of that kind, one of the others in turn (machines and loads change).
 
-    WARM, EXPLORE_EVERY, ALPHA = 2, 16, 0.3
+    Why WARM is 1 and the order matters: a kind of prompt step comes once or twice a round of requests, so
+    with two tries of each way in alphabetical order (as before) the 64-request benchmark's first six
+    rounds ran their 2,048-token prefill one, split, whole, one, split, whole: one thread took 120 us a token
+    there against 64 split (small preset, this 2-vCPU VM), a third of the engine's round lost in two rounds
+    of six. Noise in a single try is corrected by the exploring steps' moving average."""
+
+    WARM, EXPLORE_EVERY, ALPHA = 1, 16, 0.3
 
     def __init__(self):
         self._seen: dict[tuple, dict[str, list]] = {}  # kind -> way -> [average s/token, runs]
@@ -60,9 +66,9 @@ class StrategyChooser:
         seen = self._seen.setdefault(kind, {})
         stats = [seen.setdefault(w, [0.0, 0]) for w in ways]
         self._count[kind] = n = self._count.get(kind, 0) + 1
-        runs, fewest = min((s[1], w) for s, w in zip(stats, ways))
-        if runs < self.WARM:
-            return fewest
+        untried = [w for s, w in zip(stats, ways) if s[1] < self.WARM]
+        if untried:
+            return untried[0]
         ranked = [w for _, w in sorted(zip((s[0] for s in stats), ways))]
         if n % self.EXPLORE_EVERY == 0:
             return ranked[1 + (n // self.EXPLORE_EVERY) % (len(ranked) - 1)]
@@ -100,7 +106,8 @@ class ParallelForward:
         lengths = [len(t) for t in new_tokens]
         cuts = split_points(lengths, self.workers)
         kind = (*step_kind(lengths), bool(cuts))
-        how = self.strategy.pick(kind, ("one", "whole", "split") if cuts else ("one", "whole"))
+        # the prior order: sub-batches on their own cores first where the step splits, one thread last
+        how = self.strategy.pick(kind, ("split", "whole", "one") if cuts else ("whole", "one"))
         began = time.perf_counter()
         if how == "split":
             out = self._split(slots, new_tokens, full_logits, cuts)
