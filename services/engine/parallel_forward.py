@@ -46,17 +46,21 @@ class StepStrategy(Protocol):
 
 
 class StrategyChooser:
-    """Per kind of step, the way with the lowest moving average of seconds per token: each is tried WARM times
-    first, in the order the caller lists them (its prior: the likeliest fastest first), then, on every
-    EXPLORE_EVERY-th step of that kind, one of the others in turn (machines and loads change).
+    """Per kind of step, the way with the lowest moving average of seconds per token.
 
-    Why WARM is 1 and the order matters: a kind of prompt step comes once or twice a round of requests, so
-    with two tries of each way in alphabetical order (as before) the 64-request benchmark's first six
-    rounds ran their 2,048-token prefill one, split, whole, one, split, whole: one thread took 120 us a token
-    there against 64 split (small preset, this 2-vCPU VM), a third of the engine's round lost in two rounds
-    of six. Noise in a single try is corrected by the exploring steps' moving average."""
+    A new kind tries the ways in the order the caller lists them (its prior: likeliest fastest first), once
+    each, and stops trying as soon as a way is slower than one before it: the prior's order held there, so
+    the ways after it are expected slower still (a step that splits well has kernels long enough for two
+    intra-op threads to beat one). Ways not tried then, like every way but the fastest, are run on every
+    EXPLORE_EVERY-th step of the kind, in turn (machines and loads change); a single noisy try is corrected by
+    those steps' moving average.
 
-    WARM, EXPLORE_EVERY, ALPHA = 1, 16, 0.3
+    Why: a kind of prompt step comes once or twice per batch of requests, so with two tries of each way in
+    alphabetical order (as before) the 64-request benchmark's first six rounds ran their 2,048-token
+    prefill one, split, whole, one, split, whole, and one thread took 120 us a token there against 64 split
+    (small preset, a 2-vCPU VM): a third of the engine's round lost in two rounds of six."""
+
+    EXPLORE_EVERY, ALPHA = 16, 0.3
 
     def __init__(self):
         self._seen: dict[tuple, dict[str, list]] = {}  # kind -> way -> [average s/token, runs]
@@ -66,10 +70,12 @@ class StrategyChooser:
         seen = self._seen.setdefault(kind, {})
         stats = [seen.setdefault(w, [0.0, 0]) for w in ways]
         self._count[kind] = n = self._count.get(kind, 0) + 1
-        untried = [w for s, w in zip(stats, ways) if s[1] < self.WARM]
-        if untried:
-            return untried[0]
-        ranked = [w for _, w in sorted(zip((s[0] for s in stats), ways))]
+        k = next((i for i, st in enumerate(stats) if not st[1]), len(ways))  # ways[:k] tried, in order
+        if k < len(ways) and not any(st[1] for st in stats[k:]) \
+                and (k == 0 or stats[k - 1][0] <= min(st[0] for st in stats[:k])):
+            return ways[k]  # warming up: the prior's order has not held yet
+        ranked = [w for *_, w in sorted((st[0] if st[1] else float("inf"), i, w)
+                                         for i, (st, w) in enumerate(zip(stats, ways)))]
         if n % self.EXPLORE_EVERY == 0:
             return ranked[1 + (n // self.EXPLORE_EVERY) % (len(ranked) - 1)]
         return ranked[0]

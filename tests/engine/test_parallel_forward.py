@@ -74,17 +74,26 @@ def _drive(chooser: StrategyChooser, kind: tuple, ways: tuple, cost: dict, steps
     return picks
 
 
-def test_the_chooser_tries_every_way_then_runs_the_fastest_and_keeps_checking():
+def test_the_chooser_tries_ways_in_prior_order_then_runs_the_fastest_and_keeps_checking():
     chooser, kind, ways = StrategyChooser(), (False, 7, True), ("split", "whole", "one")
     picks = _drive(chooser, kind, ways, {"one": 3.0, "split": 2.0, "whole": 1.0}, 96)
-    assert StrategyChooser.WARM == 1 and picks[:3] == ["split", "whole", "one"]  # each tried once, in the given order
+    assert picks[:3] == ["split", "whole", "one"]  # whole beat the prior's first: the prior is wrong, try on
     every = StrategyChooser.EXPLORE_EVERY  # then the others only to check, in turn, on every n-th step of the kind
     assert picks[3:].count("whole") == sum(1 for n in range(4, 97) if n % every)
     assert picks[3:].count("split") >= 2 and picks[3:].count("one") >= 2
     picks = _drive(chooser, kind, ways, {"one": 3.0, "split": 0.5, "whole": 1.0}, 256)  # the machine changed
     assert picks[-10:].count("split") >= 9
     assert chooser.pick((True, 11, True), ways) in ways  # another kind starts from scratch
-    assert set(_drive(chooser, (False, 5, False), ("one", "whole"), {"one": 1.0, "whole": 2.0}, 40)) == {"one", "whole"}
+    assert set(_drive(chooser, (False, 5, False), ("whole", "one"), {"one": 1.0, "whole": 2.0}, 40)) == {"one", "whole"}
+
+
+def test_the_chooser_stops_warming_up_where_the_prior_order_holds():
+    chooser, kind, ways = StrategyChooser(), (True, 12, True), ("split", "whole", "one")
+    picks = _drive(chooser, kind, ways, {"split": 1.0, "whole": 2.0, "one": 2.5}, 20)
+    assert picks[:3] == ["split", "whole", "split"]  # whole lost to split: one thread, slower still, is not tried
+    every = StrategyChooser.EXPLORE_EVERY
+    assert picks.count("one") == 1 and picks[every - 1] == "one"  # until the kind's first exploring step
+    assert picks.count("split") == 20 - 2
 
 
 def test_step_kinds_separate_prompt_chunks_and_sizes():
