@@ -27,7 +27,7 @@ import torch
 from services.model.kv_pool import KVPool
 from services.engine.request import Generation, still_waiting
 from services.engine.sampling import GREEDY_BELOW, sample_batch
-from services.engine.speculation import NgramDrafter, SharedNgrams, accept_greedy, draft_sizes
+from services.engine.speculation import DraftSources, NgramDrafter, SharedNgrams, accept_greedy, draft_sizes
 from services.runtime.spans import RECORDER
 
 log = logging.getLogger(__name__)
@@ -55,13 +55,12 @@ class Scheduler:
         self.waiting: deque[Generation] = deque()
         self.running: list[Generation] = []
         self.frozen: list[Generation] = []      # in_place pause: kept with their KV slots
-        self.paused = False
-        self._paused_at = 0.0
+        self.paused, self._paused_at = False, 0.0
         self.steps = 0
-        self.num_draft_tokens = num_draft_tokens
-        self.draft_budget = draft_budget
+        self.num_draft_tokens, self.draft_budget = num_draft_tokens, draft_budget
         self.drafted = self.accepted = 0        # draft tokens verified, and of them accepted, since start
         self.ngrams = SharedNgrams()            # every drafted request's n-grams (speculation.py)
+        self.draft_sources = DraftSources()     # how often each kind of n-gram match is accepted
         self._cv = threading.Condition()
         self._controls: deque = deque()
         self._stop = False
@@ -254,7 +253,7 @@ class Scheduler:
                 or len(req.output) < p.min_new_tokens:
             return False
         if req.drafter is None:
-            req.drafter = NgramDrafter(shared=self.ngrams)
+            req.drafter = NgramDrafter(shared=self.ngrams, sources=self.draft_sources)
             req.drafter.extend(req.prompt)
         req.drafter.extend(req.output[len(req.drafter.tokens) - len(req.prompt):])
         return True
@@ -267,6 +266,7 @@ class Scheduler:
             req.draft = []
             self.drafted += len(draft)
             self.accepted += len(tokens) - 1
+            req.drafter.verified(len(draft), len(tokens) - 1)
             start = req.cached
             for token, logprob in zip(tokens, logprobs):
                 req.output.append(token)

@@ -18,7 +18,8 @@ Drafts come from the request's own context first and else from every greedy requ
 SGLang's NGRAM cache and suffix decoding share theirs across requests): samples of one prompt, and sequences
 that fall into the same phrases, draft from each other. Measured on the engine benchmark's tiny workload
 (64 greedy requests): the long tail's tokens were predicted by the last three tokens 59% of the time from
-their own context, 79% with the other requests' too. /flush_cache empties the shared index.
+their own context, 79% with the other requests' too. /flush_cache empties the shared index. A kind of match
+that is rarely accepted stops drafting (`DraftSources`).
 
 Only greedy requests are drafted: for them acceptance is a comparison and the output is the same as
 without speculation (up to float rounding of the wider forward). Sampled requests decode one token a step.
@@ -51,6 +52,42 @@ class SharedNgrams:
         self.grams.clear()
 
 
+class DraftSources:
+    """How often each source's drafts are accepted: a source is the request's own context or another
+    request's (`SharedNgrams`), at the n-gram length that matched. Accepted and drafted tokens are kept as
+    moving sums (each verify decays them by 1 - ALPHA); a source whose acceptance is under MIN_ACCEPTANCE
+    drafts only on every RETRY_EVERY-th chance, so it is noticed if it improves.
+
+    Why: a draft token costs a forward row whether it is accepted or not. Per source, over one round of the
+    engine benchmark's workload: with the small preset (compute-bound) drafts from another request's context
+    matched on one token were accepted 1 time in 177 in the wide part of the batch and 0 in 116 in its long
+    tail, ~5% of the round's rows, while the request's own 3-gram matches were accepted 84-85% of the time;
+    with the tiny preset the same source was accepted 14-21% of the time (rows there are cheap, steps are
+    not), so the cut-off is a low one and learnt per engine rather than a fixed list of sources."""
+
+    MIN_ACCEPTANCE, RETRY_EVERY, ALPHA = 0.1, 8, 0.1
+
+    def __init__(self):
+        self._sums: dict[tuple[str, int], list[float]] = {}  # source -> [accepted, drafted], decayed
+        self._declined: dict[tuple[str, int], int] = {}
+
+    def allow(self, source: tuple[str, int]) -> bool:
+        sums = self._sums.get(source)
+        if sums is None or sums[0] >= self.MIN_ACCEPTANCE * sums[1]:
+            return True
+        self._declined[source] = n = self._declined.get(source, 0) + 1
+        return n % self.RETRY_EVERY == 0
+
+    def record(self, source: tuple[str, int], drafted: int, accepted: int) -> None:
+        sums = self._sums.setdefault(source, [0.0, 0.0])
+        sums[0] = (1 - self.ALPHA) * sums[0] + accepted
+        sums[1] = (1 - self.ALPHA) * sums[1] + drafted
+
+    def acceptance(self, source: tuple[str, int]) -> float | None:
+        sums = self._sums.get(source)
+        return sums[0] / sums[1] if sums and sums[1] else None
+
+
 class NgramDrafter:
     """The n-gram index of one request's context (prompt + output), extended as tokens are accepted.
 
@@ -59,9 +96,10 @@ class NgramDrafter:
     `_elsewhere[n]` its most recent occurrence in another request's context (`shared`, None if none).
     Appending a token is O(max_ngram) dict operations, drafting O(k): no scan of the context."""
 
-    def __init__(self, max_ngram: int = 3, shared: SharedNgrams | None = None):
+    def __init__(self, max_ngram: int = 3, shared: SharedNgrams | None = None, sources: DraftSources | None = None):
         self.max_ngram = max_ngram
-        self.shared = shared
+        self.shared, self.sources = shared, sources
+        self.source: tuple[str, int] | None = None  # where the last draft came from
         self.tokens: list[int] = []
         self._seen: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
         self._previous: list[int | None] = [None] * (max_ngram + 1)
@@ -81,24 +119,36 @@ class NgramDrafter:
                     self._elsewhere[n] = shared.swap(gram, own, end)
 
     def draft(self, k: int) -> list[int]:
-        """Up to k tokens that followed the longest earlier match of the context's tail ([] if none); at
-        one length a match in the request's own context goes first."""
+        """Up to k tokens that followed the longest earlier match of the context's tail ([] if none, or if
+        `sources` finds that kind of match rarely accepted); at one length a match in the request's own
+        context goes first."""
+        self.source = None
         if k <= 0:
             return []
         for n in range(min(self.max_ngram, len(self.tokens)), 0, -1):
             start = self._previous[n]
-            if start is not None:
-                full = self.tokens
-                draft: list[int] = []
-                for j in range(k):
-                    at = start + j
-                    draft.append(full[at] if at < len(full) else draft[at - len(full)])
-                return draft
             elsewhere = self._elsewhere[n]
-            if elsewhere is not None and elsewhere[1] < len(elsewhere[0]):
+            if start is None and (elsewhere is None or elsewhere[1] >= len(elsewhere[0])):
+                continue
+            self.source = ("own" if start is not None else "shared", n)
+            if self.sources is not None and not self.sources.allow(self.source):
+                self.source = None
+                return []
+            if start is None:
                 context, end = elsewhere
                 return context[end:end + k]
+            full = self.tokens
+            draft: list[int] = []
+            for j in range(k):
+                at = start + j
+                draft.append(full[at] if at < len(full) else draft[at - len(full)])
+            return draft
         return []
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        """How many of the last draft's tokens the verify accepted (for `sources`)."""
+        if self.sources is not None and self.source is not None and drafted:
+            self.sources.record(self.source, drafted, accepted)
 
 
 def draft_sizes(eligible: int, max_draft: int, budget: int) -> int:

@@ -11,7 +11,7 @@ import torch
 from services.engine.request import Generation
 from services.engine.sampling import SamplingParams
 from services.engine.scheduler import Scheduler
-from services.engine.speculation import NgramDrafter, SharedNgrams, accept_greedy, draft_sizes
+from services.engine.speculation import DraftSources, NgramDrafter, SharedNgrams, accept_greedy, draft_sizes
 from services.model.batched_decoder import BatchedDecoder
 from services.model.kv_pool import KVPool
 from services.model.loading import load_causal_lm
@@ -67,6 +67,40 @@ def test_shared_ngrams_stay_bounded_and_clear():
     c = NgramDrafter(shared=shared)
     c.extend([1, 2])
     assert c.draft(1) == []
+
+
+def test_a_rarely_accepted_source_drafts_only_now_and_then_until_it_improves():
+    sources = DraftSources()
+    poor, good = ("shared", 1), ("own", 3)
+    assert sources.allow(poor) and sources.acceptance(poor) is None  # unknown: drafted
+    for _ in range(5):
+        sources.record(poor, drafted=4, accepted=0)
+        sources.record(good, drafted=4, accepted=3)
+    assert sources.acceptance(poor) == 0.0 and abs(sources.acceptance(good) - 0.75) < 1e-9
+    every = DraftSources.RETRY_EVERY
+    allowed = [sources.allow(poor) for _ in range(3 * every)]
+    assert allowed.count(True) == 3 and allowed[every - 1] and all(sources.allow(good) for _ in range(20))
+    for _ in range(3):  # its retries are accepted again: it drafts every time once over the cut-off
+        sources.record(poor, drafted=4, accepted=4)
+    assert sources.acceptance(poor) > DraftSources.MIN_ACCEPTANCE and sources.allow(poor)
+
+
+def test_the_drafter_names_its_source_and_skips_a_declined_one():
+    sources, shared = DraftSources(), SharedNgrams()
+    a = NgramDrafter(shared=shared, sources=sources)
+    b = NgramDrafter(shared=shared, sources=sources)
+    a.extend([1, 2, 3, 4, 5, 6])
+    b.extend([9, 5])
+    assert b.draft(2) == [6] and b.source == ("shared", 1)
+    b.verified(1, 0)
+    for _ in range(4):
+        sources.record(("shared", 1), drafted=8, accepted=0)
+    assert b.draft(2) == [] and b.source is None  # declined: no draft rows for that kind of match
+    a.extend([1, 2, 3])
+    assert a.draft(3) == [4, 5, 6] and a.source == ("own", 3)  # its own 3-gram: still drafted
+    a.verified(3, 3)
+    assert sources.acceptance(("own", 3)) == 1.0
+    assert NgramDrafter().draft(0) == [] and NgramDrafter().source is None
 
 
 def test_draft_sizes_share_the_step_budget():
