@@ -134,8 +134,11 @@ def build_app(engine: Engine) -> FastAPI:
     async def invalid(_, exc: RequestValidationError):
         return error_response(validation_message(exc.errors(), skip=1))
 
-    for refused in (BadRequest, Unavailable):
-        app.add_exception_handler(refused, lambda _, exc: refusal(exc))
+    async def refused(_, exc: BadRequest | Unavailable):  # async: a sync handler would run in Starlette's threadpool
+        return refusal(exc)
+
+    for kind in (BadRequest, Unavailable):
+        app.add_exception_handler(kind, refused)
 
     weights = weight_update_router(engine)
     for router in (generate_router(engine), openai_router(engine), generation_control_router(engine), weights,

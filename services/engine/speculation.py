@@ -72,8 +72,8 @@ class DraftSources:
         self._declined: dict[tuple[str, int], int] = {}
 
     def allow(self, source: tuple[str, int]) -> bool:
-        sums = self._sums.get(source)
-        if sums is None or sums[0] >= self.MIN_ACCEPTANCE * sums[1]:
+        rate = self.acceptance(source)
+        if rate is None or rate >= self.MIN_ACCEPTANCE:
             return True
         self._declined[source] = n = self._declined.get(source, 0) + 1
         return n % self.RETRY_EVERY == 0
