@@ -1,5 +1,5 @@
 """Hugging Face transformers baselines of benchmarks/engine_throughput.py, all in the calling process on its
-model (CPU, float32): `generate` as one padded batch, `generate` per output-length bucket, transformers' own
+model (on the model's device and dtype: CPU float32 by default): `generate` as one padded batch, `generate` per output-length bucket, transformers' own
 continuous batching manager, and the unpadded per-request greedy reference (batch of 1, not timed)."""
 
 from __future__ import annotations
@@ -15,6 +15,12 @@ SHORT_MAX = 32  # bucket boundary for hf_bucketed; the short outputs are in [16,
 # ---------------------------------------------------------------------------------- generate
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued kernels, so a wall time covers them (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def hf_generate(model, requests: list[dict], pad_id: int) -> tuple[float, list[list[int]]]:
     """One left-padded greedy batch, max_new_tokens = the longest request, EOS off."""
     longest_prompt = max(len(r["prompt"]) for r in requests)
@@ -24,10 +30,13 @@ def hf_generate(model, requests: list[dict], pad_id: int) -> tuple[float, list[l
     for i, r in enumerate(requests):
         ids[i, longest_prompt - len(r["prompt"]):] = torch.tensor(r["prompt"])
         mask[i, longest_prompt - len(r["prompt"]):] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    synchronize(model.device)
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
                              do_sample=False, eos_token_id=None, pad_token_id=pad_id)
+    synchronize(model.device)
     seconds = time.perf_counter() - start
     generated = out[:, longest_prompt:]
     if generated.shape[1] != max_new:
@@ -70,7 +79,7 @@ def hf_per_request_reference(model, workload: list[dict], pad_id: int) -> list[l
     with torch.no_grad():
         for r in workload:
             m = r["max_new_tokens"]
-            ids = torch.tensor([r["prompt"]])
+            ids = torch.tensor([r["prompt"]], device=model.device)
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=m,
                                  min_new_tokens=m, do_sample=False, eos_token_id=None, pad_token_id=pad_id)
             generated = out[0, ids.shape[1]:].tolist()

@@ -27,6 +27,9 @@ class EngineConfig(AuthTokenSettings, TLSSettings):
                                 "model's max_position_embeddings, at most 4096")
     max_total_tokens: int = Field(0, ge=0, description="KV pool size in tokens (slots = this // context "
                                   "length, at most max_running); 0 = max_running x context length")
+    mem_fraction_static: float = Field(0.88, gt=0, le=1, description="GPU only: fraction of the device's "
+                                       "memory for the weights and the KV pool together (SGLang's flag); the pool "
+                                       "holds no more tokens than what is left of it after the weights")
     max_queued_requests: int = Field(4096, ge=1, le=1 << 20, description="most samples waiting for a KV "
                                      "slot; a /generate that would queue more answers 503 (one asking for more "
                                      "samples than this alone: 400)")

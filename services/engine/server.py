@@ -111,15 +111,29 @@ def make_scheduler(decoder: BatchedDecoder, tokenizer, config: EngineConfig) -> 
                      draft_budget=config.max_running)
 
 
+def tokens_that_fit(device_bytes: int, allocated_bytes: int, fraction: float, token_bytes: int) -> int:
+    """KV tokens in what `fraction` of the device leaves after what is already allocated (the weights), as
+    SGLang's --mem-fraction-static budgets weights and KV pool together."""
+    return max(0, int(device_bytes * fraction) - allocated_bytes) // token_bytes
+
+
 def make_pool(model, config: EngineConfig) -> KVPool:
     """Slots of `context_length` positions each: as many as `max_total_tokens` holds, at most max_running."""
     cfg = model.config
     context = config.context_length or min(cfg.max_position_embeddings, 4096)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     total = config.max_total_tokens or config.max_running * context
+    if torch.device(config.device).type == "cuda":
+        device = torch.device(config.device)
+        element = next(model.parameters()).element_size()
+        token_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * element
+        total = min(total, tokens_that_fit(torch.cuda.get_device_properties(device).total_memory,
+                                           torch.cuda.memory_allocated(device), config.mem_fraction_static,
+                                           token_bytes))
     slots = min(config.max_running, total // context)
     if slots < 1:
-        raise ValueError(f"max_total_tokens {total} holds no request of context length {context}")
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        raise ValueError(f"the KV pool's {total} tokens hold no request of context length {context} "
+                         "(raise --max-total-tokens or --mem-fraction-static, or lower --context-length)")
     pool = KVPool(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, slots, context,
                   dtype=next(model.parameters()).dtype, device=config.device)
     log.info("kv pool", extra={"slots": slots, "context_length": context, "mib": pool.nbytes() >> 20})

@@ -1,4 +1,4 @@
-"""`sluice init-model DIR --preset tiny|small`: a randomly initialised Hugging Face causal LM plus an
+"""`sluice init-model DIR --preset tiny|small|medium`: a randomly initialised Hugging Face causal LM plus an
 offline-built tokenizer, written to DIR and loadable by transformers with no network."""
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ def init_model(directory: str, preset: str = "tiny", arch: str = "qwen2", seed: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sluice init-model", description=__doc__, formatter_class=HelpWithDefaults)
     parser.add_argument("directory", help="where to write the model and its tokenizer")
-    parser.add_argument("--preset", choices=["tiny", "small"], default="tiny",
-                        help="model shape: tiny (~0.1M parameters, tests) or small (~3M, the demo and benchmarks)")
+    parser.add_argument("--preset", choices=["tiny", "small", "medium"], default="tiny",
+                        help="model shape: tiny (~0.1M parameters, tests), small (~3M, the demo and CPU benchmarks) "
+                        "or medium (~0.1B, GPU benchmarks)")
     parser.add_argument("--arch", choices=["qwen2", "llama"], default="qwen2", help="architecture")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="parameter dtype")

@@ -11,6 +11,9 @@ PRESETS = {
     # ~3M parameters: the demo and throughput benchmarks on CPU
     "small": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
                   num_key_value_heads=4),
+    # ~0.1B parameters: the engine benchmark on a GPU, where small's steps are all kernel-launch overhead
+    "medium": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                   num_key_value_heads=8),
 }
 ARCHITECTURES = {"qwen2": Qwen2Config, "llama": LlamaConfig}
 
