@@ -4,9 +4,10 @@ Workload: N prompts (64; 16 with --quick) of random token ids (fixed seed), prom
 [16, 64]; output lengths long-tailed: ~90% uniform in [16, 32], ~10% in (4x, 8x] of 32, the longest
 exactly 8x = 256 (--quick: 4x = 128). Every request is greedy (temperature 0), EOS ignored, with its own
 fixed `max_new_tokens`, so every system generates exactly the requested counts (checked). The model is a
-random `sluice init-model` checkpoint, qwen2, --preset "small" (~3M parameters; the default) or "tiny"
-(~0.08M; --quick's default), float32 on CPU, one torch thread in every process (--threads N gives the engine
-(`--torch-threads N`) and the transformers baselines N intra-op threads alike). --cores C (default: every core of
+random `sluice init-model` checkpoint, qwen2, --preset "small" (~3M parameters; the default), "tiny"
+(~0.08M; --quick's default) or "medium" (~0.1B, for a GPU), float32 on CPU (--device cuda --dtype bfloat16: the
+engine and every baseline on the GPU, where the targets do not apply and --cores is 1), one torch thread in
+every process (--threads N gives the engine (`--torch-threads N`) and the transformers baselines N intra-op threads alike). --cores C (default: every core of
 the machine, as "the speed of the machine" means) lets the engine use C cores (`--forward-workers C`: each kind of
 step split over C threads or whole on C intra-op threads, whichever it measures faster) and adds
 `hf_bucketed_Ct`, the per-bucket baseline with C intra-op threads; the target then compares against the faster
@@ -42,7 +43,7 @@ With --profile, the engine's Scheduler + BatchedDecoder run in this process (no 
 the same workload, stepped by hand, and a cProfile run's top functions are added to the JSON.
 
 Usage: python benchmarks/engine_throughput.py [--quick] [--preset small|tiny] [--reps 5] [--profile]
-       [--model-dir DIR] [--threads 1] [--cores N]
+       [--model-dir DIR] [--threads 1] [--cores N] [--device cuda --dtype bfloat16]
 """
 
 from __future__ import annotations

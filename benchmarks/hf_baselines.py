@@ -4,6 +4,7 @@ continuous batching manager, and the unpadded per-request greedy reference (batc
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 
@@ -105,10 +106,12 @@ class HFContinuousBatching:
         from transformers.generation import ContinuousBatchingConfig
         from transformers.generation.continuous_batching.utils import WorkloadHints
 
-        page = ContinuousBatchingConfig().page_size
+        defaults = ContinuousBatchingConfig()  # releases before 5.2x name the page size block_size
+        page = getattr(defaults, "page_size", None) or getattr(defaults, "block_size", 256)
         num_blocks = sum(math.ceil((len(r["prompt"]) + r["max_new_tokens"]) / page) for r in workload) + 2
-        cb_config = ContinuousBatchingConfig(num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
-                                             auto_switch_to_flash=False)
+        options = {"num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens, "auto_switch_to_flash": False}
+        accepted = inspect.signature(ContinuousBatchingConfig).parameters  # 5.17 has no auto_switch_to_flash
+        cb_config = ContinuousBatchingConfig(**{k: v for k, v in options.items() if k in accepted})
         hints = WorkloadHints(max_prompt_length=max(len(r["prompt"]) for r in workload),
                               max_generated_length=max(r["max_new_tokens"] for r in workload),
                               num_requests=len(workload))

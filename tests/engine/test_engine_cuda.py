@@ -5,17 +5,18 @@ KV pool capped by --mem-fraction-static. Skipped where torch sees no GPU (CI has
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
 import torch
 
-from services.dcs.client import DCSClient
-from services.dcs.local import LocalDCS
-from services.dcs.models import NodeRegistration
-from services.dcs.sync.publisher import WeightPublisher
+from services.dcs.sync.groups import BroadcastGroup
 from services.engine.server import tokens_that_fit
 from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
+from services.runtime.processes import free_port
+from services.sglang_protocol.client import SGLangClient
 from tests.engine.conftest import start_engine
 
 CUDA = torch.cuda.is_available()
@@ -99,19 +100,25 @@ def test_bfloat16_serves_with_logprobs_close_to_its_own_forward(tiny_model_dir, 
 
 @needs_cuda
 def test_a_weight_update_from_a_cpu_trainer_reaches_the_gpu_engine(cuda_engine, tmp_path):
+    """SGLang's update protocol driven by hand (what DCS's publisher does): this process is rank 0 of a gloo
+    group with the engine, broadcasts every tensor from the CPU, and the engine receives onto its GPU."""
     other = load_causal_lm(init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99))[0]
     prompt = [11, 22, 33]
     expected = other.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
                               pad_token_id=0)[0, 3:].tolist()
     greedy = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
-    port = int(cuda_engine.rsplit(":", 1)[1])
-    with LocalDCS(log_dir=str(tmp_path)) as local, DCSClient(local.url) as dcs:
-        dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": port}, run_id="g"))
-        trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="g"))
-        publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", bucket_bytes=100_000, timeout_s=60,
-                                    receiver_roles=["engine"], pause_mode="in_place", run_id="g")
-        assert publisher.publish(other.state_dict().items(), 1).ok
-        publisher.close()
+    client, port, named = SGLangClient(cuda_engine), free_port(), list(other.state_dict().items())
+    with ThreadPoolExecutor(1) as pool:
+        joined = pool.submit(client.init_weights_update_group, "127.0.0.1", port, 1, 2, "g", "gloo")
+        group = BroadcastGroup.open("g", "gloo", "127.0.0.1", port, 0, 2, 60)
+        joined.result(60)
+        loaded = pool.submit(client.update_weights_from_distributed, [n for n, _ in named],
+                             ["float32"] * len(named), [list(t.shape) for _, t in named], "g", "7")
+        for _, tensor in named:
+            group.broadcast(tensor.contiguous(), 0)
+        loaded.result(60)
+        group.close()
+    assert client.weight_version() == "7"
     assert _gen(cuda_engine, input_ids=prompt, sampling_params=greedy)["output_ids"] == expected
 
 
