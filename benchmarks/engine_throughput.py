@@ -8,8 +8,9 @@ random `sluice init-model` checkpoint, qwen2, --preset "small" (~3M parameters; 
 (~0.08M; --quick's default) or "medium" (~0.1B, for a GPU), float32 on CPU (--device cuda --dtype bfloat16: the
 engine and every baseline on the GPU, where the targets do not apply and --cores is 1), one torch thread in
 every process (--threads N gives the engine (`--torch-threads N`) and the transformers baselines N intra-op
-threads alike). --cores C (default: every core of the machine, as "the speed of the machine" means) lets the engine use C cores (`--forward-workers C`: each kind of
-step split over C threads or whole on C intra-op threads, whichever it measures faster) and adds
+threads alike). --cores C (default: every core of the machine, as "the speed of the machine" means) lets the
+engine use C cores (`--forward-workers C`: each kind of step split over C threads or whole on C intra-op
+threads, whichever it measures faster) and adds
 `hf_bucketed_Ct`, the per-bucket baseline with C intra-op threads; the target then compares against the faster
 per-bucket run, so transformers gets its best thread count too. --cores 1: both on one core.
 
