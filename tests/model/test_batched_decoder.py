@@ -158,3 +158,27 @@ def test_long_chunks_short_inputs_and_decodes_in_one_step_match_full_forward(mod
         mine = torch.cat([first[i], second[i]]).float()
         ref = _hf_logits(model, s).float()
         assert torch.allclose(mine, ref, atol=tolerance, rtol=0), (i, (mine - ref).abs().max())
+
+
+def test_rows_nobody_reads_skip_the_last_layer_but_leave_their_keys(model):
+    """Prompt chunks without full logits run their last layer's attention and MLP on their last token only
+    (the other rows' outputs are never read): the last-token logits, the full logits of the sequence that
+    asks for them, and the next decode step (which reads every row's last-layer keys) equal the HF forward."""
+    from services.model.batched_decoder import SHORT_INPUT
+
+    dec = _decoder(model, slot_len=160)
+    g = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (80, 40, 12, 30)]
+    prompts = [s[:-1] for s in seqs]
+    slots = [dec.pool.allocate() for _ in seqs]
+    assert len(prompts[0]) > SHORT_INPUT
+    read = dec._read_rows(slots, [0] * 4, [len(p) for p in prompts], [79, 118, 129, 158],
+                          torch.zeros(158, dtype=torch.long), [False, False, False, True])
+    assert read[2] == [1, 1, 1, 29]  # the rows read: one per prompt, all of the one asking for full logits
+    last, full = dec.forward(slots, prompts, [False, False, False, True])
+    for i, p in enumerate(prompts):
+        assert torch.allclose(last[i], _hf_logits(model, p)[-1], atol=1e-5, rtol=0)
+    assert torch.allclose(full[3], _hf_logits(model, prompts[3]), atol=1e-5, rtol=0) and list(full) == [3]
+    step, _ = dec.forward(slots, [[s[-1]] for s in seqs])
+    for i, s in enumerate(seqs):
+        assert torch.allclose(step[i], _hf_logits(model, s)[-1], atol=1e-5, rtol=0)
