@@ -326,7 +326,7 @@ class Scheduler:
                     return self._finish(req, {"type": "stop", "matched": stop})
         if len(req.output) >= p.max_new_tokens:
             self._finish(req, {"type": "length", "length": p.max_new_tokens})
-        elif len(req.tokens) >= self.pool.slot_len:  # the context is full
+        elif len(req.prompt) + len(req.output) >= self.pool.slot_len:  # the context is full
             self._finish(req, {"type": "length", "length": len(req.output)})
 
     def _finish(self, req: Generation, reason: dict) -> None:

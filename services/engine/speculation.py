@@ -37,16 +37,7 @@ class SharedNgrams:
 
     def __init__(self, max_entries: int = 1 << 18):
         self.max_entries = max_entries
-        self.grams: dict[tuple[int, ...], tuple[list[int], int]] = {}
-
-    def swap(self, gram: tuple[int, ...], tokens: list[int], end: int) -> tuple[list[int], int] | None:
-        """Record `gram` as ending at `end` of `tokens`; returns the occurrence it replaces if another
-        context held it."""
-        if len(self.grams) >= self.max_entries:
-            self.grams.clear()
-        before = self.grams.get(gram)
-        self.grams[gram] = (tokens, end)
-        return before if before is not None and before[0] is not tokens else None
+        self.grams: dict[int, tuple[list[int], int]] = {}  # gram key (NgramDrafter.extend) -> occurrence
 
     def clear(self) -> None:
         self.grams.clear()
@@ -101,22 +92,35 @@ class NgramDrafter:
         self.shared, self.sources = shared, sources
         self.source: tuple[str, int] | None = None  # where the last draft came from
         self.tokens: list[int] = []
-        self._seen: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
+        if not 1 <= max_ngram <= 15:  # a gram's length is kept in 4 bits of its SharedNgrams key
+            raise ValueError(f"max_ngram must be in [1, 15], got {max_ngram}")
+        self._seen: list[dict[int, int]] = [{} for _ in range(max_ngram + 1)]
         self._previous: list[int | None] = [None] * (max_ngram + 1)
         self._elsewhere: list[tuple[list[int], int] | None] = [None] * (max_ngram + 1)
 
     def extend(self, tokens) -> None:
-        own, shared = self.tokens, self.shared
+        # the engine thread's hottest Python (a prompt and every accepted token, at each of max_ngram
+        # lengths): a gram is keyed by an int, its token ids in 32-bit fields, which hashes several times
+        # faster than a tuple (SharedNgrams' keys also carry the length in their low 4 bits)
+        own, seen, previous, elsewhere = self.tokens, self._seen, self._previous, self._elsewhere
+        shared = self.shared
+        grams = shared.grams if shared is not None else None
         for token in tokens:
             own.append(token)
             end = len(own)
+            key = 0
             for n in range(1, min(self.max_ngram, end) + 1):
-                gram = tuple(own[end - n:end])
-                seen = self._seen[n]
-                self._previous[n] = seen.get(gram)
-                seen[gram] = end
-                if shared is not None:
-                    self._elsewhere[n] = shared.swap(gram, own, end)
+                key |= own[end - n] << (32 * (n - 1))
+                index = seen[n]
+                previous[n] = index.get(key)
+                index[key] = end
+                if grams is not None:
+                    if len(grams) >= shared.max_entries:
+                        grams.clear()
+                    tagged = key << 4 | n
+                    before = grams.get(tagged)
+                    grams[tagged] = (own, end)
+                    elsewhere[n] = before if before is not None and before[0] is not own else None
 
     def draft(self, k: int) -> list[int]:
         """Up to k tokens that followed the longest earlier match of the context's tail ([] if none, or if

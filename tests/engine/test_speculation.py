@@ -28,6 +28,24 @@ def test_drafter_copies_what_followed_the_latest_longest_match():
     assert d.draft(2) == [4, 8]
 
 
+def test_grams_of_different_lengths_and_large_ids_are_told_apart():
+    """Grams are keyed by their ids packed into an int: a gram with id 0 in front is not the shorter gram,
+    and ids up to 2**32 - 1 do not run into each other."""
+    big = (1 << 32) - 1
+    d = NgramDrafter(max_ngram=2)
+    d.extend([0, 5, 11, big, 5, 12, 7, 0, 5])
+    assert d.draft(1) == [11]        # the latest earlier [0, 5] was followed by 11, though [5] last by 12
+    d.extend([big])
+    assert d.draft(1) == [5]         # [5, big] never occurred (only [11, big]); the earlier [big] was followed by 5
+    shared = SharedNgrams()
+    a, b = NgramDrafter(max_ngram=2, shared=shared), NgramDrafter(max_ngram=2, shared=shared)
+    a.extend([3, 0, 4, 8])
+    b.extend([9, 4])                 # [9, 4] is nowhere; [4] is in a's context, followed by 8
+    assert b.draft(1) == [8] and b.source == ("shared", 1)
+    with pytest.raises(ValueError, match="max_ngram"):
+        NgramDrafter(max_ngram=16)
+
+
 def test_drafter_runs_into_its_own_draft_on_a_cycle():
     d = NgramDrafter()
     d.extend([5, 6, 5, 6])
