@@ -71,7 +71,7 @@ def check_prompt_ids(engine, prompts: list[list[int]]) -> None:
     if not prompts or not all(prompts):
         raise BadRequest("empty input")
     for p in prompts:
-        if any(i < 0 or i >= vocab for i in p):
+        if min(p) < 0 or max(p) >= vocab:  # C loops: this runs on the event loop, which shares the GIL
             raise BadRequest(f"input_ids must be in [0, {vocab})")
         if len(p) >= engine.pool.slot_len:
             raise BadRequest(f"the input is {len(p)} tokens; the context length is {engine.pool.slot_len}")
