@@ -43,7 +43,7 @@ near-ties may flip) and of hf_continuous_batching with the reference are informa
 With --profile, the engine's Scheduler + BatchedDecoder run in this process (no HTTP, no engine thread) on
 the same workload, stepped by hand, and a cProfile run's top functions are added to the JSON.
 
-Usage: python benchmarks/engine_throughput.py [--quick] [--preset small|tiny] [--reps 5] [--profile]
+Usage: python benchmarks/engine_throughput.py [--quick] [--preset small|tiny|medium] [--reps 5] [--profile]
        [--model-dir DIR] [--threads 1] [--cores N] [--device cuda --dtype bfloat16]
 """
 

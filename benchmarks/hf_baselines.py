@@ -1,6 +1,7 @@
 """Hugging Face transformers baselines of benchmarks/engine_throughput.py, all in the calling process on its
-model (on the model's device and dtype: CPU float32 by default): `generate` as one padded batch, `generate` per output-length bucket, transformers' own
-continuous batching manager, and the unpadded per-request greedy reference (batch of 1, not timed)."""
+model, on that model's device and dtype (CPU float32 by default): `generate` as one padded batch, `generate`
+per output-length bucket, transformers' own continuous batching manager, and the unpadded per-request greedy
+reference (batch of 1, not timed)."""
 
 from __future__ import annotations
 

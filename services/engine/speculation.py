@@ -88,12 +88,12 @@ class NgramDrafter:
     Appending a token is O(max_ngram) dict operations, drafting O(k): no scan of the context."""
 
     def __init__(self, max_ngram: int = 3, shared: SharedNgrams | None = None, sources: DraftSources | None = None):
+        if not 1 <= max_ngram <= 15:  # a gram's length is kept in 4 bits of its SharedNgrams key
+            raise ValueError(f"max_ngram must be in [1, 15], got {max_ngram}")
         self.max_ngram = max_ngram
         self.shared, self.sources = shared, sources
         self.source: tuple[str, int] | None = None  # where the last draft came from
         self.tokens: list[int] = []
-        if not 1 <= max_ngram <= 15:  # a gram's length is kept in 4 bits of its SharedNgrams key
-            raise ValueError(f"max_ngram must be in [1, 15], got {max_ngram}")
         self._seen: list[dict[int, int]] = [{} for _ in range(max_ngram + 1)]
         self._previous: list[int | None] = [None] * (max_ngram + 1)
         self._elsewhere: list[tuple[list[int], int] | None] = [None] * (max_ngram + 1)
