@@ -41,7 +41,7 @@ def test_an_engine_that_does_not_answer_is_left_out_until_it_does():
         assert engines.excluded() == ["b"]
         began = time.monotonic()
         engines.readmit()  # the probe hangs: the sync goes on without waiting, still without b
-        assert time.monotonic() - began < 1 and engines.excluded() == ["b"]
+        assert time.monotonic() - began < 5 and engines.excluded() == ["b"]  # the probe hangs until released
         released.set()  # the first probe answers "no"; the next sync starts another, which answers "yes"
         _until(lambda: made and made[0].closed)
         engines.readmit()

@@ -122,7 +122,7 @@ def _caught_up(monkeypatch, engines: dict, wait_s: float, during=None) -> tuple[
 
 def test_engines_already_on_the_last_version_end_the_run_at_once(monkeypatch):
     ok, coordinator, took = _caught_up(monkeypatch, {"e0": (True, 3), "e1": (True, 3)}, wait_s=30)
-    assert ok and coordinator.published == [] and took < 1
+    assert ok and coordinator.published == [] and took < 10  # not the 30 s bound
 
 
 def test_an_engine_behind_gets_the_last_version_again_unannounced(monkeypatch):
@@ -132,12 +132,14 @@ def test_an_engine_behind_gets_the_last_version_again_unannounced(monkeypatch):
 
 
 def test_an_engine_that_is_down_is_waited_for_and_caught_up_when_it_returns(monkeypatch):
+    back = threading.Event()
+
     def restarted(coordinator):  # back with its initial weights
         coordinator.engines["e1"] = (True, 0)
+        back.set()
 
-    ok, coordinator, took = _caught_up(monkeypatch, {"e0": (True, 3), "e1": (False, 2)}, wait_s=30,
-                                       during=restarted)
-    assert ok and took >= 0.3
+    ok, coordinator, _ = _caught_up(monkeypatch, {"e0": (True, 3), "e1": (False, 2)}, wait_s=30, during=restarted)
+    assert ok and back.is_set()  # it waited for the engine to come back rather than ending the run without it
     assert coordinator.engines["e1"] == (True, 3) and [p.version for p in coordinator.published] == [3]
 
 
@@ -149,9 +151,8 @@ def test_engines_that_loaded_the_last_publish_end_the_run_before_their_heartbeat
     versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
     assert versions.publish(3) == 3
     coordinator.engines = {"e0": (True, 2), "e1": (True, 2)}
-    began = time.monotonic()
     assert versions.catch_up_engines(3, wait_s=30, poll_s=0.01)
-    assert time.monotonic() - began < 0.5 and len(coordinator.published) == 1
+    assert len(coordinator.published) == 1  # had it waited for the heartbeats to settle, it would have resent
 
 
 def test_an_engine_that_never_returns_ends_the_wait_at_its_bound(monkeypatch):

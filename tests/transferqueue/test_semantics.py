@@ -166,7 +166,7 @@ def test_waiting_claim_wakes_on_put_and_does_not_block_others(tq_stack, uniq):
     with TransferQueue(tq_stack.controller_address) as tq:
         t0 = time.monotonic()
         assert tq.claim(p_other, task, 1).rows == [0]  # answered while the other claim waits
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 10  # the other claim waits up to 20 s
         assert thread.is_alive()
         tq.put(p_wait, {"x": torch.tensor([42])})
     thread.join(10)
@@ -432,7 +432,7 @@ def test_sealed_partition_takes_no_new_rows_and_claims_do_not_wait_for_a_full_ba
     assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
     t0 = time.monotonic()
     batch = tq.claim(p, task, 8, wait_s=5)  # nothing more can come: answers at once
-    assert batch.rows == [0, 1, 2] and time.monotonic() - t0 < 2
+    assert batch.rows == [0, 1, 2] and time.monotonic() - t0 < 4  # not the 5 s wait
     tq.ack(batch)
     assert tq.claim(p, task, 8, wait_s=5).complete
 
