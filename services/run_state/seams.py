@@ -127,6 +127,9 @@ class Membership(Protocol):
 
     node_id: str
 
+    @property
+    def paused(self) -> bool: ...
+
     def safe_point(self, stop: threading.Event | None = None,
                    while_paused: Callable[[], None] | None = None) -> None: ...
 

@@ -135,13 +135,20 @@ class ActorTrainer:
             self.dp.close()
             conn.close()
 
+    def pause_point(self, halt: threading.Event) -> None:
+        """A pause is acknowledged with nothing in flight: the last step's publish and record land first (the
+        engines keep taking part in syncs while paused), so a paused run's progress stands still."""
+        if self.membership.paused:
+            self.weights.settle()
+        self.membership.safe_point(halt)
+
     def lead(self, ckpt, halt: threading.Event) -> None:
         run = self.run
         step, self.version = resume_position(self, ckpt)
         self.checkpointed = step
         self.status.running()
         while step < run.num_steps and not halt.is_set():
-            self.membership.safe_point(halt)
+            self.pause_point(halt)
             with span("claim", step, self.version):
                 if not self.steps.wait_for(step, halt, lambda: self.waiting(step, halt)):
                     continue
@@ -269,7 +276,7 @@ class ActorTrainer:
     def waiting(self, step: int, halt: threading.Event) -> None:
         """Runs while the trainer waits for data: a pause safe point, and the check for engines serving
         older weights than the published version (WeightVersions.resend_if_lagging)."""
-        self.membership.safe_point(halt)
+        self.pause_point(halt)
         self.weights.resend_if_lagging(self.version)
 
     def train_step(self, step: int, halt: threading.Event):
@@ -363,7 +370,7 @@ class ActorTrainer:
             got, nonce = dp.share([0, 0])
             return self.tq.claim_rows(partition, self.actor_task, run.global_batch_size, lease_s=c.lease_s,
                                       claim_key=f"{nonce}-{it}") if got else None
-        self.membership.safe_point(halt)
+        self.pause_point(halt)
         with span("claim", step, self.version):
             claimed = claim_global_batch(self.tq, partition, self.actor_task, run.global_batch_size, c.lease_s,
                                          halt, lambda: self.waiting(step, halt),

@@ -27,13 +27,14 @@ def _worker(tmp_path, name, *args) -> ChildProcess:
 def start_three(tmp_path, dcs_url: str, run_id: str, versions: int, faulty: str, fault: list[str],
                 trainer_args: tuple[str, ...] = ()) -> tuple[ChildProcess, ChildProcess, ChildProcess]:
     """A trainer publishing `versions` versions to two receivers, "survivor" and `faulty` (which takes the
-    `fault` flags); each writes its events to <name>.jsonl."""
+    `fault` flags); each writes its events to <name>.jsonl. Callers give the coordinator a 3 s node lease: the
+    trainer retries a failed sync after 4 s, once the dead member has been dropped."""
     common = ["--dcs", dcs_url, "--run-id", run_id, "--timeout-s", "3"]
     survivor = _worker(tmp_path, "survivor", "receiver", *common, "--until", str(versions),
                        "--out", str(tmp_path / "survivor.jsonl"))
     other = _worker(tmp_path, faulty, "receiver", *common, "--until", str(versions), *fault,
                     "--out", str(tmp_path / f"{faulty}.jsonl"))
-    trainer = _worker(tmp_path, "trainer", "trainer", *common, "--versions", str(versions), "--retry-after-s", "2",
+    trainer = _worker(tmp_path, "trainer", "trainer", *common, "--versions", str(versions), "--retry-after-s", "4",
                       *trainer_args, "--out", str(tmp_path / "trainer.jsonl"))
     return survivor, other, trainer
 
@@ -69,7 +70,7 @@ def test_trainer_and_two_receivers_get_bit_identical_tensors(tmp_path, dtype, st
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["list", "streamed"])
 def test_receiver_killed_mid_sync_fails_it_on_time_and_the_next_sync_succeeds(tmp_path, streamed):
-    with LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "1.0")) as dcs:
+    with LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "3.0")) as dcs:
         survivor, doomed, trainer = start_three(tmp_path, dcs.url, "k", 3, "doomed", ["--die-at", "2:1"],
                                                 trainer_args=("--streamed",) if streamed else ())
         assert trainer.proc.wait(120) == 0, trainer.log_tail()
@@ -80,7 +81,7 @@ def test_receiver_killed_mid_sync_fails_it_on_time_and_the_next_sync_succeeds(tm
         assert events[2]["event"] == "failed"
         if streamed:  # closed although the broadcast failed part-way (a sharded trainer's peers wait for it)
             assert events[2]["closed"]
-        assert events[2]["seconds"]["total"] < 3 + 2.0  # within the deadline (plus slack for start-up)
+        assert events[2]["seconds"]["total"] < 2 * 3 + 5  # within the deadline, not gloo's 30 s
         assert events[3]["event"] == "published" and events[3]["world_size"] == 2  # the dead member dropped
         seen = _events(tmp_path / "survivor.jsonl")
         received = {e["version"]: e["digest"] for e in seen if e["event"] == "received"}

@@ -26,7 +26,7 @@ def _wait_for(path, predicate, timeout_s: float = 60.0) -> list[dict]:
 
 
 def test_a_receiver_stopped_mid_sync_is_left_out_then_rejoins_after_sigcont(tmp_path):
-    with LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "1.0")) as dcs:
+    with LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "3.0")) as dcs:
         survivor, frozen, trainer = start_three(tmp_path, dcs.url, "s", 4, "frozen", ["--stop-at", "2:1"],
                                                 ("--rejoin-version", "4"))
         try:
@@ -41,7 +41,7 @@ def test_a_receiver_stopped_mid_sync_is_left_out_then_rejoins_after_sigcont(tmp_
         events = {e["version"]: e for e in _events(tmp_path / "trainer.jsonl")}
         assert events[1]["event"] == "published" and events[1]["world_size"] == 3
         assert events[2]["event"] == "failed"
-        assert events[2]["seconds"]["total"] < 3 + 2.0  # within the deadline (plus slack)
+        assert events[2]["seconds"]["total"] < 2 * 3 + 5  # within the deadline, not gloo's 30 s
         assert events[3]["event"] == "published" and events[3]["world_size"] == 2  # without the frozen one
         assert events[4]["event"] == "published" and events[4]["world_size"] == 3  # it is back
         assert published  # the SIGCONT came after version 3 was out

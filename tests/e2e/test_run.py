@@ -162,7 +162,7 @@ def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating
         steps = assert_run_complete(lr, run, staleness_bounded=False)
         with lr.dcs_client() as dcs:
             burnt = dcs.latest_weights(run.name).version - run.num_steps
-        assert 0 <= burnt <= 4  # the faults above burn a few numbers, not one per step
+        assert 0 <= burnt <= 6  # the faults above burn a few numbers, not one per step (12)
         stalest = max(int(s) for rec in steps.values() for s in rec["metrics"]["staleness"])
         assert stalest <= run.max_staleness + burnt, f"staleness {stalest} with {burnt} version numbers burnt"
         forward_log = (tmp_path / "logs" / "actor_fwd.log").read_text()

@@ -55,9 +55,9 @@ def _state(http: httpx.Client) -> tuple:
 
 
 def _unchanged(http: httpx.Client, baseline: tuple) -> bool:
-    """Whether the state is (back) at `baseline` within a second: a finished request's answer can reach its
+    """Whether the state is (back) at `baseline` within 10 s: a finished request's answer can reach its
     client a moment before the engine thread drops it from the running list at the end of its step."""
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + 10.0
     while (state := _state(http)) != baseline and time.monotonic() < deadline:
         time.sleep(0.01)
     return state == baseline

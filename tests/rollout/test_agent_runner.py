@@ -91,9 +91,9 @@ def _outcomes() -> dict:
     return {s.labels["outcome"]: s.value for m in EPISODES.collect() for s in m.samples if s.name.endswith("_total")}
 
 
-@pytest.mark.parametrize("hang,outcome", [("tool_hangs", "tool_timeout"), ("hangs", "timeout")])
-def test_a_tool_or_an_episode_past_its_limit_ends_the_try_with_that_outcome(hang, outcome):
-    before = _outcomes().get(outcome, 0.0)
-    result, agent = run([hang, "call"], timeout_s=1.5, tool_timeout_s=0.3)
+@pytest.mark.parametrize("hang,outcome,timeout_s", [("tool_hangs", "tool_timeout", 10.0), ("hangs", "timeout", 1.5)])
+def test_a_tool_or_an_episode_past_its_limit_ends_the_try_with_that_outcome(hang, outcome, timeout_s):
+    before = _outcomes().get(outcome, 0.0)  # (the tool's 0.3 s limit well inside the episode's: a late watchdog)
+    result, agent = run([hang, "call"], timeout_s=timeout_s, tool_timeout_s=0.3)
     assert result.reward == 1.0 and len(agent.samples) == 2  # the second try
     assert _outcomes()[outcome] == before + 1  # a hung tool: its own limit, not the episode's

@@ -20,11 +20,11 @@ def test_a_lease_that_lapses_before_the_ack_is_claimed_again_and_consumed_once(t
     def compute(batch):
         computed.append(list(batch.rows))
         if len(computed) == 1:
-            time.sleep(0.6)  # past the 0.2 s lease: the ack after this put is refused
+            time.sleep(3.0)  # past the 2 s lease: the ack after this put is refused
         return {"score": torch.full((len(batch.rows),), float(len(computed)))}
 
     consumer = Consumer(task=task, rows=4, compute=compute, done=lambda batch: done.append(list(batch.rows)))
-    consume_partition(tq, part, consumer, lease_s=0.2, group_size=2, safe_point=lambda: None,
+    consume_partition(tq, part, consumer, lease_s=2.0, group_size=2, safe_point=lambda: None,
                       halt=threading.Event())
     assert computed == [rows, rows]  # claimed again once the lease lapsed
     assert done == [rows]            # ... and acked once

@@ -112,3 +112,24 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
         record[1]["metrics"]["loss"]
     assert coordinator.publishers[0].prefetched == [["engine"], ["engine"]]  # each step's group asked for early
     assert coordinator.publishers[0].closed and membership.closed
+
+
+def test_a_pause_is_acknowledged_only_after_the_publish_in_flight_lands():
+    """The e2e pause test checks progress stands still while paused; this is the rule behind it."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    class Membership(FakeMembership):
+        def safe_point(self, stop=None, while_paused=None) -> None:
+            calls.append("safe_point")
+
+    weights = SimpleNamespace(settle=lambda: calls.append("settle"))
+    membership = Membership()
+    trainer = SimpleNamespace(membership=membership, weights=weights)
+    ActorTrainer.pause_point(trainer, threading.Event())
+    assert calls == ["safe_point"]  # running: the publish goes on beside the next step
+    calls.clear()
+    membership.paused = True
+    ActorTrainer.pause_point(trainer, threading.Event())
+    assert calls == ["settle", "safe_point"]

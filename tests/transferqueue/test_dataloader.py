@@ -12,9 +12,13 @@ from services.transferqueue.client.dataloader import StreamingDataLoader, Stream
 from services.transferqueue.client.queue import TransferQueue
 
 
-def _slow_producer(address, partition, groups, group_size, delay_s, sealed_at: list | None = None):
+def _slow_producer(address, partition, groups, group_size, delay_s, sealed_at: list | None = None,
+                   before_last: threading.Event | None = None):
+    """`before_last`: the last group (and the seal) waits for it, up to 30 s."""
     with TransferQueue(address) as tq:
         for g in range(groups):
+            if g == groups - 1 and before_last is not None:
+                before_last.wait(30)
             n = group_size
             ids = torch.arange(g * n, (g + 1) * n)
             tq.put(partition, {"sid": ids, "tokens": [torch.arange(int(i) % 7 + 1) for i in ids],
@@ -30,12 +34,15 @@ def test_loader_streams_while_partition_is_written(tq_stack, tq, uniq):
     tq.create_partition(p, group_size=2)
     tq.register_task(task, ["sid", "tokens"], group_size=2)
     sealed_at: list[float] = []
-    producer = threading.Thread(target=_slow_producer, args=(tq_stack.controller_address, p, 12, 2, 0.1, sealed_at))
+    first_batch = threading.Event()  # a loader that waited for the seal would hold the producer 30 s and fail
+    producer = threading.Thread(target=_slow_producer, args=(tq_stack.controller_address, p, 12, 2, 0.1, sealed_at,
+                                                             first_batch))
     producer.start()
     loader = StreamingDataLoader(StreamingDataset(tq_stack.controller_address, p, task, 4, poll_s=1.0, padded=True))
     seen, first_at = [], None
     for batch in loader:
         first_at = first_at or time.monotonic()
+        first_batch.set()
         assert len(batch) <= 4 and len(batch) % 2 == 0
         assert batch["tokens"].dim() == 2 and batch.lengths["tokens"].tolist() == (batch["sid"] % 7 + 1).tolist()
         seen += batch["sid"].tolist()

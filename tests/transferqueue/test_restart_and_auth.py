@@ -38,7 +38,7 @@ def test_controller_killed_and_restarted_loses_nothing(private_stack):
         tq.register_task("t", ["x"], group_size=2)
         tq.put("p", {"x": torch.arange(8)})
         held = tq.claim("p", "t", 4, lease_s=60)
-        short = tq.claim("p", "t", 2, lease_s=4.0)
+        short = tq.claim("p", "t", 2, lease_s=10.0)  # outlives a slow restart
         result = {}
 
         def waiter():  # a claim waiting across the crash, retried by the client after it
@@ -62,7 +62,7 @@ def test_controller_killed_and_restarted_loses_nothing(private_stack):
         assert tq.claim("p", "t", 2).rows == [6, 7]
         assert tq.ack(held) == 4
         # a lease that expired while the controller was down comes back to readers
-        assert tq.claim("p", "t", 2, wait_s=6).rows == short.rows
+        assert tq.claim("p", "t", 2, wait_s=30).rows == short.rows
         tq.put("q", {"x": torch.arange(2)})
         thread.join(30)
         assert result["batch"].rows == [0, 1]

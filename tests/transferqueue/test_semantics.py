@@ -80,10 +80,10 @@ def test_unacked_claim_becomes_readable_after_lease_expiry(tq, uniq):
     p, task = uniq("p"), uniq("t")
     _fill(tq, p, 4)
     tq.register_task(task, ["x"])
-    first = tq.claim(p, task, 4, lease_s=0.3)
+    first = tq.claim(p, task, 4, lease_s=2.0)
     assert first.rows == [0, 1, 2, 3]
     assert tq.claim(p, task, 4).rows == []  # held by the lease
-    again = tq.claim(p, task, 4, wait_s=3)  # woken by the expiry, not by a put
+    again = tq.claim(p, task, 4, wait_s=10)  # woken by the expiry, not by a put
     assert again.rows == [0, 1, 2, 3]
     with pytest.raises(TQError) as err:
         tq.ack(first)
@@ -99,9 +99,9 @@ def test_release_returns_rows_and_extend_keeps_them(tq, uniq):
     p, task = uniq("p"), uniq("t")
     _fill(tq, p, 2)
     tq.register_task(task, ["x"])
-    batch = tq.claim(p, task, 2, lease_s=0.4)
+    batch = tq.claim(p, task, 2, lease_s=2.0)
     tq.extend_lease(batch, 30)
-    time.sleep(0.6)
+    time.sleep(2.5)
     assert tq.claim(p, task, 2).rows == []  # extended: still held
     assert tq.release(batch) == 2
     assert tq.claim(p, task, 2).rows == [0, 1]
