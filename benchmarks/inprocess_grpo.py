@@ -19,7 +19,7 @@ bites, up to float noise between the generator's and the trainer's forward). Two
           the whole step's prompts in one left-padded batch, num_return_sequences=n, KV cache, output_logits.
   engine  the built-in engine's Scheduler + BatchedDecoder as a library in this process (as
           benchmarks/engine_profile.py builds it), stepped by hand; its own float32 copy of the model, which
-          follows the trained one after every optimizer step (services/dcs/sync/receiver.load_into of the
+          follows the trained one after every optimizer step (services/dcs/sync/precision.load_into of the
           named parameters, inside the timed step); per-sample seeds as the rollout role gives them.
 Torch intra-op threads: --inprocess-threads (set for the run, restored after)."""
 
@@ -32,7 +32,7 @@ import time
 import torch
 
 from services.algorithms.advantages import grpo_advantages
-from services.dcs.sync.receiver import load_into
+from services.dcs.sync.precision import load_into
 from services.demo_tasks.warm_start import encode_prompt, left_padded
 from services.model.loading import load_causal_lm
 from services.rollout.prompts import open_prompt_source

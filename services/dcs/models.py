@@ -11,6 +11,7 @@ from services.run_contract.run_config import RunConfig
 
 Name = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
 TorchDType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
+FloatDType = Literal["float32", "float16", "bfloat16", "float64"]
 NodeState = Literal["running", "pausing", "paused", "dead"]
 RunLifecycle = Literal["running", "paused", "failed", "finished", "stopped"]
 ENDED = frozenset({"failed", "finished", "stopped"})  # terminal: no transition leaves them
@@ -40,6 +41,8 @@ class NodeRegistration(Strict):
         default_factory=dict, max_length=16, description="layout, e.g. {'tp': 2, 'pp': 1, 'dp': 4}")
     master_port: int | None = Field(None, ge=1, le=65535, description="a free port it can host a sync group on")
     run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
+    weights_dtype: FloatDType | None = Field(None, description=(
+        "a weight receiver's: the dtype it serves its weights in (a publish sends floating tensors in it)"))
 
 
 class NodeInfo(NodeRegistration):
@@ -138,6 +141,7 @@ class GroupMember(Strict):
     role: str
     rank: int = Field(description="its first rank (SGLang's rank_offset)")
     ranks: int = Field(1, description="ranks it occupies (an engine's tensor-parallel size)")
+    weights_dtype: FloatDType | None = Field(None, description="the dtype it declared it serves its weights in")
 
 
 class SyncGroup(Strict):

@@ -4,18 +4,33 @@ model info, and the service routes (health, metrics, spans)."""
 from __future__ import annotations
 
 import asyncio
+from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 
 from services.dcs.sync.groups import BroadcastGroup
+from services.dcs.sync.precision import WeightMismatch
 from services.engine.protocol import (ControlResult, DestroyGroupRequest, InitGroupRequest, ModelInfo, PauseRequest,
-                                      UpdateWeightsRequest, WeightVersion)
+                                      ServerInfo, UpdateWeightsRequest, WeightVersion)
 from services.runtime.metrics import observability_router
 
+try:
+    SLUICE_VERSION = version("sluice-rl")
+except PackageNotFoundError:  # run from a checkout that is not installed (a GPU machine's PYTHONPATH)
+    SLUICE_VERSION = "dev"
 
-def result(message: str, ok: bool = True) -> JSONResponse:
-    return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
+
+def result(message: str, ok: bool = True, status: int = 400) -> JSONResponse:
+    return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else status)
+
+
+def update_failed(exc: Exception) -> JSONResponse:
+    """A failed weight update: 422 when the weights do not fit the model (a resend cannot fix that; the trainer
+    fails the run with this message), 400 for a transfer that failed (a resend may succeed). Either way nothing
+    was loaded."""
+    status = 422 if isinstance(exc, WeightMismatch) else 400
+    return result(f"update failed; the previous weights keep serving: {exc}", ok=False, status=status)
 
 
 def generation_control_router(engine) -> APIRouter:
@@ -80,7 +95,10 @@ def weight_update_router(engine) -> APIRouter:
 
     @router.post("/end_weight_update", response_model=ControlResult)
     async def end_update():
-        return result(await engine.run_control(engine.weights.end))
+        try:
+            return result(await engine.run_control(engine.weights.end))
+        except Exception as exc:
+            return update_failed(exc)
 
     @router.post("/update_weights_from_distributed", response_model=ControlResult)
     async def update(req: UpdateWeightsRequest):
@@ -93,7 +111,7 @@ def weight_update_router(engine) -> APIRouter:
             await asyncio.get_running_loop().run_in_executor(None, engine.weights.receive, req)
             message = await engine.run_control(engine.weights.load_unless_held)
         except Exception as exc:
-            return result(f"update failed; the previous weights keep serving: {exc}", ok=False)
+            return update_failed(exc)
         return result(message)
 
     return router
@@ -120,7 +138,17 @@ def engine_info_router(engine) -> APIRouter:
                 "weight_version": sched.weight_version,
                 # Sluice extensions (weight_updates.py): updates load between steps, so no pause is needed;
                 # a bucket can come as one broadcast
-                "live_weight_update": True, "flat_bucket_update": True}
+                "live_weight_update": True, "flat_bucket_update": True, "weights_dtype": engine.config.dtype}
+
+    @router.get("/get_server_info", response_model=ServerInfo)
+    @router.get("/server_info", response_model=ServerInfo)
+    async def server_info():
+        c = engine.config
+        return {"model_path": c.model, "dtype": c.dtype, "device": c.device, "tp_size": 1,
+                "mem_fraction_static": c.mem_fraction_static, "max_running_requests": c.max_running,
+                "context_length": sched.pool.slot_len, "chunked_prefill_size": c.chunked_prefill_size,
+                "speculative_algorithm": None if c.speculative_algorithm == "none" else c.speculative_algorithm,
+                "weight_version": sched.weight_version, "version": f"sluice-{SLUICE_VERSION}"}
 
     return router
 

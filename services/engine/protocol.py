@@ -112,3 +112,21 @@ class ModelInfo(BaseModel):
     weight_version: str
     live_weight_update: bool = Field(description="Sluice: updates load between steps; no pause is needed")
     flat_bucket_update: bool = Field(description="Sluice: /update_weights_from_distributed takes flat_bucket")
+    weights_dtype: str = Field(description="Sluice: the dtype the weights are served in; a trainer sends floating "
+                                           "weights in it (others are cast on load)")
+
+
+class ServerInfo(BaseModel):
+    """SGLang's /server_info (/get_server_info): its server arguments; the fields the built-in engine has."""
+
+    model_path: str
+    dtype: str
+    device: str
+    tp_size: int
+    mem_fraction_static: float
+    max_running_requests: int
+    context_length: int
+    chunked_prefill_size: int
+    speculative_algorithm: str | None
+    weight_version: str
+    version: str = Field(description="the server's version (sluice-<package version>)")

@@ -17,7 +17,9 @@ in_place pause would give them, minus the stall. A received version is loaded:
   * at /end_weight_update, when the update was bracketed by begin/end (all buckets at once);
   * otherwise at the end of each /update_weights_from_distributed call, unless the engine is paused;
   * otherwise at /continue_generation.
-A failed receive drops everything received for that version: the previous weights keep serving."""
+A failed receive drops everything received for that version: the previous weights keep serving. Floating tensors
+may arrive in any floating dtype and are cast on load (services/dcs/sync/precision.py); a name or shape that does
+not fit the model is refused (WeightMismatch) as soon as its broadcast is received."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import torch
 
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, bucket_entries, unpack
-from services.dcs.sync.receiver import load_into
+from services.dcs.sync.precision import check_fits, load_into, model_tensors
 from services.engine.protocol import UpdateWeightsRequest
 from services.runtime.spans import RECORDER
 
@@ -44,6 +46,7 @@ class WeightUpdates:
         self.on_version = on_version  # called on the engine thread after a new version went live
         self.scheduler = scheduler
         self.device = device
+        self._params = model_tensors(model)  # name -> tensor, what a received tensor must fit
         self.groups: dict[str, BroadcastGroup] = {}
         self._staged: dict[str, torch.Tensor] = {}
         self._staged_version: str | None = None
@@ -65,6 +68,9 @@ class WeightUpdates:
             raise ValueError(f"no weight update group {body.group_name!r}; call /init_weights_update_group")
         try:
             received = self._receive_flat(group, body) if body.flat_bucket else self._receive_each(group, body)
+            # checked once the broadcast is drained (refusing before it would leave the sender waiting): a
+            # mismatch is refused here, naming the tensor, and the load between steps never meets one
+            check_fits(self._params, received)
         except Exception:
             with self._lock:  # nothing of a failed update is ever loaded
                 self._staged, self._staged_version, self._bracketed = {}, None, False

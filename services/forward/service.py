@@ -74,7 +74,8 @@ class ForwardService:
         torch.manual_seed(run.optim.seed)
         self.model, _ = load_causal_lm(run.model, c.dtype, c.device)
         membership = self.join(conn.dcs, NodeRegistration(role=self.role, host=c.advertise_host,
-                                                              ports={"http": c.port}, device=c.device, run_id=c.run_id))
+                                                              ports={"http": c.port}, device=c.device, run_id=c.run_id,
+                                                              weights_dtype=c.dtype))
         receives = self.role == "actor_fwd" or run.ref_update_interval > 0
         receiver = self.make_receiver(conn.dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device,
                                       run_id=c.run_id)

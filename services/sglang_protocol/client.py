@@ -31,6 +31,12 @@ class SGLangError(RuntimeError):
         self.status = status
         self.message = message
 
+    @property
+    def refused(self) -> bool:
+        """The engine refused the content itself (the built-in engine's 422: weights that do not fit its
+        model): sending the same again cannot succeed."""
+        return self.status == 422
+
 
 class EngineUnreachable(SGLangError):
     """The request did not get an answer: connection refused or reset, or the deadline passed. The
@@ -66,6 +72,7 @@ class SGLangClient:
         self._needs_begin_end: bool | None = None
         self._version_endpoint: str | None = None
         self._model_info: dict | None = None  # what the server says of itself, read once
+        self._server_info: dict | None = None  # its server arguments, read once
 
     def close(self) -> None:
         self._http.close()
@@ -163,6 +170,29 @@ class SGLangClient:
             except (httpx.HTTPError, SGLangError, ValueError):
                 self._model_info = {}
         return self._model_info
+
+    def served_dtype(self) -> str | None:
+        """The dtype the server keeps its weights in: the built-in engine's `weights_dtype` (model info), else
+        the `dtype` of SGLang's server arguments (/server_info, /get_server_info) unless it is "auto"; None when
+        neither says. A publish sends floating weights in it (services/dcs/sync/precision.py)."""
+        declared = self._extensions().get("weights_dtype")
+        if declared is None:
+            if self._server_info is None:
+                self._server_info = self._first_found(("/server_info", "/get_server_info"))
+            declared = self._server_info.get("dtype")
+        return declared if declared in ("float32", "bfloat16", "float16", "float64") else None
+
+    def _first_found(self, endpoints: Sequence[str]) -> dict:
+        """The JSON answer of the first endpoint that answers 200; {} when none does (or one fails)."""
+        for endpoint in endpoints:
+            try:
+                response = self._http.get(endpoint)
+            except httpx.HTTPError:
+                return {}
+            if response.status_code == 200:
+                data = response.json()
+                return data if isinstance(data, dict) else {}
+        return {}
 
     def model_info(self) -> dict:
         for endpoint in ("/model_info", "/get_model_info"):

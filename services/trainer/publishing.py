@@ -20,6 +20,14 @@ log = logging.getLogger(__name__)
 HEARTBEAT_SETTLE_S = 2.5  # an engine's new version reaches the coordinator within a heartbeat or two
 
 
+class WeightsRefused(RuntimeError):
+    """An engine refused the published weights themselves (a name or shape its model does not have): the run
+    fails with the engine's message instead of sending the same weights again and again."""
+
+    def __init__(self, engine_message: str | None):
+        super().__init__(f"an engine refused the trainer's weights, so the run cannot go on: {engine_message}")
+
+
 class WeightVersions:
     """Publishes the model's weights as numbered versions through `sender`.
 
@@ -75,6 +83,8 @@ class WeightVersions:
                 log.info("weights published", extra={"version": version, "seconds": result.seconds})
                 return version
             except SyncFailed as exc:
+                if exc.result.refused:  # the weights do not fit a receiver's model: the same again cannot help
+                    raise WeightsRefused(exc.result.error) from exc
                 log.warning("weight sync failed", extra={"version": version, "attempt": attempt, "error": str(exc)})
                 if exc.result.announced:  # receivers may hold it as done: the retry needs a new number
                     version += 1
@@ -203,6 +213,11 @@ class WeightVersions:
         self.sender.receiver_roles = ["engine"]
         try:
             self._note_loaded(version, self.sender.publish(self._weights(), version, announce=False))
+        except SyncFailed as exc:
+            if exc.result.refused:
+                raise WeightsRefused(exc.result.error) from exc
+            log.warning("resending weights to engines failed", extra={"error": repr(exc)})
+            self._published_at = time.monotonic()
         except Exception as exc:  # a failed sync, or the coordinator unreachable: tried again at the next check
             log.warning("resending weights to engines failed", extra={"error": repr(exc)})
             self._published_at = time.monotonic()

@@ -10,7 +10,7 @@ import torch
 from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
 from services.dcs.models import NodeRegistration
-from services.dcs.sync.publisher import WeightPublisher
+from services.dcs.sync.publisher import SyncFailed, WeightPublisher
 from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
 from services.sglang_protocol.client import SGLangClient
@@ -125,3 +125,36 @@ def test_live_update_keeps_generating_and_wakes_version_long_polls(tiny_model_di
         waiting.join(30)
     finally:
         proc.stop()
+
+
+def test_a_bfloat16_engine_takes_float32_weights_at_half_the_bytes_and_refuses_a_mismatch(tiny_model_dir, tmp_path):
+    """The precision contract end to end: a bf16 engine declares its dtype, the float32 weights travel in bf16
+    (half the bytes) over several buckets (the /begin ... /end bracket) and serve exactly as an engine started
+    from those weights in bf16; weights of another shape are refused with 422 naming the tensor, the result
+    says no resend can help, and the old weights keep serving."""
+    other_dir = init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99)
+    other = load_causal_lm(other_dir)[0]
+    wrong = load_causal_lm(init_model(str(tmp_path / "wrong"), preset="tiny", arch="qwen2", seed=5,
+                                      vocab_size=512))[0]
+    prompt = [11, 22, 33]
+    proc, url = start_engine(tiny_model_dir, tmp_path, "--dtype", "bfloat16", "--weight-sync-timeout-s", "5")
+    reference, reference_url = start_engine(other_dir, tmp_path, "--dtype", "bfloat16")
+    try:
+        expected = _greedy(reference_url, prompt)
+        assert _greedy(url, prompt) != expected
+        with LocalDCS(log_dir=str(tmp_path)) as local, DCSClient(local.url) as dcs:
+            publisher = _publisher(dcs, url, bucket_bytes=100_000, pause_mode="auto")
+            result = publisher.publish(list(other.named_parameters()), 1)
+            fp32_bytes = sum(p.numel() * 4 for p in other.parameters())
+            assert result.ok and result.wire_dtype == "bfloat16" and len(result.seconds) > 0
+            assert fp32_bytes // 2 <= result.bytes < fp32_bytes // 2 + 8 * len(list(other.parameters()))
+            assert _greedy(url, prompt) == expected and SGLangClient(url).weight_version() == "1"
+            with pytest.raises(SyncFailed) as failed:
+                publisher.publish(list(wrong.named_parameters()), 2)
+            assert failed.value.result.refused and "model.embed_tokens.weight" in failed.value.result.error
+            assert "422" in failed.value.result.error
+            assert _greedy(url, prompt) == expected and SGLangClient(url).weight_version() == "1"
+            publisher.close()
+    finally:
+        proc.stop()
+        reference.stop()

@@ -104,3 +104,26 @@ def test_a_failed_receive_keeps_the_old_weights_and_a_lost_end_expires():
     assert updates.load_unless_held().startswith("staged until /end")
     updates._begun -= 5.0  # the bracket's time passes without an /end
     assert updates.load_unless_held() == "loaded 1 tensors" and scheduler.weight_version == "2"
+
+
+def test_a_received_mismatch_is_refused_at_once_and_nothing_is_staged():
+    from services.dcs.sync.precision import WeightMismatch
+    updates, model, scheduler, _ = _updates()
+    w = torch.full((2, 3), 4.0)
+    updates.groups["g"] = FakeGroup([w, torch.zeros(3, 3)])
+    updates.begin()
+    updates.receive(_body("g", "1", [("weight", w)]))
+    with pytest.raises(WeightMismatch, match=r"bias \(3, 3\)"):
+        updates.receive(_body("g", "1", [("bias", torch.zeros(3, 3))]))
+    assert updates.end() == "nothing staged" and not torch.equal(model.weight.detach(), w)
+    assert scheduler.weight_version == "default"
+
+
+def test_float32_weights_load_into_a_bfloat16_model():
+    updates, model, scheduler, _ = _updates()
+    model.to(torch.bfloat16)
+    w = torch.randn(2, 3)
+    updates.groups["g"] = FakeGroup([w])
+    updates.receive(_body("g", "1", [("weight", w)]))
+    assert updates.load_unless_held() == "loaded 1 tensors"
+    assert model.weight.dtype == torch.bfloat16 and torch.equal(model.weight.detach(), w.to(torch.bfloat16))

@@ -11,6 +11,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 
 from services.dcs.models import WeightTensor
+from services.dcs.sync.precision import FLOATING
 
 _ALIGN = 8
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -35,19 +36,22 @@ class WeightStream(Protocol):
     def close(self) -> None: ...
 
 
-def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int) -> tuple[list[WeightTensor], list[int]]:
+def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int,
+                 wire: torch.dtype | None = None) -> tuple[list[WeightTensor], list[int]]:
+    """Entries and bucket sizes for `named`; floating tensors travel as `wire` when given (precision.py)."""
     entries: list[WeightTensor] = []
     sizes: list[int] = []
     used = 0
     for name, tensor in named:
         if tensor.dtype not in _DTYPE_NAMES:
             raise ValueError(f"{name}: dtype {tensor.dtype} cannot be synced")
-        nbytes = tensor.numel() * tensor.element_size()
+        dtype = wire if wire is not None and tensor.dtype in FLOATING else tensor.dtype
+        nbytes = tensor.numel() * dtype.itemsize
         start = -(-used // _ALIGN) * _ALIGN
         if not sizes or (start + nbytes > bucket_bytes and used > 0):
             sizes.append(0)
             start = 0
-        entries.append(WeightTensor(name=name, dtype=_DTYPE_NAMES[tensor.dtype], shape=list(tensor.shape),
+        entries.append(WeightTensor(name=name, dtype=_DTYPE_NAMES[dtype], shape=list(tensor.shape),
                                     bucket=len(sizes) - 1, offset=start, nbytes=nbytes))
         used = start + nbytes
         sizes[-1] = used
@@ -56,11 +60,12 @@ def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int) -
 
 def pack(bucket: int, entries: Sequence[WeightTensor], size: int, tensors: dict[str, torch.Tensor],
          device: torch.device | str = "cpu", out: torch.Tensor | None = None) -> torch.Tensor:
-    """One flat uint8 bucket holding copies of its tensors (written into `out` when given)."""
+    """One flat uint8 bucket holding copies of its tensors, each in its entry's dtype (written into `out` when
+    given). The cast runs where the tensor lives (the trainer's GPU), so only the wire's bytes cross to `out`."""
     flat = out if out is not None else torch.empty(size, dtype=torch.uint8, device=device)
     for e in entries:
         if e.bucket == bucket and e.nbytes:
-            src = tensors[e.name].detach().contiguous().reshape(-1).view(torch.uint8)
+            src = tensors[e.name].detach().to(TORCH_DTYPES[e.dtype]).contiguous().reshape(-1).view(torch.uint8)
             flat[e.offset:e.offset + e.nbytes].copy_(src)
     return flat
 

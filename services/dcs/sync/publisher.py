@@ -12,7 +12,9 @@ bucket's tensors while the same tensors are broadcast one by one in the same ord
 takes whole buckets (the built-in engine's `flat_bucket` extension), the bucket as one broadcast), and
 /continue_generation, in a finally, to every engine it paused. The whole group uses one transfer: per tensor
 when any engine needs it, otherwise one broadcast per flat bucket.
-Every phase has a deadline; a failure closes the group (the next sync asks for a new one, without
+Floating tensors travel in the dtype the receivers serve (services/dcs/sync/precision.py), cast bucket by bucket
+on the trainer's side; an engine that refuses the weights themselves (they do not fit its model) marks the result
+`refused`, which no resend can fix. Every phase has a deadline; a failure closes the group (the next sync asks for a new one, without
 members that died) and is reported to DCS. The result carries per-phase seconds and bytes."""
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from services.dcs.client import DCSClient
 from services.dcs.models import SyncGroupRequest, SyncReport, WeightMetadata
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, WeightStream, pack, plan_buckets
+from services.dcs.sync.precision import FLOATING, wire_dtype
 from services.dcs.sync.unresponsive import UnresponsiveEngines
-from services.sglang_protocol.client import SGLangClient
+from services.sglang_protocol.client import SGLangClient, SGLangError
 
 log = logging.getLogger(__name__)
 GROUP_MAX_AGE_S = 5.0  # a prefetched sync group older than this is asked for again (membership may have moved)
@@ -49,6 +52,8 @@ class SyncResult:
     error: str | None = None
     announced: bool = False  # the coordinator recorded the version (receivers may have started on it)
     engines: list[str] = field(default_factory=list)  # node ids of the engines that loaded it (when ok)
+    refused: bool = False  # an engine refused the weights themselves (they do not fit its model): no resend helps
+    wire_dtype: str = ""  # the dtype floating tensors travelled in (precision.py)
 
 
 class SyncFailed(RuntimeError):
@@ -161,13 +166,15 @@ class WeightPublisher:
         t0 = time.perf_counter()
         self.unresponsive.readmit()
         try:
-            entries, sizes = plan_buckets(named, self.bucket_bytes)
-            result.bytes = sum(sizes)
             group_spec = self._sync_group()
             result.group, result.world_size = group_spec.name, group_spec.world_size
             self._current_engines = self._engine_members(group_spec)
             if self._current_engines:
                 self._connect_engines(group_spec)
+            wire = self._wire_dtype(group_spec, named)
+            result.wire_dtype = str(wire).removeprefix("torch.")
+            entries, sizes = plan_buckets(named, self.bucket_bytes, wire)
+            result.bytes = sum(sizes)
             # engines speak SGLang's one broadcast per tensor, unless every one of them takes whole buckets
             flat = all(self._engines[m.node_id].flat_bucket_update() for m in self._current_engines)
             transfer = "flat_buckets" if flat else "per_tensor"
@@ -201,6 +208,7 @@ class WeightPublisher:
             result.ok = True
             result.engines = [m.node_id for m in self._current_engines]
         except Exception as exc:
+            result.refused = isinstance(exc, SGLangError) and exc.refused
             self._failed = True
             self.unresponsive.after_failure({m.node_id: self._engines[m.node_id] for m in self._current_engines
                                              if m.node_id in self._engines})
@@ -211,6 +219,14 @@ class WeightPublisher:
         if not result.ok:
             raise SyncFailed(result)
         return result
+
+    def _wire_dtype(self, spec, named: list) -> torch.dtype:
+        """What floating tensors travel in: the dtype every receiver serves, when they agree (precision.py);
+        engines say theirs over HTTP (asked once per connection), the other receivers in their registration."""
+        declared = [self._engines[m.node_id].served_dtype() if m.role == self.engine_role else m.weights_dtype
+                    for m in spec.members if m.node_id != self.node_id]
+        source = next((t.dtype for _, t in named if t.dtype in FLOATING), torch.float32)
+        return wire_dtype(declared, source)
 
     def _group_request(self, receiver_roles: list[str]) -> SyncGroupRequest:
         return SyncGroupRequest(source_node=self.node_id, master_address=self.master_address,

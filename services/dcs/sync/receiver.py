@@ -16,6 +16,7 @@ from services.dcs.client import DCSClient
 from services.dcs.models import PublishedWeights, SyncReport
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, unpack
+from services.dcs.sync.precision import load_into
 from services.runtime.spans import RECORDER
 
 log = logging.getLogger(__name__)
@@ -119,19 +120,6 @@ class WeightReceiver:
                 error=error, seconds=seconds, bytes=sum(published.bucket_bytes) if nbytes is None else nbytes))
         except Exception as exc:
             log.warning("could not report sync", extra={"error": str(exc)})
-
-
-def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Swap received tensors into a model: every name must exist with the same shape and dtype,
-    checked before anything is copied, so a mismatch changes nothing."""
-    params = dict(model.named_parameters()) | dict(model.named_buffers())
-    for name, t in tensors.items():
-        p = params.get(name)
-        if p is None or p.shape != t.shape or p.dtype != t.dtype:
-            raise ValueError(f"received {name} {tuple(t.shape)} {t.dtype} does not match the model")
-    with torch.no_grad():
-        for name, t in tensors.items():
-            params[name].copy_(t)
 
 
 def follow_weights(receiver: WeightReceiver, model: torch.nn.Module, wait_s: float) -> int | None:
