@@ -18,6 +18,7 @@ from services.runtime.spans import span
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SETTLE_S = 2.5  # an engine's new version reaches the coordinator within a heartbeat or two
+MAX_ENGINE_ERRORS = 5  # resends in a row that an engine answered with an error before the run fails
 
 
 class WeightsRefused(RuntimeError):
@@ -53,6 +54,7 @@ class WeightVersions:
         self.in_flight_version: int | None = None  # the version being published, until settled
         self.last_publish_s = 0.0  # how long the last publish's sync took (tracked with its step)
         self._loaded: tuple[int, set[str]] = (0, set())  # the newest version sent, and the engines that loaded it
+        self._engine_errors = 0  # resends in a row that failed with an engine's error answer
 
     def receiver_roles(self, version: int) -> list[str]:
         roles = ["engine"]
@@ -213,9 +215,15 @@ class WeightVersions:
         self.sender.receiver_roles = ["engine"]
         try:
             self._note_loaded(version, self.sender.publish(self._weights(), version, announce=False))
+            self._engine_errors = 0
         except SyncFailed as exc:
             if exc.result.refused:
                 raise WeightsRefused(exc.result.error) from exc
+            # an engine that is up and answers every resend with an error would be sent the weights for ever
+            self._engine_errors = self._engine_errors + 1 if exc.result.engine_error else 0
+            if self._engine_errors >= MAX_ENGINE_ERRORS:
+                raise RuntimeError(f"resending the weights failed {self._engine_errors} times in a row with an "
+                                   f"engine's error: {exc.result.error}") from exc
             log.warning("resending weights to engines failed", extra={"error": repr(exc)})
             self._published_at = time.monotonic()
         except Exception as exc:  # a failed sync, or the coordinator unreachable: tried again at the next check

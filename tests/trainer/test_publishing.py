@@ -227,3 +227,71 @@ def test_an_engine_left_out_while_down_gets_the_weights_again_once_it_answers_wi
             time.sleep(0.02)
     assert [(p.version, p.announced) for p in coordinator.published] == [(3, False)]
     assert coordinator.engines["e0"] == (True, 3)
+
+
+class RefusingPublisher(FakeWeightPublisher):
+    """An engine that refuses the weights themselves (422: they do not fit its model) on every publish."""
+
+    def __init__(self, coordinator: InMemoryCoordinator):
+        super().__init__(coordinator)
+        self.calls = 0
+
+    def publish(self, named, version: int, announce: bool = True):
+        from services.dcs.sync.publisher import SyncFailed, SyncResult
+        self.calls += 1
+        raise SyncFailed(SyncResult(version=version, ok=False, refused=True, announced=announce,
+                                    error="SGLangError: /end_weight_update: HTTP 422: received lm_head.weight "
+                                          "(1024, 64) torch.float32 does not match the model's (512, 64)"))
+
+
+def test_a_refused_publish_fails_at_once_with_the_engines_message_and_so_does_a_resend():
+    coordinator = InMemoryCoordinator()
+    sender = RefusingPublisher(coordinator)
+    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=2)
+    weights = WeightVersions(sender, torch.nn.Linear(3, 2), run, coordinator, "r", republish_check_s=60.0)
+    began = time.monotonic()
+    try:
+        weights.publish(1)
+    except publishing.WeightsRefused as exc:
+        assert "lm_head.weight" in str(exc) and "refused" in str(exc)
+    else:
+        raise AssertionError("a refused publish returned")
+    assert sender.calls == 1 and time.monotonic() - began < 1.5  # no retry (the first retry waits 2 s)
+    try:  # the engines' catch-up resend meets the same refusal: it fails too, where other failures are retried later
+        weights._send_engines(1, ["e1"])
+    except publishing.WeightsRefused:
+        pass
+    else:
+        raise AssertionError("a refused resend was swallowed")
+    weights.close()
+
+
+def test_resends_an_engine_answers_with_errors_fail_the_run_after_a_few_and_others_are_retried():
+    from services.dcs.sync.publisher import SyncFailed, SyncResult
+
+    class FailingPublisher(FakeWeightPublisher):
+        engine_error = True
+
+        def publish(self, named, version: int, announce: bool = True):
+            raise SyncFailed(SyncResult(version=version, ok=False, engine_error=self.engine_error,
+                                        error="SGLangError: /end_weight_update: HTTP 500: boom"))
+
+    coordinator = InMemoryCoordinator()
+    sender = FailingPublisher(coordinator)
+    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=2)
+    weights = WeightVersions(sender, torch.nn.Linear(3, 2), run, coordinator, "r", republish_check_s=60.0)
+    sender.engine_error = False  # network faults (unreachable engines) are retried at every check, for ever
+    for _ in range(publishing.MAX_ENGINE_ERRORS + 2):
+        weights._send_engines(1, ["e1"])
+    sender.engine_error = True
+    for _ in range(publishing.MAX_ENGINE_ERRORS - 1):
+        weights._send_engines(1, ["e1"])
+    try:
+        weights._send_engines(1, ["e1"])
+    except RuntimeError as exc:
+        assert "in a row" in str(exc) and "HTTP 500: boom" in str(exc)
+    else:
+        raise AssertionError("an engine failing every resend was retried for ever")
+    weights.close()

@@ -35,7 +35,7 @@ from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, WeightStream, pack, plan_buckets
 from services.dcs.sync.precision import FLOATING, wire_dtype
 from services.dcs.sync.unresponsive import UnresponsiveEngines
-from services.sglang_protocol.client import SGLangClient, SGLangError
+from services.sglang_protocol.client import EngineUnreachable, SGLangClient, SGLangError
 
 log = logging.getLogger(__name__)
 GROUP_MAX_AGE_S = 5.0  # a prefetched sync group older than this is asked for again (membership may have moved)
@@ -53,6 +53,7 @@ class SyncResult:
     announced: bool = False  # the coordinator recorded the version (receivers may have started on it)
     engines: list[str] = field(default_factory=list)  # node ids of the engines that loaded it (when ok)
     refused: bool = False  # an engine refused the weights themselves (they do not fit its model): no resend helps
+    engine_error: bool = False  # an engine answered with an error (it is up: not a network fault)
     wire_dtype: str = ""  # the dtype floating tensors travelled in (precision.py)
 
 
@@ -209,6 +210,7 @@ class WeightPublisher:
             result.engines = [m.node_id for m in self._current_engines]
         except Exception as exc:
             result.refused = isinstance(exc, SGLangError) and exc.refused
+            result.engine_error = isinstance(exc, SGLangError) and not isinstance(exc, EngineUnreachable)
             self._failed = True
             self.unresponsive.after_failure({m.node_id: self._engines[m.node_id] for m in self._current_engines
                                              if m.node_id in self._engines})
