@@ -113,9 +113,12 @@ class ResponseLogits(torch.nn.Module):
 
 def response_logits(model, batch, temperature: float = 1.0) -> torch.Tensor:
     """[B, T, V] logits predicting each response token of a ResponseBatch or SharedPromptBatch, divided by
-    the sampling temperature (so log-probs match what the engine sampled from). `model`: a causal LM or a
-    ResponseLogits."""
+    the sampling temperature (so log-probs match what the engine sampled from), in float32. `model`: a causal
+    LM or a ResponseLogits."""
     logits = model(batch) if isinstance(model, ResponseLogits) else batch.logits(model)
+    # a bfloat16 model's (or autocast's) logits in float32 before the temperature and the log-softmax: bfloat16
+    # keeps ~3 significant digits, too few for log-probs that PPO ratios and KL terms compare (a no-op in float32)
+    logits = logits.float()
     return logits / temperature if temperature != 1.0 else logits
 
 

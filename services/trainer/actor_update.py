@@ -14,6 +14,7 @@ from services.algorithms.policy_loss import PolicyLossConfig, log_probs_and_entr
 from services.run_contract.run_config import RunConfig
 from services.model.response_batch import ResponseBatch, response_logits
 from services.model.shared_prompt_batch import build_response_batch
+from services.trainer.precision import autocast
 from services.transferqueue.codec import Batch
 
 
@@ -107,19 +108,22 @@ def global_totals(batch: Batch, totals: tuple[float, float] | None) -> tuple[flo
 
 
 def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size: int, device: str = "cpu",
-               totals: tuple[float, float] | None = None, reduce_gradients=None, last_micro_batch=None) -> StepMetrics:
+               totals: tuple[float, float] | None = None, reduce_gradients=None, last_micro_batch=None,
+               precision: str = "fp32") -> StepMetrics:
     """One optimizer step over `batch`. With data parallelism `batch` is this rank's share, `totals`
     the (tokens, sequences) of the whole global batch and `reduce_gradients(params)` sums the ranks'
     gradients before clipping. `model`: a causal LM, or the ResponseLogits a trainer backend trains
     (services/trainer/backend.py). `last_micro_batch(is_last)` is called before each backward (FSDP syncs
-    gradients on the last only)."""
+    gradients on the last only). `precision` bf16-mixed runs the forward under bfloat16 autocast (the
+    backward follows its casts; the loss is float32: services/trainer/precision.py)."""
     totals = global_totals(batch, totals)
     metrics = StepMetrics()
     model.train()
     optimizer.zero_grad(set_to_none=True)
     count = -(-len(batch.rows) // micro_batch_size)
     for k, (sl, rb, mask) in enumerate(micro_batches(batch, micro_batch_size, device, model.config.hidden_size)):
-        logits = response_logits(model, rb, run.rollout.temperature)
+        with autocast(precision, device):  # the forward only: autocast's backward runs in the forward's dtypes
+            logits = response_logits(model, rb, run.rollout.temperature)
         loss, m, tokens = micro_batch_loss(logits, rb, mask, batch, sl, run, totals, device)
         if last_micro_batch is not None:
             last_micro_batch(k == count - 1)

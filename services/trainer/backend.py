@@ -24,6 +24,7 @@ from services.run_contract.checkpoint import SHARDED, ShardedState, load_optimiz
 from services.trainer.actor_update import StepMetrics, actor_step
 from services.trainer.data_parallel import DataParallel
 from services.trainer.optimizer import adamw
+from services.trainer.precision import check_precision, fsdp_compute_dtype
 
 BACKENDS = ("torch", "fsdp", "megatron")
 
@@ -59,8 +60,9 @@ class TorchBackend:
     name = "torch"
     gathers = False
 
-    def __init__(self, hf_model, run, device: str, dp: DataParallel):
+    def __init__(self, hf_model, run, device: str, dp: DataParallel, precision: str = "fp32"):
         self.dp = dp
+        self.precision = precision  # bf16 weights are loaded so (service.py); bf16-mixed autocasts the forward
         self.data_rank, self.data_size = dp.rank, dp.size
         self.policy = ResponseLogits(hf_model)
         self.optimizer = adamw(hf_model.parameters(), run.optim.lr, run.optim.betas, run.optim.weight_decay,
@@ -68,7 +70,7 @@ class TorchBackend:
 
     def train(self, batch, run, micro_batch_size: int, device: str = "cpu", totals=None) -> StepMetrics:
         return actor_step(self.policy, self.optimizer, batch, run, micro_batch_size, device, totals,
-                          reduce_gradients=self.dp.sum_gradients)
+                          reduce_gradients=self.dp.sum_gradients, precision=self.precision)
 
     def weight_stream(self):
         return None
@@ -91,12 +93,16 @@ class TorchBackend:
 
 
 def make_backend(name: str, hf_model, run, device: str, dp: DataParallel, param_dtype: str = "",
-                 cpu_offload: bool = False, tp: int = 1, pp: int = 1, sequence_parallel: bool = False) -> TrainerBackend:
+                 cpu_offload: bool = False, tp: int = 1, pp: int = 1, sequence_parallel: bool = False,
+                 precision: str = "fp32") -> TrainerBackend:
+    """The backend `name` training `hf_model` (loaded in `precision`'s weights dtype: precision.py)."""
+    check_precision(name, precision, param_dtype)  # for callers that skip TrainerConfig's own check
     if name == "torch":
-        return TorchBackend(hf_model, run, device, dp)
+        return TorchBackend(hf_model, run, device, dp, precision)
     if name == "fsdp":
         from services.trainer.fsdp_backend import FSDPBackend  # torch.distributed.fsdp only when asked for
-        return FSDPBackend(hf_model, run, device, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
+        return FSDPBackend(hf_model, run, device, dp, param_dtype=fsdp_compute_dtype(precision, param_dtype),
+                           cpu_offload=cpu_offload)
     if name == "megatron":
         from services.trainer.megatron_backend import MegatronBackend  # megatron-core only when asked for
         return MegatronBackend(hf_model, run, device, dp, tp=tp, pp=pp, sequence_parallel=sequence_parallel)

@@ -4,6 +4,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.runtime.role_service import RoleSettings
+from services.trainer.precision import PRECISION_PATTERN, check_precision
 
 
 class TrainerConfig(RoleSettings):
@@ -41,6 +42,13 @@ class TrainerConfig(RoleSettings):
                                     "sequence over the tensor-parallel ranks (with tp_size > 1)")
     fsdp_param_dtype: str = Field("", pattern="^(|bfloat16|float16)$", description=(
         "fsdp: compute in this dtype (gradients reduced in float32); empty = the model's float32"))
+    precision: str = Field("fp32", pattern=PRECISION_PATTERN, description=(
+        "fp32 (float32 weights, AdamW state and compute), bf16-mixed (float32 master weights and AdamW state, "
+        "forward and backward under bfloat16 autocast; with fsdp: FSDP2's bfloat16 mixed precision) or bf16 "
+        "(the weights, gradients and AdamW state themselves in bfloat16: the memory-saving choice); log-probs and "
+        "the loss are float32 in every case; megatron: fp32 only"))
+    tf32: bool = Field(True, description="on a CUDA device, float32 matmuls and convolutions in TF32 "
+                                         "(--no-tf32: full float32); no effect on CPU")
     fsdp_cpu_offload: bool = Field(False, description="fsdp: keep sharded parameters and optimizer state in CPU "
                                                       "memory (for a CUDA device)")
     dp_size: int = Field(1, ge=1, description=(
@@ -60,6 +68,11 @@ class TrainerConfig(RoleSettings):
         "larger models use the live weights and the next optimizer step waits; 0 = never copy"))
     lease_s: float = Field(300.0, gt=0, description="claim lease: rows return to the queue if this node dies")
     clear_wait_s: float = Field(600.0, gt=0, description="how long to wait for every task to consume a step")
+
+    @model_validator(mode="after")
+    def _precision_fits_backend(self):
+        check_precision(self.backend if self.role == "actor" else "torch", self.precision, self.fsdp_param_dtype)
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -23,6 +23,7 @@ from services.runtime.spans import span
 from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
 from services.trainer.optimizer import adamw, set_lr
 from services.trainer.config import TrainerConfig
+from services.trainer.precision import autocast, weights_dtype
 from services.trainer.critic_update import (CRITIC_TRAIN_FIELDS, CRITIC_VALUE_FIELDS, critic_step, load_critic,
                                             response_values)
 from services.trainer.tasks import CRITIC_TRAIN_TASK, CRITIC_VALUES_TASK, claim_global_batch, read_or_give_back
@@ -59,7 +60,7 @@ class CriticTrainer:
             return
         torch.manual_seed(run.optim.seed)
         ckpt = latest_checkpoint(c.checkpoint_dir, "critic") if c.checkpoint_dir else None
-        critic = load_critic(ckpt.path if ckpt else run.model).to(c.device)
+        critic = load_critic(ckpt.path if ckpt else run.model, getattr(torch, weights_dtype(c.precision))).to(c.device)
         optimizer = adamw(critic.parameters(), run.optim.critic_lr, run.optim.betas, run.optim.weight_decay,
                           c.device)
         if ckpt:
@@ -87,7 +88,8 @@ class CriticTrainer:
                             break
                         set_lr(optimizer, run.optim.critic_lr, step, run.optim, run.num_steps)
                         with span("train", step):
-                            m = critic_step(critic, optimizer, batch, run, run.micro_batch_size, c.device)
+                            m = critic_step(critic, optimizer, batch, run, run.micro_batch_size, c.device,
+                                            precision=c.precision)
                         tq.ack(claimed.lease_id)
                         self.status.update(step=step, value_loss=m.loss)
                         means = m.means()
@@ -143,7 +145,7 @@ class CriticTrainer:
 
         def values(batch) -> dict:
             rb = ResponseBatch.build(batch["tokens"], batch["prompt_length"], batch["response_length"])
-            with torch.no_grad():
+            with torch.no_grad(), autocast(self.config.precision, self.config.device):  # as it trains
                 critic.eval()
                 out = response_values(critic, rb.to_device(self.config.device)).cpu() * rb.mask
             return {"values": rb.to_ragged(out)}

@@ -11,6 +11,7 @@ from services.run_contract.run_config import RunConfig
 from services.model.loading import check_model_dir
 from services.model.response_batch import ResponseBatch
 from services.trainer.actor_update import StepMetrics, micro_batches, pad
+from services.trainer.precision import autocast
 from services.transferqueue.codec import Batch
 
 CRITIC_VALUE_FIELDS = ["tokens", "prompt_length", "response_length"]
@@ -30,7 +31,10 @@ def response_values(critic, rb: ResponseBatch) -> torch.Tensor:
     return rb.gather_response(out.logits)[..., 0].float()
 
 
-def critic_step(critic, optimizer, batch: Batch, run: RunConfig, micro_batch_size: int, device: str = "cpu") -> StepMetrics:
+def critic_step(critic, optimizer, batch: Batch, run: RunConfig, micro_batch_size: int, device: str = "cpu",
+                precision: str = "fp32") -> StepMetrics:
+    """One optimizer step of the value model over `batch`; bf16-mixed runs its forward under bfloat16 autocast
+    (its values, and so the loss, are float32: response_values)."""
     masks = batch["loss_mask"]
     total_tokens = float(sum(float(m.sum()) for m in masks))
     metrics = StepMetrics()
@@ -38,7 +42,8 @@ def critic_step(critic, optimizer, batch: Batch, run: RunConfig, micro_batch_siz
     optimizer.zero_grad(set_to_none=True)
     for sl, rb, mask in micro_batches(batch, micro_batch_size, device):
         width = rb.mask.shape[1]
-        values = response_values(critic, rb)
+        with autocast(precision, device):
+            values = response_values(critic, rb)
         loss, m = value_loss(values, pad(batch["values"][sl], width).to(device), pad(batch["returns"][sl], width).to(device),
                              mask, clip=run.algorithm.value_clip, loss_agg=run.algorithm.loss_agg,
                              total_tokens=total_tokens, total_seqs=float(len(masks)))

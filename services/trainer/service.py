@@ -50,9 +50,11 @@ from services.run_contract.checkpoint import latest_checkpoint, save_checkpoint
 from services.trainer.config import TrainerConfig
 from services.trainer.backend import make_backend
 from services.trainer.data_parallel import DataParallel, process_group_backend
+from services.trainer.device import DeviceClock, allow_tf32
 from services.trainer.critic_service import CriticTrainer
 from services.trainer.optimizer import set_lr
 from services.trainer.partition_clearing import PartitionClearing
+from services.trainer.precision import weights_dtype
 from services.trainer.checkpoint_copy import TrainingStateCopy, copy_if_affordable
 from services.trainer.publishing import WeightVersions
 from services.trainer.resumption import resume_position
@@ -98,11 +100,11 @@ class ActorTrainer:
         self.clearing = PartitionClearing(self.tq, self.steps, run, c.clear_wait_s)
         torch.manual_seed(run.optim.seed)
         ckpt = latest_checkpoint(c.checkpoint_dir, "actor") if c.checkpoint_dir else None
-        self.model, _ = load_causal_lm(ckpt.path if ckpt else run.model, "float32", c.device)
+        self.model, _ = load_causal_lm(ckpt.path if ckpt else run.model, weights_dtype(c.precision), c.device)
         self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master, backend=process_group_backend(c.device))
         self.backend = make_backend(c.backend, self.model, run, c.device, self.dp, param_dtype=c.fsdp_param_dtype,
                                     cpu_offload=c.fsdp_cpu_offload, tp=c.tp_size, pp=c.pp_size,
-                                    sequence_parallel=c.sequence_parallel)
+                                    sequence_parallel=c.sequence_parallel, precision=c.precision)
         self.optimizer = self.backend.optimizer
         if ckpt:
             self.backend.load_optimizer(ckpt.path)
@@ -291,6 +293,7 @@ class ActorTrainer:
         rewards: list[float] = []
         lengths: list[int] = []
         wait_s = compute_s = 0.0
+        clock = DeviceClock(c.device)  # compute_s waits for the GPU's kernels; the step's peak GPU memory
         iteration_metrics = []
         nonce = secrets.randbits(62) if dp.is_leader else 0  # claim keys: the ranks claim the same rows
         for it in range(run.num_iters_per_train_update):
@@ -316,7 +319,7 @@ class ActorTrainer:
             tokens, seqs = loss_totals(batch, run, dp, self.backend.data_size)
             with span("train", step, version):
                 m = self.backend.train(batch, run, run.micro_batch_size, c.device, totals=(tokens, seqs))
-            compute_s += time.perf_counter() - t1
+            compute_s += clock.since(t1)
             if not dp.is_leader:
                 continue
             self.tq.ack(claimed.lease_id)
@@ -335,8 +338,7 @@ class ActorTrainer:
         metrics = {k: sum(x[k] for x in means if k in x) / len(means) for k in means[0] if k not in ("tokens",)}
         metrics.update(**sample_stats(rewards, lengths), tokens=totals.tokens, wait_s=wait_s, compute_s=compute_s,
                        tokens_per_s=totals.tokens / max(compute_s, 1e-9), version_trained=version, dp_size=dp.size,
-                       lr=lr,
-                       **staleness_metrics(step, staleness, run.max_staleness))
+                       lr=lr, **clock.memory(), **staleness_metrics(step, staleness, run.max_staleness))
         return ids, metrics
 
     def _policy_version(self, it: int) -> int:
@@ -391,6 +393,7 @@ class ActorTrainer:
 
 async def serve(config: TrainerConfig, stop: asyncio.Event) -> None:
     torch.set_num_threads(1)
+    allow_tf32(config.device, config.tf32)  # the actor's and the critic's float32 matmuls (CUDA only)
     status = RoleStatus("trainer" if config.role == "actor" else "critic")
     trainer = ActorTrainer(config, status) if config.role == "actor" else CriticTrainer(config, status)
     await serve_role(config, stop, status, loop=trainer.run_loop)
