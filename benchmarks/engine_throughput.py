@@ -23,17 +23,21 @@ Measured, interleaved per repetition (one untimed warm-up repetition first, then
   hf_bucketed  transformers `model.generate` in this process, one left-padded greedy batch per output-length
                bucket (short <= 32, long > 32, short first), max_new_tokens = the bucket's longest, EOS off;
                wall = the sum; a request's latency = the end of its bucket's batch. The headline baseline.
+  hf_bucketed_static  (--static-cache) the same per-bucket batches with generate's static KV cache, which
+               transformers compiles on a GPU (the warm-up repetition pays the compilation).
   hf_batched   the same with all N prompts in one batch; every latency is its wall. Information.
   hf_continuous_batching  transformers' own continuous batching in this process (`init_continuous_batching`:
                its manager on a background thread, paged KV cache sized for the whole workload, the model's
-               default attention, recorded in the JSON): all N requests added at once, each with its own
-               max_new_tokens, greedy, no EOS; wall = first add to last result; latency = each request's
-               result. If it cannot run, its error is recorded instead.
+               default attention, recorded in the JSON) on its own copy of the model (transformers switches
+               the attention of the model it runs to a paged one, which `generate` refuses): all N requests
+               added at once, each with its own max_new_tokens, greedy, no EOS; wall = first add to last
+               result; latency = each request's result. If it (or the static cache) cannot run, its error is
+               recorded instead.
 Useful tokens/s = the requested tokens (the same total for all) / wall; the padded baselines compute more
 (`computed_tokens`). ratio_vs_X = engine useful tokens/s / X's. Target: the engine >= 3x the fastest
-per-bucket run on the small preset, >= 2x on tiny (`target` in the JSON; the top-level `ratio_vs_hf_bucketed`
-is that ratio). `bucket_walls_s`: each bucket's own wall in hf_bucketed (information: two processes, one
-bucket each, could at best take the longest).
+per-bucket run (thread count, cache) on the small preset, >= 2x on tiny (`target` in the JSON; the top-level
+`ratio_vs_hf_bucketed` is that ratio). `bucket_walls_s`: each bucket's own wall in hf_bucketed (information:
+two processes, one bucket each, could at best take the longest).
 
 Greedy correctness (computed once, not timed): the reference is transformers `generate` on each prompt alone
 (batch of 1, no padding, max_new_tokens = min_new_tokens = its count, eos_token_id None, greedy).
@@ -44,7 +48,8 @@ With --profile, the engine's Scheduler + BatchedDecoder run in this process (no 
 the same workload, stepped by hand, and a cProfile run's top functions are added to the JSON.
 
 Usage: python benchmarks/engine_throughput.py [--quick] [--preset small|tiny|medium] [--reps 5] [--profile]
-       [--model-dir DIR] [--threads 1] [--cores N] [--device cuda --dtype bfloat16]
+       [--model-dir DIR] [--threads 1] [--cores N] [--device cuda --dtype bfloat16] [--prompts N]
+       [--static-cache] [--max-running N] [--reference-requests N]
 """
 
 from __future__ import annotations
@@ -146,9 +151,12 @@ def summarize(runs: list[dict], useful_tokens: int, computed_tokens: int | None 
 
 
 def greedy_agreement(a: list[list[int]], b: list[list[int]]) -> dict:
-    same = sum(x == y for x, y in zip(a, b))
-    prefix = [len(os.path.commonprefix([x, y])) / max(1, len(x)) for x, y in zip(a, b)]
-    return {"identical_requests": same, "of": len(a), "mean_common_prefix_fraction": round(float(np.mean(prefix)), 3)}
+    """Over the requests both have (b may be the reference of the first few only)."""
+    pairs = list(zip(a, b))
+    same = sum(x == y for x, y in pairs)
+    prefix = [len(os.path.commonprefix([x, y])) / max(1, len(x)) for x, y in pairs]
+    return {"identical_requests": same, "of": len(pairs),
+            "mean_common_prefix_fraction": round(float(np.mean(prefix)), 3)}
 
 
 def prepare(args) -> dict:
@@ -171,42 +179,61 @@ def prepare(args) -> dict:
             "pad_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0}
 
 
-def run_reps(ctx: dict) -> dict:
-    """Warm-up + reps, the systems interleaved in every repetition; returns the timed runs per system."""
-    model, workload, pad_id, useful, reps = ctx["model"], ctx["workload"], ctx["pad_id"], ctx["useful"], ctx["reps"]
-    runs: dict[str, list[dict]] = {"engine": [], "hf_batched": [], "hf_bucketed": [], "hf_continuous_batching": []}
-    wide = f"hf_bucketed_{ctx['cores']}t" if ctx["cores"] > 1 else None
-    if wide:
-        runs[wide] = []
-    proc, url = start_engine(ctx["model_dir"], ctx["log_dir"], "--speculative-algorithm", ctx["speculative"],
-                             "--torch-threads", str(ctx["threads"]), "--forward-workers", str(ctx["cores"]),
-                             "--device", ctx["device"], "--dtype", ctx["dtype"])
+OPTIONAL = ("hf_continuous_batching", "hf_bucketed_static")  # systems whose failure is recorded, not raised
+
+
+def system_rounds(ctx: dict, url: str, pid: int, cb) -> dict:
+    """name -> a function running one round of the workload on that system (None: not measured)."""
+    model, workload, pad_id = ctx["model"], ctx["workload"], ctx["pad_id"]
+    rounds = {"engine": lambda: engine_round(url, pid, workload),
+              "hf_batched": lambda: hf_batched_round(model, workload, pad_id),
+              "hf_bucketed": lambda: hf_bucketed_round(model, workload, pad_id),
+              "hf_continuous_batching": (lambda: cb.round(workload)) if cb else None}
+    if ctx["static_cache"]:
+        rounds["hf_bucketed_static"] = lambda: hf_bucketed_round(model, workload, pad_id, "static")
+    if ctx["cores"] > 1:
+        rounds[f"hf_bucketed_{ctx['cores']}t"] = lambda: with_threads(ctx["cores"], hf_bucketed_round, model,
+                                                                       workload, pad_id)
+    return rounds
+
+
+def start_engine_for(ctx: dict):
+    flags = ["--speculative-algorithm", ctx["speculative"], "--torch-threads", str(ctx["threads"]),
+             "--forward-workers", str(ctx["cores"]), "--device", ctx["device"], "--dtype", ctx["dtype"]]
+    if ctx["max_running"]:
+        flags += ["--max-running", str(ctx["max_running"])]
+    proc, url = start_engine(ctx["model_dir"], ctx["log_dir"], *flags)
     log(f"engine ready at {url} (pid {proc.proc.pid})")
+    return proc, url
+
+
+def run_reps(ctx: dict) -> dict:
+    """Warm-up + reps, the systems interleaved in every repetition; returns the timed runs per system. An
+    optional system that fails is left out of the later repetitions, its error in ctx["errors"]."""
+    useful, reps = ctx["useful"], ctx["reps"]
+    proc, url = start_engine_for(ctx)
     cb = None
     try:
-        cb, ctx["cb_error"] = start_continuous_batching(model, workload)
+        cb, ctx["errors"]["hf_continuous_batching"] = start_continuous_batching(ctx["model"], ctx["workload"])
         ctx["cb_config"] = cb.config if cb else None
-        log(f"transformers continuous batching: {ctx['cb_config'] or ctx['cb_error']}")
+        log(f"transformers continuous batching: {ctx['cb_config'] or ctx['errors']['hf_continuous_batching']}")
+        runs: dict[str, list[dict]] = {name: [] for name in system_rounds(ctx, url, proc.proc.pid, None)}
+        runs["hf_continuous_batching"] = []
         for rep in range(reps + 1):
             tag = "warm-up" if rep == 0 else f"rep {rep}/{reps}"
-            rounds = {"engine": lambda: engine_round(url, proc.proc.pid, workload),
-                      "hf_batched": lambda: hf_batched_round(model, workload, pad_id),
-                      "hf_bucketed": lambda: hf_bucketed_round(model, workload, pad_id),
-                      "hf_continuous_batching": (lambda: cb.round(workload)) if cb else None}
-            if wide:
-                rounds[wide] = lambda: with_threads(ctx["cores"], hf_bucketed_round, model, workload, pad_id)
-            for name, fn in rounds.items():
-                if fn is None:
+            for name, fn in system_rounds(ctx, url, proc.proc.pid, cb).items():
+                if fn is None or ctx["errors"].get(name):
                     continue
                 try:
                     run = fn()
                 except Exception as exc:
-                    if name != "hf_continuous_batching":
+                    if name not in OPTIONAL:
                         raise
-                    log(f"{tag}: transformers continuous batching failed: {exc!r}")
-                    ctx["cb_error"], runs[name] = f"{type(exc).__name__}: {exc}", []
-                    cb.close()
-                    cb = None
+                    log(f"{tag}: {name} failed: {exc!r}")
+                    ctx["errors"][name], runs[name] = f"{type(exc).__name__}: {exc}", []
+                    if name == "hf_continuous_batching":
+                        cb.close()
+                        cb = None
                     continue
                 extra = f", engine cpu {run['engine_cpu_s']:.2f}s" if "engine_cpu_s" in run else ""
                 log(f"{tag}: {name} {run['wall_s']:.2f}s ({useful / run['wall_s']:.0f} useful tok/s{extra})")
@@ -255,21 +282,29 @@ def systems(ctx: dict, runs: dict) -> dict:
            "hf_bucketed": summarize(runs["hf_bucketed"], useful, computed_tokens=bucketed_computed_tokens(workload)),
            "hf_batched": summarize(runs["hf_batched"], useful,
                                    computed_tokens=len(workload) * max(r["max_new_tokens"] for r in workload))}
-    if runs["hf_continuous_batching"] and ctx["cb_error"] is None:
+    cb_error = ctx["errors"].get("hf_continuous_batching")
+    if runs["hf_continuous_batching"] and cb_error is None:
         out["hf_continuous_batching"] = {**ctx["cb_config"], **summarize(runs["hf_continuous_batching"], useful)}
     else:
-        out["hf_continuous_batching"] = {"error": ctx["cb_error"], **(ctx["cb_config"] or {})}
+        out["hf_continuous_batching"] = {"error": cb_error, **(ctx["cb_config"] or {})}
     out["hf_bucketed"]["bucket_walls_s"] = bucket_walls(runs["hf_bucketed"])
-    wide = f"hf_bucketed_{ctx['cores']}t"
-    if wide in runs:
-        out[wide] = summarize(runs[wide], useful, computed_tokens=bucketed_computed_tokens(workload))
+    wide, static = f"hf_bucketed_{ctx['cores']}t", "hf_bucketed_static"
+    for name in (wide, static):
+        if runs.get(name):
+            out[name] = summarize(runs[name], useful, computed_tokens=bucketed_computed_tokens(workload))
+        elif name in runs:
+            out[name] = {"error": ctx["errors"].get(name)}
+    if static in out:
+        out[static]["cache_implementation"] = "static"
     engine_tps = out["engine"]["useful_tokens_per_s"]
     ratios = {f"ratio_vs_{name}": round(engine_tps / out[name]["useful_tokens_per_s"], 3)
-              for name in ("hf_bucketed", wide, "hf_batched", "hf_continuous_batching")
+              for name in ("hf_bucketed", wide, static, "hf_batched", "hf_continuous_batching")
               if "useful_tokens_per_s" in out.get(name, {})}
     ratios.setdefault("ratio_vs_hf_continuous_batching", None)
-    # the target's baseline: per-bucket generate at its fastest thread count (more threads can make it slower)
-    best = min((name for name in ("hf_bucketed", wide) if name in out), key=lambda name: out[name]["wall_s"])
+    # the target's baseline: the fastest per-bucket generate (thread count, cache) measured: more threads can
+    # make it slower, a static cache faster
+    best = min((name for name in ("hf_bucketed", wide, static) if "wall_s" in out.get(name, {})),
+               key=lambda name: out[name]["wall_s"])
     return {**out, **ratios, "target_baseline": best, "ratio_vs_target_baseline": ratios[f"ratio_vs_{best}"]}
 
 
@@ -288,7 +323,7 @@ def greedy(ctx: dict, runs: dict, reference: list[list[int]]) -> dict:
                                               "engine_same_on_every_rep": all(r["outputs"] == engine_out
                                                                               for r in runs["engine"])},
            "greedy_agreement_engine_vs_hf_batched": greedy_agreement(engine_out, runs["hf_batched"][-1]["outputs"])}
-    if runs["hf_continuous_batching"] and ctx["cb_error"] is None:
+    if runs["hf_continuous_batching"] and ctx["errors"].get("hf_continuous_batching") is None:
         out["greedy_agreement_hf_continuous_batching_vs_hf_per_request"] = greedy_agreement(
             runs["hf_continuous_batching"][-1]["outputs"], reference)
     return out
@@ -297,12 +332,14 @@ def greedy(ctx: dict, runs: dict, reference: list[list[int]]) -> dict:
 def run_benchmark(args) -> dict:
     ctx = prepare(args)
     ctx.update(quick=args.quick, seed=args.seed, speculative=args.speculative_algorithm, threads=args.threads,
-               cores=args.cores if args.device == "cpu" else 1, device=args.device, dtype=args.dtype)
+               cores=args.cores if args.device == "cpu" else 1, device=args.device, dtype=args.dtype,
+               static_cache=args.static_cache, max_running=args.max_running, errors={})
     config = describe(ctx)
     log(f"{ctx['n']} requests, {ctx['useful']} output tokens (max {config['output_tokens']['max']}), "
         f"{config['params'] / 1e6:.2f}M params; {ctx['reps']} reps + 1 warm-up; logs in {ctx['log_dir']}")
-    reference = hf_per_request_reference(ctx["model"], ctx["workload"], ctx["pad_id"])
-    log("computed the per-request greedy reference")
+    checked = ctx["workload"][:args.reference_requests]  # None: all of them
+    reference = hf_per_request_reference(ctx["model"], checked, ctx["pad_id"])
+    log(f"computed the per-request greedy reference of {len(checked)} requests")
     runs = run_reps(ctx)
     summaries = systems(ctx, runs)
     # the targets are the CPU float32 ones of the small and tiny presets; elsewhere the ratios are information
@@ -342,6 +379,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "cuda[:N] (on a GPU --cores is 1: the engine's --forward-workers split CPU steps only)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="weights dtype of the engine and the baselines alike (the targets are float32 on CPU)")
+    p.add_argument("--static-cache", action="store_true", help="also measure hf_bucketed_static: per-bucket "
+                   "generate with cache_implementation='static' (which transformers compiles on a GPU)")
+    p.add_argument("--max-running", type=int, default=None, help="the engine's --max-running (its KV slots; "
+                   "default: the engine's own, 64)")
+    p.add_argument("--reference-requests", type=int, default=None, help="compute the per-request greedy "
+                   "reference (not timed, one generate per request) of the first N requests only (default: all)")
     return p.parse_args(argv)
 
 

@@ -1,10 +1,16 @@
 """Hugging Face transformers baselines of benchmarks/engine_throughput.py, all in the calling process on its
 model, on that model's device and dtype (CPU float32 by default): `generate` as one padded batch, `generate`
-per output-length bucket, transformers' own continuous batching manager, and the unpadded per-request greedy
-reference (batch of 1, not timed)."""
+per output-length bucket (with its default dynamic KV cache, or a static one), transformers' own continuous
+batching manager, and the unpadded per-request greedy reference (batch of 1, not timed).
+
+The continuous batching manager runs on its own copy of the model: transformers switches the attention of the
+model it is given to a paged one for as long as the manager lives (5.17: `sdpa` -> `paged|sdpa`, which refuses
+a plain forward: "paged|sdpa was called without a paged attention cache"), and the baselines take turns in
+every repetition, so `generate` must never see that model."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import time
@@ -23,8 +29,10 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def hf_generate(model, requests: list[dict], pad_id: int) -> tuple[float, list[list[int]]]:
-    """One left-padded greedy batch, max_new_tokens = the longest request, EOS off."""
+def hf_generate(model, requests: list[dict], pad_id: int, cache: str | None = None) -> tuple[float, list[list[int]]]:
+    """One left-padded greedy batch, max_new_tokens = the longest request, EOS off; cache: generate's
+    cache_implementation (None: its default dynamic cache; "static": preallocated, which transformers also
+    compiles on a GPU)."""
     longest_prompt = max(len(r["prompt"]) for r in requests)
     max_new = max(r["max_new_tokens"] for r in requests)
     ids = torch.full((len(requests), longest_prompt), pad_id, dtype=torch.long)
@@ -37,7 +45,8 @@ def hf_generate(model, requests: list[dict], pad_id: int) -> tuple[float, list[l
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
-                             do_sample=False, eos_token_id=None, pad_token_id=pad_id)
+                             do_sample=False, eos_token_id=None, pad_token_id=pad_id,
+                             **({"cache_implementation": cache} if cache else {}))
     synchronize(model.device)
     seconds = time.perf_counter() - start
     generated = out[:, longest_prompt:]
@@ -62,13 +71,13 @@ def bucketed_computed_tokens(workload: list[dict]) -> int:
     return sum(len(b) * max(workload[i]["max_new_tokens"] for i in b) for b in length_buckets(workload) if b)
 
 
-def hf_bucketed_round(model, workload: list[dict], pad_id: int) -> dict:
+def hf_bucketed_round(model, workload: list[dict], pad_id: int, cache: str | None = None) -> dict:
     latencies = [0.0] * len(workload)
     elapsed = 0.0
     for bucket in length_buckets(workload):
         if not bucket:
             continue
-        seconds, _ = hf_generate(model, [workload[i] for i in bucket], pad_id)
+        seconds, _ = hf_generate(model, [workload[i] for i in bucket], pad_id, cache)
         elapsed += seconds
         for i in bucket:
             latencies[i] = elapsed
@@ -95,8 +104,9 @@ def hf_per_request_reference(model, workload: list[dict], pad_id: int) -> list[l
 
 
 class HFContinuousBatching:
-    """transformers' ContinuousBatchingManager (`model.init_continuous_batching`) over this process's model,
-    started once and fed one round of requests at a time. Each request is added with its own max_new_tokens
+    """transformers' ContinuousBatchingManager (`model.init_continuous_batching`) over its own copy of this
+    process's model (the model given is left as it is: see the module's docstring), started once and fed one
+    round of requests at a time. Each request is added with its own max_new_tokens
     and no EOS (eos_token_id -1), greedy. transformers sizes its paged KV cache from free device memory,
     which it cannot read on a CPU without psutil, so the cache is sized explicitly: enough pages of
     `page_size` (its default) tokens for every request of the workload at once, and at most
@@ -118,9 +128,10 @@ class HFContinuousBatching:
                               num_requests=len(workload))
         gen_config = GenerationConfig(do_sample=False, eos_token_id=-1,
                                       pad_token_id=model.generation_config.pad_token_id)
-        self.manager = model.init_continuous_batching(generation_config=gen_config,
-                                                      continuous_batching_config=cb_config, workload_hints=hints)
-        self.config = {"attn_implementation": model.config._attn_implementation, "page_size": page,
+        self.model = copy.deepcopy(model)  # transformers switches this copy's attention, never the shared model's
+        self.manager = self.model.init_continuous_batching(generation_config=gen_config,
+                                                           continuous_batching_config=cb_config, workload_hints=hints)
+        self.config = {"attn_implementation": self.model.config._attn_implementation, "page_size": page,
                        "num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens}
         self.rounds = 0
         self.manager.warmup()
@@ -162,6 +173,7 @@ class HFContinuousBatching:
             self.manager.stop(block=True, timeout=30)
         finally:
             self.manager.destroy()
+            self.model = None  # the copy's memory goes back (a GPU's, where it runs)
 
 
 def start_continuous_batching(model, workload: list[dict]) -> tuple[HFContinuousBatching | None, str | None]:
