@@ -12,6 +12,7 @@ from services.run_contract.run_config import RunConfig
 Name = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
 TorchDType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 FloatDType = Literal["float32", "float16", "bfloat16", "float64"]
+SyncBackend = Literal["gloo", "nccl", "ipc"]  # ipc: CUDA IPC handles over HTTP to engines on the source's GPU
 NodeState = Literal["running", "pausing", "paused", "dead"]
 RunLifecycle = Literal["running", "paused", "failed", "finished", "stopped"]
 ENDED = frozenset({"failed", "finished", "stopped"})  # terminal: no transition leaves them
@@ -43,6 +44,8 @@ class NodeRegistration(Strict):
     run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
     weights_dtype: FloatDType | None = Field(None, description=(
         "a weight receiver's: the dtype it serves its weights in (a publish sends floating tensors in it)"))
+    gpu: str | None = Field(None, max_length=128, description=(
+        "the UUID of the GPU it computes on (none on a CPU): a publish picks its transfer by who shares a GPU"))
 
 
 class NodeInfo(NodeRegistration):
@@ -54,6 +57,14 @@ class NodeInfo(NodeRegistration):
     weight_version: int | None = None
     paused_seq: int = 0
     error: str | None = None
+
+    def url(self) -> str | None:
+        """Its base URL (an engine's, a role's status server): its 'https' port (TLS) if it registered one, else
+        its 'http' port; None with neither."""
+        for scheme in ("https", "http"):
+            if (port := self.ports.get(scheme)) is not None:
+                return f"{scheme}://{self.host}:{port}"
+        return None
 
 
 class Heartbeat(Strict):
@@ -93,8 +104,9 @@ class WeightMetadata(Strict):
         min_length=1, max_length=1 << 20, description="size of each flat bucket, in order")
     publisher: str | None = None
     sync_group: "SyncGroup | None" = Field(None, description="the group this version is broadcast in")
-    transfer: Literal["flat_buckets", "per_tensor"] = Field(
-        "flat_buckets", description="one broadcast per bucket, or one per tensor in list order (SGLang engines)")
+    transfer: Literal["flat_buckets", "per_tensor", "cuda_ipc"] = Field(
+        "flat_buckets", description="one broadcast per bucket, one per tensor in list order (SGLang engines), or "
+                                    "buckets by CUDA IPC handle to engines on the trainer's GPU (no broadcast)")
 
     @model_validator(mode="after")
     def _layout_fits(self) -> "WeightMetadata":
@@ -129,7 +141,7 @@ class SyncGroupRequest(Strict):
     master_port: int = Field(ge=1, le=65535)
     receiver_roles: list[Annotated[str, Field(pattern=r"^[a-z_]{1,32}$")]] = Field(
         default_factory=lambda: ["engine", "actor_fwd", "reference"], max_length=16)
-    backend: Literal["gloo", "nccl"] = "gloo"
+    backend: SyncBackend = "gloo"
     new_group: bool = Field(False, description="a new group even if membership is unchanged (the last sync failed)")
     exclude_nodes: list[Annotated[str, Field(max_length=64)]] = Field(
         default_factory=list, max_length=1024, description="receivers to leave out although alive: engines the "
@@ -142,6 +154,7 @@ class GroupMember(Strict):
     rank: int = Field(description="its first rank (SGLang's rank_offset)")
     ranks: int = Field(1, description="ranks it occupies (an engine's tensor-parallel size)")
     weights_dtype: FloatDType | None = Field(None, description="the dtype it declared it serves its weights in")
+    gpu: str | None = Field(None, description="the UUID of its GPU, if it registered one")
 
 
 class SyncGroup(Strict):
@@ -150,7 +163,7 @@ class SyncGroup(Strict):
     master_address: str
     master_port: int
     world_size: int
-    backend: Literal["gloo", "nccl"]
+    backend: SyncBackend
     members: list[GroupMember]
 
 

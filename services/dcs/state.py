@@ -230,7 +230,7 @@ class RedisState:
         for n in sorted(receivers, key=lambda n: (n.role, n.rank, n.node_id)):
             width = max(1, int(n.parallel.get("tp", 1)))  # an engine joins as rank_offset + tp_rank
             members.append(GroupMember(node_id=n.node_id, role=n.role, rank=next_rank, ranks=width,
-                                       weights_dtype=n.weights_dtype))
+                                       weights_dtype=n.weights_dtype, gpu=n.gpu))
             next_rank += width
         # the port is not part of the identity: a reused group keeps the port it was created with
         key = hashlib.sha256(json.dumps([req.master_address, req.backend,

@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.precision import WeightMismatch
 from services.engine.protocol import (ControlResult, DestroyGroupRequest, InitGroupRequest, ModelInfo, PauseRequest,
-                                      ServerInfo, UpdateWeightsRequest, WeightVersion)
+                                      ServerInfo, UpdateWeightsFromTensorRequest, UpdateWeightsRequest,
+                                      WeightVersion)
 from services.runtime.metrics import observability_router
 
 try:
@@ -66,8 +67,15 @@ def generation_control_router(engine) -> APIRouter:
 
 
 def weight_update_router(engine) -> APIRouter:
+    """Every weight-update route (the server refuses them all without a token): the group's and the updates'."""
     router = APIRouter(tags=["weight updates"])
-    sched = engine.scheduler
+    router.include_router(_group_routes(engine))
+    router.include_router(_update_routes(engine))
+    return router
+
+
+def _group_routes(engine) -> APIRouter:
+    router = APIRouter()
 
     @router.post("/init_weights_update_group", response_model=ControlResult)
     async def init_group(req: InitGroupRequest):
@@ -89,6 +97,13 @@ def weight_update_router(engine) -> APIRouter:
         group.close()
         return result("destroyed")
 
+    return router
+
+
+def _update_routes(engine) -> APIRouter:
+    router = APIRouter()
+    sched = engine.scheduler
+
     @router.post("/begin_weight_update", response_model=ControlResult)
     async def begin_update():
         return result(engine.weights.begin())
@@ -109,6 +124,21 @@ def weight_update_router(engine) -> APIRouter:
                           "send flush_cache: false", ok=False)
         try:  # received off the engine thread: decoding goes on during the transfer
             await asyncio.get_running_loop().run_in_executor(None, engine.weights.receive, req)
+            message = await engine.run_control(engine.weights.load_unless_held)
+        except Exception as exc:
+            return update_failed(exc)
+        return result(message)
+
+    @router.post("/update_weights_from_tensor", response_model=ControlResult)
+    async def update_from_tensor(req: UpdateWeightsFromTensorRequest):
+        """A bucket on this engine's GPU, shared by the trainer through a CUDA IPC handle (load_format
+        sluice_cuda_ipc; SGLang's pickled form is refused): copied out, then loaded as
+        /update_weights_from_distributed loads."""
+        if req.flush_cache and sched.frozen:
+            return result("flush_cache is not allowed while in_place-paused requests hold KV; "
+                          "send flush_cache: false", ok=False)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, engine.weights.receive_shared, req)
             message = await engine.run_control(engine.weights.load_unless_held)
         except Exception as exc:
             return update_failed(exc)
@@ -138,7 +168,8 @@ def engine_info_router(engine) -> APIRouter:
                 "weight_version": sched.weight_version,
                 # Sluice extensions (weight_updates.py): updates load between steps, so no pause is needed;
                 # a bucket can come as one broadcast
-                "live_weight_update": True, "flat_bucket_update": True, "weights_dtype": engine.config.dtype}
+                "live_weight_update": True, "flat_bucket_update": True, "weights_dtype": engine.config.dtype,
+                "gpu": engine.gpu, "cuda_ipc_update": engine.gpu is not None}
 
     @router.get("/get_server_info", response_model=ServerInfo)
     @router.get("/server_info", response_model=ServerInfo)

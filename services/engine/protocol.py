@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.dcs.sync.cuda_ipc import SharedBucket
 from services.engine.sampling import SamplingParams
 
 
@@ -70,7 +71,7 @@ class InitGroupRequest(_Body):
     rank_offset: int = Field(ge=1, description="this engine's rank in the group (rank 0 is the trainer)")
     world_size: int = Field(ge=2, le=65536)
     group_name: str = Field("weight_update_group", min_length=1, max_length=200)
-    backend: Literal["gloo", "nccl"] = "gloo"
+    backend: Literal["gloo", "nccl"] = "gloo"  # (ipc syncs form no group: /update_weights_from_tensor)
 
 
 class DestroyGroupRequest(_Body):
@@ -96,6 +97,27 @@ class UpdateWeightsRequest(_Body):
     flat_bucket: FlatBucket | None = None
 
 
+class IpcBucket(_Body):
+    """Sluice's form of /update_weights_from_tensor (load_format "sluice_cuda_ipc"): one flat bucket on the
+    trainer's GPU, shared by CUDA IPC handle in JSON (services/dcs/sync/cuda_ipc.py), and its tensors' layout."""
+
+    shared: SharedBucket
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    offsets: list[int]
+
+
+class UpdateWeightsFromTensorRequest(_Body):
+    serialized_named_tensors: list[str] | None = Field(None, description=(
+        "SGLang's pickled tensors: refused (the engine never unpickles request data); send `bucket`"))
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    bucket: IpcBucket | None = None
+
+
 class ControlResult(BaseModel):
     success: bool
     message: str
@@ -114,6 +136,8 @@ class ModelInfo(BaseModel):
     flat_bucket_update: bool = Field(description="Sluice: /update_weights_from_distributed takes flat_bucket")
     weights_dtype: str = Field(description="Sluice: the dtype the weights are served in; a trainer sends floating "
                                            "weights in it (others are cast on load)")
+    gpu: str | None = Field(description="Sluice: the UUID of the engine's GPU (none on a CPU)")
+    cuda_ipc_update: bool = Field(description="Sluice: /update_weights_from_tensor takes a bucket by CUDA IPC handle")
 
 
 class ServerInfo(BaseModel):

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import Gauge
 
+from services.dcs.sync.backend_choice import gpu_uuid
 from services.engine.config import EngineConfig
 from services.engine.control_routes import (engine_info_router, generation_control_router, service_router,
                                             weight_update_router)
@@ -49,6 +50,7 @@ class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.model, self.tokenizer = load_causal_lm(config.model, config.dtype, config.device)
+        self.gpu = gpu_uuid(config.device)  # a trainer on the same GPU sends weights by CUDA IPC handle
         self.pool = make_pool(self.model, config)
         self.scheduler = make_scheduler(BatchedDecoder(self.model, self.pool), self.tokenizer, config)
         self.version_moved = VersionWatch()

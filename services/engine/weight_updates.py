@@ -32,7 +32,8 @@ import torch
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, bucket_entries, unpack
 from services.dcs.sync.precision import check_fits, load_into, model_tensors
-from services.engine.protocol import UpdateWeightsRequest
+from services.dcs.sync.cuda_ipc import open_shared
+from services.engine.protocol import UpdateWeightsFromTensorRequest, UpdateWeightsRequest
 from services.runtime.spans import RECORDER
 
 
@@ -62,22 +63,43 @@ class WeightUpdates:
     def receive(self, body: UpdateWeightsRequest) -> None:
         """Any thread but the engine's: the named tensors from rank 0, one broadcast each in list order or the
         whole bucket in one (flat_bucket)."""
-        began = time.time()
         group = self.groups.get(body.group_name)
         if group is None:
             raise ValueError(f"no weight update group {body.group_name!r}; call /init_weights_update_group")
+        self._stage(lambda: self._receive_flat(group, body) if body.flat_bucket else self._receive_each(group, body),
+                    body.weight_version)
+
+    def receive_shared(self, body: UpdateWeightsFromTensorRequest) -> None:
+        """Any thread but the engine's: a bucket on this engine's GPU that the trainer shared by CUDA IPC handle
+        (/update_weights_from_tensor, load_format sluice_cuda_ipc), copied out before the call answers."""
+        if body.serialized_named_tensors is not None or body.bucket is None:
+            raise ValueError("pickled tensors (SGLang's serialized_named_tensors) are refused: this engine never "
+                             "unpickles request data; send `bucket` with load_format sluice_cuda_ipc")
+        if body.load_format != "sluice_cuda_ipc":
+            raise ValueError(f"load_format {body.load_format!r}: only sluice_cuda_ipc is served")
+        if not self.device.startswith("cuda"):
+            raise ValueError("a CUDA IPC weight update needs an engine on a GPU; this one runs on " + self.device)
+        bucket = body.bucket
+        entries = bucket_entries(bucket.names, bucket.dtypes, bucket.shapes, bucket.offsets, bucket.shared.numel)
+        self._stage(lambda: unpack(0, entries, open_shared(bucket.shared, torch.device(self.device))),
+                    body.weight_version)
+
+    def _stage(self, fetch: Callable[[], dict[str, torch.Tensor]], version: str | None) -> None:
+        """Fetch a bucket's tensors and stage them for the next load; a failure drops everything staged for
+        this version, so nothing of a failed update is ever loaded."""
+        began = time.time()
         try:
-            received = self._receive_flat(group, body) if body.flat_bucket else self._receive_each(group, body)
-            # checked once the broadcast is drained (refusing before it would leave the sender waiting): a
+            received = fetch()
+            # checked once the transfer is drained (refusing before it would leave the sender waiting): a
             # mismatch is refused here, naming the tensor, and the load between steps never meets one
             check_fits(self._params, received)
         except Exception:
-            with self._lock:  # nothing of a failed update is ever loaded
+            with self._lock:
                 self._staged, self._staged_version, self._bracketed = {}, None, False
             raise
         with self._lock:
             self._staged.update(received)
-            self._staged_version = body.weight_version or self._staged_version
+            self._staged_version = version or self._staged_version
         RECORDER.record("weight_load", began, time.time(), version=self._staged_version)
 
     def _receive_each(self, group: BroadcastGroup, body: UpdateWeightsRequest) -> dict[str, torch.Tensor]:

@@ -20,6 +20,7 @@ from prometheus_client import Counter, Gauge
 
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
+from services.dcs.sync.backend_choice import gpu_uuid
 from services.dcs.sync.receiver import WeightReceiver, follow_weights
 from services.forward.config import ForwardConfig
 from services.model.loading import load_causal_lm
@@ -75,7 +76,7 @@ class ForwardService:
         self.model, _ = load_causal_lm(run.model, c.dtype, c.device)
         membership = self.join(conn.dcs, NodeRegistration(role=self.role, host=c.advertise_host,
                                                               ports={"http": c.port}, device=c.device, run_id=c.run_id,
-                                                              weights_dtype=c.dtype))
+                                                              weights_dtype=c.dtype, gpu=gpu_uuid(c.device)))
         receives = self.role == "actor_fwd" or run.ref_update_interval > 0
         receiver = self.make_receiver(conn.dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device,
                                       run_id=c.run_id)

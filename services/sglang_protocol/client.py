@@ -163,6 +163,14 @@ class SGLangClient:
         a Sluice extension the built-in engine announces in its model info)."""
         return bool(self._extensions().get("flat_bucket_update", False))
 
+    def gpu(self) -> str | None:
+        """The UUID of the server's GPU, where it says (the built-in engine's model info); None otherwise."""
+        return self._extensions().get("gpu")
+
+    def takes_cuda_ipc(self) -> bool:
+        """Whether /update_weights_from_tensor takes a bucket by CUDA IPC handle in JSON (a Sluice extension)."""
+        return bool(self._extensions().get("cuda_ipc_update", False))
+
     def _extensions(self) -> dict:
         if self._model_info is None:
             try:
@@ -304,3 +312,12 @@ class SGLangClient:
             body["flat_bucket"] = flat_bucket
         self._check("/update_weights_from_distributed",
                     self._post("/update_weights_from_distributed", body, timeout=timeout))
+
+    def update_weights_from_tensor(self, bucket: dict, weight_version: str | None, flush_cache: bool = True,
+                                   timeout: float | None = None) -> None:
+        """A flat bucket on the server's GPU, by CUDA IPC handle (`bucket`: services/dcs/sync/cuda_ipc.py's
+        description plus the tensors' names, dtypes, shapes and offsets); returns once the server copied and
+        loaded it. Sluice's JSON form (load_format sluice_cuda_ipc): SGLang's own form is pickled, never sent."""
+        body = {"load_format": "sluice_cuda_ipc", "bucket": bucket, "flush_cache": flush_cache,
+                "abort_all_requests": False, "weight_version": weight_version}
+        self._check("/update_weights_from_tensor", self._post("/update_weights_from_tensor", body, timeout=timeout))

@@ -26,6 +26,10 @@ class TrainerConfig(RoleSettings):
     device: str = Field("cpu", description="cpu or cuda[:N]")
     master_address: str = Field("127.0.0.1", description="address receivers reach this trainer's broadcast group at")
     bucket_mb: int = Field(64, ge=1, description="weight-sync bucket size (MiB)")
+    sync_backend: str = Field("auto", pattern="^(auto|gloo|nccl|ipc)$", description=(
+        "how published weights travel: gloo (through host memory: any device), nccl (GPU to GPU: every receiver "
+        "on another GPU), ipc (CUDA IPC handles: built-in engines on the trainer's own GPU), auto (gloo from a "
+        "CPU; from a GPU nccl, or ipc when every receiver is an engine on the trainer's GPU, else gloo)"))
     weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
     pause_mode: str = Field("auto", pattern="^(auto|abort|in_place|retract|none)$", description=(
         "how engines pause for a weight update: abort (requests resume as partial rollouts), in_place "

@@ -22,11 +22,13 @@ MAX_ENGINE_ERRORS = 5  # resends in a row that an engine answered with an error 
 
 
 class WeightsRefused(RuntimeError):
-    """An engine refused the published weights themselves (a name or shape its model does not have): the run
-    fails with the engine's message instead of sending the same weights again and again."""
+    """A publish no resend can fix: an engine refused the weights themselves (a name or shape its model does not
+    have), or the asked sync backend cannot reach the receivers. The run fails with the reason instead of sending
+    the same weights again and again."""
 
-    def __init__(self, engine_message: str | None):
-        super().__init__(f"an engine refused the trainer's weights, so the run cannot go on: {engine_message}")
+    def __init__(self, reason: str | None):
+        super().__init__(f"the trainer's weights were refused and no resend can change that, so the run cannot go "
+                         f"on: {reason}")
 
 
 class WeightVersions:

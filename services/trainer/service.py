@@ -115,7 +115,8 @@ class ActorTrainer:
                 parallel={"dp": c.dp_size}))
             sender = self.make_publisher(self.dcs, self.membership.node_id, c.master_address,
                                          bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
-                                         pause_mode=c.pause_mode, run_id=c.run_id)
+                                         pause_mode=c.pause_mode, run_id=c.run_id, backend=c.sync_backend,
+                                         device=c.device)
             self.weights = WeightVersions(sender, self.model, run, self.dcs, c.run_id, c.republish_check_s,
                                           snapshot_max_bytes=c.snapshot_publish_mb << 20,
                                           source=self.weight_stream if self.backend.gathers else None)

@@ -30,7 +30,6 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from services.dcs.sync.publisher import node_url
 from services.launch.timeline import fetch_spans, span_client, stage_busy
 from services.run_contract.run_config import RunConfig
 from services.run_state.evaluations import read_latest_evaluation
@@ -221,7 +220,7 @@ def busy_reader(dcs, run_id: str) -> Callable[[float, float], dict[str, float]] 
 
     def busy(start: float, end: float) -> dict[str, float]:
         urls = {f"{n.role}-{n.rank}": url for nodes in dcs.topology().roles.values() for n in nodes
-                if n.run_id == run_id and n.alive and (url := node_url(n))}
+                if n.run_id == run_id and n.alive and (url := n.url())}
         spans = fetch_spans(urls, since=start, timeout_s=5.0, token=dcs.token or "", client=client)
         seconds = stage_busy(spans, start, end)
         return {lane: round(s / max(end - start, 1e-9), 4) for lane, s in seconds.items()}

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from services.dcs.models import GroupMember, SyncGroup, SyncReport
+from services.dcs.sync import bucket_packing
 from services.dcs.sync import publisher as publisher_module
 from services.dcs.sync.publisher import WeightPublisher
 
@@ -86,13 +87,13 @@ def test_overlapped_packing_still_reports_phases_the_coordinator_accepts(sender,
     derived by subtraction once went negative and the coordinator refused every report (422)."""
     publisher, dcs = sender
     publisher.bucket_bytes = 16  # one 4-float tensor per bucket
-    real_pack = publisher_module.pack
+    real_pack = bucket_packing.pack
 
     def slow_pack(*args, **kwargs):
         time.sleep(0.05)
         return real_pack(*args, **kwargs)
 
-    monkeypatch.setattr(publisher_module, "pack", slow_pack)
+    monkeypatch.setattr(bucket_packing, "pack", slow_pack)
     publisher.prefetch_group(["engine"])
     assert publisher.publish([("a", torch.ones(4))], 1).ok  # opens the group
     real_broadcast = publisher._group.broadcast
@@ -101,3 +102,40 @@ def test_overlapped_packing_still_reports_phases_the_coordinator_accepts(sender,
     publisher.close()  # the queued reports are sent
     assert [r.version for r in dcs.reports] == [1, 2]
     assert all(seconds >= 0 for r in dcs.reports for seconds in r.seconds.values())
+
+
+class EchoingCoordinator(Coordinator):
+    """Answers with the backend asked for, and one actor_fwd receiver on `gpu`."""
+
+    def __init__(self, gpu: str):
+        super().__init__()
+        self.gpu = gpu
+
+    def sync_group(self, run_id: str, request):
+        self.group_requests.append(request)
+        return SyncGroup(name=f"g-{request.backend}", generation=1, master_address="127.0.0.1",
+                         master_port=self.port, world_size=2, backend=request.backend,
+                         members=[GroupMember(node_id="trainer-0", role="trainer", rank=0),
+                                  GroupMember(node_id="fwd-0", role="actor_fwd", rank=1, gpu=self.gpu)])
+
+
+def test_auto_asks_again_for_the_backend_its_members_call_for_and_an_impossible_one_fails_for_good():
+    from services.dcs.sync.publisher import SyncFailed, UnusableBackend
+    dcs = EchoingCoordinator(gpu="GPU-1")
+    publisher = WeightPublisher(dcs, "trainer-0", "127.0.0.1", timeout_s=20, receiver_roles=["actor_fwd"],
+                                run_id="r", backend="auto")
+    publisher._trainer_gpu = "GPU-0"  # as on a GPU trainer (this machine has none)
+    try:
+        spec = publisher._resolved_group()
+        assert spec.backend == "nccl" and [r.backend for r in dcs.group_requests] == ["gloo", "nccl"]
+        assert publisher._resolved_group().backend == "nccl" and len(dcs.group_requests) == 3  # remembered
+        dcs.gpu = "GPU-0"  # the receiver moved onto the trainer's GPU: NCCL would refuse two ranks on one device
+        assert publisher._resolved_group().backend == "gloo"
+        publisher.backend = "ipc"  # a forward role takes no IPC handles
+        with pytest.raises(UnusableBackend, match="not: actor_fwd"):
+            publisher._resolved_group()
+        with pytest.raises(SyncFailed) as failed:
+            publisher.publish(WEIGHTS, 1)
+        assert failed.value.result.refused and not failed.value.result.announced
+    finally:
+        publisher.close()

@@ -32,7 +32,10 @@ import torch
 from services.dcs.client import DCSClient
 from services.dcs.models import SyncGroupRequest, SyncReport, WeightMetadata
 from services.dcs.sync.groups import BroadcastGroup
-from services.dcs.sync.layout import TORCH_DTYPES, WeightStream, pack, plan_buckets
+from services.dcs.sync.backend_choice import ReceiverPlace, choose_backend, gpu_uuid
+from services.dcs.sync.bucket_packing import BucketPacking
+from services.dcs.sync.cuda_ipc import share
+from services.dcs.sync.layout import TORCH_DTYPES, WeightStream, plan_buckets
 from services.dcs.sync.precision import FLOATING, wire_dtype
 from services.dcs.sync.unresponsive import UnresponsiveEngines
 from services.sglang_protocol.client import EngineUnreachable, SGLangClient, SGLangError
@@ -57,6 +60,10 @@ class SyncResult:
     wire_dtype: str = ""  # the dtype floating tensors travelled in (precision.py)
 
 
+class UnusableBackend(ValueError):
+    """The asked sync backend cannot reach this group's receivers (backend_choice.py): no resend can help."""
+
+
 class SyncFailed(RuntimeError):
     def __init__(self, result: SyncResult):
         super().__init__(f"weight sync of version {result.version} failed: {result.error}")
@@ -67,14 +74,6 @@ def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def node_url(node) -> str | None:
-    """A node's base URL (an engine's, a role's status server): its 'https' port (TLS) if it registered one, else its 'http' port."""
-    for scheme in ("https", "http"):
-        if (port := node.ports.get(scheme)) is not None:
-            return f"{scheme}://{node.host}:{port}"
-    return None
 
 
 def _bucket_tensors(entries, buckets: int, named: list, stream: WeightStream | None):
@@ -90,7 +89,8 @@ def _bucket_tensors(entries, buckets: int, named: list, stream: WeightStream | N
 class WeightPublisher:
     def __init__(self, dcs: DCSClient, node_id: str, master_address: str, bucket_bytes: int = 64 << 20,
                  timeout_s: float = 60.0, receiver_roles: Iterable[str] = ("engine", "actor_fwd", "reference"),
-                 backend: str = "gloo", engine_role: str = "engine", pause_mode: str = "abort", *, run_id: str):
+                 backend: str = "gloo", engine_role: str = "engine", pause_mode: str = "abort", *, run_id: str,
+                 device: str = "cpu"):
         self.dcs = dcs
         self.run_id = run_id  # the run whose versions, group and engines these are
         self.node_id = node_id
@@ -98,17 +98,19 @@ class WeightPublisher:
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
         self.receiver_roles = list(receiver_roles)
-        self.backend = backend
+        self.backend = backend  # as asked: auto, gloo, nccl or ipc (backend_choice.py)
+        self.device = device  # the trainer's: where the weights are, and where nccl/ipc buckets are staged
+        self._trainer_gpu = gpu_uuid(device)
+        self._group_backend = backend if backend != "auto" else ("nccl" if self._trainer_gpu else "gloo")
         self.engine_role = engine_role
         self.pause_mode = pause_mode
         self._engines: dict[str, SGLangClient] = {}  # node id -> client, for the current group
         self._group: BroadcastGroup | None = None
         self._current_engines: list = []
-        self._staging: list[torch.Tensor] = []
         self._lock = threading.Lock()
         self._prefetched: tuple | None = None  # (asked at, request, future answer) of prefetch_group
         self._failed = False
-        self._packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-pack")
+        self._packing = BucketPacking()
         self._http = ThreadPoolExecutor(max_workers=16, thread_name_prefix="engine-http")
         # reports go out in order, off the publishing path: the next step need not wait for one
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-report")
@@ -116,7 +118,7 @@ class WeightPublisher:
 
     def close(self) -> None:
         self._drop_group()
-        self._packer.shutdown(wait=False)
+        self._packing.close()
         self._http.shutdown(wait=False)
         self._reporter.shutdown(wait=True)  # the last reports still reach the coordinator
 
@@ -167,18 +169,13 @@ class WeightPublisher:
         t0 = time.perf_counter()
         self.unresponsive.readmit()
         try:
-            group_spec = self._sync_group()
+            group_spec = self._resolved_group()
             result.group, result.world_size = group_spec.name, group_spec.world_size
-            self._current_engines = self._engine_members(group_spec)
-            if self._current_engines:
-                self._connect_engines(group_spec)
             wire = self._wire_dtype(group_spec, named)
             result.wire_dtype = str(wire).removeprefix("torch.")
             entries, sizes = plan_buckets(named, self.bucket_bytes, wire)
             result.bytes = sum(sizes)
-            # engines speak SGLang's one broadcast per tensor, unless every one of them takes whole buckets
-            flat = all(self._engines[m.node_id].flat_bucket_update() for m in self._current_engines)
-            transfer = "flat_buckets" if flat else "per_tensor"
+            transfer = self._transfer_kind(group_spec)
             if not announce and any(m.role != self.engine_role for m in group_spec.members[1:]):
                 raise ValueError("an unannounced publish can only go to engines")
             paused: list = []
@@ -194,7 +191,7 @@ class WeightPublisher:
                         sync_group=group_spec, transfer=transfer))
                     result.announced = True
                 result.seconds["metadata"] = time.perf_counter() - t0
-                if self._group is None or self._group.name != group_spec.name:
+                if transfer != "cuda_ipc" and (self._group is None or self._group.name != group_spec.name):
                     self._open_group(group_spec)
                     result.seconds["open_group"] = time.perf_counter() - t0 - result.seconds["metadata"]
                 self._failed = False
@@ -209,7 +206,7 @@ class WeightPublisher:
             result.ok = True
             result.engines = [m.node_id for m in self._current_engines]
         except Exception as exc:
-            result.refused = isinstance(exc, SGLangError) and exc.refused
+            result.refused = isinstance(exc, UnusableBackend) or (isinstance(exc, SGLangError) and exc.refused)
             result.engine_error = isinstance(exc, SGLangError) and not isinstance(exc, EngineUnreachable)
             self._failed = True
             self.unresponsive.after_failure({m.node_id: self._engines[m.node_id] for m in self._current_engines
@@ -222,6 +219,35 @@ class WeightPublisher:
             raise SyncFailed(result)
         return result
 
+    def _resolved_group(self):
+        """The sync group, with the transfer `auto` (or the asked backend) picks for its members (backend_choice.py):
+        asked again, once, when the members call for another backend than the group was made with."""
+        spec = self._sync_group()
+        for attempt in range(2):
+            self._current_engines = self._engine_members(spec)
+            if self._current_engines:
+                self._connect_engines(spec)
+            places = [ReceiverPlace(m.role, self._engines[m.node_id].gpu(), self._engines[m.node_id].takes_cuda_ipc())
+                      if m.role == self.engine_role else ReceiverPlace(m.role, m.gpu)
+                      for m in spec.members if m.node_id != self.node_id]
+            try:
+                chosen = choose_backend(self.backend, self._trainer_gpu, places)
+            except ValueError as exc:
+                raise UnusableBackend(str(exc)) from exc
+            if chosen == spec.backend or attempt:
+                return spec
+            self._group_backend = chosen
+            spec = self.dcs.sync_group(self.run_id, self._group_request(self.receiver_roles))
+        return spec
+
+    def _transfer_kind(self, spec) -> str:
+        """cuda_ipc for an ipc group; else engines speak SGLang's one broadcast per tensor, unless every one of
+        them takes whole buckets (flat_buckets, which the other receivers always take)."""
+        if spec.backend == "ipc":
+            return "cuda_ipc"
+        flat = all(self._engines[m.node_id].flat_bucket_update() for m in self._current_engines)
+        return "flat_buckets" if flat else "per_tensor"
+
     def _wire_dtype(self, spec, named: list) -> torch.dtype:
         """What floating tensors travel in: the dtype every receiver serves, when they agree (precision.py);
         engines say theirs over HTTP (asked once per connection), the other receivers in their registration."""
@@ -233,7 +259,8 @@ class WeightPublisher:
     def _group_request(self, receiver_roles: list[str]) -> SyncGroupRequest:
         return SyncGroupRequest(source_node=self.node_id, master_address=self.master_address,
                                 master_port=_free_port(self.master_address),  # used only if DCS makes a new group
-                                receiver_roles=list(receiver_roles), backend=self.backend, new_group=self._failed,
+                                receiver_roles=list(receiver_roles), backend=self._group_backend,
+                                new_group=self._failed,
                                 exclude_nodes=self.unresponsive.excluded())
 
     def prefetch_group(self, receiver_roles: list[str]) -> None:
@@ -253,6 +280,7 @@ class WeightPublisher:
             at, request, answer = prefetched
             if (not self._failed and request.receiver_roles == list(self.receiver_roles)
                     and request.exclude_nodes == self.unresponsive.excluded()
+                    and request.backend == self._group_backend
                     and time.monotonic() - at <= GROUP_MAX_AGE_S):
                 try:
                     return answer.result(timeout=self.timeout_s)
@@ -269,7 +297,10 @@ class WeightPublisher:
         self._each_engine(lambda m, e: (bracket or not e.live_weight_update()) and e.begin_weight_update())
         # measured, not derived: packing overlaps the broadcast, so wall - pack - broadcast can be negative
         result.seconds["engines"] = time.perf_counter() - began
-        self._broadcast(entries, sizes, tensors, result, transfer, version)
+        device = self.device if transfer == "cuda_ipc" or self._group_backend == "nccl" else "cpu"
+        result.seconds.update(self._packing.send_all(
+            entries, sizes, tensors, device, lambda k, bucket, flat: self._send_bucket(bucket, flat, sizes[k],
+                                                                                       transfer, version)))
         loading = time.perf_counter()
         self._each_engine(lambda m, e: (bracket or not e.live_weight_update()) and e.end_weight_update())
         result.seconds["engine_load"] = time.perf_counter() - loading
@@ -280,7 +311,7 @@ class WeightPublisher:
         are its own trainer's). Returns how many answered."""
         resumed = 0
         for node in self.dcs.topology().roles.get(self.engine_role, []):
-            url = node_url(node)
+            url = node.url()
             if not node.alive or url is None or node.run_id != self.run_id:
                 continue
             engine = self._engine_client(url)
@@ -303,7 +334,7 @@ class WeightPublisher:
             return
         nodes = {n.node_id: n for ns in self.dcs.topology().roles.values() for n in ns}
         for m in missing:
-            url = node_url(nodes[m.node_id])
+            url = nodes[m.node_id].url()
             if url is None:
                 raise RuntimeError(f"engine node {m.node_id} registered no 'http' or 'https' port")
             self._engines[m.node_id] = self._engine_client(url)
@@ -316,44 +347,15 @@ class WeightPublisher:
         joins = [self._http.submit(self._engines[m.node_id].init_weights_update_group, spec.master_address,
                                    spec.master_port, m.rank, spec.world_size, spec.name, spec.backend,
                                    self.timeout_s) for m in self._current_engines]
-        self._group = BroadcastGroup.open(spec.name, self.backend, spec.master_address, spec.master_port, 0,
+        self._group = BroadcastGroup.open(spec.name, spec.backend, spec.master_address, spec.master_port, 0,
                                           spec.world_size, self.timeout_s)
         for join in joins:
             join.result(timeout=self.timeout_s)
 
-    def _broadcast(self, entries, sizes, tensors, result: SyncResult, transfer: str, version: str) -> None:
-        pack_s = 0.0
-
-        # two staging buffers, reused across syncs: bucket k+1 is packed into one while bucket k is
-        # broadcast from the other (fresh memory each time costs a page fault per page)
-        need = max(sizes)
-        if len(self._staging) != 2 or self._staging[0].numel() < need:
-            self._staging = [torch.empty(need, dtype=torch.uint8) for _ in range(2)]
-
-        def timed_pack(k: int):
-            start = time.perf_counter()
-            flat = pack(k, entries, sizes[k], tensors(k), out=self._staging[k % 2][:sizes[k]])
-            return flat, time.perf_counter() - start
-
-        broadcast_s = 0.0
-        pending = self._packer.submit(timed_pack, 0)
-        try:
-            for k in range(len(sizes)):
-                flat, took = pending.result()
-                pack_s += took
-                if k + 1 < len(sizes):
-                    pending = self._packer.submit(timed_pack, k + 1)  # overlaps the broadcast below
-                start = time.perf_counter()
-                self._send_bucket([e for e in entries if e.bucket == k], flat, sizes[k], transfer, version)
-                broadcast_s += time.perf_counter() - start
-        except BaseException:
-            # a stream is closed next (on this thread): its packing must have stopped taking from it
-            pending.exception()
-            raise
-        result.seconds["pack"] = pack_s
-        result.seconds["broadcast"] = broadcast_s
-
     def _send_bucket(self, bucket, flat: torch.Tensor, size: int, transfer: str, version: str) -> None:
+        if transfer == "cuda_ipc":
+            self._share_bucket(bucket, flat, version)
+            return
         flat_spec = {"offsets": [e.offset for e in bucket], "nbytes": size} if transfer == "flat_buckets" else None
         # the engines' HTTP calls return only after receiving: send them first, then broadcast
         calls = [self._http.submit(self._engines[m.node_id].update_weights_from_distributed,
@@ -367,6 +369,17 @@ class WeightPublisher:
         else:
             for e in bucket:  # typed, as the engine allocates it (NCCL matches dtype and count)
                 self._group.broadcast(flat[e.offset:e.offset + e.nbytes].view(TORCH_DTYPES[e.dtype]), 0)
+        for call in calls:
+            call.result(timeout=self.timeout_s)
+
+    def _share_bucket(self, bucket, flat: torch.Tensor, version: str) -> None:
+        """The bucket to every engine on this GPU by CUDA IPC handle; they answer once they copied it out, so the
+        staging buffer may be packed again after."""
+        shared = {"shared": share(flat), "names": [e.name for e in bucket], "dtypes": [e.dtype for e in bucket],
+                  "shapes": [e.shape for e in bucket], "offsets": [e.offset for e in bucket]}
+        calls = [self._http.submit(self._engines[m.node_id].update_weights_from_tensor, shared, version,
+                                   self._mode(self._engines[m.node_id]) not in ("in_place", "none"), self.timeout_s)
+                 for m in self._current_engines]
         for call in calls:
             call.result(timeout=self.timeout_s)
 
