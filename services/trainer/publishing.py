@@ -57,6 +57,7 @@ class WeightVersions:
         self.last_publish_s = 0.0  # how long the last publish's sync took (tracked with its step)
         self._loaded: tuple[int, set[str]] = (0, set())  # the newest version sent, and the engines that loaded it
         self._engine_errors = 0  # resends in a row that failed with an engine's error answer
+        self.skipped: set[int] = set()  # numbers announced by a failed sync: their weights are the next number's
 
     def receiver_roles(self, version: int) -> list[str]:
         roles = ["engine"]
@@ -91,8 +92,16 @@ class WeightVersions:
                     raise WeightsRefused(exc.result.error) from exc
                 log.warning("weight sync failed", extra={"version": version, "attempt": attempt, "error": str(exc)})
                 if exc.result.announced:  # receivers may hold it as done: the retry needs a new number
+                    self.skipped.add(version)
                     version += 1
         raise RuntimeError(f"weight sync failed {attempts} times")
+
+    def lag(self, trained: int, generated: int) -> int:
+        """How many weight updates separate the version a sample was generated under from the one it is trained
+        at: the difference of the numbers, less the numbers a failed sync skipped in between (a skipped number k
+        carried the same weights as k + 1, re-sent under k + 1), so a retried sync does not make samples look
+        staler than max_staleness allows (this process's skips: a restarted trainer counts from its restart)."""
+        return trained - generated - sum(1 for k in self.skipped if generated <= k < trained)
 
     def publish_later(self, step: int, version: int, then: Callable[[int], None], snapshot: bool = False,
                       weights: list | None = None) -> None:

@@ -324,7 +324,7 @@ class ActorTrainer:
             if not dp.is_leader:
                 continue
             self.tq.ack(claimed.lease_id)
-            for s in (version - info["weight_version"]).tolist():
+            for s in (self.weights.lag(version, int(g)) for g in info["weight_version"].tolist()):
                 staleness[int(s)] += 1
                 self.staleness.observe(s)
             rewards.extend(info["reward"].tolist())

@@ -295,3 +295,26 @@ def test_resends_an_engine_answers_with_errors_fail_the_run_after_a_few_and_othe
     else:
         raise AssertionError("an engine failing every resend was retried for ever")
     weights.close()
+
+
+def test_a_number_a_failed_sync_skipped_does_not_count_as_staleness(monkeypatch):
+    from services.dcs.sync.publisher import SyncFailed, SyncResult
+
+    class FailsOnceAfterAnnouncing(FakeWeightPublisher):
+        failed = False
+
+        def publish(self, named, version: int, announce: bool = True):
+            if not self.failed:
+                self.failed = True
+                raise SyncFailed(SyncResult(version=version, ok=False, announced=True, error="a receiver died"))
+            return super().publish(named, version, announce)
+
+    coordinator = InMemoryCoordinator()
+    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=2)
+    weights = WeightVersions(FailsOnceAfterAnnouncing(coordinator), torch.nn.Linear(3, 2), run, coordinator, "r",
+                             republish_check_s=60.0)
+    monkeypatch.setattr(publishing.time, "sleep", lambda s: None)  # the retry's backoff
+    assert weights.publish(2) == 3  # 2 was announced, then failed: the same weights went out as 3
+    assert weights.lag(3, 1) == 1 and weights.lag(3, 2) == 0 and weights.lag(4, 1) == 2 and weights.lag(2, 1) == 1
+    weights.close()
