@@ -58,6 +58,7 @@ class SyncResult:
     refused: bool = False  # an engine refused the weights themselves (they do not fit its model): no resend helps
     engine_error: bool = False  # an engine answered with an error (it is up: not a network fault)
     wire_dtype: str = ""  # the dtype floating tensors travelled in (precision.py)
+    backend: str = ""  # gloo, nccl or ipc (backend_choice.py)
 
 
 class UnusableBackend(ValueError):
@@ -170,7 +171,7 @@ class WeightPublisher:
         self.unresponsive.readmit()
         try:
             group_spec = self._resolved_group()
-            result.group, result.world_size = group_spec.name, group_spec.world_size
+            result.group, result.world_size, result.backend = group_spec.name, group_spec.world_size, group_spec.backend
             wire = self._wire_dtype(group_spec, named)
             result.wire_dtype = str(wire).removeprefix("torch.")
             entries, sizes = plan_buckets(named, self.bucket_bytes, wire)
