@@ -66,16 +66,13 @@ def generation_control_router(engine) -> APIRouter:
     return router
 
 
-def weight_update_router(engine) -> APIRouter:
+def weight_update_routers(engine) -> list[APIRouter]:
     """Every weight-update route (the server refuses them all without a token): the group's and the updates'."""
-    router = APIRouter(tags=["weight updates"])
-    router.include_router(_group_routes(engine))
-    router.include_router(_update_routes(engine))
-    return router
+    return [_group_routes(engine), _update_routes(engine)]
 
 
 def _group_routes(engine) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(tags=["weight updates"])
 
     @router.post("/init_weights_update_group", response_model=ControlResult)
     async def init_group(req: InitGroupRequest):
@@ -101,7 +98,7 @@ def _group_routes(engine) -> APIRouter:
 
 
 def _update_routes(engine) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(tags=["weight updates"])
     sched = engine.scheduler
 
     @router.post("/begin_weight_update", response_model=ControlResult)

@@ -17,7 +17,7 @@ from prometheus_client import Gauge
 from services.dcs.sync.backend_choice import gpu_uuid
 from services.engine.config import EngineConfig
 from services.engine.control_routes import (engine_info_router, generation_control_router, service_router,
-                                            weight_update_router)
+                                            weight_update_routers)
 from services.engine.generate_lane import GenerateLane
 from services.engine.generate_routes import (BadRequest, Unavailable, error_response, generate_router, refusal,
                                              validation_message)
@@ -156,12 +156,13 @@ def build_app(engine: Engine) -> FastAPI:
     for kind in (BadRequest, Unavailable):
         app.add_exception_handler(kind, refused)
 
-    weights = weight_update_router(engine)
-    for router in (generate_router(engine), openai_router(engine), generation_control_router(engine), weights,
+    weights = weight_update_routers(engine)
+    for router in (generate_router(engine), openai_router(engine), generation_control_router(engine), *weights,
                    engine_info_router(engine), service_router(engine)):
         app.include_router(router)
     if not engine.config.auth_token and not engine.config.allow_unauthenticated_weight_updates:
-        refuse_paths(app, {route.path for route in weights.routes}, "the engine has no auth token configured "
+        refuse_paths(app, {route.path for router in weights for route in router.routes},
+                     "the engine has no auth token configured "
                      "(SLUICE_AUTH_TOKEN or --auth-token-file), so weight updates are refused; "
                      "--allow-unauthenticated-weight-updates accepts them anyway")
     require_bearer_token(app, engine.config.auth_token, OPEN_PATHS)
