@@ -14,7 +14,9 @@ checkpoints on the way out); `sluice run run.yaml --resume` continues from the l
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
+import gc
 import json
 import os
 import secrets
@@ -173,7 +175,18 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
             progress = follow(dcs, config, view, liveness=lambda: dead_service(local),
                               eval_reward=lambda: latest_eval_reward(local), on_interrupt=on_interrupt,
                               before_summary=before_summary)
+    leave_the_heap_at_exit()
     return _finish(progress, dirs["logs"])
+
+
+def leave_the_heap_at_exit() -> None:
+    """When this process exits, leave its objects to the OS instead of walking them: CPython's last garbage
+    collection at exit goes over every object torch, transformers, gRPC and matplotlib made here, 1-2 s of a
+    2-core machine between the stack's last service stopping and `sluice run` exiting; frozen (gc.freeze,
+    services/runtime/heap.py) it is skipped. At exit only, so a caller that goes on (a test) keeps its
+    collector as it was."""
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
 
 
 def follow(dcs: DCSClient, config, view, **kwargs) -> RunProgress:

@@ -16,8 +16,12 @@ from services.run_contract.run_config import RunConfig
 from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
 from services.runtime.auth_token import token_env
 from services.launch.supervision import ProcessSupervisor
-from services.runtime.processes import ChildProcess, StopsOnExit, free_port, http_ok, sluice_argv, start_redis
+from services.runtime.processes import (ChildProcess, StopsOnExit, free_port, http_ok, sluice_argv, start_redis,
+                                        stop_together)
 from services.transferqueue.local_stack import LocalTransferQueue
+
+STOP_S = 10.0  # the engines and roles, together: a clean exit, CUDA teardown and a final checkpoint included
+STACK_STOP_S = 5.0  # then the stack's services, together: no role is left to serve
 
 
 class LocalRun(StopsOnExit):
@@ -155,12 +159,13 @@ class LocalRun(StopsOnExit):
 
     def processes(self) -> dict[str, ChildProcess]:
         """Every process this run started: its stack's (when it owns the stack), engines and roles."""
-        stack = {}
-        if self.owns_stack:
-            tq = [("tq-controller", self.tq.controller)] + [(p.name, p) for p in self.tq.shards]
-            stack = {name: proc for name, proc in [("redis", self.redis_proc), *tq, ("dcs", self.dcs.proc)]
-                     if proc is not None}
-        return {**stack, **self.procs}
+        return {**(self._stack_processes() if self.owns_stack else {}), **self.procs}
+
+    def _stack_processes(self) -> dict[str, ChildProcess]:
+        """The stack's processes started so far (a stack whose start failed has only some)."""
+        tq = [("tq-controller", self.tq.controller)] + [(p.name, p) for p in self.tq.shards] if self.tq else []
+        dcs = [("dcs", self.dcs.proc)] if self.dcs else []
+        return {name: proc for name, proc in [("redis", self.redis_proc), *tq, *dcs] if proc is not None}
 
     def service_urls(self) -> dict[str, str]:
         """HTTP base URL of every role service and engine (each serves /spans, /metrics)."""
@@ -195,13 +200,16 @@ class LocalRun(StopsOnExit):
             time.sleep(0.2)
         raise TimeoutError(f"trainer at {self.progress()} after {timeout_s}s; logs in {self.log_dir}")
 
-    def stop(self) -> None:
-        if self.supervisor is not None:
-            self.supervisor.stop()
-        for proc in reversed(list(self.procs.values())):
-            proc.stop()
-        if not self.owns_stack:  # the stack's owner stops it
-            return
-        for part in (self.dcs, self.tq, self.redis_proc):
-            if part is not None:
-                part.stop()
+    def stop(self, timeout_s: float = STOP_S) -> None:
+        """Stop every process of this run, in two waves, each all at once with one deadline
+        (processes.stop_together): first the engines and roles, then the stack they talk to (coordinator,
+        TransferQueue, Redis; a stack shared from another run is its owner's to stop), so that a role on its
+        way out (the trainer's final checkpoint and records, a node leaving the coordinator) never waits on a
+        service already gone, and the TransferQueue's gRPC servers have no role's long-poll claim left to
+        give their grace period to. The second wave also takes any process a restart started meanwhile."""
+        supervisor = self.supervisor
+        if supervisor is not None:
+            supervisor.stop(timeout_s=0)  # its restarts under way end as their processes are stopped
+        stop_together(lambda: list(self.procs.values()), timeout_s)
+        stop_together(lambda: list(self.processes().values()), STACK_STOP_S,
+                      supervisor.restarting if supervisor is not None else lambda: False)

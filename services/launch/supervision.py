@@ -55,12 +55,23 @@ class ProcessSupervisor:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """Before the processes are stopped: a stopped process must not be restarted."""
+    def stop(self, timeout_s: float = 180.0) -> None:
+        """Before the processes are stopped: a stopped process must not be restarted. No restart begins once
+        this returns; those under way get `timeout_s` together to end. A launcher that stops its processes
+        right after passes 0 and has them stopped meanwhile (`restarting()`, processes.stop_together): a
+        restart waiting for its new process to be ready (an engine: up to minutes) ends as soon as that
+        process is stopped, where waiting for it first would hold the launcher's exit for as long."""
         self._stop.set()
-        for thread in [self._thread, *self._restarting.values()]:
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()  # ends within one poll: after this no restart thread is added
+        deadline = time.monotonic() + timeout_s
+        for thread in list(self._restarting.values()):
             if thread.is_alive() and threading.current_thread() is not thread:
-                thread.join(timeout=180)
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def restarting(self) -> bool:
+        """A restart is still under way (its process may not be among processes() yet)."""
+        return any(thread.is_alive() for thread in list(self._restarting.values()))
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from services.runtime import reaper
 
@@ -99,7 +99,7 @@ class ChildProcess:
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=child_env(env),
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self._reaper.register(self.proc.pid)
-        self._forgotten = False
+        self._forgotten = self._terminated = False
 
     def _forget(self) -> None:
         if not self._forgotten:
@@ -135,13 +135,23 @@ class ChildProcess:
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
-        if self.alive():
+        self.terminate()
+        return self.finish(time.monotonic() + timeout_s)
+
+    def terminate(self) -> None:
+        """SIGTERM, once: a second one could reach a service whose event loop (and with it the handler that
+        turns SIGTERM into a clean stop) has already closed, and kill it on its way out."""
+        if not self._terminated and self.alive():
+            self._terminated = True
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+
+    def finish(self, deadline: float) -> int | None:
+        """Wait until the monotonic `deadline` for it to exit, then SIGKILL it; returns the exit code."""
+        try:
+            self.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self._forget()
         if self._log is not subprocess.DEVNULL:
             self._log.close()
@@ -153,6 +163,30 @@ class ChildProcess:
             self.proc.kill()
             self.proc.wait()
         self._forget()
+
+
+def stop_together(processes: Callable[[], Iterable[ChildProcess]], timeout_s: float,
+                  starting: Callable[[], bool] = lambda: False) -> None:
+    """Stop processes at once: SIGTERM to all, one shared deadline, then SIGKILL to what is left.
+
+    Why not one after the other: each exit takes its own time (on a GPU the CUDA context's teardown adds
+    seconds to the engine's and the trainer's), and one that hangs would hold every later one back by its
+    whole timeout; together they take as long as the slowest. `processes()` is asked again until all have
+    exited: a process that a restart (`starting()`: one is still on its way) started after the first look
+    is stopped too, and the restart, whose process then exits, ends."""
+    deadline = time.monotonic() + timeout_s
+    signalled: dict[int, ChildProcess] = {}
+    while True:
+        for proc in processes():
+            if id(proc) not in signalled:
+                signalled[id(proc)] = proc
+                proc.terminate()
+        exited = not any(proc.alive() for proc in signalled.values())
+        if (exited and not starting()) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    for proc in signalled.values():
+        proc.finish(deadline)
 
 
 def sluice_argv(*args: str) -> list[str]:

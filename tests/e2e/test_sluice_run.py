@@ -1,6 +1,7 @@
 """`sluice run run.yaml` as a user runs it: one subprocess that writes a tiny model, starts every service,
-submits the run, prints one JSON line per trained step and a summary, and exits 0; Ctrl-C pauses and stops
-it, and `--resume` continues from its last checkpoint; a service that cannot start fails it loudly."""
+submits the run, prints one JSON line per trained step and a summary, and exits 0 soon after, every service
+stopped; Ctrl-C pauses and stops it, and `--resume` continues from its last checkpoint; a service that cannot
+start fails it loudly."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -58,6 +60,31 @@ def lines_of(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def service_processes(parent: int) -> dict[int, str]:
+    """pid -> command (`sluice <command>`) of each Sluice service `parent` runs as its child."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except (OSError, ValueError, IndexError):  # not a process, or gone meanwhile
+            continue
+        if ppid == parent and "services.cli" in argv:
+            found[int(entry)] = argv[argv.index("services.cli") + 1]
+    return found
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_sluice_run_trains_to_the_end_and_prints_a_line_per_step_and_a_summary(tmp_path, capsys):
     redis_proc, redis_url = start_redis(log_dir=str(tmp_path))  # --redis-url: the run's state outlives it
     # a reward module beside the run file, started from another directory: found all the same
@@ -66,13 +93,25 @@ def test_sluice_run_trains_to_the_end_and_prints_a_line_per_step_and_a_summary(t
     try:
         proc = start(write_run(str(tmp_path), "cli-run", reward="import:my_scorer:score"), "--redis-url", redis_url,
                      cwd=str(tmp_path / "elsewhere"))
-        out, err = proc.communicate(timeout=540)
+        lines, services, finished_at = [], {}, None
+        for line in proc.stdout:  # until it exits (its services write to their logs, not this pipe)
+            lines.append(json.loads(line))
+            if lines[-1].get("event") == "running":  # every service started: its processes, to check below
+                services = service_processes(proc.pid)
+            finished_at = time.monotonic() if lines[-1].get("event") == "finished" else finished_at
+        proc.wait(timeout=60)
+        exited_after_s = time.monotonic() - finished_at if finished_at is not None else None
+        err = proc.stderr.read()
         assert proc.returncode == 0, err[-3000:]
         with redis.Redis.from_url(redis_url, decode_responses=True) as r:
             assert sorted(trained_steps(r, "cli-run")) == [0, 1, 2]
     finally:
         redis_proc.stop()
-    lines = lines_of(out)
+    # it exits soon after the run's end, its services stopped together, not one after another (issue 33: a
+    # GPU run took over 60 s; here it takes ~1 s, ~3.5 s when stopped one by one), and leaves none behind
+    assert exited_after_s is not None and exited_after_s < 10, exited_after_s
+    assert {"engine", "trainer", "rollout", "advantage", "dcs", "tq-controller", "tq-shard"} <= set(services.values())
+    assert [services[pid] for pid in services if running(pid)] == []
     assert [e.get("event") for e in lines[:2]] == ["starting", "running"]
     assert [e["step"] for e in lines if "step" in e] == [0, 1, 2]
     assert all(0 <= e["reward_mean"] <= 1 and e["weight_version"] == e["step"] + 1 for e in lines if "step" in e)

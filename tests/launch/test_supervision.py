@@ -3,6 +3,7 @@ keeps failing (max_restarts within window_s)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from services.launch.supervision import ProcessSupervisor
@@ -64,3 +65,25 @@ def test_a_restart_that_raises_is_recorded_and_tried_again():
         supervisor.stop()
     assert len(attempts) == 2 and "port still in use" in supervisor.restarts[0].error
     assert supervisor.restarts[1].ready is not None and not supervisor.given_up
+
+
+def test_stop_need_not_wait_for_a_restart_under_way():
+    """A launcher stops the processes right after stop(timeout_s=0) instead of waiting for a restart (an
+    engine's can take minutes to be ready); restarting() says one is still on its way."""
+    procs = {"engine": Process(returncode=1)}
+    release = threading.Event()
+    calls: list[str] = []
+
+    def restart(name: str) -> None:
+        calls.append(name)
+        release.wait(30)  # waiting for the new process to be ready
+
+    supervisor = ProcessSupervisor(lambda: procs, restart, poll_s=0.01).start()
+    assert wait_until(lambda: calls == ["engine"])
+    started = time.monotonic()
+    supervisor.stop(timeout_s=0)
+    assert time.monotonic() - started < 5 and supervisor.restarting()
+    release.set()
+    assert wait_until(lambda: not supervisor.restarting())
+    time.sleep(0.05)  # a few polls' time: no restart begins after stop
+    assert calls == ["engine"]

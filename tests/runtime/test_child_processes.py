@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from services.runtime import reaper
+from services.runtime.processes import ChildProcess, stop_together
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.errors import TQError
 from services.transferqueue.local_stack import LocalTransferQueue
@@ -150,3 +151,39 @@ def test_restarting_services_while_grpc_calls_block_never_hangs(tmp_path):
         assert calls["claim"] > 10 and calls["read"] > 10, calls
     finally:
         stack.stop()
+
+
+def _shell(tmp_path, name: str, on_term: str) -> ChildProcess:
+    """A child that runs `on_term` on SIGTERM, started once its trap is set (its `ready` file exists)."""
+    ready = tmp_path / f"{name}.ready"
+    proc = ChildProcess(name, ["sh", "-c", f"trap '{on_term}' TERM; touch {ready}; while :; do sleep 0.05; done"])
+    proc.wait_until(ready.exists, 30)
+    return proc
+
+
+def test_stop_together_stops_every_process_at_once_with_one_deadline(tmp_path):
+    """Two children that each take 1.5 s to exit and one that ignores SIGTERM: stopped together they take the
+    deadline (one after the other: 1.5 + 1.5 + the deadline), the slow ones exit cleanly and the stubborn one
+    is killed."""
+    procs = [_shell(tmp_path, "slow-1", "sleep 1.5; exit 0"), _shell(tmp_path, "slow-2", "sleep 1.5; exit 0"),
+             _shell(tmp_path, "stubborn", "")]
+    started = time.monotonic()
+    stop_together(lambda: procs, timeout_s=4.0)
+    took = time.monotonic() - started
+    assert [p.returncode for p in procs] == [0, 0, -signal.SIGKILL]
+    assert 4.0 <= took < 6.5, took
+
+
+def test_stop_together_also_stops_a_process_a_restart_starts_meanwhile(tmp_path):
+    procs = [_shell(tmp_path, "first", "exit 0")]
+    restarting = threading.Event()
+    restarting.set()
+
+    def restart() -> None:  # a restart under way: its process appears a little later
+        time.sleep(0.5)
+        procs.append(_shell(tmp_path, "restarted", "exit 0"))
+        restarting.clear()
+
+    threading.Thread(target=restart, daemon=True).start()
+    stop_together(lambda: list(procs), timeout_s=30.0, starting=restarting.is_set)
+    assert len(procs) == 2 and [p.returncode for p in procs] == [0, 0]
