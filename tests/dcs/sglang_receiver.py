@@ -1,6 +1,8 @@
-"""A minimal receiver process that speaks the SGLang weight-update endpoints exactly as
-../shared/SGLANG_PROTOCOL.md states, standing in for a real SGLang server (which cannot run here)
-until the built-in engine lands. It emulates the release differences the client must cope with.
+"""A minimal receiver process that speaks the SGLang weight-update endpoints as SGLang's source does (read from
+the sglang 0.5.5, 0.5.6 and 0.5.23 wheels), standing in for a real SGLang server (which cannot run here): it joins
+the weight-update group with SGLang's own construction (custom_process_group below, not Sluice's code) and
+receives each tensor with torch.distributed.broadcast on that group. It emulates the release differences the client
+must cope with.
 
     python -m tests.dcs.sglang_receiver --port P --dcs URL --run-id R --release 0.5.6 [--fail-version V]
 
@@ -10,6 +12,7 @@ what happened: pause/continue calls, the weights' digest and the weight version.
 from __future__ import annotations
 
 import argparse
+import datetime
 import threading
 import time
 
@@ -20,11 +23,28 @@ from fastapi.responses import JSONResponse
 
 from services.dcs.client import DCSClient
 from services.dcs.models import Heartbeat, NodeRegistration
-from services.dcs.sync.groups import BroadcastGroup
-from services.dcs.sync.layout import TORCH_DTYPES
 from tests.dcs.sync_worker import digest, weights
 
 torch.set_num_threads(1)
+
+
+def custom_process_group(backend: str, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                         group_name: str, timeout_s: float = 30.0):
+    """The group as SGLang 0.5.23 joins it (`WeightUpdater.init_weights_update_group` calls
+    sglang/srt/utils/common.py `init_custom_process_group` with init_method tcp://address:port and rank =
+    rank_offset + tp_rank): torch's tcp rendezvous, PrefixStore(group_name), then torch's own
+    `_new_process_group_helper`, which adds its prefixes and registers the group, as SGLang's code does."""
+    from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper, _world,
+                                                    rendezvous)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank_offset, world_size,
+                                              timeout=timeout))
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name,
+                                      backend_options=None, timeout=timeout, device_id=None)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
 
 
 def build(release: str, fail_version: str | None) -> FastAPI:
@@ -65,16 +85,19 @@ def build(release: str, fail_version: str | None) -> FastAPI:
 
     @app.post("/init_weights_update_group")
     def init_group(body: dict):
-        group = BroadcastGroup.open(body["group_name"], body.get("backend", "gloo"), body["master_address"],
-                                    body["master_port"], body["rank_offset"], body["world_size"], 30.0)
+        try:
+            group = custom_process_group(body.get("backend", "gloo"), body["master_address"], body["master_port"],
+                                         body["rank_offset"], body["world_size"], body["group_name"])
+        except Exception as exc:
+            return bad(f"Failed to initialize custom process group: {exc}.")
         state["groups"][body["group_name"]] = group
-        return ok("joined")
+        return ok("Succeeded to initialize custom process group.")
 
     @app.post("/destroy_weights_update_group")
     def destroy(body: dict):
         group = state["groups"].pop(body["group_name"], None)
-        if group:
-            group.close()
+        if group is not None:
+            torch.distributed.destroy_process_group(group)
         return ok()
 
     if release == "0.5.23":
@@ -95,11 +118,13 @@ def build(release: str, fail_version: str | None) -> FastAPI:
         group = state["groups"].get(body["group_name"])
         if group is None:
             return bad(f"no group {body['group_name']}")
-        received = {}
-        for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):
-            t = torch.empty(shape, dtype=TORCH_DTYPES[dtype])
-            group.broadcast(t, 0)
+        received, handles = {}, []
+        for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):  # as SGLang receives
+            t = torch.empty(shape, dtype=getattr(torch, dtype))
+            handles.append(torch.distributed.broadcast(t, src=0, group=group, async_op=True))
             received[name] = t
+        for handle in handles:
+            handle.wait()
         if fail_version is not None and body.get("weight_version") == fail_version:
             state["serving"] = False  # partially written: must not serve until a full update succeeds
             return bad("weights partially written; update failed")

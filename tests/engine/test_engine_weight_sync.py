@@ -158,3 +158,37 @@ def test_a_bfloat16_engine_takes_float32_weights_at_half_the_bytes_and_refuses_a
     finally:
         proc.stop()
         reference.stop()
+
+
+def test_an_sglang_style_trainer_joins_the_engines_group_and_its_broadcasts_land(tiny_model_dir, tmp_path):
+    """A trainer built the way slime, AReaL and verl build theirs (SGLang's init_custom_process_group at rank 0,
+    one torch.distributed.broadcast per tensor) updates the built-in engine through SGLang's routes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from services.runtime.processes import free_port
+    from tests.dcs.sglang_receiver import custom_process_group
+    other = load_causal_lm(init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99))[0]
+    prompt = [11, 22, 33]
+    expected = other.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)[0, 3:].tolist()
+    proc, url = start_engine(tiny_model_dir, tmp_path, "--weight-sync-timeout-s", "20")
+    port = free_port()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            joined = pool.submit(httpx.post, url + "/init_weights_update_group", json={
+                "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+                "group_name": "slime-group", "backend": "gloo"}, timeout=60)
+            group = custom_process_group("gloo", "127.0.0.1", port, 0, 2, "slime-group", timeout_s=20)
+            assert joined.result().status_code == 200, joined.result().text
+            named = list(other.named_parameters())
+            update = pool.submit(httpx.post, url + "/update_weights_from_distributed", json={
+                "names": [n for n, _ in named], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
+                "shapes": [list(t.shape) for _, t in named], "group_name": "slime-group", "flush_cache": True,
+                "weight_version": "7"}, timeout=60)
+            for _, tensor in named:
+                torch.distributed.broadcast(tensor.detach().contiguous(), src=0, group=group)
+            assert update.result().status_code == 200, update.result().text
+        assert _greedy(url, prompt) == expected and SGLangClient(url).weight_version() == "7"
+        torch.distributed.destroy_process_group(group)
+    finally:
+        proc.stop()

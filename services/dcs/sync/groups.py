@@ -1,8 +1,9 @@
 """Independent broadcast groups for weight sync: a TCPStore rendezvous at the group's master
 address/port (rank 0 hosts it), a PrefixStore per group name, and a ProcessGroupGloo (CPU) or
 ProcessGroupNCCL (GPU) built on it directly, without init_process_group, so a process can belong
-to several groups and never touches the default group. This is the same construction SGLang's
-/init_weights_update_group uses, so engines and our own receivers can share one group."""
+to several groups and never touches the default group. The store keys are the ones SGLang's
+/init_weights_update_group meets its peers under (sglang_group_store), so a real SGLang server, an SGLang-style
+trainer (slime, AReaL, verl), the built-in engine and Sluice's own receivers can share one group."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ import torch
 import torch.distributed as dist
 
 FORM_SLACK_S = 5.0  # past the group's timeout, before a group that has not formed is given up
+
+
+def sglang_group_store(store: dist.Store, name: str, backend: str) -> dist.Store:
+    """The store view the group's members meet in, as SGLang builds it: its `init_custom_process_group` wraps the
+    rendezvous store in PrefixStore(name), and torch's `_new_process_group_helper` wraps that in
+    PrefixStore(f"{name}/") and then PrefixStore(f"{device}/") (the first device of the backend: cpu for gloo, cuda
+    for nccl). A member built any other way never meets SGLang's (their keys differ)."""
+    device = {"gloo": "cpu", "nccl": "cuda"}.get(backend)
+    if device is None:
+        raise ValueError(f"unknown backend {backend!r}")
+    return dist.PrefixStore(f"{device}/", dist.PrefixStore(f"{name}/", dist.PrefixStore(name, store)))
 
 
 @dataclass
@@ -57,9 +69,12 @@ class BroadcastGroup:
     def _form(cls, name: str, backend: str, master_address: str, master_port: int, rank: int, world_size: int,
               timeout_s: float) -> "BroadcastGroup":
         timeout = datetime.timedelta(seconds=timeout_s)
+        # a member other than rank 0 checks in with the store's host (wait_for_workers: it counts the workers that
+        # joined, which is what a master built by torch's tcp rendezvous, as SGLang-style trainers build theirs,
+        # waits for); rank 0 does not wait here: the group's own mesh forms within the timeout anyway
         store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout,
-                              wait_for_workers=False)
-        prefixed = dist.PrefixStore(name, store)
+                              wait_for_workers=rank != 0)
+        prefixed = sglang_group_store(store, name, backend)
         if backend == "gloo":
             pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
         elif backend == "nccl":
