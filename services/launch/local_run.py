@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import redis
 
@@ -22,6 +23,8 @@ from services.transferqueue.local_stack import LocalTransferQueue
 
 STOP_S = 10.0  # the engines and roles, together: a clean exit, CUDA teardown and a final checkpoint included
 STACK_STOP_S = 5.0  # then the stack's services, together: no role is left to serve
+ENGINE_START_S = 120.0  # an engine loading its model (and, on a GPU, starting CUDA) until /health answers
+ROLE_START_S = 90.0  # a role service until /healthz answers (all start at once, so they share the cores)
 
 
 class LocalRun(StopsOnExit):
@@ -56,19 +59,42 @@ class LocalRun(StopsOnExit):
                 if redis_url is None:
                     self.redis_proc, redis_url = start_redis(log_dir=self.log_dir, data_dir=redis_data_dir)
                 self.redis_url = redis_url
-                self.tq = LocalTransferQueue(token=token, redis_url=self.redis_url, log_dir=self.log_dir,
-                                             data_dir=os.path.join(self.log_dir, "tq-data"))
-                self.dcs = LocalDCS(redis_url=self.redis_url, token=token, log_dir=self.log_dir, port=dcs_port)
+                self._start_data_and_control_planes(dcs_port)
             else:
                 self.redis_url, self.tq, self.dcs = stack.redis_url, stack.tq, stack.dcs
+            # engines and roles start together and get ready side by side (each is seconds of imports, model
+            # loading and, on a GPU, CUDA start-up): the stack is up in the time of the slowest, not their sum
             self.engine_args = engine_args
-            self.engine_urls = [self._start_engine(i, engine_args) for i in range(engines)]
+            self.engine_urls = [self._start_engine(i, engine_args, wait=False) for i in range(engines)]
             if submit:
                 self.submit()
             self._start_roles()
+            self._wait_ready()
         except BaseException:
             self.stop()
             raise
+
+    def _start_data_and_control_planes(self, dcs_port: int) -> None:
+        """TransferQueue and the coordinator, at once (both need only Redis); either failing stops both."""
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stack-start") as pool:
+            tq = pool.submit(LocalTransferQueue, token=self.token, redis_url=self.redis_url, log_dir=self.log_dir,
+                             data_dir=os.path.join(self.log_dir, "tq-data"))
+            dcs = pool.submit(LocalDCS, redis_url=self.redis_url, token=self.token, log_dir=self.log_dir,
+                              port=dcs_port)
+            wait([tq, dcs])
+        self.tq = tq.result() if tq.exception() is None else None
+        self.dcs = dcs.result() if dcs.exception() is None else None
+        for started in (tq, dcs):
+            if started.exception() is not None:
+                raise started.exception()
+
+    def _wait_ready(self) -> None:
+        """Every engine answers /health and every role /healthz (one exiting fails the start at once)."""
+        for i, url in enumerate(self.engine_urls):
+            self.procs[f"engine-{i}"].wait_until(lambda url=url: http_ok(url + "/health"), ENGINE_START_S)
+        for name, proc in list(self.procs.items()):
+            if hasattr(proc, "status_url"):
+                proc.wait_until(lambda proc=proc: http_ok(proc.status_url + "/healthz"), ROLE_START_S)
 
     def submit(self) -> None:
         """Create the run with the coordinator (its roles wait for it)."""
@@ -81,7 +107,7 @@ class LocalRun(StopsOnExit):
     def redis_client(self) -> redis.Redis:
         return redis.Redis.from_url(self.redis_url, decode_responses=True)
 
-    def _start_engine(self, i: int, args, port: int | None = None) -> str:
+    def _start_engine(self, i: int, args, port: int | None = None, wait: bool = True) -> str:
         port = port or free_port()
         url = f"http://127.0.0.1:{port}"
         # without a token, a stack bound to 127.0.0.1 still updates its engines' weights (docs/security.md)
@@ -90,7 +116,8 @@ class LocalRun(StopsOnExit):
                                                        "--port", str(port), *unauthenticated, *args),
                             os.path.join(self.log_dir, f"engine-{i}.log"), env=self._env())
         self.procs[f"engine-{i}"] = proc
-        proc.wait_until(lambda: http_ok(url + "/health"), 120)
+        if wait:
+            proc.wait_until(lambda: http_ok(url + "/health"), ENGINE_START_S)
         return url
 
     def restart(self, name: str) -> None:
@@ -146,15 +173,16 @@ class LocalRun(StopsOnExit):
                 roles[f"trainer-{r}"] = ["trainer", *ckpt, *dp, "--dp-rank", str(r)]
         for name, argv in roles.items():
             self.role_argv[name] = argv + list(self.role_args.get(name, []))
-            self.start_role(name)
+            self.start_role(name, wait=False)
 
-    def start_role(self, name: str) -> ChildProcess:
+    def start_role(self, name: str, wait: bool = True) -> ChildProcess:
         port = self.role_ports.setdefault(name, free_port())
         proc = ChildProcess(name, sluice_argv(*self.role_argv[name], *self._common(), "--port", str(port)),
                             os.path.join(self.log_dir, f"{name}.log"), env=self._env())
         proc.status_url = f"http://127.0.0.1:{port}"
         self.procs[name] = proc
-        proc.wait_until(lambda: http_ok(proc.status_url + "/healthz"), 60)
+        if wait:
+            proc.wait_until(lambda: http_ok(proc.status_url + "/healthz"), ROLE_START_S)
         return proc
 
     def processes(self) -> dict[str, ChildProcess]:
