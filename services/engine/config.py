@@ -51,6 +51,9 @@ class EngineConfig(AuthTokenSettings, TLSSettings):
                                  "sequences, whichever is measured fastest for that kind of step); for an engine "
                                  "with that many cores to itself, 1 on a machine shared with other services")
     weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
+    incremental_streaming_output: bool = Field(False, description=(
+        "a streamed /generate event carries only the output ids new since the last (SGLang's flag); without it "
+        "each event carries the ids so far, as SGLang's do by default"))
     log_level: str = Field("info", description="debug|info|warning|error")
 
     @model_validator(mode="after")

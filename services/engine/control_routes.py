@@ -12,9 +12,14 @@ from fastapi.responses import JSONResponse
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.precision import WeightMismatch
 from services.engine.protocol import (ControlResult, DestroyGroupRequest, InitGroupRequest, ModelInfo, PauseRequest,
-                                      ServerInfo, UpdateWeightsFromTensorRequest, UpdateWeightsRequest,
+                                      ServerInfo, UpdateWeightVersionRequest, UpdateWeightsFromTensorRequest,
+                                      UpdateWeightsRequest,
                                       WeightVersion)
+from services.engine.request import Generation, new_rid
+from services.engine.sampling import SamplingParams
 from services.runtime.metrics import observability_router
+
+HEALTH_GENERATE_S = 20.0  # SGLang's probe timeout
 
 try:
     SLUICE_VERSION = version("sluice-rl")
@@ -115,16 +120,31 @@ def _update_routes(engine) -> APIRouter:
     @router.post("/update_weights_from_distributed", response_model=ControlResult)
     async def update(req: UpdateWeightsRequest):
         """Receive the named tensors from the group's rank 0 (decoding goes on meanwhile), then load them
-        between two steps unless begin/end or a pause holds them back (weight_updates.py)."""
+        between two steps unless begin/end or a pause holds them back (weight_updates.py). With
+        `abort_all_requests` (SGLang's) every request ends first, with its partial output."""
         if req.flush_cache and sched.frozen:
             return result("flush_cache is not allowed while in_place-paused requests hold KV; "
                           "send flush_cache: false", ok=False)
+        if req.abort_all_requests:
+            await engine.run_control(lambda: sched.abort(None))
         try:  # received off the engine thread: decoding goes on during the transfer
             await asyncio.get_running_loop().run_in_executor(None, engine.weights.receive, req)
             message = await engine.run_control(engine.weights.load_unless_held)
         except Exception as exc:
             return update_failed(exc)
         return result(message)
+
+    @router.post("/update_weight_version", response_model=ControlResult)
+    async def update_weight_version(req: UpdateWeightVersionRequest):
+        """SGLang's: report `new_version` from now on (a trainer sets it where an update left it unrecorded);
+        with `abort_all_requests` every request ends first, with its partial output."""
+        def set_version():
+            if req.abort_all_requests:
+                sched.abort(None)
+            sched.weight_version = req.new_version
+            engine.weights.on_version()
+        await engine.run_control(set_version)
+        return result(f"weight version {req.new_version}")
 
     @router.post("/update_weights_from_tensor", response_model=ControlResult)
     async def update_from_tensor(req: UpdateWeightsFromTensorRequest):
@@ -185,6 +205,20 @@ def service_router(engine) -> APIRouter:
     """/health (503 once the engine failed), and /metrics and /spans (spans: generate = busy forward steps,
     pause, weight_load)."""
     router = APIRouter(tags=["service"])
+
+    @router.get("/health_generate", responses={503: {"description": "no token came within 20 s, or the engine failed"}})
+    async def health_generate():
+        """SGLang's deep probe: one token generated through the scheduler (held while paused, as SGLang's is)."""
+        probe = Generation(rid=f"health-{new_rid()}", prompt=[0], params=SamplingParams(max_new_tokens=1),
+                           on_update=lambda r: r.finished and loop.call_soon_threadsafe(done.set))
+        loop, done = asyncio.get_running_loop(), asyncio.Event()
+        engine.scheduler.submit([probe])
+        try:
+            await asyncio.wait_for(done.wait(), HEALTH_GENERATE_S)
+        except TimeoutError:
+            await engine.run_control(lambda: engine.scheduler.abort(probe.rid))
+        ok = probe.finished and probe.finish_reason["type"] != "abort" and engine.scheduler.alive()
+        return Response(status_code=200 if ok else 503)
 
     @router.get("/health", responses={503: {"description": "the engine failed (it exits and is restarted)"}})
     async def health():

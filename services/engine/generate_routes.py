@@ -95,17 +95,33 @@ def prompts_of(engine, req: GenerateRequest) -> list[tuple[list[int], SamplingPa
     rids = [req.rid] if isinstance(req.rid, str) else (req.rid or [new_rid() for _ in prompts])
     if len(rids) != len(prompts):
         raise BadRequest("one rid per input")
-    if req.top_logprobs_num > vocab:
-        raise BadRequest("top_logprobs_num must be in [0, vocab]")
     return list(zip(prompts, params, rids))
 
 
-def samples_of(engine, items, stream: bool, top_n: int, start_len: int) -> tuple[list[Generation], list[asyncio.Queue]]:
+def logprob_settings(engine, req: GenerateRequest, inputs: int) -> list[tuple[bool, int, int]]:
+    """(return_logprob, top_logprobs_num, logprob_start_len) per input: each of SGLang's three fields is one for
+    all inputs or one each (the last two count only where log-probs are returned)."""
+    def each(value, default, what: str) -> list:
+        if isinstance(value, list):
+            if len(value) != inputs:
+                raise BadRequest(f"one {what} per input, or a single one")
+            return value
+        return [default if value is None else value] * inputs
+    wants = each(req.return_logprob, False, "return_logprob")
+    tops = each(req.top_logprobs_num, 0, "top_logprobs_num")
+    starts = each(req.logprob_start_len, -1, "logprob_start_len")
+    if any(top > engine.model.config.vocab_size for top in tops):
+        raise BadRequest("top_logprobs_num must be in [0, vocab]")
+    return [(w, top if w else 0, start if w else -1) for w, top, start in zip(wants, tops, starts)]
+
+
+def samples_of(engine, items, stream: bool, logprobs: list[tuple[bool, int, int]]) -> tuple[list[Generation],
+                                                                                          list[asyncio.Queue]]:
     """One Generation per sample (n children `rid-i` each, as SGLang names them, so an abort by rid
-    reaches all) and the queue its updates arrive on."""
+    reaches all) and the queue its updates arrive on; `logprobs`: each input's logprob_settings."""
     loop = asyncio.get_running_loop()
     seqs, queues = [], []
-    for prompt, params, rid in items:
+    for (prompt, params, rid), (wants, top_n, start_len) in zip(items, logprobs):
         for index in range(params.n):
             q: asyncio.Queue = asyncio.Queue()
             seed = None if params.sampling_seed is None else params.sampling_seed + index
@@ -114,17 +130,17 @@ def samples_of(engine, items, stream: bool, top_n: int, start_len: int) -> tuple
                 generator=torch.Generator(engine.config.device).manual_seed(seed) if seed is not None else None,
                 # waking the event loop costs the engine thread the GIL: per token only when streaming
                 on_update=lambda r, q=q: (stream or r.finished) and loop.call_soon_threadsafe(q.put_nowait, 0),
-                top_logprobs_num=top_n, logprob_start_len=min(start_len, len(prompt) - 1)))
+                wants_logprobs=wants, top_logprobs_num=top_n, logprob_start_len=min(start_len, len(prompt) - 1)))
             queues.append(q)
     return seqs, queues
 
 
-def meta_info(seq: Generation, weight_version: str, with_logprobs: bool) -> dict:
+def meta_info(seq: Generation, weight_version: str) -> dict:
     m = {"id": seq.rid, "finish_reason": seq.finish_reason, "prompt_tokens": len(seq.prompt),
          "completion_tokens": len(seq.output), "cached_tokens": seq.cached_tokens, "weight_version": weight_version}
     if len(seq.spans) > 1:
         m["weight_versions"] = seq.spans
-    if with_logprobs:
+    if seq.wants_logprobs:
         m["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(seq.logprobs, seq.output)]
         if seq.top_logprobs_num:
             m["output_top_logprobs"] = [[[lp, tok, None] for lp, tok in step] for step in seq.top_logprobs]
@@ -135,7 +151,9 @@ def meta_info(seq: Generation, weight_version: str, with_logprobs: bool) -> dict
 
 
 def _events(engine, seqs: list[Generation], queues: list[asyncio.Queue], result):
-    """Server-sent events: each carries only the output ids new since the sample's last event."""
+    """Server-sent events: each carries the sample's output ids so far, as SGLang's do by default (with
+    --incremental-streaming-output, SGLang's flag, only the ids new since the sample's last event)."""
+    incremental = engine.config.incremental_streaming_output
     async def events():
         sent = [0] * len(seqs)
         try:
@@ -147,9 +165,10 @@ def _events(engine, seqs: list[Generation], queues: list[asyncio.Queue], result)
                     # follows, so the last event always carries the finish reason
                     done = seqs[i].finished
                     chunk = result(seqs[i])
-                    upto = len(chunk["output_ids"])
-                    chunk["output_ids"] = chunk["output_ids"][sent[i]:]
-                    sent[i] = upto
+                    if incremental:
+                        upto = len(chunk["output_ids"])
+                        chunk["output_ids"] = chunk["output_ids"][sent[i]:]
+                        sent[i] = upto
                     chunk["index"] = i
                     yield f"data: {json.dumps(chunk)}\n\n"
                     if done:
@@ -183,16 +202,14 @@ async def answer_generate(engine, req: GenerateRequest, request: Request) -> Res
     sched = engine.scheduler
     items = prompts_of(engine, req)
     check_capacity(engine, items)
-    with_logprobs = req.return_logprob
-    seqs, queues = samples_of(engine, items, req.stream, req.top_logprobs_num if with_logprobs else 0,
-                              req.logprob_start_len if with_logprobs else -1)
+    seqs, queues = samples_of(engine, items, req.stream, logprob_settings(engine, req, len(items)))
     for group in share_prompts(seqs):  # one prefill per distinct prompt
         sched.submit(group)
 
     def result(seq: Generation) -> dict:
         ids = list(seq.output)
         text = seq.text if seq.finished else engine.tokenizer.decode(ids, skip_special_tokens=True)
-        return {"text": text, "output_ids": ids, "meta_info": meta_info(seq, sched.weight_version, with_logprobs)}
+        return {"text": text, "output_ids": ids, "meta_info": meta_info(seq, sched.weight_version)}
 
     if req.stream:
         return _events(engine, seqs, queues, result)

@@ -72,7 +72,7 @@ def start(engine, prompts: list[list[int]], params: SamplingParams, rid: str, st
     check_prompt_ids(engine, prompts)
     items = [(p, params, rid if len(prompts) == 1 else f"{rid}-p{i}") for i, p in enumerate(prompts)]
     check_capacity(engine, items)
-    seqs, queues = samples_of(engine, items, stream, top_n, -1)
+    seqs, queues = samples_of(engine, items, stream, [(True, top_n, -1)] * len(items))  # meta_info: log-probs
     for group in share_prompts(seqs):
         engine.scheduler.submit(group)
     return seqs, queues
@@ -118,7 +118,7 @@ def chat_choice(engine, req: ChatCompletionRequest, seq: Generation, index: int,
         matched_stop=matched(seq),
         prompt_token_ids=prompt if req.return_prompt_token_ids or req.return_token_ids else None,
         token_ids=list(seq.output) if req.return_token_ids or req.return_prompt_token_ids else None,
-        meta_info=meta_info(seq, engine.scheduler.weight_version, True) if req.return_meta_info else None)
+        meta_info=meta_info(seq, engine.scheduler.weight_version) if req.return_meta_info else None)
 
 
 def openai_router(engine) -> APIRouter:
@@ -148,7 +148,7 @@ def openai_router(engine) -> APIRouter:
             finish_reason=finish_reason(s), matched_stop=matched(s),
             token_ids=list(s.output) if req.return_token_ids else None,
             prompt_token_ids=prompts[i // req.n] if req.return_token_ids else None,
-            meta_info=meta_info(s, engine.scheduler.weight_version, True) if req.return_meta_info else None)
+            meta_info=meta_info(s, engine.scheduler.weight_version) if req.return_meta_info else None)
             for i, s in enumerate(seqs)]
         return CompletionResponse(id=f"cmpl-{rid}", model=req.model, choices=choices, usage=Usage(**token_usage(seqs, prompts)))
 

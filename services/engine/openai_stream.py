@@ -92,7 +92,7 @@ def _extras(engine, req, seq: Generation, prompt: list[int]) -> dict:
     if getattr(req, "return_token_ids", False) or getattr(req, "return_prompt_token_ids", False):
         out.update(token_ids=list(seq.output), prompt_token_ids=prompt)
     if req.return_meta_info:
-        out["meta_info"] = meta_info(seq, engine.scheduler.weight_version, True)
+        out["meta_info"] = meta_info(seq, engine.scheduler.weight_version)
     return out
 
 

@@ -4,7 +4,7 @@ message naming the field (server.py turns FastAPI's 422 into SGLang's 400)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -12,22 +12,38 @@ from services.dcs.sync.cuda_ipc import SharedBucket
 from services.engine.sampling import SamplingParams
 
 
+NonNegative = Annotated[int, Field(ge=0)]
+FromMinusOne = Annotated[int, Field(ge=-1)]
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class GenerateRequest(_Body):
+class GenerateRequest(BaseModel):
     """One input (`text` a string or `input_ids` a list of ints: the answer is one object) or a batch
-    (lists of either: a list of answers). `sampling_params` and `rid` are one for all inputs or one each."""
+    (lists of either: a list of answers). `sampling_params` and `rid` are one for all inputs or one each.
+    Unknown top-level keys are ignored, as SGLang's server ignores them (clients such as slime and AReaL send
+    keys of their own); SGLang's inputs this engine cannot serve (images, video, audio, embeddings, a LoRA
+    adapter, a custom logit processor) are refused when set."""
 
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: SamplingParams | list[SamplingParams] | None = None
     rid: str | list[str] | None = None
-    return_logprob: bool = False
-    top_logprobs_num: int = Field(0, ge=0, description="top log-probs per output token (with return_logprob)")
-    logprob_start_len: int = Field(-1, ge=-1, description="prompt log-probs from this position; -1 = none")
+    return_logprob: bool | list[bool] | None = Field(False, description="one for all inputs or one each")
+    top_logprobs_num: NonNegative | list[NonNegative] | None = Field(
+        0, description="top log-probs per output token (with return_logprob); one for all inputs or one each")
+    logprob_start_len: FromMinusOne | list[FromMinusOne] | None = Field(
+        -1, description="prompt log-probs from this position; -1 = none; one for all inputs or one each")
     stream: bool = Field(False, description="server-sent events, each with the new output ids")
+    image_data: None = Field(None, description="SGLang's: only null (the engine serves text models)")
+    video_data: None = None
+    audio_data: None = None
+    input_embeds: None = None
+    lora_path: None = Field(None, description="SGLang's: only null (no LoRA adapters)")
+    custom_logit_processor: None = None
 
     def is_single(self) -> bool:
         if self.text is not None:
@@ -76,6 +92,13 @@ class InitGroupRequest(_Body):
 
 class DestroyGroupRequest(_Body):
     group_name: str = "weight_update_group"
+
+
+class UpdateWeightVersionRequest(_Body):
+    """SGLang's /update_weight_version: the version the engine reports from now on."""
+
+    new_version: str = Field(min_length=1, max_length=128)
+    abort_all_requests: bool = False
 
 
 class FlatBucket(_Body):

@@ -22,6 +22,7 @@ class Generation:
     generator: torch.Generator | None = None
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    wants_logprobs: bool = False           # return_logprob: its answer carries output (and top) log-probs
     top_logprobs_num: int = 0
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     logprob_start_len: int = -1            # >= 0: report prompt log-probs from this position

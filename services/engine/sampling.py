@@ -30,6 +30,23 @@ class SamplingParams(BaseModel):
     n: int = Field(1, ge=1, le=1024)
     sampling_seed: int | None = Field(None, ge=0, le=(1 << 63) - 1, description="a torch.Generator seed (the "
                                       "n samples take seed, seed + 1, ...)")
+    # SGLang's other keys. Penalties and constrained decoding are not served: only their neutral values pass.
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="SGLang's: only 0 (not served)")
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="SGLang's: only 0 (not served)")
+    repetition_penalty: float = Field(1.0, ge=1.0, le=1.0, description="SGLang's: only 1 (not served)")
+    regex: None = None
+    json_schema: None = None
+    ebnf: None = None
+    structural_tag: None = None
+    stop_regex: None = None
+    logit_bias: None = None
+    custom_params: None = None
+    # text formatting and streaming cadence: accepted, with no effect on the tokens (the text is decoded without
+    # special tokens and a matched stop string is trimmed; trainers read output_ids, which these never change)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    stream_interval: int | None = Field(None, ge=1)
 
     @field_validator("top_k")
     @classmethod

@@ -126,10 +126,12 @@ class SGLangClient:
     # ------------------------------------------------------------ liveness and versions
 
     def health(self) -> bool:
-        """Alive (a paused SGLang answers 503 on /health after 20 s: still alive, so only connection
-        failures count as dead)."""
+        """Alive: the server answers at all within 5 s. Asked of /get_model_info, which SGLang answers at once
+        even while paused: its /health holds a paused server's answer for its 20 s probe and then says 503, so
+        a short /health wait took a paused SGLang for a dead one (and left it out of the weight syncs)."""
         try:
-            return self._http.get("/health", timeout=5).status_code in (200, 503)
+            self._http.get("/get_model_info", timeout=5)
+            return True
         except httpx.HTTPError:
             return False
 
@@ -297,6 +299,13 @@ class SGLangClient:
     def end_weight_update(self) -> None:
         if self._needs_begin_end:
             self._check("/end_weight_update", self._post("/end_weight_update", {}))
+
+    def ensure_weight_version(self, version: str) -> None:
+        """After an update that should have set `version`: set it where the server says another (SGLang 0.5.6
+        records no weight_version for an update made while paused; /update_weight_version sets it)."""
+        if self.weight_version() != version:
+            self._check("/update_weight_version", self._post("/update_weight_version", {
+                "new_version": version, "abort_all_requests": False}))
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], group_name: str, weight_version: str | None,

@@ -12,6 +12,7 @@ what happened: pause/continue calls, the weights' digest and the weight version.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import threading
 import time
@@ -26,6 +27,7 @@ from services.dcs.models import Heartbeat, NodeRegistration
 from tests.dcs.sync_worker import digest, weights
 
 torch.set_num_threads(1)
+PAUSED_HEALTH_S = 20.0
 
 
 def custom_process_group(backend: str, master_address: str, master_port: int, rank_offset: int, world_size: int,
@@ -60,6 +62,9 @@ def build(release: str, fail_version: str | None) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        if state["paused"]:  # SGLang's probe generation waits out its 20 s timeout while paused, then says 503
+            await asyncio.sleep(PAUSED_HEALTH_S)
+            return JSONResponse({}, status_code=503)
         return JSONResponse({}, status_code=200 if state["serving"] else 503)
 
     @app.post("/pause_generation")
@@ -103,6 +108,8 @@ def build(release: str, fail_version: str | None) -> FastAPI:
     if release == "0.5.23":
         @app.post("/begin_weight_update")
         async def begin():
+            if state["updating"]:  # 0.5.23 refuses a second begin without an end
+                return bad("a weight update is already in progress; send /end_weight_update first")
             state["updating"] = True
             return ok()
 
@@ -131,9 +138,16 @@ def build(release: str, fail_version: str | None) -> FastAPI:
         state["weights"].update(received)
         state["updates"] += 1
         state["serving"] = True
-        if body.get("weight_version") is not None:
+        # 0.5.6 records no weight_version for an update made while paused (0.5.23 does)
+        if body.get("weight_version") is not None and not (release == "0.5.6" and state["paused"]):
             state["version"] = body["weight_version"]
         return ok("updated")
+
+    if release != "0.5.5":
+        @app.post("/update_weight_version")
+        async def update_weight_version(body: dict):
+            state["version"] = body["new_version"]
+            return ok()
 
     if release in ("0.5.5", "0.5.6"):
         @app.get("/get_weight_version")
@@ -147,6 +161,7 @@ def build(release: str, fail_version: str | None) -> FastAPI:
                 return JSONResponse({"detail": "Not Found"}, status_code=404)
             return {"weight_version": state["version"]}
 
+    @app.get("/get_model_info")
     @app.get("/model_info")
     async def model_info():
         info = {"model_path": "stand-in", "is_generation": True}

@@ -69,9 +69,11 @@ def test_engines_of_every_release_get_the_weights_and_version(tmp_path, dtype):
                 proc.stop()
 
 
-def test_failed_engine_update_fails_the_sync_and_generation_still_continues(tmp_path):
+@pytest.mark.parametrize("release", ["0.5.6", "0.5.23"])
+def test_failed_engine_update_fails_the_sync_and_generation_still_continues(tmp_path, release):
+    """...and the next sync works: with 0.5.23, only because the failed one still sent /end_weight_update."""
     with LocalDCS(log_dir=str(tmp_path)) as local:
-        proc, url = _engine(tmp_path, local.url, "f", "0.5.6", "--fail-version", "2")
+        proc, url = _engine(tmp_path, local.url, "f", release, "--fail-version", "2")
         try:
             with DCSClient(local.url) as dcs:
                 _wait_engines(dcs, "f", 1)
@@ -94,3 +96,19 @@ def test_failed_engine_update_fails_the_sync_and_generation_still_continues(tmp_
                 assert len({r.group for r in dcs.sync_reports("f", 10)}) == 2
         finally:
             proc.stop()
+
+
+def test_a_paused_sglang_server_counts_as_alive(tmp_path):
+    """SGLang holds /health for its 20 s probe while paused and then answers 503: the publisher's liveness check
+    (after a failed sync) must not take such a server for a hung one."""
+    with LocalDCS(log_dir=str(tmp_path)) as local:
+        proc, url = _engine(tmp_path, local.url, "r", "0.5.6")
+        try:
+            client = SGLangClient(url)
+            client.pause("abort")
+            began = time.monotonic()
+            assert client.health() and time.monotonic() - began < 5
+            client.close()
+        finally:
+            proc.stop()
+        assert not SGLangClient(url).health()  # gone: no answer

@@ -65,12 +65,8 @@ def test_a_stopped_engine_is_left_out_generation_goes_on_and_it_rejoins_after_si
         # back: it answers, rejoins with a whole version and keeps up from then on
         _until(lambda: _version(engine1) >= lr.progress().version, 90, "engine-1 back at the latest version")
         lr.wait_for_step(run.num_steps, 300)
-        # exactly once, versions only go up. Staleness is counted in version numbers, and a sync that failed after
-        # the coordinator recorded its number leaves that number unused (never reused: a receiver may hold it),
-        # so the samples in flight across it count one more: the bound holds up to the numbers skipped.
-        steps = assert_run_complete(lr, run, staleness_bounded=False)
-        with lr.dcs_client() as dcs:
-            skipped = len([r for r in dcs.sync_reports(run.name, limit=200) if not r.ok])
-        worst = max(int(s) for rec in steps.values() for s in rec["metrics"]["staleness"])
-        assert worst <= run.max_staleness + skipped, (worst, skipped)
+        # exactly once, versions only go up, and staleness within max_staleness: a sync that failed after the
+        # coordinator recorded its number leaves that number unused (never reused: a receiver may hold it), and
+        # the trainer counts weight updates, not numbers, so the skipped number does not make samples staler
+        assert_run_complete(lr, run)
         assert lr.processes()["engine-1"].proc.pid == frozen.pid  # the same process, not a restart

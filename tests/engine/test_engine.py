@@ -86,7 +86,8 @@ def test_stop_conditions_and_streaming(engine):
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
-    assert sum((c["output_ids"] for c in chunks), []) == out["output_ids"][:5]  # only new ids per event
+    assert chunks[-1]["output_ids"] == out["output_ids"][:5]  # the ids so far in each event, as SGLang's
+    assert all(a["output_ids"] == b["output_ids"][:len(a["output_ids"])] for a, b in zip(chunks, chunks[1:]))
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
 
 
@@ -133,8 +134,7 @@ class _Streaming:
 
     def result(self) -> tuple[list[int], dict]:
         self.thread.join(120)
-        ids = sum((c["output_ids"] for c in self.chunks), [])
-        return ids, self.chunks[-1]["meta_info"]
+        return self.chunks[-1]["output_ids"], self.chunks[-1]["meta_info"]  # each event: the ids so far
 
 
 # long enough that a pause or abort sent after the first streamed tokens lands mid-request on a fast engine
@@ -287,3 +287,56 @@ def test_client_errors_name_the_endpoint_and_tell_unreachable_from_refused(engin
             await dead.aclose()
 
     asyncio.run(calls())
+
+
+# Request bodies as slime's and AReaL's rollouts build them for SGLang's /generate (field for field; values made
+# up): the engine serves them as SGLang does, ignoring the keys it does not know and honouring the ones it does.
+SLIME_BODY = {"input_ids": [5, 6, 7], "return_logprob": True,
+              "sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 6,
+                                  "stop": None, "stop_token_ids": None, "skip_special_tokens": False,
+                                  "no_stop_trim": True, "spaces_between_special_tokens": False}}
+AREAL_BODY = {"input_ids": [5, 6, 7], "image_data": None, "return_logprob": True, "stream": False,
+              "sampling_params": {"top_p": 1.0, "top_k": 100000000, "max_new_tokens": 6, "temperature": 0.0,
+                                  "stop_token_ids": [2], "frequency_penalty": 0.0, "ignore_eos": True},
+              "lora_path": None, "some_future_key": {"ignored": True}}
+
+
+@pytest.mark.parametrize("body", [SLIME_BODY, AREAL_BODY], ids=["slime", "areal"])
+def test_request_bodies_of_sglang_clients_are_served(engine, body):
+    out = _gen(engine, **body)
+    assert len(out["output_ids"]) == len(out["meta_info"]["output_token_logprobs"]) <= 6
+
+
+@pytest.mark.parametrize("body,names", [
+    ({"input_ids": [1], "sampling_params": {"frequency_penalty": 0.5}}, "frequency_penalty"),
+    ({"input_ids": [1], "sampling_params": {"regex": "a+"}}, "regex"),
+    ({"input_ids": [1], "image_data": "http://x/y.png"}, "image_data"),
+    ({"input_ids": [1], "lora_path": "adapter"}, "lora_path"),
+    ({"input_ids": [[1], [2]], "return_logprob": [True]}, "one return_logprob per input"),
+])
+def test_what_sglang_serves_and_this_engine_does_not_is_refused_by_name(engine, body, names):
+    r = httpx.post(engine + "/generate", json=body, timeout=30)
+    assert r.status_code == 400 and names in r.json()["error"]["message"], r.text
+
+
+def test_log_probs_may_be_asked_for_per_input(engine):
+    out = _gen(engine, input_ids=[[1, 2], [3, 4, 5]], return_logprob=[False, True], top_logprobs_num=[0, 2],
+               sampling_params={"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+    assert "output_token_logprobs" not in out[0]["meta_info"] or out[0]["meta_info"]["output_token_logprobs"] is None
+    assert len(out[1]["meta_info"]["output_token_logprobs"]) == 3
+    assert all(len(top) == 2 for top in out[1]["meta_info"]["output_top_logprobs"])
+
+
+def test_sglangs_other_routes_health_generate_and_update_weight_version(engine):
+    assert httpx.get(engine + "/health_generate", timeout=60).status_code == 200  # one token through the scheduler
+    before = httpx.get(engine + "/weight_version").json()["weight_version"]
+    running = _Streaming(engine, input_ids=[4, 5, 6], sampling_params=LONG)
+    assert running.started.wait(30)
+    r = httpx.post(engine + "/update_weight_version", json={"new_version": "v-set", "abort_all_requests": True})
+    assert r.status_code == 200 and r.json()["success"]
+    ids, meta = running.result()
+    assert meta["finish_reason"]["type"] == "abort" and 0 < len(ids) < LONG["max_new_tokens"]
+    assert httpx.get(engine + "/weight_version").json()["weight_version"] == "v-set"
+    info = httpx.get(engine + "/server_info").json()
+    assert info["dtype"] == "float32" and info["tp_size"] == 1 and info["weight_version"] == "v-set"
+    assert httpx.post(engine + "/update_weight_version", json={"new_version": before}).status_code == 200

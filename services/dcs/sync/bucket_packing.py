@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from services.dcs.sync.layout import pack
+from services.dcs.sync.layout import WeightStream, pack
 
 
 class BucketPacking:
@@ -55,3 +55,13 @@ class BucketPacking:
             pending.exception()
             raise
         return {"pack": pack_s, "broadcast": send_s}
+
+
+def bucket_tensors(entries, buckets: int, named: list, stream: WeightStream | None):
+    """bucket k -> its tensors by name: taken from the stream as the bucket is packed (so only about two
+    buckets' worth exist at once), or looked up among all of `named`."""
+    if stream is None:
+        everything = dict(named)
+        return lambda k: everything
+    counts = [sum(e.bucket == k for e in entries) for k in range(buckets)]
+    return lambda k: dict(stream.take(counts[k]))

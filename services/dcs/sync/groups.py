@@ -8,6 +8,7 @@ trainer (slime, AReaL, verl), the built-in engine and Sluice's own receivers can
 from __future__ import annotations
 
 import datetime
+import socket
 import threading
 from dataclasses import dataclass
 
@@ -99,3 +100,9 @@ class BroadcastGroup:
             pass
         self.pg = None
         self.store = None
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -20,7 +20,6 @@ members that died) and is reported to DCS. The result carries per-phase seconds 
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,9 +30,9 @@ import torch
 
 from services.dcs.client import DCSClient
 from services.dcs.models import SyncGroupRequest, SyncReport, WeightMetadata
-from services.dcs.sync.groups import BroadcastGroup
+from services.dcs.sync.groups import BroadcastGroup, free_port
 from services.dcs.sync.backend_choice import ReceiverPlace, choose_backend, gpu_uuid
-from services.dcs.sync.bucket_packing import BucketPacking
+from services.dcs.sync.bucket_packing import BucketPacking, bucket_tensors
 from services.dcs.sync.cuda_ipc import share
 from services.dcs.sync.layout import TORCH_DTYPES, WeightStream, plan_buckets
 from services.dcs.sync.precision import FLOATING, wire_dtype
@@ -69,22 +68,6 @@ class SyncFailed(RuntimeError):
     def __init__(self, result: SyncResult):
         super().__init__(f"weight sync of version {result.version} failed: {result.error}")
         self.result = result
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _bucket_tensors(entries, buckets: int, named: list, stream: WeightStream | None):
-    """bucket k -> its tensors by name: taken from the stream as the bucket is packed (so only about two
-    buckets' worth exist at once), or looked up among all of `named`."""
-    if stream is None:
-        everything = dict(named)
-        return lambda k: everything
-    counts = [sum(e.bucket == k for e in entries) for k in range(buckets)]
-    return lambda k: dict(stream.take(counts[k]))
 
 
 class WeightPublisher:
@@ -196,7 +179,7 @@ class WeightPublisher:
                     self._open_group(group_spec)
                     result.seconds["open_group"] = time.perf_counter() - t0 - result.seconds["metadata"]
                 self._failed = False
-                self._transfer(entries, sizes, _bucket_tensors(entries, len(sizes), named, stream), result,
+                self._transfer(entries, sizes, bucket_tensors(entries, len(sizes), named, stream), result,
                                transfer, str(version))
             finally:
                 for engine in paused:  # always resume generation, whatever happened
@@ -259,7 +242,7 @@ class WeightPublisher:
 
     def _group_request(self, receiver_roles: list[str]) -> SyncGroupRequest:
         return SyncGroupRequest(source_node=self.node_id, master_address=self.master_address,
-                                master_port=_free_port(self.master_address),  # used only if DCS makes a new group
+                                master_port=free_port(self.master_address),  # used only if DCS makes a new group
                                 receiver_roles=list(receiver_roles), backend=self._group_backend,
                                 new_group=self._failed,
                                 exclude_nodes=self.unresponsive.excluded())
@@ -292,19 +275,34 @@ class WeightPublisher:
     def _transfer(self, entries, sizes, tensors, result: SyncResult, transfer: str, version: str) -> None:
         """The buckets to every receiver, bracketed by /begin ... /end_weight_update for engines that need it:
         a live-update engine loads a single bucket when its call ends (two HTTP round trips fewer); SGLang
-        0.5.23, and any engine receiving several buckets, get the bracket."""
+        0.5.23, and any engine receiving several buckets, get the bracket, and every begin gets its end, also
+        when the transfer fails (0.5.23 refuses a second begin). An engine that says another version than the
+        one it loaded (SGLang 0.5.6 records none for an update made while paused) is told the version."""
         began = time.perf_counter()
         bracket = len(sizes) > 1
-        self._each_engine(lambda m, e: (bracket or not e.live_weight_update()) and e.begin_weight_update())
-        # measured, not derived: packing overlaps the broadcast, so wall - pack - broadcast can be negative
-        result.seconds["engines"] = time.perf_counter() - began
-        device = self.device if transfer == "cuda_ipc" or self._group_backend == "nccl" else "cpu"
-        result.seconds.update(self._packing.send_all(
-            entries, sizes, tensors, device, lambda k, bucket, flat: self._send_bucket(bucket, flat, sizes[k],
-                                                                                       transfer, version)))
+        brackets = lambda e: bracket or not e.live_weight_update()  # noqa: E731
+        try:
+            self._each_engine(lambda m, e: brackets(e) and e.begin_weight_update())
+            # measured, not derived: packing overlaps the broadcast, so wall - pack - broadcast can be negative
+            result.seconds["engines"] = time.perf_counter() - began
+            device = self.device if transfer == "cuda_ipc" or self._group_backend == "nccl" else "cpu"
+            result.seconds.update(self._packing.send_all(
+                entries, sizes, tensors, device, lambda k, bucket, flat: self._send_bucket(bucket, flat, sizes[k],
+                                                                                           transfer, version)))
+        except BaseException:
+            self._each_engine_quietly(lambda e: brackets(e) and e.end_weight_update())
+            raise
         loading = time.perf_counter()
-        self._each_engine(lambda m, e: (bracket or not e.live_weight_update()) and e.end_weight_update())
+        self._each_engine(lambda m, e: brackets(e) and e.end_weight_update())
+        self._each_engine(lambda m, e: not e.live_weight_update() and e.ensure_weight_version(version))
         result.seconds["engine_load"] = time.perf_counter() - loading
+
+    def _each_engine_quietly(self, call) -> None:
+        """call(client) for every engine, on a failed sync's way out: errors are logged, not raised."""
+        try:
+            self._each_engine(lambda m, e: call(e))
+        except Exception as exc:
+            log.warning("an engine did not take the end of a failed update", extra={"error": repr(exc)})
 
     def resume_engines(self) -> int:
         """Send /continue_generation to every live engine: a publisher that died between pausing the
