@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from services.dcs.sync.groups import BroadcastGroup
-from services.dcs.sync.layout import TORCH_DTYPES, bucket_entries, unpack
+from services.dcs.sync.layout import TORCH_DTYPES, bucket_entries, packed_entries, unpack
 from services.dcs.sync.precision import check_fits, load_into, model_tensors
 from services.dcs.sync.cuda_ipc import open_shared
 from services.engine.protocol import UpdateWeightsFromTensorRequest, UpdateWeightsRequest
@@ -66,8 +66,11 @@ class WeightUpdates:
         group = self.groups.get(body.group_name)
         if group is None:
             raise ValueError(f"no weight update group {body.group_name!r}; call /init_weights_update_group")
-        self._stage(lambda: self._receive_flat(group, body) if body.flat_bucket else self._receive_each(group, body),
-                    body.weight_version)
+        if body.load_format not in (None, "flattened_bucket"):
+            raise ValueError(f"load_format {body.load_format!r}: only SGLang's default and flattened_bucket")
+        receive = (self._receive_flat if body.flat_bucket else
+                   self._receive_packed if body.load_format == "flattened_bucket" else self._receive_each)
+        self._stage(lambda: receive(group, body), body.weight_version)
 
     def receive_shared(self, body: UpdateWeightsFromTensorRequest) -> None:
         """Any thread but the engine's: a bucket on this engine's GPU that the trainer shared by CUDA IPC handle
@@ -112,6 +115,14 @@ class WeightUpdates:
             group.broadcast(tensor, 0)
             received[name] = tensor
         return received
+
+    def _receive_packed(self, group: BroadcastGroup, body: UpdateWeightsRequest) -> dict[str, torch.Tensor]:
+        """SGLang's `load_format: "flattened_bucket"`: the call's tensors back to back in one uint8 broadcast
+        (layout.packed_entries), viewed out without a copy."""
+        entries, size = packed_entries(body.names, body.dtypes, body.shapes)
+        flat = torch.empty(size, dtype=torch.uint8, device=self.device)
+        group.broadcast(flat, 0)
+        return unpack(0, entries, flat)
 
     def _receive_flat(self, group: BroadcastGroup, body: UpdateWeightsRequest) -> dict[str, torch.Tensor]:
         """Sluice's extension (`flat_bucket: {offsets, nbytes}`): the bucket's tensors in one uint8 broadcast

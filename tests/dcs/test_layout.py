@@ -35,3 +35,13 @@ def test_a_packed_bucket_unpacks_through_its_described_layout():
 def test_a_bad_layout_is_refused_naming_what_is_wrong(names, dtypes, shapes, offsets, size, error):
     with pytest.raises(ValueError, match=error):
         bucket_entries(names, dtypes, shapes, offsets, size)
+
+
+def test_sglangs_flattened_bucket_packs_back_to_back_and_refuses_a_misaligned_tensor():
+    from services.dcs.sync.layout import packed_entries
+    entries, size = packed_entries(["a", "b", "c"], ["bfloat16", "bfloat16", "float32"], [[3], [1], [2]])
+    assert [e.offset for e in entries] == [0, 6, 8] and size == 16
+    with pytest.raises(ValueError, match="c: byte offset 6 is not aligned"):
+        packed_entries(["a", "c"], ["bfloat16", "float32"], [[3], [2]])
+    with pytest.raises(ValueError, match="unknown dtype"):
+        packed_entries(["a"], ["complex64"], [[2]])

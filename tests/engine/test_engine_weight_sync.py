@@ -174,6 +174,7 @@ def test_an_sglang_style_trainer_joins_the_engines_group_and_its_broadcasts_land
     proc, url = start_engine(tiny_model_dir, tmp_path, "--weight-sync-timeout-s", "20")
     port = free_port()
     try:
+        before = _greedy(url, prompt)
         with ThreadPoolExecutor(1) as pool:
             joined = pool.submit(httpx.post, url + "/init_weights_update_group", json={
                 "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
@@ -188,7 +189,19 @@ def test_an_sglang_style_trainer_joins_the_engines_group_and_its_broadcasts_land
             for _, tensor in named:
                 torch.distributed.broadcast(tensor.detach().contiguous(), src=0, group=group)
             assert update.result().status_code == 200, update.result().text
-        assert _greedy(url, prompt) == expected and SGLangClient(url).weight_version() == "7"
+            assert _greedy(url, prompt) == expected and SGLangClient(url).weight_version() == "7"
+            # SGLang's flattened_bucket: the tensors back to back in one uint8 broadcast (as its
+            # FlattenedTensorBucket lays them out), here the starting weights again
+            start = load_causal_lm(tiny_model_dir)[0]
+            named = [(n, t.detach()) for n, t in start.named_parameters()]
+            update = pool.submit(httpx.post, url + "/update_weights_from_distributed", json={
+                "names": [n for n, _ in named], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
+                "shapes": [list(t.shape) for _, t in named], "group_name": "slime-group",
+                "load_format": "flattened_bucket", "weight_version": "8"}, timeout=60)
+            flat = torch.cat([t.contiguous().flatten().view(torch.uint8) for _, t in named])
+            torch.distributed.broadcast(flat, src=0, group=group)
+            assert update.result().status_code == 200, update.result().text
+        assert _greedy(url, prompt) == before and SGLangClient(url).weight_version() == "8"
         torch.distributed.destroy_process_group(group)
     finally:
         proc.stop()

@@ -107,3 +107,28 @@ def bucket_entries(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence
     if size != used:  # no slack: the buffer a peer makes us allocate is exactly what it names
         raise ValueError(f"bucket size {size} differs from the {used} bytes its tensors end at")
     return entries
+
+
+def packed_entries(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]) -> tuple[
+        list[WeightTensor], int]:
+    """SGLang's `flattened_bucket` layout (its FlattenedTensorBucket): the tensors back to back in one uint8
+    bucket, each at an offset that is a multiple of its dtype's size. The entries and the bucket's size;
+    ValueError naming the first bad entry."""
+    if not len(names) == len(dtypes) == len(shapes):
+        raise ValueError("names, dtypes and shapes differ in length")
+    entries, offset = [], 0
+    for name, dtype, shape in zip(names, dtypes, shapes):
+        if dtype not in TORCH_DTYPES:
+            raise ValueError(f"{name}: unknown dtype {dtype!r}")
+        if not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError(f"{name}: bad shape {shape!r}")
+        itemsize = TORCH_DTYPES[dtype].itemsize
+        if offset % itemsize:
+            raise ValueError(f"{name}: byte offset {offset} is not aligned to its {dtype}")
+        nbytes = itemsize
+        for d in shape:
+            nbytes *= d
+        entries.append(WeightTensor(name=name, dtype=dtype, shape=list(shape), bucket=0, offset=offset,
+                                    nbytes=nbytes))
+        offset += nbytes
+    return entries, offset
