@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.precision import WeightMismatch
 from services.engine.protocol import (ControlResult, DestroyGroupRequest, InitGroupRequest, ModelInfo, PauseRequest,
-                                      ServerInfo, UpdateWeightVersionRequest, UpdateWeightsFromTensorRequest,
+                                      ServerInfo, UpdateWeightVersionRequest, UpdateWeightsFromDiskRequest,
+                                      UpdateWeightsFromTensorRequest,
                                       UpdateWeightsRequest,
                                       WeightVersion)
 from services.engine.request import Generation, new_rid
@@ -102,6 +103,25 @@ def _group_routes(engine) -> APIRouter:
     return router
 
 
+async def take_update(engine, receive, req) -> JSONResponse:
+    """Every weight update's course: refuse a cache flush while in_place-paused requests hold KV; end every
+    request first when `abort_all_requests` (SGLang's) asks; receive off the engine thread (decoding goes on
+    during the transfer); load between two steps unless begin/end or a pause holds the version back
+    (weight_updates.py)."""
+    sched = engine.scheduler
+    if req.flush_cache and sched.frozen:
+        return result("flush_cache is not allowed while in_place-paused requests hold KV; "
+                      "send flush_cache: false", ok=False)
+    if req.abort_all_requests:
+        await engine.run_control(lambda: sched.abort(None))
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, receive, req)
+        message = await engine.run_control(engine.weights.load_unless_held)
+    except Exception as exc:
+        return update_failed(exc)
+    return result(message)
+
+
 def _update_routes(engine) -> APIRouter:
     router = APIRouter(tags=["weight updates"])
     sched = engine.scheduler
@@ -119,20 +139,20 @@ def _update_routes(engine) -> APIRouter:
 
     @router.post("/update_weights_from_distributed", response_model=ControlResult)
     async def update(req: UpdateWeightsRequest):
-        """Receive the named tensors from the group's rank 0 (decoding goes on meanwhile), then load them
-        between two steps unless begin/end or a pause holds them back (weight_updates.py). With
-        `abort_all_requests` (SGLang's) every request ends first, with its partial output."""
-        if req.flush_cache and sched.frozen:
-            return result("flush_cache is not allowed while in_place-paused requests hold KV; "
-                          "send flush_cache: false", ok=False)
-        if req.abort_all_requests:
-            await engine.run_control(lambda: sched.abort(None))
-        try:  # received off the engine thread: decoding goes on during the transfer
-            await asyncio.get_running_loop().run_in_executor(None, engine.weights.receive, req)
-            message = await engine.run_control(engine.weights.load_unless_held)
-        except Exception as exc:
-            return update_failed(exc)
-        return result(message)
+        """Receive the named tensors from the group's rank 0: one broadcast each, or the bucket in one
+        (`flat_bucket`, Sluice's; `load_format: "flattened_bucket"`, SGLang's)."""
+        return await take_update(engine, engine.weights.receive, req)
+
+    @router.post("/update_weights_from_disk", response_model=ControlResult)
+    async def update_from_disk(req: UpdateWeightsFromDiskRequest):
+        """SGLang's (AReaL's disk mode): the weights of a model directory on this machine (safetensors only)."""
+        return await take_update(engine, engine.weights.read_files, req)
+
+    @router.post("/update_weights_from_tensor", response_model=ControlResult)
+    async def update_from_tensor(req: UpdateWeightsFromTensorRequest):
+        """A bucket on this engine's GPU, shared by the trainer through a CUDA IPC handle (load_format
+        sluice_cuda_ipc; SGLang's pickled form is refused), copied out before the call answers."""
+        return await take_update(engine, engine.weights.receive_shared, req)
 
     @router.post("/update_weight_version", response_model=ControlResult)
     async def update_weight_version(req: UpdateWeightVersionRequest):
@@ -145,21 +165,6 @@ def _update_routes(engine) -> APIRouter:
             engine.weights.on_version()
         await engine.run_control(set_version)
         return result(f"weight version {req.new_version}")
-
-    @router.post("/update_weights_from_tensor", response_model=ControlResult)
-    async def update_from_tensor(req: UpdateWeightsFromTensorRequest):
-        """A bucket on this engine's GPU, shared by the trainer through a CUDA IPC handle (load_format
-        sluice_cuda_ipc; SGLang's pickled form is refused): copied out, then loaded as
-        /update_weights_from_distributed loads."""
-        if req.flush_cache and sched.frozen:
-            return result("flush_cache is not allowed while in_place-paused requests hold KV; "
-                          "send flush_cache: false", ok=False)
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, engine.weights.receive_shared, req)
-            message = await engine.run_control(engine.weights.load_unless_held)
-        except Exception as exc:
-            return update_failed(exc)
-        return result(message)
 
     return router
 

@@ -94,6 +94,17 @@ class DestroyGroupRequest(_Body):
     group_name: str = "weight_update_group"
 
 
+class UpdateWeightsFromDiskRequest(_Body):
+    """SGLang's /update_weights_from_disk (AReaL's disk mode): the weights of a model directory on this
+    engine's machine, safetensors only."""
+
+    model_path: str = Field(min_length=1, max_length=4096)
+    load_format: Literal["auto", "safetensors"] | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = Field(None, max_length=128)
+    flush_cache: bool = True
+
+
 class UpdateWeightVersionRequest(_Body):
     """SGLang's /update_weight_version: the version the engine reports from now on."""
 

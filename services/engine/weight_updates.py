@@ -33,7 +33,8 @@ from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, bucket_entries, packed_entries, unpack
 from services.dcs.sync.precision import check_fits, load_into, model_tensors
 from services.dcs.sync.cuda_ipc import open_shared
-from services.engine.protocol import UpdateWeightsFromTensorRequest, UpdateWeightsRequest
+from services.engine.protocol import UpdateWeightsFromDiskRequest, UpdateWeightsFromTensorRequest, UpdateWeightsRequest
+from services.model.weight_files import read_weight_files
 from services.runtime.spans import RECORDER
 
 
@@ -86,6 +87,11 @@ class WeightUpdates:
         entries = bucket_entries(bucket.names, bucket.dtypes, bucket.shapes, bucket.offsets, bucket.shared.numel)
         self._stage(lambda: unpack(0, entries, open_shared(bucket.shared, torch.device(self.device))),
                     body.weight_version)
+
+    def read_files(self, body: UpdateWeightsFromDiskRequest) -> None:
+        """Any thread but the engine's: the weights of a model directory (SGLang's /update_weights_from_disk),
+        read and checked, staged for the next load."""
+        self._stage(lambda: read_weight_files(body.model_path), body.weight_version)
 
     def _stage(self, fetch: Callable[[], dict[str, torch.Tensor]], version: str | None) -> None:
         """Fetch a bucket's tensors and stage them for the next load; a failure drops everything staged for

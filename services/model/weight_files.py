@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -63,3 +63,24 @@ def write_weight_files(stream, directory: str, file_bytes: int = FILE_BYTES) -> 
         return total
     finally:
         stream.close()
+
+
+def read_weight_files(directory: str) -> dict:
+    """Every tensor of a model directory's safetensors files (one file, or the files its index names), on the
+    CPU. Only safetensors: a pickled `pytorch_model.bin` is refused (ValueError), never loaded."""
+    if not os.path.isdir(directory):
+        raise ValueError(f"{directory} is not a directory")
+    index = os.path.join(directory, INDEX_FILE)
+    if os.path.isfile(index):
+        with open(index) as f:
+            names = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))
+    if not names:
+        raise ValueError(f"{directory} holds no .safetensors weights (pickled .bin files are not read)")
+    tensors: dict = {}
+    for name in names:
+        if os.path.basename(name) != name:
+            raise ValueError(f"{index} names {name!r}, which is not a file of the directory")
+        tensors.update(load_file(os.path.join(directory, name)))
+    return tensors

@@ -205,3 +205,27 @@ def test_an_sglang_style_trainer_joins_the_engines_group_and_its_broadcasts_land
         torch.distributed.destroy_process_group(group)
     finally:
         proc.stop()
+
+
+def test_weights_from_disk_as_areal_sends_them_and_pickles_are_never_read(tiny_model_dir, tmp_path):
+    other_dir = init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99)
+    other = load_causal_lm(other_dir)[0]
+    prompt = [11, 22, 33]
+    expected = other.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)[0, 3:].tolist()
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    torch.save(other.state_dict(), pickled / "pytorch_model.bin")
+    proc, url = start_engine(tiny_model_dir, tmp_path)
+    try:
+        before = _greedy(url, prompt)
+        r = httpx.post(url + "/update_weights_from_disk", json={"model_path": str(pickled)}, timeout=60)
+        assert r.status_code == 400 and "no .safetensors" in r.json()["message"]
+        assert _greedy(url, prompt) == before
+        r = httpx.post(url + "/update_weights_from_disk", json={
+            "model_path": other_dir, "load_format": "auto", "abort_all_requests": False, "weight_version": "d1"},
+            timeout=60)
+        assert r.status_code == 200, r.text
+        assert _greedy(url, prompt) == expected and SGLangClient(url).weight_version() == "d1"
+    finally:
+        proc.stop()
