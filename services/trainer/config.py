@@ -51,6 +51,10 @@ class TrainerConfig(RoleSettings):
         "forward and backward under bfloat16 autocast; with fsdp: FSDP2's bfloat16 mixed precision) or bf16 "
         "(the weights, gradients and AdamW state themselves in bfloat16: the memory-saving choice); log-probs and "
         "the loss are float32 in every case; megatron: fp32 only"))
+    auto_micro_batch: bool = Field(False, description=(
+        "on a GPU, size each step's micro-batches from the memory the device has left (each step measures what a "
+        "token costs; an engine on the same GPU keeps its share); off, or on a CPU: the run's micro_batch_size; "
+        "torch backend only (fsdp and megatron ranks must run the same number of micro-batches)"))
     tf32: bool = Field(True, description="on a CUDA device, float32 matmuls and convolutions in TF32 "
                                          "(--no-tf32: full float32); no effect on CPU")
     fsdp_cpu_offload: bool = Field(False, description="fsdp: keep sharded parameters and optimizer state in CPU "
@@ -72,6 +76,13 @@ class TrainerConfig(RoleSettings):
         "larger models use the live weights and the next optimizer step waits; 0 = never copy"))
     lease_s: float = Field(300.0, gt=0, description="claim lease: rows return to the queue if this node dies")
     clear_wait_s: float = Field(600.0, gt=0, description="how long to wait for every task to consume a step")
+
+    @model_validator(mode="after")
+    def _micro_batches_fit_backend(self):
+        if self.auto_micro_batch and self.role == "actor" and self.backend != "torch":
+            raise ValueError(f"--auto-micro-batch needs --backend torch: {self.backend}'s ranks each run every "
+                             "micro-batch's collectives, so they must split alike; set the run's micro_batch_size")
+        return self
 
     @model_validator(mode="after")
     def _precision_fits_backend(self):

@@ -50,7 +50,7 @@ from services.run_contract.checkpoint import latest_checkpoint, save_checkpoint
 from services.trainer.config import TrainerConfig
 from services.trainer.backend import make_backend
 from services.trainer.data_parallel import DataParallel, process_group_backend
-from services.trainer.device import DeviceClock, allow_tf32
+from services.trainer.device import DeviceClock, MicroBatchSizer, allow_tf32
 from services.trainer.critic_service import CriticTrainer
 from services.trainer.optimizer import set_lr
 from services.trainer.partition_clearing import PartitionClearing
@@ -79,11 +79,9 @@ class ActorTrainer:
                  connect: Callable[..., RunConnections | None] = RunConnections.open,
                  join: Callable[..., Membership] = RunMembership,
                  publisher: Callable[..., WeightSender] = WeightPublisher):
-        self.config = config
-        self.status = status
+        self.config, self.status = config, status
         self.connect, self.join, self.make_publisher = connect, join, publisher
-        self.version = 0
-        self.weights: WeightVersions | None = None
+        self.version, self.weights = 0, None  # the weights: WeightVersions, on the leader once it runs
         self.gauges = gauges("sluice_trainer", ACTOR_GAUGES)
         self.staleness = staleness_histogram()
         self.tracking = NO_TRACKING  # rank 0's experiment tracking (services/trainer/tracking_hook.py)
@@ -106,6 +104,7 @@ class ActorTrainer:
                                     cpu_offload=c.fsdp_cpu_offload, tp=c.tp_size, pp=c.pp_size,
                                     sequence_parallel=c.sequence_parallel, precision=c.precision)
         self.optimizer = self.backend.optimizer
+        self.sizer = MicroBatchSizer(c.device, c.auto_micro_batch, self.model)
         if ckpt:
             self.backend.load_optimizer(ckpt.path)
         self.membership = None
@@ -319,7 +318,8 @@ class ActorTrainer:
             t1 = time.perf_counter()
             tokens, seqs = loss_totals(batch, run, dp, self.backend.data_size)
             with span("train", step, version):
-                m = self.backend.train(batch, run, run.micro_batch_size, c.device, totals=(tokens, seqs))
+                m = self.backend.train(batch, run, self.sizer.rows(run.micro_batch_size, batch), c.device,
+                                       totals=(tokens, seqs))
             compute_s += clock.since(t1)
             if not dp.is_leader:
                 continue
@@ -339,7 +339,7 @@ class ActorTrainer:
         metrics = {k: sum(x[k] for x in means if k in x) / len(means) for k in means[0] if k not in ("tokens",)}
         metrics.update(**sample_stats(rewards, lengths), tokens=totals.tokens, wait_s=wait_s, compute_s=compute_s,
                        tokens_per_s=totals.tokens / max(compute_s, 1e-9), version_trained=version, dp_size=dp.size,
-                       lr=lr, **clock.memory(), **staleness_metrics(step, staleness, run.max_staleness))
+                       lr=lr, **self.sizer.observe(clock), **staleness_metrics(step, staleness, run.max_staleness))
         return ids, metrics
 
     def _policy_version(self, it: int) -> int:

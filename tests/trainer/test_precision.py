@@ -214,3 +214,21 @@ def test_the_actor_trainer_trains_and_publishes_in_its_precision(fresh_trainer_m
     assert any(not torch.equal(published[n], p.to(torch.bfloat16)) for n, p in initial.named_parameters())
     metrics = trained_steps(redis, "p")[0]["metrics"]
     assert metrics["compute_s"] > 0 and "gpu_memory_peak_gb" not in metrics
+
+
+def test_micro_batches_sized_from_memory():
+    """--auto-micro-batch: the rows that fit what the GPU has left, from a step's measured cost per token; off a
+    GPU the run's micro_batch_size; refused where the ranks must split alike."""
+    import pytest as _pytest
+    from services.trainer.config import TrainerConfig
+    from services.trainer.device import DeviceClock, MicroBatchSizer, rows_that_fit
+    # 10 GiB budget, 2 GiB weights and optimizer, 1 KiB a token, rows of 4096 tokens: (8 GiB) / 4 MiB = 2048
+    assert rows_that_fit(10 * 2**30, 2 * 2**30, 1024, 4096, at_most=10_000) == 2048
+    assert rows_that_fit(10 * 2**30, 2 * 2**30, 1024, 4096, at_most=64) == 64
+    assert rows_that_fit(2 * 2**30, 3 * 2**30, 1024, 4096, at_most=64) == 1  # nothing left: one row at a time
+    sizer = MicroBatchSizer("cpu", True, torch.nn.Linear(4, 4))
+    batch = {"tokens": [list(range(7)), list(range(3))]}
+    assert sizer.rows(5, batch) == 5 and sizer.observe(DeviceClock("cpu")) == {}  # a CPU: as configured
+    with _pytest.raises(ValueError, match="--auto-micro-batch needs --backend torch"):
+        TrainerConfig(backend="fsdp", auto_micro_batch=True)
+    assert TrainerConfig(auto_micro_batch=True).auto_micro_batch
