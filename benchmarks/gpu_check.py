@@ -1,5 +1,5 @@
 """One prepared check of Sluice on one GPU: prints ONE JSON object on stdout (progress on stderr), in at most
-6 minutes on one H100. Each part runs as child processes under its own time budget (175 + 115 + 45 s by
+6 minutes on one H100. Each part runs as child processes under its own time budget (160 + 110 + 75 s by
 default; past it a part is interrupted, then killed 8 s later, and what it had reported is kept); a part that
 fails is reported as failed, with its error and log tail, and the others still run.
 
@@ -30,7 +30,7 @@ On the device machine (its image has torch, transformers, pytest, pynvml; ../sha
 makes .gpu/ here with the rest: the services' wheels and redis-server; carry [".gpu"]):
     source .gpu/env.sh && python benchmarks/gpu_check.py
 Usage: python benchmarks/gpu_check.py [--cpu-smoke] [--parts run,engine,cuda_tests] [--steps N]
-       [--budget-run 175] [--budget-engine 115] [--budget-tests 45]
+       [--budget-run 160] [--budget-engine 110] [--budget-tests 75]
 """
 
 from __future__ import annotations
@@ -222,9 +222,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"which parts to run, comma-separated (default: {','.join(PARTS)})")
     p.add_argument("--steps", type=int, default=None, help="the run's num_steps (default: the run file's; "
                    "3 with --cpu-smoke)")
-    p.add_argument("--budget-run", type=float, default=175.0, help="seconds for part (a), model writing included")
-    p.add_argument("--budget-engine", type=float, default=115.0, help="seconds for part (b)")
-    p.add_argument("--budget-tests", type=float, default=45.0, help="seconds for part (c)")
+    p.add_argument("--budget-run", type=float, default=160.0, help="seconds for part (a), model writing included")
+    p.add_argument("--budget-engine", type=float, default=110.0, help="seconds for part (b)")
+    p.add_argument("--budget-tests", type=float, default=75.0, help="seconds for part (c)")
     args = p.parse_args(argv)
     unknown = sorted(set(args.parts) - set(PARTS))
     if unknown:
