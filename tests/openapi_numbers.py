@@ -92,6 +92,8 @@ def _sample(spec: dict, schema: dict, depth: int = 0):
     if "const" in schema or "enum" in schema:
         return schema.get("const", (schema.get("enum") or [None])[0])
     kind, default = schema.get("type"), schema.get("default")
+    if kind == "null":  # a field that takes only null (a feature not served): left out
+        return None
     if kind == "object":
         body = {k: _sample(spec, v, depth + 1) for k, v in schema.get("properties", {}).items()}
         extra = schema.get("additionalProperties")

@@ -115,7 +115,14 @@ def _servable(case):
         p["max_new_tokens"] = p.get("max_new_tokens", 1) % (MAX_NEW_TOKENS + 1)
         p["n"] = 1 + (p.get("n", 1) - 1) % 2
         p["top_k"] = p["top_k"] if p.get("top_k", -1) > 0 else -1
-    body["top_logprobs_num"] = body.get("top_logprobs_num", 0) % 8
+    for key, default, bound in (("top_logprobs_num", 0, 8), ("logprob_start_len", -1, 16)):
+        value = body.get(key, default)  # one for all inputs or one each (SGLang's); None: the default
+        values = value if isinstance(value, list) else [default if value is None else value]
+        values = [v % bound if isinstance(v, int) and v >= 0 else default for v in values] or [default]
+        body[key] = values[:len(prompts)] if isinstance(value, list) and len(values) >= len(prompts) else values[0]
+    if isinstance(body.get("return_logprob"), list):
+        flags = body["return_logprob"]
+        body["return_logprob"] = flags[:len(prompts)] if len(flags) >= len(prompts) else bool(flags and flags[0])
     if isinstance(body.get("rid"), list) and len(body["rid"]) != len(prompts):
         del body["rid"]
     return case
@@ -161,6 +168,9 @@ def test_no_generated_input_causes_a_server_error_or_changes_state(fuzzed_engine
             if case.path == "/pause_generation" and response.status_code == 200:
                 # a pause legitimately holds every later request: undo it before the next case
                 http.post("/continue_generation").raise_for_status()
+            elif case.path == "/update_weight_version" and response.status_code == 200:
+                # setting the reported version is that route's job: set it back before the next case
+                http.post("/update_weight_version", json={"new_version": baseline[0]}).raise_for_status()
             elif response.status_code >= 400 and not _unchanged(http, baseline):
                 failures.append(("state changed", *where))
 

@@ -206,8 +206,10 @@ def test_busy_fractions_come_from_every_live_service_of_the_run_over_a_window(mo
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Spans)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    node = lambda role, run_id, alive=True: SimpleNamespace(role=role, rank=0, run_id=run_id, alive=alive,  # noqa: E731
-                                                           host="127.0.0.1", ports={"http": server.server_port})
+    from services.dcs.models import NodeInfo
+    node = lambda role, run_id, alive=True: NodeInfo(  # noqa: E731 - as the coordinator's topology holds them
+        node_id=f"{role}-0", role=role, rank=0, run_id=run_id, alive=alive, host="127.0.0.1",
+        ports={"http": server.server_port}, registered_at=0.0, last_heartbeat=0.0)
     dcs = SimpleNamespace(token="s3cret", topology=lambda: SimpleNamespace(roles={
         "engine": [node("engine", RUN_ID)], "rollout": [node("rollout", "another-run")],
         "trainer": [node("trainer", RUN_ID, alive=False)]}))
