@@ -26,6 +26,19 @@ def _greedy(url: str, prompt: list[int]) -> list[int]:
     return r.json()["output_ids"]
 
 
+PROMPT = [11, 22, 33]
+
+
+def _trained_elsewhere(tmp_path):
+    """Another model's directory, the model, and its greedy 8 tokens after PROMPT (what the engine must serve
+    once those weights reached it)."""
+    other_dir = init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99)
+    other = load_causal_lm(other_dir)[0]
+    expected = other.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)[0, 3:].tolist()
+    return other_dir, other, expected
+
+
 def _publisher(dcs: DCSClient, engine_url: str, bucket_bytes: int, pause_mode: str) -> WeightPublisher:
     """The engine and a trainer registered with the coordinator; the trainer's publisher."""
     port = int(engine_url.rsplit(":", 1)[1])
@@ -36,11 +49,8 @@ def _publisher(dcs: DCSClient, engine_url: str, bucket_bytes: int, pause_mode: s
 
 
 def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights(tiny_model_dir, tmp_path):
-    other_dir = init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99)
-    other = load_causal_lm(other_dir)[0]
-    prompt = [11, 22, 33]
-    expected = other.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)[0, 3:].tolist()
+    other_dir, other, expected = _trained_elsewhere(tmp_path)
+    prompt = PROMPT
     proc, url = start_engine(tiny_model_dir, tmp_path, "--weight-sync-timeout-s", "3")
     try:
         before = _greedy(url, prompt)
@@ -167,10 +177,8 @@ def test_an_sglang_style_trainer_joins_the_engines_group_and_its_broadcasts_land
 
     from services.runtime.processes import free_port
     from tests.dcs.sglang_receiver import custom_process_group
-    other = load_causal_lm(init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99))[0]
-    prompt = [11, 22, 33]
-    expected = other.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)[0, 3:].tolist()
+    _, other, expected = _trained_elsewhere(tmp_path)
+    prompt = PROMPT
     proc, url = start_engine(tiny_model_dir, tmp_path, "--weight-sync-timeout-s", "20")
     port = free_port()
     try:
@@ -208,11 +216,8 @@ def test_an_sglang_style_trainer_joins_the_engines_group_and_its_broadcasts_land
 
 
 def test_weights_from_disk_as_areal_sends_them_and_pickles_are_never_read(tiny_model_dir, tmp_path):
-    other_dir = init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99)
-    other = load_causal_lm(other_dir)[0]
-    prompt = [11, 22, 33]
-    expected = other.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)[0, 3:].tolist()
+    other_dir, other, expected = _trained_elsewhere(tmp_path)
+    prompt = PROMPT
     pickled = tmp_path / "pickled"
     pickled.mkdir()
     torch.save(other.state_dict(), pickled / "pytorch_model.bin")
