@@ -125,10 +125,7 @@ class WeightUpdates:
     def _receive_packed(self, group: BroadcastGroup, body: UpdateWeightsRequest) -> dict[str, torch.Tensor]:
         """SGLang's `load_format: "flattened_bucket"`: the call's tensors back to back in one uint8 broadcast
         (layout.packed_entries), viewed out without a copy."""
-        entries, size = packed_entries(body.names, body.dtypes, body.shapes)
-        flat = torch.empty(size, dtype=torch.uint8, device=self.device)
-        group.broadcast(flat, 0)
-        return unpack(0, entries, flat)
+        return self._receive_bucket(group, *packed_entries(body.names, body.dtypes, body.shapes))
 
     def _receive_flat(self, group: BroadcastGroup, body: UpdateWeightsRequest) -> dict[str, torch.Tensor]:
         """Sluice's extension (`flat_bucket: {offsets, nbytes}`): the bucket's tensors in one uint8 broadcast
@@ -137,7 +134,11 @@ class WeightUpdates:
         fraction of the time."""
         bucket = body.flat_bucket
         entries = bucket_entries(body.names, body.dtypes, body.shapes, bucket.offsets, bucket.nbytes)
-        flat = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self.device)
+        return self._receive_bucket(group, entries, bucket.nbytes)
+
+    def _receive_bucket(self, group: BroadcastGroup, entries, size: int) -> dict[str, torch.Tensor]:
+        """One uint8 broadcast of `size` bytes, its tensors viewed out at their entries without a copy."""
+        flat = torch.empty(size, dtype=torch.uint8, device=self.device)
         group.broadcast(flat, 0)
         return unpack(0, entries, flat)
 

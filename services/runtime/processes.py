@@ -20,9 +20,10 @@ from typing import Callable, Iterable, Sequence
 from services.runtime import reaper
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on `host` that nobody listens on now."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -73,6 +73,7 @@ class SGLangClient:
         self._version_endpoint: str | None = None
         self._model_info: dict | None = None  # what the server says of itself, read once
         self._server_info: dict | None = None  # its server arguments, read once
+        self._records_paused_version = False  # an update made while paused set its version (not SGLang 0.5.6)
 
     def close(self) -> None:
         self._http.close()
@@ -188,28 +189,28 @@ class SGLangClient:
         declared = self._extensions().get("weights_dtype")
         if declared is None:
             if self._server_info is None:
-                self._server_info = self._first_found(("/server_info", "/get_server_info"))
+                try:
+                    self._server_info = self._first_found(("/server_info", "/get_server_info")) or {}
+                except (httpx.HTTPError, ValueError):
+                    self._server_info = {}
             declared = self._server_info.get("dtype")
         return declared if declared in ("float32", "bfloat16", "float16", "float64") else None
 
-    def _first_found(self, endpoints: Sequence[str]) -> dict:
-        """The JSON answer of the first endpoint that answers 200; {} when none does (or one fails)."""
+    def _first_found(self, endpoints: Sequence[str]) -> dict | None:
+        """The JSON object of the first of `endpoints` (the names a route has in different releases) that answers
+        200; None when none does."""
         for endpoint in endpoints:
-            try:
-                response = self._http.get(endpoint)
-            except httpx.HTTPError:
-                return {}
+            response = self._http.get(endpoint)
             if response.status_code == 200:
                 data = response.json()
                 return data if isinstance(data, dict) else {}
-        return {}
+        return None
 
     def model_info(self) -> dict:
-        for endpoint in ("/model_info", "/get_model_info"):
-            response = self._http.get(endpoint)
-            if response.status_code == 200:
-                return response.json()
-        raise SGLangError("model_info", 404, "no model_info endpoint")
+        info = self._first_found(("/model_info", "/get_model_info"))
+        if info is None:
+            raise SGLangError("model_info", 404, "no model_info endpoint")
+        return info
 
     # ------------------------------------------------------------ generation
 
@@ -301,11 +302,16 @@ class SGLangClient:
             self._check("/end_weight_update", self._post("/end_weight_update", {}))
 
     def ensure_weight_version(self, version: str) -> None:
-        """After an update that should have set `version`: set it where the server says another (SGLang 0.5.6
-        records no weight_version for an update made while paused; /update_weight_version sets it)."""
-        if self.weight_version() != version:
-            self._check("/update_weight_version", self._post("/update_weight_version", {
-                "new_version": version, "abort_all_requests": False}))
+        """After a paused update that should have set `version`: set it where the server says another (SGLang
+        0.5.6 records no weight_version for an update made while paused; /update_weight_version sets it). A
+        server found to record it is not asked again (one round trip fewer per update)."""
+        if self._records_paused_version:
+            return
+        if self.weight_version() == version:
+            self._records_paused_version = True
+            return
+        self._check("/update_weight_version", self._post("/update_weight_version", {
+            "new_version": version, "abort_all_requests": False}))
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], group_name: str, weight_version: str | None,

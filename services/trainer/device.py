@@ -72,7 +72,8 @@ class MicroBatchSizer:
         self.auto = auto and self.cuda
         self.device, self.fraction = device, fraction
         self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        self.per_token = 0.0
+        self.per_token = 0.0  # bytes a token of a micro-batch costs (0: not measured yet)
+        self._fixed = 0  # bytes the step holds whatever its micro-batches: weights, optimizer state, gradients
         self.longest = 0
         self.last_rows = 0
 

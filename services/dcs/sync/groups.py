@@ -8,7 +8,6 @@ trainer (slime, AReaL, verl), the built-in engine and Sluice's own receivers can
 from __future__ import annotations
 
 import datetime
-import socket
 import threading
 from dataclasses import dataclass
 
@@ -100,9 +99,3 @@ class BroadcastGroup:
             pass
         self.pg = None
         self.store = None
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

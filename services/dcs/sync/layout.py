@@ -80,6 +80,18 @@ def unpack(bucket: int, entries: Sequence[WeightTensor], flat: torch.Tensor) -> 
     return out
 
 
+def _described_nbytes(name: str, dtype: str, shape: Sequence[int]) -> int:
+    """The bytes of a tensor a peer describes, its dtype and shape checked (ValueError naming it)."""
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"{name}: unknown dtype {dtype!r}")
+    if not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ValueError(f"{name}: bad shape {shape!r}")
+    nbytes = TORCH_DTYPES[dtype].itemsize
+    for d in shape:
+        nbytes *= d
+    return nbytes
+
+
 def bucket_entries(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
                    offsets: Sequence[int], size: int) -> list[WeightTensor]:
     """The entries of one bucket described by a peer (names, dtypes, shapes, byte offsets, bucket size),
@@ -92,13 +104,7 @@ def bucket_entries(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence
         raise ValueError(f"bucket size {size!r} is not a byte count")
     entries, used = [], 0
     for name, dtype, shape, offset in zip(names, dtypes, shapes, offsets):
-        if dtype not in TORCH_DTYPES:
-            raise ValueError(f"{name}: unknown dtype {dtype!r}")
-        if not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise ValueError(f"{name}: bad shape {shape!r}")
-        nbytes = TORCH_DTYPES[dtype].itemsize
-        for d in shape:
-            nbytes *= d
+        nbytes = _described_nbytes(name, dtype, shape)
         if not isinstance(offset, int) or offset % _ALIGN or offset < used or offset + nbytes > size:
             raise ValueError(f"{name}: offset {offset!r} ({nbytes} bytes) does not fit the bucket of {size}")
         entries.append(WeightTensor(name=name, dtype=dtype, shape=list(shape), bucket=0, offset=offset,
@@ -118,16 +124,9 @@ def packed_entries(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence
         raise ValueError("names, dtypes and shapes differ in length")
     entries, offset = [], 0
     for name, dtype, shape in zip(names, dtypes, shapes):
-        if dtype not in TORCH_DTYPES:
-            raise ValueError(f"{name}: unknown dtype {dtype!r}")
-        if not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise ValueError(f"{name}: bad shape {shape!r}")
-        itemsize = TORCH_DTYPES[dtype].itemsize
-        if offset % itemsize:
+        nbytes = _described_nbytes(name, dtype, shape)
+        if offset % TORCH_DTYPES[dtype].itemsize:
             raise ValueError(f"{name}: byte offset {offset} is not aligned to its {dtype}")
-        nbytes = itemsize
-        for d in shape:
-            nbytes *= d
         entries.append(WeightTensor(name=name, dtype=dtype, shape=list(shape), bucket=0, offset=offset,
                                     nbytes=nbytes))
         offset += nbytes

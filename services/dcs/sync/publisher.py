@@ -30,13 +30,14 @@ import torch
 
 from services.dcs.client import DCSClient
 from services.dcs.models import SyncGroupRequest, SyncReport, WeightMetadata
-from services.dcs.sync.groups import BroadcastGroup, free_port
+from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.backend_choice import ReceiverPlace, choose_backend, gpu_uuid
 from services.dcs.sync.bucket_packing import BucketPacking, bucket_tensors
 from services.dcs.sync.cuda_ipc import share
 from services.dcs.sync.layout import TORCH_DTYPES, WeightStream, plan_buckets
 from services.dcs.sync.precision import FLOATING, wire_dtype
 from services.dcs.sync.unresponsive import UnresponsiveEngines
+from services.runtime.processes import free_port
 from services.sglang_protocol.client import EngineUnreachable, SGLangClient, SGLangError
 
 log = logging.getLogger(__name__)
@@ -285,7 +286,7 @@ class WeightPublisher:
             self._each_engine(lambda m, e: brackets(e) and e.begin_weight_update())
             # measured, not derived: packing overlaps the broadcast, so wall - pack - broadcast can be negative
             result.seconds["engines"] = time.perf_counter() - began
-            device = self.device if transfer == "cuda_ipc" or self._group_backend == "nccl" else "cpu"
+            device = self.device if result.backend in ("nccl", "ipc") else "cpu"  # gloo reads host memory
             result.seconds.update(self._packing.send_all(
                 entries, sizes, tensors, device, lambda k, bucket, flat: self._send_bucket(bucket, flat, sizes[k],
                                                                                            transfer, version)))
@@ -294,7 +295,7 @@ class WeightPublisher:
             raise
         loading = time.perf_counter()
         self._each_engine(lambda m, e: brackets(e) and e.end_weight_update())
-        self._each_engine(lambda m, e: not e.live_weight_update() and e.ensure_weight_version(version))
+        self._each_engine(lambda m, e: self._mode(e) != "none" and e.ensure_weight_version(version))
         result.seconds["engine_load"] = time.perf_counter() - loading
 
     def _each_engine_quietly(self, call) -> None:
