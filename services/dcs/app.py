@@ -10,6 +10,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.dcs.config import DCSConfig
+from services.dcs.engine_routes import engine_router
+from services.dcs.engine_set import EngineSets
 from services.dcs.routes import (
     health_router, lifecycle_router, node_router, run_router, sync_router, weight_router,
 )
@@ -68,7 +70,9 @@ def build_app(config: DCSConfig, state: RedisState, events: RedisEvents) -> Fast
     async def _redis_down(request, exc):
         return JSONResponse({"detail": f"state store unreachable: {exc}"}, status_code=503)
 
-    for router in (health_router(state), node_router(config, state), weight_router(config, state, events),
-                   sync_router(state), run_router(state), lifecycle_router(state), steps_router(state)):
+    engines = EngineSets(state)
+    for router in (health_router(state), node_router(config, state, engines), weight_router(config, state, events),
+                   sync_router(state), run_router(state), lifecycle_router(state), steps_router(state),
+                   engine_router(engines)):
         app.include_router(router)
     return app

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import aiohttp
 
 from services.dcs.models import (
-    MAX_FAILURE_MESSAGE, Cursors, CursorUpdate, FailureReport, Heartbeat, HeartbeatReply, NodeInfo,
-    NodeRegistration, Ok, PublishedWeights, Run, RunConfig, RunStatus, StepsPage, SyncGroup, SyncGroupRequest,
-    SyncReport, Topology, WeightMetadata,
+    MAX_FAILURE_MESSAGE, Cursors, CursorUpdate, EngineAdd, EngineEntry, EngineList, FailureReport, Heartbeat,
+    HeartbeatReply, NodeInfo, NodeRegistration, Ok, PublishedWeights, Run, RunConfig, RunStatus, StepsPage,
+    SyncGroup, SyncGroupRequest, SyncReport, Topology, WeightMetadata,
 )
 from services.runtime.loop_thread import BlockingFacade, blocking_methods
 from services.runtime.tls import client_ssl_context
@@ -183,6 +183,17 @@ class AsyncDCSClient:
 
     async def status(self, run_id: str) -> RunStatus:
         return RunStatus.model_validate_json((await self._call("GET", f"/v1/runs/{run_id}/status")).content)
+
+    async def engines(self, run_id: str) -> EngineList:
+        """The run's engines (added ones and those that registered themselves)."""
+        return EngineList.model_validate_json((await self._call("GET", f"/v1/runs/{run_id}/engines")).content)
+
+    async def add_engine(self, run_id: str, url: str, initial: bool = False) -> EngineEntry:
+        response = await self._call("POST", f"/v1/runs/{run_id}/engines", EngineAdd(url=url, initial=initial))
+        return EngineEntry.model_validate_json(response.content)
+
+    async def remove_engine(self, run_id: str, url: str) -> str:
+        return (await self._call("DELETE", f"/v1/runs/{run_id}/engines", params={"url": url})).json()["message"]
 
     async def steps(self, run_id: str, first: int = 0, limit: int = 100) -> StepsPage:
         """The trainer's progress and the metrics of its recorded steps from `first` on."""

@@ -18,8 +18,13 @@ class RunMembership:
     run is paused (acknowledging the pause request so `status` shows it reached a safe point). A run that
     fails or is stopped releases a paused safe point (the role's loop is halted by serve_role)."""
 
-    def __init__(self, dcs: DCSClient, registration: NodeRegistration, interval_s: float = 1.0):
+    def __init__(self, dcs: DCSClient, registration: NodeRegistration, interval_s: float = 1.0,
+                 always_at_safe_point: bool = False):
+        """`always_at_safe_point`: a node with no loop of its own to pause (an engine registering itself)
+        acknowledges every pause request on the heartbeat that brings it."""
         self.dcs = dcs
+        self.always_at_safe_point = always_at_safe_point
+        self.removed = False  # taken out of the run (an engine removed through the REST API): no more beats
         self.registration = registration
         self.interval_s = interval_s
         self.replace_previous(dcs, registration)
@@ -97,9 +102,8 @@ class RunMembership:
             reply = self.dcs.heartbeat(self.node_id, Heartbeat(step=self.step, weight_version=self.weight_version,
                                                                paused_seq=self._acked_seq, error=self.error))
         except DCSError as exc:
-            if exc.status == 404:  # the coordinator forgot us (lease lapsed): register again
-                self.node_id = self.dcs.register(self.registration).node_id
-                log.warning("re-registered with the coordinator", extra={"node_id": self.node_id})
+            if exc.status == 404:  # the coordinator forgot us (lease lapsed, or unregistered): register again
+                self._register_again()
                 return
             raise
         with self._changed:
@@ -107,9 +111,25 @@ class RunMembership:
             if reply.desired_state == "running":
                 self._acked_seq = 0
             self._changed.notify_all()
+        if self.always_at_safe_point and self.paused and self._acked_seq != self._pause_seq:
+            self.acknowledge_pause()
+
+    def _register_again(self) -> None:
+        try:
+            self.node_id = self.dcs.register(self.registration).node_id
+        except DCSError as exc:
+            if exc.status != 409:
+                raise
+            # an engine removed from the run: it stays out until added again (it keeps serving otherwise)
+            self.removed = True
+            log.warning("removed from the run: no longer registered", extra={"error": str(exc.detail)})
+            return
+        log.warning("re-registered with the coordinator", extra={"node_id": self.node_id})
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if self.removed:
+                return
             if self.suspended:
                 continue
             try:
@@ -120,6 +140,8 @@ class RunMembership:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if self.removed:
+            return
         try:
             self.dcs.unregister(self.node_id)
         except Exception as exc:

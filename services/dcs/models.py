@@ -4,8 +4,9 @@ OpenAPI document generated from them (/openapi.json) is the contract other langu
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.run_contract.run_config import RunConfig
 
@@ -47,6 +48,14 @@ class NodeRegistration(Strict):
     gpu: str | None = Field(None, max_length=128, description=(
         "the UUID of the GPU it computes on (none on a CPU): a publish picks its transfer by who shares a GPU"))
 
+    def url(self) -> str | None:
+        """Its base URL (an engine's, a role's status server): its 'https' port (TLS) if it registered one, else
+        its 'http' port; None with neither."""
+        for scheme in ("https", "http"):
+            if (port := self.ports.get(scheme)) is not None:
+                return f"{scheme}://{self.host}:{port}"
+        return None
+
 
 class NodeInfo(NodeRegistration):
     node_id: str
@@ -57,14 +66,6 @@ class NodeInfo(NodeRegistration):
     weight_version: int | None = None
     paused_seq: int = 0
     error: str | None = None
-
-    def url(self) -> str | None:
-        """Its base URL (an engine's, a role's status server): its 'https' port (TLS) if it registered one, else
-        its 'http' port; None with neither."""
-        for scheme in ("https", "http"):
-            if (port := self.ports.get(scheme)) is not None:
-                return f"{scheme}://{self.host}:{port}"
-        return None
 
 
 class Heartbeat(Strict):
@@ -83,6 +84,54 @@ class HeartbeatReply(Strict):
 
 class Topology(Strict):
     roles: dict[str, list[NodeInfo]]
+
+
+def engine_url(url: str) -> str:
+    """An engine's base URL in the one form the coordinator compares: `scheme://host:port` (the port under its
+    scheme's default when left out, the host lower-cased, no path, query or credentials)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"engine URL {url!r}: the scheme must be http or https")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise ValueError(f"engine URL {url!r}: {exc}") from None
+    if not parts.hostname or parts.username or parts.password or parts.path not in ("", "/") or parts.query \
+            or parts.fragment:
+        raise ValueError(f"engine URL {url!r}: only scheme://host[:port] (no path, query or credentials)")
+    return f"{parts.scheme}://{parts.hostname}:{port}"
+
+
+class EngineAdd(Strict):
+    """POST /v1/runs/{run_id}/engines: an engine the run should use (an SGLang server, or a built-in engine that
+    does not register itself); the rollout keeps it registered and sends it requests once it serves the
+    run's current weights."""
+
+    url: str = Field(min_length=1, max_length=512, description="its base URL, http(s)://host:port")
+    initial: bool = Field(False, description=(
+        "one of the rollout's own --engine-url list: not added again when it was removed from the run"))
+
+    @field_validator("url")
+    @classmethod
+    def _canonical(cls, url: str) -> str:
+        return engine_url(url)
+
+
+class EngineEntry(Strict):
+    url: str = Field(description="scheme://host:port")
+    source: Literal["added", "self"] = Field(description=(
+        "added: through POST /v1/runs/{run_id}/engines (or the rollout's --engine-url), kept registered by the "
+        "rollout; self: a built-in engine that registered itself (--dcs-url), gone when its lease lapses"))
+    rank: int = Field(description="its place in the run's engine list (stable while it stays in it)")
+    node_id: str | None = Field(None, description="its registration, once made")
+    alive: bool = Field(False, description="its registration is alive (heartbeats within the lease)")
+    weight_version: int | None = Field(None, description="the weight version it last reported")
+
+
+class EngineList(Strict):
+    engines: list[EngineEntry]
+    removed: list[str] = Field(default_factory=list, description=(
+        "URLs taken out of the run: they cannot register for it again until added again"))
 
 
 # ------------------------------------------------------------------ weights

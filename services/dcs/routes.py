@@ -14,6 +14,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.dcs import lifecycle
 from services.dcs.config import DCSConfig
+from services.dcs.engine_set import EngineSets
 from services.dcs.models import (
     Cursors, CursorUpdate, FailureReport, Heartbeat, HeartbeatReply, NodeInfo, NodeRegistration, Ok,
     PublishedWeights, Run, RunConfig, RunStatus, ServiceStatus, SyncGroup, SyncGroupRequest, SyncReport, Topology,
@@ -58,12 +59,13 @@ def health_router(state: RedisState) -> APIRouter:
     return router
 
 
-def node_router(config: DCSConfig, state: RedisState) -> APIRouter:
+def node_router(config: DCSConfig, state: RedisState, engines: EngineSets) -> APIRouter:
     """Registration, heartbeats, topology."""
     router = APIRouter()
 
-    @router.post("/v1/nodes", response_model=NodeInfo, status_code=201, tags=["nodes"])
+    @router.post("/v1/nodes", response_model=NodeInfo, status_code=201, tags=["nodes"], responses={409: {"model": Ok}})
     async def register(reg: NodeRegistration):
+        await engines.refuse_removed(reg)  # an engine taken out of its run stays out
         node = await state.register(reg)
         log.info("node registered", extra={"node_id": node.node_id, "role": node.role, "rank": node.rank})
         return node

@@ -54,6 +54,13 @@ class EngineConfig(AuthTokenSettings, TLSSettings):
     incremental_streaming_output: bool = Field(False, description=(
         "a streamed /generate event carries only the output ids new since the last (SGLang's flag); without it "
         "each event carries the ids so far, as SGLang's do by default"))
+    dcs_url: str = Field("", description="the coordinator to register with as one of the run's engines (it then "
+                         "gets the run's weights and requests without being listed in the rollout's --engine-url: "
+                         "scale engines up and down while the run goes on); empty = the rollout registers it")
+    run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,128}$", description="the run it serves (with "
+                        "--dcs-url)")
+    advertise_host: str = Field("127.0.0.1", description="with --dcs-url: the address the rollout and the trainer "
+                                "reach this engine at (a pod's IP)")
     log_level: str = Field("info", description="debug|info|warning|error")
 
     @model_validator(mode="after")

@@ -23,6 +23,7 @@ from services.engine.generate_routes import (BadRequest, Unavailable, error_resp
                                              validation_message)
 from services.engine.openai_routes import openai_router
 from services.engine.parallel_forward import ParallelForward
+from services.engine.run_registration import stay_registered
 from services.engine.scheduler import Scheduler
 from services.engine.weight_updates import WeightUpdates
 from services.model.batched_decoder import BatchedDecoder
@@ -191,11 +192,16 @@ async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
     freeze_heap()  # the model and the KV pool's bookkeeping live as long as the process (services/runtime/heap.py)
     engine.scheduler.start()
     log.info("engine serving", extra={"port": config.port, "model": config.model})
+    registered = asyncio.create_task(stay_registered(config, engine.gpu, lambda: engine.scheduler.weight_version,
+                                                     stop)) if config.dcs_url else None
     try:
         app = GenerateLane(build_app(engine), engine, config.auth_token)  # POST /generate bypasses the app
         await serve_http(app, config.host, config.port, stop, tls=config)
     finally:
         closer.cancel()
+        if registered is not None:  # unregistered now, not when the lease lapses: the rollout moves on at once
+            registered.cancel()
+            await asyncio.gather(registered, return_exceptions=True)
         engine.scheduler.stop()
         log.info("engine stopped")
     if engine.scheduler.failure is not None:

@@ -12,11 +12,17 @@ class RolloutConfig(RoleSettings):
 
     model_config = SettingsConfigDict(env_prefix="SLUICE_ROLLOUT_")
 
-    engine_url: str = Field("http://127.0.0.1:30000", description="comma-separated engine base URLs (SGLang protocol)")
+    engine_url: str = Field("http://127.0.0.1:30000", description="comma-separated engine base URLs (SGLang protocol) "
+                            "to start with; the run's engine set on the coordinator is followed from then on (engines "
+                            "added with `sluice engines add` or registering themselves join, removed ones leave); "
+                            "may be empty")
+    engine_poll_s: float = Field(1.0, gt=0, le=60, description="how often the run's engine set is read from the "
+                                 "coordinator")
     reward_token: str = Field("", description="bearer token for a remote HTTP reward endpoint (never the "
                                                "stack's auth token: the endpoint may be a third party)")
-    register_engines: bool = Field(True, description="register the engines with the coordinator (so the trainer "
-                                                     "updates their weights); off when they register themselves")
+    register_engines: bool = Field(True, description="add the --engine-url engines to the run's engine set and "
+                                   "keep them registered (so the trainer updates their weights); off when they "
+                                   "register themselves")
     port: int = Field(7500, ge=0, le=65535, description="port of /healthz /readyz /status /metrics")
     request_timeout_s: float = Field(600.0, gt=0, description="deadline of one generate request")
     version_poll_s: float = Field(0.05, gt=0, description="how often the weight version of an engine without a "

@@ -70,16 +70,7 @@ def engine_pool(config: RolloutConfig) -> Engines:
                       api_key=config.auth_token or None)  # the stack's one token (docs/security.md)
 
 
-def registrations(config: RolloutConfig) -> list[NodeRegistration]:
-    """This rollout's node, then (with register_engines) each of its engines (a rollout that died left
-    registrations of these engines: RunMembership takes them over)."""
-    import httpx
-
-    regs = [NodeRegistration(role="rollout", host=config.advertise_host, ports={"http": config.port},
-                             run_id=config.run_id)]
-    for rank, url in enumerate(config.engine_urls if config.register_engines else []):
-        u = httpx.URL(url)
-        regs.append(NodeRegistration(role="engine", rank=rank, host=u.host, run_id=config.run_id,
-                                     # the port under its scheme: the trainer reaches an https engine over TLS
-                                     ports={u.scheme: u.port or (443 if u.scheme == "https" else 80)}))
-    return regs
+def registration(config: RolloutConfig) -> NodeRegistration:
+    """This rollout's node (its engines' registrations are the fleet's: services/rollout/engine_fleet.py)."""
+    return NodeRegistration(role="rollout", host=config.advertise_host, ports={"http": config.port},
+                            run_id=config.run_id)

@@ -71,13 +71,22 @@ class EngineClient(Protocol):
 class Engines(Protocol):
     """What the rollout service uses of its engines (EnginePool)."""
 
-    versions: list[int]
-    reachable: list[bool]
     requests: int
     resubmits: int
 
     @property
     def serving_version(self) -> int: ...
+
+    @property
+    def urls(self) -> list[str]: ...
+
+    def add(self, url: str) -> None: ...
+
+    def drain(self, url: str) -> None: ...
+
+    def version_of(self, url: str) -> tuple[int, bool]: ...
+
+    def describe(self) -> list[dict]: ...
 
     async def watch_versions(self, wait_s: float, poll_s: float, on_change: Callable[[], None]) -> None: ...
 
@@ -90,50 +99,144 @@ class Engines(Protocol):
     async def aclose(self) -> None: ...
 
 
+@dataclass(eq=False)
+class PooledEngine:
+    """One engine of the pool and what the pool knows of it."""
+
+    url: str
+    client: EngineClient
+    joined_at: int                 # the newest version seen when it joined: it gets work only once it serves it
+    version: int = 0
+    known: bool = False            # it has reported a version since it joined
+    reachable: bool = True
+    draining: bool = False         # taken out of the run: no new requests; its own are resubmitted elsewhere
+    in_flight: int = 0
+    requests: int = 0
+    first_version: int | None = None  # the version it served when given its first request
+    calls: set = field(default_factory=set)  # its generate calls in flight
+    watcher: asyncio.Task | None = None
+
+    def state(self, newest: int) -> str:
+        if self.draining:
+            return "draining"
+        if not self.reachable:
+            return "unreachable"
+        return "serving" if self.known and self.version >= newest else "waiting_for_weights"
+
+
 class EnginePool:
     def __init__(self, urls: Sequence[str], timeout_s: float = 600.0, api_key: str | None = None,
                  max_resubmits: int = 64, max_connect_retries: int = 30,
                  client: Callable[..., EngineClient] = SGLangClient):
-        if not urls:
-            raise ValueError("the rollout needs at least one engine URL")
-        self.urls = list(urls)
-        self.engines = [client(u, timeout_s=timeout_s, api_key=api_key) for u in self.urls]
-        self.in_flight = [0] * len(self.engines)
-        self._calls: list[set[asyncio.Future]] = [set() for _ in self.engines]  # generate calls in flight
-        self.versions = [0] * len(self.engines)
-        self.reachable = [True] * len(self.engines)
+        """`urls`: the engines to start with (more join through `add`; none is fine when they are to come)."""
+        self._client = lambda url: client(url, timeout_s=timeout_s, api_key=api_key)
+        self.engines: dict[str, PooledEngine] = {}
         self.newest = 0  # the newest version any engine has reported: an engine below it is stale
         self.max_resubmits = max_resubmits
         self.max_connect_retries = max_connect_retries
         self.requests = 0
         self.resubmits = 0
+        self._watching: tuple[float, float, Callable[[], None]] | None = None
+        for url in urls:
+            self.add(url)
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self.engines)
+
+    @property
+    def versions(self) -> list[int]:
+        return [e.version for e in self.engines.values()]
+
+    @property
+    def reachable(self) -> list[bool]:
+        return [e.reachable for e in self.engines.values()]
+
+    @property
+    def in_flight(self) -> list[int]:
+        return [e.in_flight for e in self.engines.values()]
 
     @property
     def serving_version(self) -> int:
         """The version new requests begin under: only engines at the newest version get them (_pick)."""
         return self.newest
 
-    async def watch_versions(self, wait_s: float, poll_s: float, on_change: Callable[[], None]) -> None:
-        """Keep every engine's version current until cancelled, calling on_change when one moves. An engine
-        that holds a long poll (the built-in engine) answers the moment its version moves; one that answers
-        at once (SGLang) is asked again every poll_s."""
-        await asyncio.gather(*(self._watch(i, wait_s, poll_s, on_change) for i in range(len(self.engines))))
+    def version_of(self, url: str) -> tuple[int, bool]:
+        """(the version `url` reports, whether it is reachable)."""
+        engine = self.engines[url]
+        return engine.version, engine.reachable
 
-    async def _watch(self, i: int, wait_s: float, poll_s: float, on_change: Callable[[], None]) -> None:
+    def describe(self) -> list[dict]:
+        """Each engine's state, for the rollout's /status and the live view."""
+        return [{"url": e.url, "state": e.state(self.newest), "version": e.version, "in_flight": e.in_flight,
+                 "requests": e.requests, "joined_at_version": e.joined_at, "first_version": e.first_version}
+                for e in self.engines.values()]
+
+    def add(self, url: str) -> None:
+        """A new engine: its version is watched at once, and it gets requests once it serves the newest."""
+        if url in self.engines:
+            return
+        engine = self.engines[url] = PooledEngine(url, self._client(url), joined_at=self.newest)
+        if self._watching is not None:
+            engine.watcher = asyncio.ensure_future(self._watch(engine, *self._watching))
+        log.info("engine joined", extra={"engine": url, "newest_version": self.newest})
+
+    def drain(self, url: str) -> None:
+        """Take `url` out: no new requests; the requests it holds are given up (the engine drops them when their
+        connections close) and resubmitted to the others, so no sample is lost or generated twice."""
+        engine = self.engines.pop(url, None)
+        if engine is None:
+            return
+        engine.draining = True
+        log.info("engine leaving: its requests go to the others", extra={"engine": url, "requests": len(engine.calls)})
+        if engine.watcher is not None:
+            engine.watcher.cancel()
+        for call in engine.calls:
+            call.cancel()
+        asyncio.ensure_future(self._close_when_idle(engine))
+
+    @staticmethod
+    async def _close_when_idle(engine: PooledEngine) -> None:
+        while engine.calls:
+            await asyncio.sleep(0.05)
+        await engine.client.aclose()
+        engine.client.close()
+
+    async def watch_versions(self, wait_s: float, poll_s: float, on_change: Callable[[], None]) -> None:
+        """Keep every engine's version current until cancelled (engines added later too), calling on_change when
+        one moves. An engine that holds a long poll (the built-in engine) answers the moment its version moves;
+        one that answers at once (SGLang) is asked again every poll_s."""
+        self._watching = (wait_s, poll_s, on_change)
+        for engine in self.engines.values():
+            if engine.watcher is None:
+                engine.watcher = asyncio.ensure_future(self._watch(engine, wait_s, poll_s, on_change))
+        try:
+            while True:
+                for engine in list(self.engines.values()):
+                    if engine.watcher is not None and engine.watcher.done() and not engine.watcher.cancelled():
+                        engine.watcher.result()  # it never ends on its own: surface its error
+                await asyncio.sleep(1.0)
+        finally:
+            self._watching = None
+            for engine in self.engines.values():
+                if engine.watcher is not None:
+                    engine.watcher.cancel()
+                    engine.watcher = None
+
+    async def _watch(self, engine: PooledEngine, wait_s: float, poll_s: float, on_change: Callable[[], None]) -> None:
         seen: str | None = None
         while True:
             began = time.monotonic()
             try:
-                raw = await self.engines[i].wait_weight_version(seen, wait_s)
-                self.versions[i] = parse_version(raw)
-                self.newest = max(self.newest, self.versions[i])
-                self.reachable[i] = True
+                raw = await engine.client.wait_weight_version(seen, wait_s)
+                engine.version, engine.known, engine.reachable = parse_version(raw), True, True
+                self.newest = max(self.newest, engine.version)
             except (httpx.HTTPError, SGLangError) as exc:
-                if self.reachable[i]:
+                if engine.reachable:
                     log.warning("engine unreachable: its requests go to another engine",
-                                extra={"engine": self.urls[i], "error": str(exc), "requests": len(self._calls[i])})
-                    self.reachable[i] = False
-                    for call in self._calls[i]:
+                                extra={"engine": engine.url, "error": str(exc), "requests": len(engine.calls)})
+                    engine.reachable = False
+                    for call in engine.calls:
                         call.cancel()
                     on_change()
                 await asyncio.sleep(poll_s)
@@ -144,11 +247,14 @@ class EnginePool:
             elif time.monotonic() - began < min(wait_s / 2, poll_s):  # no long poll there: poll
                 await asyncio.sleep(poll_s)
 
-    def _pick(self) -> int | None:
-        """The least-loaded engine that is reachable and serves the newest weights seen; None if no
-        engine does (one that restarted serves its initial weights until the trainer resends them)."""
-        eligible = [i for i in range(len(self.engines)) if self.reachable[i] and self.versions[i] >= self.newest]
-        return min(eligible, key=lambda i: self.in_flight[i]) if eligible else None
+    def _pick(self) -> PooledEngine | None:
+        """The least-loaded engine that is reachable and serves the newest weights seen; None if no engine
+        does (one that restarted, or just joined, serves older weights until the trainer sends it the newest).
+        Before any version is known (the run's start) every reachable engine serves."""
+        started = any(e.known for e in self.engines.values())
+        eligible = [e for e in self.engines.values() if e.reachable and not e.draining and e.version >= self.newest
+                    and (e.known or not started)]
+        return min(eligible, key=lambda e: e.in_flight) if eligible else None
 
     async def generate(self, prompt_ids: Sequence[int], sampling: dict, max_new_tokens: int, rid: str) -> SampleOutput:
         return (await self.generate_group(prompt_ids, [sampling], max_new_tokens, [rid]))[0]
@@ -168,37 +274,43 @@ class EnginePool:
         todo = list(range(len(samplings)))
         failures = 0
         while todo:
-            i = self._pick()
-            if i is None:
+            engine = self._pick()
+            if engine is None:
                 await asyncio.sleep(0.2)
                 continue
-            self.in_flight[i] += len(todo)
-            self.requests += 1
-            call = asyncio.ensure_future(self.engines[i].generate_batch(
-                [list(prompts[k]) + samples[k].output_ids for k in todo],
-                [{**samplings[k], "max_new_tokens": max_new_tokens - len(samples[k].output_ids)} for k in todo],
-                [rids[k] for k in todo]))
-            self._calls[i].add(call)
             try:
-                results = await call
+                results = await self._call(engine, [list(prompts[k]) + samples[k].output_ids for k in todo],
+                                           [{**samplings[k], "max_new_tokens": max_new_tokens -
+                                             len(samples[k].output_ids)} for k in todo], [rids[k] for k in todo])
             except (EngineUnreachable, asyncio.CancelledError) as exc:
                 if isinstance(exc, asyncio.CancelledError) and asyncio.current_task().cancelling():
                     raise  # this sample itself was cancelled, not the engine's call
-                # engine restarting, unreachable, or stopped answering (_watch gave its calls up): try again,
-                # elsewhere if another engine serves
+                # engine restarting, unreachable, stopped answering (_watch gave its calls up) or taken out of the
+                # run (drain): try again, elsewhere if another engine serves
                 failures += 1
                 if failures > self.max_connect_retries:
                     if isinstance(exc, EngineUnreachable):
                         raise
-                    raise EngineUnreachable(self.urls[i], f"{failures} tries failed: {exc!r}") from exc
-                log.warning("engine request failed; retrying", extra={"engine": self.urls[i], "error": repr(exc)})
-                await asyncio.sleep(min(5.0, 0.2 * failures))
+                    raise EngineUnreachable(engine.url, f"{failures} tries failed: {exc!r}") from exc
+                log.warning("engine request failed; retrying", extra={"engine": engine.url, "error": repr(exc)})
+                await asyncio.sleep(0 if engine.draining else min(5.0, 0.2 * failures))
                 continue
-            finally:
-                self._calls[i].discard(call)
-                self.in_flight[i] -= len(todo)
             todo = [k for k, g in zip(todo, results) if self._absorb(samples[k], g, max_new_tokens, rids[k])]
         return samples
+
+    async def _call(self, engine: PooledEngine, inputs: list, samplings: list, rids: list) -> list[Generation]:
+        engine.in_flight += len(inputs)
+        engine.requests += 1
+        self.requests += 1
+        if engine.first_version is None:
+            engine.first_version = engine.version
+        call = asyncio.ensure_future(engine.client.generate_batch(inputs, samplings, rids))
+        engine.calls.add(call)
+        try:
+            return await call
+        finally:
+            engine.calls.discard(call)
+            engine.in_flight -= len(inputs)
 
     def _absorb(self, sample: SampleOutput, g, max_new_tokens: int, rid: str) -> bool:
         """Add one response to its sample; True when it was cut short by an abort and must be resubmitted."""
@@ -215,6 +327,8 @@ class EnginePool:
         return True
 
     async def aclose(self) -> None:
-        for engine in self.engines:
-            await engine.aclose()
-            engine.close()
+        for engine in self.engines.values():
+            if engine.watcher is not None:
+                engine.watcher.cancel()
+            await engine.client.aclose()
+            engine.client.close()

@@ -30,7 +30,8 @@ from services.dcs.membership import RunMembership
 from services.model.chat_format import render_chat
 from services.rollout.admission import may_admit, version_offset
 from services.rollout.config import RolloutConfig
-from services.rollout.connections import RolloutConnections, RolloutMembership, engine_pool, registrations
+from services.rollout.connections import RolloutConnections, RolloutMembership, engine_pool, registration
+from services.rollout.engine_fleet import EngineFleet
 from services.rollout.engine_pool import Engines
 from services.rollout.evaluation import Evaluator
 from services.rollout.lost_groups import LostGroups
@@ -91,6 +92,7 @@ class RolloutService:
                                    retries=r.reward_retries, token=self.config.reward_token or None) if spec else None
         self.scorer = GroupScorer(self.reward, r.reward_fallback)
         self.pool = self.engines(self.config)
+        self.fleet = EngineFleet(self.config, self.pool, conn.dcs, self.join, conn.dcs)
         self.writes = PutCoalescer(self.tq.put, linger_s=self.config.put_linger_s)
         self.lost = LostGroups(self.tq, self.ledger, run.name, run.rollout_batch_size, self.progress)
         self.evaluator = None
@@ -112,9 +114,6 @@ class RolloutService:
         self._prepared: dict[int, tuple[PromptRecord, list[int]]] = {}  # prompt position -> record, its ids
         self.replaced: dict[int, int] = {}  # slot -> the spare prompt position it holds (skip_group)
 
-    def _register(self) -> None:
-        self.memberships += [self.join(self.dcs, reg) for reg in registrations(self.config)]
-
     def encode(self, prompt) -> list[int]:
         if isinstance(prompt, str) and not self.run.rollout.apply_chat_template:
             return self.tokenizer.encode(prompt, add_special_tokens=False)
@@ -129,8 +128,9 @@ class RolloutService:
             return
         self._setup(conn)
         run = conn.run
-        await asyncio.to_thread(self._register)
+        self.memberships.append(await asyncio.to_thread(self.join, self.dcs, registration(self.config)))
         try:
+            await self.fleet.start()
             await self.tq.register_task(task_name(run.name, RECOVER_TASK), ["prompt_position"],
                                         group_size=run.group_rows)
             todo = await self.recover()
@@ -219,8 +219,7 @@ class RolloutService:
         if self.evaluator is not None:
             await self.evaluator.drained()
         def engines_idle_too() -> None:  # each engine's membership learns of the pause on its own beat
-            for engine_membership in self.memberships[1:]:
-                engine_membership.acknowledge_pause()
+            self.fleet.acknowledge_pause()
             time.sleep(0.2)
         await asyncio.to_thread(self.memberships[0].safe_point, None, engines_idle_too)
 
@@ -237,29 +236,31 @@ class RolloutService:
                          version_offset(progress.version, progress.next_step, serving), self.groups_per_step)
 
     async def _poll_versions(self, stop: asyncio.Event) -> None:
-        """Engine versions as they move (admission wakes at once), and this rollout's progress reports."""
+        """Engine versions as they move (admission wakes at once), the run's engine set followed, and this
+        rollout's progress reports."""
         def moved() -> None:
             self.version_moved.set()
             self._report_versions()
-        watcher = asyncio.create_task(self.pool.watch_versions(
-            self.config.version_wait_s, self.config.version_poll_s, moved))
+        tasks = [asyncio.create_task(self.pool.watch_versions(
+            self.config.version_wait_s, self.config.version_poll_s, moved)),
+            asyncio.create_task(self.fleet.follow(self.config.engine_poll_s))]
         try:
             while not stop.is_set():
-                if watcher.done():
-                    watcher.result()  # it never ends on its own: surface its error
+                for task in tasks:
+                    if task.done():
+                        task.result()  # neither ends on its own: surface its error
                 self._report_versions()
                 await asyncio.sleep(max(self.config.version_poll_s, 0.25))
         finally:
-            watcher.cancel()
+            for task in tasks:
+                task.cancel()
 
     def _report_versions(self) -> None:
         version = self.pool.serving_version
         self.memberships[0].progress(weight_version=version)
-        for m, engine_version, reachable in zip(self.memberships[1:], self.pool.versions, self.pool.reachable):
-            m.progress(weight_version=engine_version)  # each engine its own
-            m.suspended = not reachable  # a dead engine must drop out of the next weight sync
+        self.fleet.report()  # each engine its own version; a dead one drops out of the next weight sync
         self.status.update(engine_version=version, requests=self.pool.requests, resubmits=self.pool.resubmits,
-                           **self.scorer.counts())
+                           engines=self.pool.describe(), **self.scorer.counts())
 
     # ------------------------------------------------------------------ one group
 
@@ -377,6 +378,7 @@ class RolloutService:
     async def _close(self) -> None:
         for m in self.memberships:
             await asyncio.to_thread(m.close)
+        await self.fleet.close()
         closers = [self.pool.aclose(), self.tq.close()] + ([self.reward.aclose()] if self.reward else []) + \
             ([self.agents.play.aclose()] if self.agents else [])
         if self.conn.redis is not None:  # a role test gives no Redis
