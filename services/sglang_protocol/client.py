@@ -3,7 +3,9 @@
 One class drives a real SGLang server and Sluice's built-in engine alike. It copes with the release
 differences that matter here:
   * 0.5.5  /pause_generation takes no body (and always aborts); versions from /get_weight_version
-  * 0.5.6+ /pause_generation {"mode": ...}; /weight_version
+  * 0.5.6+ /pause_generation {"mode": ...}; /weight_version; /update_weights_from_distributed takes
+           load_format "flattened_bucket" (one broadcast per call; 0.5.5 ignores the field), told apart by the
+           `version` of /server_info (/get_server_info)
   * 0.5.23 weight updates sit between /begin_weight_update and /end_weight_update; the version is
            read from /model_info
 Differences are discovered by asking (404 / 4xx on the newer form), once, and remembered."""
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
@@ -22,6 +25,21 @@ import httpx
 from services.runtime.tls import client_ssl_context
 
 PauseMode = Literal["abort", "in_place", "retract"]
+FLATTENED_BUCKET_SINCE = (0, 5, 6)  # the first SGLang release whose distributed update takes flattened_bucket
+_PRE_RELEASE = re.compile(r"[.\-_]?(a|b|c|rc|alpha|beta|pre|preview|dev)\d*", re.IGNORECASE)
+
+
+def release_at_least(version: str | None, minimum: tuple[int, ...]) -> bool:
+    """Whether a reported SGLang version (PEP 440: "0.5.6", "0.5.6.post2", "0.5.7.dev12+g1a2b") is `minimum` or
+    later; a pre-release of `minimum` itself ("0.5.6rc0", "0.5.6.dev3") is not, nor is anything unparsable
+    (the built-in engine's "sluice-..." or a missing version)."""
+    match = re.match(r"v?(\d+(?:\.\d+)*)(.*)", version or "")
+    if match is None:
+        return False
+    release = tuple(int(p) for p in match.group(1).split("."))
+    width = max(len(release), len(minimum))
+    release, minimum = release + (0,) * (width - len(release)), minimum + (0,) * (width - len(minimum))
+    return release > minimum or (release == minimum and not _PRE_RELEASE.match(match.group(2)))
 
 
 class SGLangError(RuntimeError):
@@ -182,19 +200,31 @@ class SGLangClient:
                 self._model_info = {}
         return self._model_info
 
+    def flattened_bucket_update(self) -> bool:
+        """Whether /update_weights_from_distributed takes SGLang's `load_format: "flattened_bucket"` (the call's
+        tensors back to back in one uint8 broadcast): SGLang from 0.5.6 on, by the version its server info
+        reports (0.5.5 and older ignore the field and would wait for one broadcast per tensor), and the built-in
+        engine, which announces flat_bucket_update and takes SGLang's form as well. Asked once."""
+        return self.flat_bucket_update() or release_at_least(self._server_args().get("version"),
+                                                             FLATTENED_BUCKET_SINCE)
+
     def served_dtype(self) -> str | None:
         """The dtype the server keeps its weights in: the built-in engine's `weights_dtype` (model info), else
         the `dtype` of SGLang's server arguments (/server_info, /get_server_info) unless it is "auto"; None when
         neither says. A publish sends floating weights in it (services/dcs/sync/precision.py)."""
         declared = self._extensions().get("weights_dtype")
         if declared is None:
-            if self._server_info is None:
-                try:
-                    self._server_info = self._first_found(("/server_info", "/get_server_info")) or {}
-                except (httpx.HTTPError, ValueError):
-                    self._server_info = {}
-            declared = self._server_info.get("dtype")
+            declared = self._server_args().get("dtype")
         return declared if declared in ("float32", "bfloat16", "float16", "float64") else None
+
+    def _server_args(self) -> dict:
+        """SGLang's server info (its server arguments and `version`), read once; {} where there is none."""
+        if self._server_info is None:
+            try:
+                self._server_info = self._first_found(("/server_info", "/get_server_info")) or {}
+            except (httpx.HTTPError, ValueError):
+                self._server_info = {}
+        return self._server_info
 
     def _first_found(self, endpoints: Sequence[str]) -> dict | None:
         """The JSON object of the first of `endpoints` (the names a route has in different releases) that answers
@@ -316,15 +346,18 @@ class SGLangClient:
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], group_name: str, weight_version: str | None,
                                         flush_cache: bool = True, timeout: float | None = None,
-                                        flat_bucket: dict | None = None) -> None:
-        """Returns after the engine received (one broadcast per tensor, in this order; or, with
-        `flat_bucket={"offsets", "nbytes"}` for a server that says flat_bucket_update, one broadcast of the
-        whole bucket) and loaded them."""
+                                        flat_bucket: dict | None = None, load_format: str | None = None) -> None:
+        """Returns after the engine received and loaded the named tensors: one broadcast per tensor, in this
+        order; or one broadcast of the whole bucket, with `flat_bucket={"offsets", "nbytes"}` (a server that says
+        flat_bucket_update) or `load_format="flattened_bucket"` (the tensors back to back: a server that says
+        flattened_bucket_update)."""
         body = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
                 "group_name": group_name, "flush_cache": flush_cache, "abort_all_requests": False,
                 "weight_version": weight_version}
         if flat_bucket is not None:
             body["flat_bucket"] = flat_bucket
+        if load_format is not None:
+            body["load_format"] = load_format
         self._check("/update_weights_from_distributed",
                     self._post("/update_weights_from_distributed", body, timeout=timeout))
 

@@ -1,13 +1,16 @@
 """A minimal receiver process that speaks the SGLang weight-update endpoints as SGLang's source does (read from
 the sglang 0.5.5, 0.5.6 and 0.5.23 wheels), standing in for a real SGLang server (which cannot run here): it joins
 the weight-update group with SGLang's own construction (custom_process_group below, not Sluice's code) and
-receives each tensor with torch.distributed.broadcast on that group. It emulates the release differences the client
-must cope with.
+receives with torch.distributed.broadcast on that group: each tensor on its own, or, with
+`load_format: "flattened_bucket"` (0.5.6 and 0.5.23; 0.5.5 ignores the field), the call's tensors back to back in
+one uint8 broadcast, as each release's FlattenedTensorBucket lays them out (receive_flattened below). It emulates
+the release differences the client must cope with, and reports its release as `version` in its server info.
 
     python -m tests.dcs.sglang_receiver --port P --dcs URL --run-id R --release 0.5.6 [--fail-version V]
 
 It registers itself with DCS as an engine node and heartbeats. /stats (not SGLang) lets tests read
-what happened: pause/continue calls, the weights' digest and the weight version."""
+what happened: pause/continue calls, the weights' digest, the weight version, and per update call its
+load_format and how many broadcasts it took."""
 
 from __future__ import annotations
 
@@ -49,10 +52,57 @@ def custom_process_group(backend: str, master_address: str, master_port: int, ra
     return pg
 
 
+def receive_each(body: dict, group) -> dict[str, torch.Tensor]:
+    """SGLang's default form (every release): each tensor allocated from its dtype name and shape, all broadcasts
+    posted at once, then waited for."""
+    received, handles = {}, []
+    for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):
+        t = torch.empty(shape, dtype=getattr(torch, dtype))
+        handles.append(torch.distributed.broadcast(t, src=0, group=group, async_op=True))
+        received[name] = t
+    for handle in handles:
+        handle.wait()
+    return received
+
+
+def receive_flattened(release: str, body: dict, group) -> dict[str, torch.Tensor]:
+    """`load_format: "flattened_bucket"`: one uint8 broadcast holding the call's tensors back to back, in order,
+    with no padding; each tensor is then viewed out of it by byte range.
+      0.5.23 (FlattenedTensorBucket.empty) checks every tensor before receiving anything: a negative dimension,
+             a byte offset that is not a multiple of the tensor's dtype size, or no tensor at all is refused, and
+             the broadcast is never joined (the sender waits out its deadline).
+      0.5.6  allocates each tensor (a negative dimension fails there, before the broadcast), concatenates their
+             bytes into the buffer, receives, and only then views the tensors out: a misaligned one fails after
+             the broadcast."""
+    dtypes = [getattr(torch, d) for d in body["dtypes"]]
+    shapes = [torch.Size(s) if release == "0.5.23" else s for s in body["shapes"]]
+    if release == "0.5.23":
+        layout, offset = [], 0
+        for name, dtype, shape in zip(body["names"], dtypes, shapes, strict=True):
+            if any(d < 0 for d in shape):
+                raise ValueError(f"negative dimension in {name}: {list(shape)}")
+            if offset % dtype.itemsize:
+                raise ValueError(f"{name} is not aligned: byte offset {offset}, dtype {dtype}")
+            layout.append((name, dtype, shape, offset, offset + shape.numel() * dtype.itemsize))
+            offset = layout[-1][4]
+        if not layout:
+            raise ValueError("an empty bucket")
+        buffer = torch.empty(offset, dtype=torch.uint8)
+    else:
+        parts = [torch.empty(shape, dtype=dtype) for dtype, shape in zip(dtypes, shapes)]
+        sizes = [p.numel() * p.element_size() for p in parts]
+        ends = [sum(sizes[:i + 1]) for i in range(len(sizes))]
+        layout = [(n, d, p.shape, end - size, end) for n, d, p, size, end in zip(body["names"], dtypes, parts,
+                                                                                   sizes, ends)]
+        buffer = torch.cat([p.flatten().view(torch.uint8) for p in parts])
+    torch.distributed.broadcast(buffer, src=0, group=group)
+    return {name: buffer[start:end].view(dtype).reshape(shape) for name, dtype, shape, start, end in layout}
+
+
 def build(release: str, fail_version: str | None) -> FastAPI:
     app = FastAPI()
     state = {"weights": weights(0, torch.float32), "version": "default", "groups": {}, "pauses": [],
-             "continues": 0, "paused": False, "updating": False, "serving": True, "updates": 0}
+             "continues": 0, "paused": False, "updating": False, "serving": True, "updates": 0, "calls": []}
 
     def ok(message: str = "ok"):
         return {"success": True, "message": message}
@@ -125,13 +175,15 @@ def build(release: str, fail_version: str | None) -> FastAPI:
         group = state["groups"].get(body["group_name"])
         if group is None:
             return bad(f"no group {body['group_name']}")
-        received, handles = {}, []
-        for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):  # as SGLang receives
-            t = torch.empty(shape, dtype=getattr(torch, dtype))
-            handles.append(torch.distributed.broadcast(t, src=0, group=group, async_op=True))
-            received[name] = t
-        for handle in handles:
-            handle.wait()
+        # 0.5.5's request has no load_format field: it is dropped, and every tensor is its own broadcast
+        flattened = release != "0.5.5" and body.get("load_format") == "flattened_bucket"
+        try:
+            received = (receive_flattened(release, body, group) if flattened else
+                        receive_each(body, group))
+        except Exception as exc:  # each release answers success: false (HTTP 400), naming the error
+            return bad(f"the weights were not received: {exc}")
+        state["calls"].append({"load_format": body.get("load_format"), "names": len(body["names"]),
+                               "broadcasts": 1 if flattened else len(body["names"])})
         if fail_version is not None and body.get("weight_version") == fail_version:
             state["serving"] = False  # partially written: must not serve until a full update succeeds
             return bad("weights partially written; update failed")
@@ -169,10 +221,19 @@ def build(release: str, fail_version: str | None) -> FastAPI:
             info["weight_version"] = state["version"]
         return info
 
+    # the server info: its arguments (dtype "auto": the model's own) and the release; /server_info from 0.5.6 on
+    @app.get("/get_server_info")
+    async def get_server_info():
+        return {"dtype": "auto", "version": release}
+
+    if release != "0.5.5":
+        app.get("/server_info")(get_server_info)
+
     @app.get("/stats")
     async def stats():
         return {"pauses": state["pauses"], "continues": state["continues"], "version": state["version"],
-                "digest": digest(state["weights"]), "serving": state["serving"], "updates": state["updates"]}
+                "digest": digest(state["weights"]), "serving": state["serving"], "updates": state["updates"],
+                "calls": state["calls"]}
 
     return app
 

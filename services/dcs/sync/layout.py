@@ -1,8 +1,9 @@
 """Flat buckets of named tensors: how weights travel in a sync.
 
 Tensors are laid out in order into uint8 buckets of at most `bucket_bytes` (a tensor larger than that
-gets a bucket of its own), each at an 8-byte-aligned offset. Receivers allocate the same buckets from
-the published metadata and view the tensors out of them without copying."""
+gets a bucket of its own), each at an 8-byte-aligned offset, or, for SGLang's flattened_bucket form, back to
+back (packed). Receivers allocate the same buckets from the published metadata and view the tensors out of
+them without copying."""
 
 from __future__ import annotations
 
@@ -37,8 +38,11 @@ class WeightStream(Protocol):
 
 
 def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int,
-                 wire: torch.dtype | None = None) -> tuple[list[WeightTensor], list[int]]:
-    """Entries and bucket sizes for `named`; floating tensors travel as `wire` when given (precision.py)."""
+                 wire: torch.dtype | None = None, packed: bool = False) -> tuple[list[WeightTensor], list[int]]:
+    """Entries and bucket sizes for `named`; floating tensors travel as `wire` when given (precision.py).
+    packed: SGLang's flattened_bucket layout (packed_entries): each bucket's tensors back to back, which SGLang
+    can view out only at offsets that are multiples of the tensor's dtype size, so a tensor that would land
+    anywhere else starts a new bucket (a bfloat16 tensor of odd length followed by an int64 one)."""
     entries: list[WeightTensor] = []
     sizes: list[int] = []
     used = 0
@@ -47,8 +51,8 @@ def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int,
             raise ValueError(f"{name}: dtype {tensor.dtype} cannot be synced")
         dtype = wire if wire is not None and tensor.dtype in FLOATING else tensor.dtype
         nbytes = tensor.numel() * dtype.itemsize
-        start = -(-used // _ALIGN) * _ALIGN
-        if not sizes or (start + nbytes > bucket_bytes and used > 0):
+        start = used if packed else -(-used // _ALIGN) * _ALIGN
+        if not sizes or start % dtype.itemsize or (start + nbytes > bucket_bytes and used > 0):
             sizes.append(0)
             start = 0
         entries.append(WeightTensor(name=name, dtype=_DTYPE_NAMES[dtype], shape=list(tensor.shape),

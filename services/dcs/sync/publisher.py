@@ -5,17 +5,16 @@
     pack     : copy tensors into flat bucket k+1 on a worker thread ...
     broadcast: ... while bucket k is broadcast (rank 0 is the only source)
 
-Rollout engines in the group are driven through the SGLang protocol (docs/engine.md): pause (not with pause
-mode "none", nor with "auto" for an engine that loads updates between steps while it generates: the built-in
-engine), init the update group once per group, per bucket an /update_weights_from_distributed call naming the
-bucket's tensors while the same tensors are broadcast one by one in the same order (or, when every engine
-takes whole buckets (the built-in engine's `flat_bucket` extension), the bucket as one broadcast), and
-/continue_generation, in a finally, to every engine it paused. The whole group uses one transfer: per tensor
-when any engine needs it, otherwise one broadcast per flat bucket.
+Rollout engines in the group are driven through the SGLang protocol (services/dcs/sync/engine_calls.py): pause (not
+with pause mode "none", nor with "auto" for an engine that loads updates between steps while it generates: the
+built-in engine), init the update group once per group, per bucket an /update_weights_from_distributed call while
+the bucket is broadcast, and /continue_generation, in a finally, to every engine it paused. The whole group uses
+one transfer, the widest every engine takes: one broadcast per bucket in Sluice's layout (the built-in engine's
+`flat_bucket`) or in SGLang's (`flattened_bucket`, SGLang 0.5.6 on), else one broadcast per tensor.
 Floating tensors travel in the dtype the receivers serve (services/dcs/sync/precision.py), cast bucket by bucket
 on the trainer's side; an engine that refuses the weights themselves (they do not fit its model) marks the result
-`refused`, which no resend can fix. Every phase has a deadline; a failure closes the group (the next sync asks for a new one, without
-members that died) and is reported to DCS. The result carries per-phase seconds and bytes."""
+`refused`, which no resend can fix. Every phase has a deadline; a failure closes the group (the next sync asks for
+a new one, without members that died) and is reported to DCS. The result carries per-phase seconds and bytes."""
 
 from __future__ import annotations
 
@@ -33,12 +32,12 @@ from services.dcs.models import SyncGroupRequest, SyncReport, WeightMetadata
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.backend_choice import ReceiverPlace, choose_backend, gpu_uuid
 from services.dcs.sync.bucket_packing import BucketPacking, bucket_tensors
-from services.dcs.sync.cuda_ipc import share
-from services.dcs.sync.layout import TORCH_DTYPES, WeightStream, plan_buckets
+from services.dcs.sync.engine_calls import PUBLISHED_TRANSFER, SyncEngines, Transfer
+from services.dcs.sync.layout import WeightStream, plan_buckets
 from services.dcs.sync.precision import FLOATING, wire_dtype
 from services.dcs.sync.unresponsive import UnresponsiveEngines
 from services.runtime.processes import free_port
-from services.sglang_protocol.client import EngineUnreachable, SGLangClient, SGLangError
+from services.sglang_protocol.client import EngineUnreachable, SGLangError
 
 log = logging.getLogger(__name__)
 GROUP_MAX_AGE_S = 5.0  # a prefetched sync group older than this is asked for again (membership may have moved)
@@ -59,6 +58,7 @@ class SyncResult:
     engine_error: bool = False  # an engine answered with an error (it is up: not a network fault)
     wire_dtype: str = ""  # the dtype floating tensors travelled in (precision.py)
     backend: str = ""  # gloo, nccl or ipc (backend_choice.py)
+    transfer: str = ""  # how buckets travelled: flat_buckets, flattened_bucket, per_tensor, cuda_ipc (engine_calls.py)
 
 
 class UnusableBackend(ValueError):
@@ -88,18 +88,16 @@ class WeightPublisher:
         self._trainer_gpu = gpu_uuid(device)
         self._group_backend = backend if backend != "auto" else ("nccl" if self._trainer_gpu else "gloo")
         self.engine_role = engine_role
-        self.pause_mode = pause_mode
-        self._engines: dict[str, SGLangClient] = {}  # node id -> client, for the current group
         self._group: BroadcastGroup | None = None
-        self._current_engines: list = []
         self._lock = threading.Lock()
         self._prefetched: tuple | None = None  # (asked at, request, future answer) of prefetch_group
         self._failed = False
         self._packing = BucketPacking()
         self._http = ThreadPoolExecutor(max_workers=16, thread_name_prefix="engine-http")
+        self.engines = SyncEngines(self._http, timeout_s, pause_mode, engine_role, dcs.token)
         # reports go out in order, off the publishing path: the next step need not wait for one
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-report")
-        self.unresponsive = UnresponsiveEngines(self._http, self._engine_client)
+        self.unresponsive = UnresponsiveEngines(self._http, self.engines.client)
 
     def close(self) -> None:
         self._drop_group()
@@ -116,25 +114,7 @@ class WeightPublisher:
         if self._group is not None:
             self._group.close()  # a group that saw a failure is not reused
             self._group = None
-        for engine in self._engines.values():
-            engine.close()
-        self._engines = {}
-
-    def _engine_members(self, spec) -> list:
-        return [m for m in spec.members if m.role == self.engine_role]
-
-    def _mode(self, engine: SGLangClient) -> str:
-        """How this engine is paused for an update: the configured mode; "auto" = none for an engine that
-        loads updates between steps while generating (the built-in engine), abort for others (SGLang)."""
-        if self.pause_mode != "auto":
-            return self.pause_mode
-        return "none" if engine.live_weight_update() else "abort"
-
-    def _each_engine(self, call) -> None:
-        """Run call(member, client) for every engine concurrently; raise the first failure."""
-        futures = [self._http.submit(call, m, self._engines[m.node_id]) for m in self._current_engines]
-        for f in futures:  # bounded: an engine that stopped answering fails the sync, it does not hang it
-            f.result(timeout=self.timeout_s + 5)
+        self.engines.forget()
 
     def publish(self, named: Iterable[tuple[str, torch.Tensor]] | WeightStream, version: int,
                 announce: bool = True) -> SyncResult:
@@ -156,63 +136,65 @@ class WeightPublisher:
         try:
             group_spec = self._resolved_group()
             result.group, result.world_size, result.backend = group_spec.name, group_spec.world_size, group_spec.backend
-            wire = self._wire_dtype(group_spec, named)
-            result.wire_dtype = str(wire).removeprefix("torch.")
-            entries, sizes = plan_buckets(named, self.bucket_bytes, wire)
-            result.bytes = sum(sizes)
-            transfer = self._transfer_kind(group_spec)
             if not announce and any(m.role != self.engine_role for m in group_spec.members[1:]):
                 raise ValueError("an unannounced publish can only go to engines")
+            entries, sizes = self._plan(group_spec, named, result)
             paused: list = []
             try:
                 # engines first: one that cannot be paused fails the sync before the version is
                 # announced, so no receiver starts waiting on a broadcast that will not come
-                if self._current_engines:
-                    self._each_engine(lambda m, e: self._mode(e) != "none" and (e.pause(self._mode(e)),
-                                                                                 paused.append(e)))
+                self.engines.pause(paused)
                 if announce:
                     self.dcs.publish_weights(self.run_id, WeightMetadata(
                         version=version, tensors=entries, bucket_bytes=sizes, publisher=self.node_id,
-                        sync_group=group_spec, transfer=transfer))
+                        sync_group=group_spec, transfer=PUBLISHED_TRANSFER[result.transfer]))
                     result.announced = True
                 result.seconds["metadata"] = time.perf_counter() - t0
-                if transfer != "cuda_ipc" and (self._group is None or self._group.name != group_spec.name):
+                if result.transfer != "cuda_ipc" and (self._group is None or self._group.name != group_spec.name):
                     self._open_group(group_spec)
                     result.seconds["open_group"] = time.perf_counter() - t0 - result.seconds["metadata"]
                 self._failed = False
                 self._transfer(entries, sizes, bucket_tensors(entries, len(sizes), named, stream), result,
-                               transfer, str(version))
+                               str(version))
             finally:
-                for engine in paused:  # always resume generation, whatever happened
-                    try:
-                        engine.continue_generation()
-                    except Exception as exc:
-                        log.warning("could not resume an engine", extra={"engine": engine.base_url, "error": str(exc)})
+                self.engines.resume(paused)
             result.ok = True
-            result.engines = [m.node_id for m in self._current_engines]
+            result.engines = [m.node_id for m in self.engines.members]
         except Exception as exc:
-            result.refused = isinstance(exc, UnusableBackend) or (isinstance(exc, SGLangError) and exc.refused)
-            result.engine_error = isinstance(exc, SGLangError) and not isinstance(exc, EngineUnreachable)
-            self._failed = True
-            self.unresponsive.after_failure({m.node_id: self._engines[m.node_id] for m in self._current_engines
-                                             if m.node_id in self._engines})
-            self._drop_group()
-            result.error = f"{type(exc).__name__}: {exc}"
+            self._failed_with(exc, result)
         result.seconds["total"] = time.perf_counter() - t0
         self._reporter.submit(self._report, result)
         if not result.ok:
             raise SyncFailed(result)
         return result
 
+    def _plan(self, spec, named: list, result: SyncResult) -> tuple[list, list]:
+        """The wire dtype, the group's transfer and the buckets, laid out as that transfer sends them: the
+        entries and bucket sizes."""
+        wire = self._wire_dtype(spec, named)
+        result.wire_dtype = str(wire).removeprefix("torch.")
+        transfer: Transfer = self.engines.transfer(spec.backend)
+        result.transfer = transfer
+        entries, sizes = plan_buckets(named, self.bucket_bytes, wire, packed=transfer == "flattened_bucket")
+        result.bytes = sum(sizes)
+        return entries, sizes
+
+    def _failed_with(self, exc: Exception, result: SyncResult) -> None:
+        result.refused = isinstance(exc, UnusableBackend) or (isinstance(exc, SGLangError) and exc.refused)
+        result.engine_error = isinstance(exc, SGLangError) and not isinstance(exc, EngineUnreachable)
+        self._failed = True
+        self.unresponsive.after_failure(self.engines.current())
+        self._drop_group()
+        result.error = f"{type(exc).__name__}: {exc}"
+
     def _resolved_group(self):
         """The sync group, with the transfer `auto` (or the asked backend) picks for its members (backend_choice.py):
         asked again, once, when the members call for another backend than the group was made with."""
         spec = self._sync_group()
         for attempt in range(2):
-            self._current_engines = self._engine_members(spec)
-            if self._current_engines:
-                self._connect_engines(spec)
-            places = [ReceiverPlace(m.role, self._engines[m.node_id].gpu(), self._engines[m.node_id].takes_cuda_ipc())
+            self.engines.select(spec, lambda: self.dcs.topology())
+            clients = self.engines.clients
+            places = [ReceiverPlace(m.role, clients[m.node_id].gpu(), clients[m.node_id].takes_cuda_ipc())
                       if m.role == self.engine_role else ReceiverPlace(m.role, m.gpu)
                       for m in spec.members if m.node_id != self.node_id]
             try:
@@ -225,18 +207,10 @@ class WeightPublisher:
             spec = self.dcs.sync_group(self.run_id, self._group_request(self.receiver_roles))
         return spec
 
-    def _transfer_kind(self, spec) -> str:
-        """cuda_ipc for an ipc group; else engines speak SGLang's one broadcast per tensor, unless every one of
-        them takes whole buckets (flat_buckets, which the other receivers always take)."""
-        if spec.backend == "ipc":
-            return "cuda_ipc"
-        flat = all(self._engines[m.node_id].flat_bucket_update() for m in self._current_engines)
-        return "flat_buckets" if flat else "per_tensor"
-
     def _wire_dtype(self, spec, named: list) -> torch.dtype:
         """What floating tensors travel in: the dtype every receiver serves, when they agree (precision.py);
         engines say theirs over HTTP (asked once per connection), the other receivers in their registration."""
-        declared = [self._engines[m.node_id].served_dtype() if m.role == self.engine_role else m.weights_dtype
+        declared = [self.engines.clients[m.node_id].served_dtype() if m.role == self.engine_role else m.weights_dtype
                     for m in spec.members if m.node_id != self.node_id]
         source = next((t.dtype for _, t in named if t.dtype in FLOATING), torch.float32)
         return wire_dtype(declared, source)
@@ -273,7 +247,7 @@ class WeightPublisher:
                     pass
         return self.dcs.sync_group(self.run_id, self._group_request(self.receiver_roles))
 
-    def _transfer(self, entries, sizes, tensors, result: SyncResult, transfer: str, version: str) -> None:
+    def _transfer(self, entries, sizes, tensors, result: SyncResult, version: str) -> None:
         """The buckets to every receiver, bracketed by /begin ... /end_weight_update for engines that need it:
         a live-update engine loads a single bucket when its call ends (two HTTP round trips fewer); SGLang
         0.5.23, and any engine receiving several buckets, get the bracket, and every begin gets its end, also
@@ -282,106 +256,39 @@ class WeightPublisher:
         began = time.perf_counter()
         bracket = len(sizes) > 1
         brackets = lambda e: bracket or not e.live_weight_update()  # noqa: E731
+        engines = self.engines
         try:
-            self._each_engine(lambda m, e: brackets(e) and e.begin_weight_update())
+            engines.each(lambda m, e: brackets(e) and e.begin_weight_update())
             # measured, not derived: packing overlaps the broadcast, so wall - pack - broadcast can be negative
             result.seconds["engines"] = time.perf_counter() - began
             device = self.device if result.backend in ("nccl", "ipc") else "cpu"  # gloo reads host memory
             result.seconds.update(self._packing.send_all(
-                entries, sizes, tensors, device, lambda k, bucket, flat: self._send_bucket(bucket, flat, sizes[k],
-                                                                                           transfer, version)))
+                entries, sizes, tensors, device, lambda k, bucket, flat: engines.send_bucket(
+                    self._group, bucket, flat, sizes[k], result.transfer, version)))
         except BaseException:
-            self._each_engine_quietly(lambda e: brackets(e) and e.end_weight_update())
+            engines.each_quietly(lambda e: brackets(e) and e.end_weight_update())
             raise
         loading = time.perf_counter()
-        self._each_engine(lambda m, e: brackets(e) and e.end_weight_update())
-        self._each_engine(lambda m, e: self._mode(e) != "none" and e.ensure_weight_version(version))
+        engines.each(lambda m, e: brackets(e) and e.end_weight_update())
+        engines.each(lambda m, e: engines.mode(e) != "none" and e.ensure_weight_version(version))
         result.seconds["engine_load"] = time.perf_counter() - loading
-
-    def _each_engine_quietly(self, call) -> None:
-        """call(client) for every engine, on a failed sync's way out: errors are logged, not raised."""
-        try:
-            self._each_engine(lambda m, e: call(e))
-        except Exception as exc:
-            log.warning("an engine did not take the end of a failed update", extra={"error": repr(exc)})
 
     def resume_engines(self) -> int:
         """Send /continue_generation to every live engine: a publisher that died between pausing the
         engines and resuming them (in its `finally`) leaves them paused. Only this run's engines (another run's
         are its own trainer's). Returns how many answered."""
-        resumed = 0
-        for node in self.dcs.topology().roles.get(self.engine_role, []):
-            url = node.url()
-            if not node.alive or url is None or node.run_id != self.run_id:
-                continue
-            engine = self._engine_client(url)
-            try:
-                engine.continue_generation()
-                resumed += 1
-            except Exception as exc:
-                log.warning("could not resume engine", extra={"node_id": node.node_id, "error": str(exc)})
-            finally:
-                engine.close()
-        return resumed
-
-    def _engine_client(self, url: str) -> SGLangClient:
-        """An engine's client, with the stack's one token (the coordinator's)."""
-        return SGLangClient(url, timeout_s=self.timeout_s, api_key=self.dcs.token)
-
-    def _connect_engines(self, spec) -> None:
-        missing = [m for m in self._current_engines if m.node_id not in self._engines]
-        if not missing:  # the usual publish: the group's engines are known (no topology round trip)
-            return
-        nodes = {n.node_id: n for ns in self.dcs.topology().roles.values() for n in ns}
-        for m in missing:
-            url = nodes[m.node_id].url()
-            if url is None:
-                raise RuntimeError(f"engine node {m.node_id} registered no 'http' or 'https' port")
-            self._engines[m.node_id] = self._engine_client(url)
+        return self.engines.resume_all(self.dcs.topology(), self.run_id)
 
     def _open_group(self, spec) -> None:
         """Engines join through /init_weights_update_group, which blocks until everyone joined, so
         their calls run while this process joins as rank 0."""
         if self._group is not None:
             self._group.close()
-        joins = [self._http.submit(self._engines[m.node_id].init_weights_update_group, spec.master_address,
-                                   spec.master_port, m.rank, spec.world_size, spec.name, spec.backend,
-                                   self.timeout_s) for m in self._current_engines]
+        joins = self.engines.join(spec)
         self._group = BroadcastGroup.open(spec.name, spec.backend, spec.master_address, spec.master_port, 0,
                                           spec.world_size, self.timeout_s)
         for join in joins:
             join.result(timeout=self.timeout_s)
-
-    def _send_bucket(self, bucket, flat: torch.Tensor, size: int, transfer: str, version: str) -> None:
-        if transfer == "cuda_ipc":
-            self._share_bucket(bucket, flat, version)
-            return
-        flat_spec = {"offsets": [e.offset for e in bucket], "nbytes": size} if transfer == "flat_buckets" else None
-        # the engines' HTTP calls return only after receiving: send them first, then broadcast
-        calls = [self._http.submit(self._engines[m.node_id].update_weights_from_distributed,
-                                   [e.name for e in bucket], [e.dtype for e in bucket],
-                                   [e.shape for e in bucket], self._group.name, version,
-                                   self._mode(self._engines[m.node_id]) not in ("in_place", "none"),
-                                   self.timeout_s, flat_spec)
-                 for m in self._current_engines]
-        if transfer == "flat_buckets":
-            self._group.broadcast(flat, 0)
-        else:
-            for e in bucket:  # typed, as the engine allocates it (NCCL matches dtype and count)
-                self._group.broadcast(flat[e.offset:e.offset + e.nbytes].view(TORCH_DTYPES[e.dtype]), 0)
-        for call in calls:
-            call.result(timeout=self.timeout_s)
-
-    def _share_bucket(self, bucket, flat: torch.Tensor, version: str) -> None:
-        """The bucket to every engine on this GPU by CUDA IPC handle; they answer once they copied it out, so the
-        staging buffer may be packed again after."""
-        shared = {"shared": share(flat), "names": [e.name for e in bucket], "dtypes": [e.dtype for e in bucket],
-                  "shapes": [e.shape for e in bucket], "offsets": [e.offset for e in bucket]}
-        calls = [self._http.submit(self._engines[m.node_id].update_weights_from_tensor, shared, version,
-                                   self._mode(self._engines[m.node_id]) not in ("in_place", "none"), self.timeout_s)
-                 for m in self._current_engines]
-        for call in calls:
-            call.result(timeout=self.timeout_s)
 
     def _report(self, result: SyncResult) -> None:
         try:
