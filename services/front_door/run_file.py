@@ -9,7 +9,7 @@ import os
 from typing import Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from services.run_contract.run_config import RunConfig
 
@@ -24,9 +24,15 @@ class StackSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    engines: int = Field(1, ge=1, le=64, description="built-in engine processes (`sluice engine`)")
+    engine: Literal["builtin", "sglang"] = Field("builtin", description=(
+        "builtin: `sluice engine` processes; sglang: real SGLang servers (`python -m sglang.launch_server`, "
+        "SGLang installed in the Python that runs `sluice run`; docs/gpu.md)"))
+    engines: int = Field(1, ge=1, le=64, description=(
+        "engine processes: built-in engines, or SGLang servers (server i on GPUs from base_gpu_id + i x tp_size)"))
     engine_flags: dict[str, Scalar] = Field(default_factory=dict, description=(
-        "extra `sluice engine` flags by field name, e.g. {max_total_tokens: 8192, device: cuda}"))
+        "extra engine flags by field name: `sluice engine`'s, e.g. {max_total_tokens: 8192, device: cuda}; "
+        "with engine: sglang, SGLang's server flags, e.g. {dtype: bfloat16, mem_fraction_static: 0.5} "
+        "(SGLang checks them when it starts)"))
     role_flags: dict[Literal[ROLE_NAMES], dict[str, Scalar]] = Field(default_factory=dict, description=(
         "extra flags per role service, e.g. {trainer: {pause_mode: abort}}"))
     trainer_ranks: int = Field(1, ge=1, le=64, description="data-parallel trainer processes")
@@ -48,7 +54,12 @@ class StackSettings(BaseModel):
 
     @field_validator("engine_flags")
     @classmethod
-    def _engine_flags_exist(cls, flags: dict[str, Scalar]) -> dict[str, Scalar]:
+    def _engine_flags_exist(cls, flags: dict[str, Scalar], info: ValidationInfo) -> dict[str, Scalar]:
+        if info.data.get("engine") == "sglang":  # SGLang's own flags: named here, checked by SGLang at start
+            from services.launch.sglang_flags import check_sglang_flags
+
+            check_sglang_flags(flags)
+            return flags
         from services.engine.config import EngineConfig  # the engine is infrastructure, not a role
 
         for name in flags:
@@ -78,6 +89,10 @@ class RunFile(RunConfig):
                 "checkpoints": os.path.abspath(self.stack.checkpoint_dir or os.path.join(run_dir, "checkpoints"))}
 
     def engine_argv(self) -> tuple[str, ...]:
+        if self.stack.engine == "sglang":  # SGLang's bools are store_true flags, with no --no-x form
+            from services.launch.sglang_flags import render
+
+            return tuple(render(self.stack.engine_flags))
         return tuple(a for name, value in self.stack.engine_flags.items() for a in _flag(name, value))
 
     def role_argv(self) -> dict[str, list[str]]:

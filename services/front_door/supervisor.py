@@ -107,9 +107,11 @@ def run_file_directory(path: str) -> str:
 
 
 def preflight(run_file: RunFile) -> list:
-    from services.run_contract.preflight import check_run  # imports the model loader: only when running
+    from services.launch.sglang_flags import sglang_missing
+    from services.run_contract.preflight import Problem, check_run  # imports the model loader: only when running
 
-    return check_run(run_file.run_config())
+    missing = sglang_missing() if run_file.stack.engine == "sglang" else None
+    return check_run(run_file.run_config()) + ([Problem("stack.engine", missing)] if missing else [])
 
 
 def resume_problems(run_file: RunFile, args) -> list[str]:
@@ -147,7 +149,7 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
         local = LocalRun(config, log_dir=dirs["logs"], engines=stack.engines, token=token,
                          checkpoint_dir=dirs["checkpoints"], engine_args=run_file.engine_argv(),
                          role_args=run_file.role_argv(), trainer_ranks=stack.trainer_ranks, submit=False,
-                         redis_url=stack.redis_url, dcs_port=stack.coordinator_port,
+                         redis_url=stack.redis_url, dcs_port=stack.coordinator_port, engine=stack.engine,
                          python_path=(run_file_directory(options.path),) if options.path else ())
     except (RuntimeError, TimeoutError, OSError) as exc:
         print(f"sluice run: a service did not start: {exc}\nsluice run: logs in {dirs['logs']}", file=sys.stderr)
@@ -289,7 +291,7 @@ def stack_token(given: str, run_dir: str) -> tuple[str, str | None]:
         return given, None
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, "auth-token")
-    token = secrets.token_urlsafe(32)
+    token = secrets.token_hex(32)  # never a leading '-', which SGLang's argparse would take for a flag
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(token + "\n")

@@ -1,5 +1,5 @@
 """A whole run on one machine: a private Redis, TransferQueue (controller + shard), the coordinator,
-built-in engines and every role the run needs, each its own process, stopped with SIGTERM. A second run
+engines (built-in, or real SGLang servers: services/launch/sglang_engine.py) and every role the run needs, each its own process, stopped with SIGTERM. A second run
 can share the first one's stack (`stack=`): it starts only its own engines and roles, under its own run id."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from services.dcs.local import LocalDCS
 from services.run_contract.run_config import RunConfig
 from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
 from services.runtime.auth_token import token_env
+from services.launch.sglang_engine import START_S as SGLANG_START_S, SGLangProcess
+from services.launch.sglang_flags import sglang_missing, token_problem
 from services.launch.supervision import ProcessSupervisor
 from services.runtime.processes import (ChildProcess, StopsOnExit, free_port, http_ok, sluice_argv, start_redis,
                                         stop_together)
@@ -32,13 +34,20 @@ class LocalRun(StopsOnExit):
                  checkpoint_dir: str | None = None, engine_args: tuple[str, ...] = (),
                  role_args: dict[str, list[str]] | None = None, trainer_ranks: int = 1,
                  stack: "LocalRun | None" = None, submit: bool = True, redis_url: str | None = None,
-                 dcs_port: int = 0, python_path: tuple[str, ...] = (), redis_data_dir: str | None = None):
+                 dcs_port: int = 0, python_path: tuple[str, ...] = (), redis_data_dir: str | None = None,
+                 engine: str = "builtin"):
         """`stack`: run on that run's Redis, TransferQueue and coordinator (which it keeps owning) instead of
         starting new ones. `submit=False`: the roles start and wait until `submit()` creates the run.
         `redis_url`: keep state in that Redis instead of a private one; `dcs_port`: the coordinator's port
         (0 = a free one); `python_path`: directories first on the engines' and roles' PYTHONPATH (where an
         `import:` reward's module is); `redis_data_dir`: the private Redis keeps an append-only file there
-        (synced on every write), so a Redis restart loses nothing. Shards journal under <log_dir>/tq-data."""
+        (synced on every write), so a Redis restart loses nothing. Shards journal under <log_dir>/tq-data.
+        `engine`: builtin (`sluice engine`) or sglang (SGLang servers; `engine_args` are then SGLang's flags);
+        SGLang missing from this Python, or a token it cannot take, is refused before anything starts."""
+        refusal = (sglang_missing() or token_problem(token)) if engine == "sglang" else None
+        if refusal:
+            raise RuntimeError(f"engine sglang: {refusal}")
+        self.engine = engine
         self.run = run
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-run-")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -91,7 +100,7 @@ class LocalRun(StopsOnExit):
     def _wait_ready(self) -> None:
         """Every engine answers /health and every role /healthz (one exiting fails the start at once)."""
         for i, url in enumerate(self.engine_urls):
-            self.procs[f"engine-{i}"].wait_until(lambda url=url: http_ok(url + "/health"), ENGINE_START_S)
+            self._wait_engine(self.procs[f"engine-{i}"], url)
         for name, proc in list(self.procs.items()):
             if hasattr(proc, "status_url"):
                 proc.wait_until(lambda proc=proc: http_ok(proc.status_url + "/healthz"), ROLE_START_S)
@@ -110,6 +119,13 @@ class LocalRun(StopsOnExit):
     def _start_engine(self, i: int, args, port: int | None = None, wait: bool = True) -> str:
         port = port or free_port()
         url = f"http://127.0.0.1:{port}"
+        if self.engine == "sglang":
+            self.procs[f"engine-{i}"] = proc = SGLangProcess(
+                f"engine-{i}", self.run.model, port, args, i, self.token,
+                os.path.join(self.log_dir, f"engine-{i}.log"), env=self._env())
+            if wait:
+                self._wait_engine(proc, url)
+            return url
         # without a token, a stack bound to 127.0.0.1 still updates its engines' weights (docs/security.md)
         unauthenticated = [] if self.token else ["--allow-unauthenticated-weight-updates"]
         proc = ChildProcess(f"engine-{i}", sluice_argv("engine", "--model", self.run.model, "--host", "127.0.0.1",
@@ -117,8 +133,15 @@ class LocalRun(StopsOnExit):
                             os.path.join(self.log_dir, f"engine-{i}.log"), env=self._env())
         self.procs[f"engine-{i}"] = proc
         if wait:
-            proc.wait_until(lambda: http_ok(url + "/health"), ENGINE_START_S)
+            self._wait_engine(proc, url)
         return url
+
+    def _wait_engine(self, proc: ChildProcess, url: str) -> None:
+        """A built-in engine answers /health; an SGLang server generates and takes the token."""
+        if isinstance(proc, SGLangProcess):
+            proc.wait_until(proc.ready, SGLANG_START_S)
+        else:
+            proc.wait_until(lambda: http_ok(url + "/health"), ENGINE_START_S)
 
     def restart(self, name: str) -> None:
         """Start the named process of processes() again (same port, same data), killing it first if it runs."""
