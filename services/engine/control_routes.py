@@ -1,5 +1,5 @@
-"""SGLang's control routes on the built-in engine: pause / continue / flush, weight updates, version and
-model info, and the service routes (health, metrics, spans)."""
+"""SGLang's control routes on the built-in engine: pause / continue / flush, weight updates, memory release and
+resume, version and model info, and the service routes (health, metrics, spans)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ from fastapi.responses import JSONResponse
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.precision import WeightMismatch
 from services.engine.protocol import (ControlResult, DestroyGroupRequest, InitGroupRequest, ModelInfo, PauseRequest,
-                                      ServerInfo, UpdateWeightVersionRequest, UpdateWeightsFromDiskRequest,
+                                      UpdateWeightVersionRequest, UpdateWeightsFromDiskRequest,
                                       UpdateWeightsFromTensorRequest,
                                       UpdateWeightsRequest,
                                       WeightVersion)
+from services.engine.generate_routes import error_response
+from services.engine.memory_occupation import (WEIGHTS, WEIGHTS_RELEASED, MemoryOccupation, MemoryOccupationError,
+                                               MemoryOccupationRequest, ServerInfoWithMemory, WeightsReleased,
+                                               load_unless_released, memory_state)
 from services.engine.request import Generation, new_rid
 from services.engine.sampling import SamplingParams
 from services.runtime.metrics import observability_router
@@ -55,7 +59,8 @@ def generation_control_router(engine) -> APIRouter:
     @router.post("/continue_generation")
     async def cont():
         def resume():
-            engine.weights.load()  # weights staged while paused go live before anything runs again
+            if WEIGHTS not in sched.released:  # released weights take nothing staged (memory_occupation.py)
+                engine.weights.load()  # weights staged while paused go live before anything runs again
             sched.resume()
         await engine.run_control(resume)
         return {"message": "continued", "status": "ok"}
@@ -73,8 +78,9 @@ def generation_control_router(engine) -> APIRouter:
 
 
 def weight_update_routers(engine) -> list[APIRouter]:
-    """Every weight-update route (the server refuses them all without a token): the group's and the updates'."""
-    return [_group_routes(engine), _update_routes(engine)]
+    """Every weight-update route (the server refuses them all without a token): the group's, the updates', and
+    memory release / resume (resumed weights are zeros until an update: as much a weight change as an update)."""
+    return [_group_routes(engine), _update_routes(engine), memory_router(engine)]
 
 
 def _group_routes(engine) -> APIRouter:
@@ -103,12 +109,15 @@ def _group_routes(engine) -> APIRouter:
     return router
 
 
-async def take_update(engine, receive, req) -> JSONResponse:
-    """Every weight update's course: refuse a cache flush while in_place-paused requests hold KV; end every
-    request first when `abort_all_requests` (SGLang's) asks; receive off the engine thread (decoding goes on
-    during the transfer); load between two steps unless begin/end or a pause holds the version back
+async def take_update(engine, receive, req, sender_waits: bool = False) -> JSONResponse:
+    """Every weight update's course: refuse a cache flush while in_place-paused requests hold KV, and an update
+    while the weights are released (a sender waiting in a broadcast is received first, then refused); end
+    every request first when `abort_all_requests` (SGLang's) asks; receive off the engine thread (decoding
+    goes on during the transfer); load between two steps unless begin/end or a pause holds the version back
     (weight_updates.py)."""
     sched = engine.scheduler
+    if WEIGHTS in sched.released and not sender_waits:
+        return result(WEIGHTS_RELEASED, ok=False)
     if req.flush_cache and sched.frozen:
         return result("flush_cache is not allowed while in_place-paused requests hold KV; "
                       "send flush_cache: false", ok=False)
@@ -116,7 +125,9 @@ async def take_update(engine, receive, req) -> JSONResponse:
         await engine.run_control(lambda: sched.abort(None))
     try:
         await asyncio.get_running_loop().run_in_executor(None, receive, req)
-        message = await engine.run_control(engine.weights.load_unless_held)
+        message = await engine.run_control(lambda: load_unless_released(engine, engine.weights.load_unless_held))
+    except WeightsReleased as exc:
+        return result(str(exc), ok=False)
     except Exception as exc:
         return update_failed(exc)
     return result(message)
@@ -133,7 +144,9 @@ def _update_routes(engine) -> APIRouter:
     @router.post("/end_weight_update", response_model=ControlResult)
     async def end_update():
         try:
-            return result(await engine.run_control(engine.weights.end))
+            return result(await engine.run_control(lambda: load_unless_released(engine, engine.weights.end)))
+        except WeightsReleased as exc:
+            return result(str(exc), ok=False)
         except Exception as exc:
             return update_failed(exc)
 
@@ -141,7 +154,7 @@ def _update_routes(engine) -> APIRouter:
     async def update(req: UpdateWeightsRequest):
         """Receive the named tensors from the group's rank 0: one broadcast each, or the bucket in one
         (`flat_bucket`, Sluice's; `load_format: "flattened_bucket"`, SGLang's)."""
-        return await take_update(engine, engine.weights.receive, req)
+        return await take_update(engine, engine.weights.receive, req, sender_waits=True)
 
     @router.post("/update_weights_from_disk", response_model=ControlResult)
     async def update_from_disk(req: UpdateWeightsFromDiskRequest):
@@ -165,6 +178,36 @@ def _update_routes(engine) -> APIRouter:
             engine.weights.on_version()
         await engine.run_control(set_version)
         return result(f"weight version {req.new_version}")
+
+    return router
+
+
+def memory_router(engine) -> APIRouter:
+    """SGLang's /release_memory_occupation and /resume_memory_occupation (memory_occupation.py): GET or POST,
+    `{"tags": [...]}` (null or [] for kv_cache, weights and cuda_graph), answered `null` once done, as SGLang
+    answers; a refusal is 400 `{"error": {"message"}}` and changes nothing."""
+    router = APIRouter(tags=["memory occupation"])
+    memory = MemoryOccupation(engine)
+
+    async def run(action, req: MemoryOccupationRequest | None):
+        try:
+            await engine.run_control(lambda: action((req or MemoryOccupationRequest()).chosen()))
+        except MemoryOccupationError as exc:
+            return error_response(str(exc))
+        return None
+
+    @router.api_route("/release_memory_occupation", methods=["GET", "POST"], response_model=None,
+                      responses={400: {"description": "requests are running, or a tag is already released"}})
+    async def release(req: MemoryOccupationRequest | None = None):
+        """Free the tagged memory; needs an idle engine (requests may wait in a paused one). Until resumed,
+        /generate answers 503 and weight updates 400 while the weights are released."""
+        return await run(memory.release, req)
+
+    @router.api_route("/resume_memory_occupation", methods=["GET", "POST"], response_model=None,
+                      responses={400: {"description": "a tag is not released, or its memory cannot be had"}})
+    async def resume(req: MemoryOccupationRequest | None = None):
+        """Allocate the tagged memory again: an empty KV pool, zero-filled weights (send weights next)."""
+        return await run(memory.resume, req)
 
     return router
 
@@ -193,15 +236,16 @@ def engine_info_router(engine) -> APIRouter:
                 "live_weight_update": True, "flat_bucket_update": True, "weights_dtype": engine.config.dtype,
                 "gpu": engine.gpu, "cuda_ipc_update": engine.gpu is not None}
 
-    @router.get("/get_server_info", response_model=ServerInfo)
-    @router.get("/server_info", response_model=ServerInfo)
+    @router.get("/get_server_info", response_model=ServerInfoWithMemory)
+    @router.get("/server_info", response_model=ServerInfoWithMemory)
     async def server_info():
         c = engine.config
         return {"model_path": c.model, "dtype": c.dtype, "device": c.device, "tp_size": 1,
                 "mem_fraction_static": c.mem_fraction_static, "max_running_requests": c.max_running,
                 "context_length": sched.pool.slot_len, "chunked_prefill_size": c.chunked_prefill_size,
                 "speculative_algorithm": None if c.speculative_algorithm == "none" else c.speculative_algorithm,
-                "weight_version": sched.weight_version, "version": f"sluice-{SLUICE_VERSION}"}
+                "weight_version": sched.weight_version, "version": f"sluice-{SLUICE_VERSION}",
+                "memory_occupation": memory_state(engine)}
 
     return router
 
@@ -213,7 +257,10 @@ def service_router(engine) -> APIRouter:
 
     @router.get("/health_generate", responses={503: {"description": "no token came within 20 s, or the engine failed"}})
     async def health_generate():
-        """SGLang's deep probe: one token generated through the scheduler (held while paused, as SGLang's is)."""
+        """SGLang's deep probe: one token generated through the scheduler (held while paused, as SGLang's is;
+        503 at once while memory is released)."""
+        if engine.scheduler.released:
+            return Response(status_code=503)
         probe = Generation(rid=f"health-{new_rid()}", prompt=[0], params=SamplingParams(max_new_tokens=1),
                            on_update=lambda r: r.finished and loop.call_soon_threadsafe(done.set))
         loop, done = asyncio.get_running_loop(), asyncio.Event()

@@ -49,7 +49,7 @@ class Unavailable(RuntimeError):
 
 def check_capacity(engine, items) -> None:
     """Refuse, before anything is queued, what is over the engine's limits (--max-new-tokens-limit,
-    --max-queued-requests) or arrives after the engine failed."""
+    --max-queued-requests) or arrives after the engine failed or while its memory is released."""
     config, sched = engine.config, engine.scheduler
     limit = config.max_new_tokens_limit or engine.pool.slot_len
     if any(params.max_new_tokens > limit for _, params, _ in items):
@@ -60,6 +60,9 @@ def check_capacity(engine, items) -> None:
                          f"{config.max_queued_requests} (--max-queued-requests)")
     if not sched.alive():
         raise Unavailable(f"the engine failed and is restarting: {sched.failure or 'its engine thread stopped'}")
+    if sched.released:  # no step can run (memory_occupation.py): refused rather than held until a resume
+        raise Unavailable(f"the engine's memory is released ({', '.join(sorted(sched.released))}); "
+                          "/resume_memory_occupation first")
     if sched.queued() + samples > config.max_queued_requests:
         raise Unavailable(f"the queue is full ({config.max_queued_requests} samples waiting, --max-queued-requests);"
                           " retry later")
@@ -242,7 +245,7 @@ def generate_router(engine) -> APIRouter:
 
     @router.post("/generate", response_model=GenerateResult | list[GenerateResult],
                  responses={400: {"description": "a body the engine cannot serve"},
-                            503: {"description": "the queue is full, or the engine failed"}})
+                            503: {"description": "the queue is full, the engine failed, or its memory is released"}})
     async def generate(req: GenerateRequest, request: Request):
         """Generate for one input or a batch; `sampling_params.n` samples per input share its prefill."""
         return await answer_generate(engine, req, request)

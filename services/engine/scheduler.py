@@ -6,8 +6,8 @@ prefill tokens a step, shared out in admission order), and then one batched samp
 every request whose input is complete. Requests that arrive while others decode join at the next step;
 finished ones leave at once and free their KV slot. When every slot is taken new requests wait; nothing is
 dropped. The n samples of one prompt are admitted together: the first prefills the prompt, the others get a
-copy of its KV and sample from the same last-position logits. Control operations (pause modes, aborts,
-weight loads) run on this thread between steps, so they never race a forward pass.
+copy of its KV and sample from the same last-position logits. Controls (pause modes, aborts, weight loads,
+memory release) run on this thread between steps, so they never race a forward pass.
 
 A step that raises is not retried: every request held fails with the error, `failure` says why, `on_fatal`
 tells the server (503, then exit non-zero for its supervisor to restart it) and the thread ends: a loop going
@@ -56,6 +56,7 @@ class Scheduler:
         self.running: list[Generation] = []
         self.frozen: list[Generation] = []      # in_place pause: kept with their KV slots
         self.paused, self._paused_at = False, 0.0
+        self.released: set[str] = set()         # memory tags released (memory_occupation.py): no step runs
         self.steps = 0
         self.num_draft_tokens, self.draft_budget = num_draft_tokens, draft_budget
         self.drafted = self.accepted = 0        # draft tokens verified, and of them accepted, since start
@@ -115,7 +116,8 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stop and not self._controls and (self.paused or not (self.waiting or self.running)):
+                while not (self._stop or self._controls) and (self.paused or self.released
+                                                              or not (self.waiting or self.running)):
                     self._cv.wait()
                 if self._stop:
                     return
@@ -127,7 +129,7 @@ class Scheduler:
                 except Exception as exc:  # reported to the caller
                     done.error = exc
                 done.set()
-            if not self.paused:
+            if not (self.paused or self.released):
                 try:
                     began = time.time()
                     self.step()
@@ -339,8 +341,7 @@ class Scheduler:
     def _free(self, req: Generation) -> None:
         if req.slot is not None:
             self.pool.release(req.slot)
-            req.slot = None
-        req.cached = 0
+        req.slot, req.cached = None, 0
 
     def _requeue_followers(self, leader: Generation) -> None:
         """Siblings of a leader that left before sharing its prompt go back to the queue on their own."""
@@ -393,8 +394,7 @@ class Scheduler:
             self.running = []
 
     def resume(self) -> None:
-        self.running = self.frozen + self.running
-        self.frozen = []
+        self.running, self.frozen = self.frozen + self.running, []
         if self.paused:
             RECORDER.record("pause", self._paused_at, time.time(), version=self.weight_version)
         self.paused = False

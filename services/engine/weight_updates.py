@@ -142,6 +142,11 @@ class WeightUpdates:
         group.broadcast(flat, 0)
         return unpack(0, entries, flat)
 
+    def discard(self) -> None:
+        """Drop everything staged and an open begin/end: the weights it was for were released."""
+        with self._lock:
+            self._staged, self._staged_version, self._bracketed = {}, None, False
+
     def load_unless_held(self) -> str:
         """Engine thread, after a receive: load now unless begin/end or a pause holds the version back."""
         if self._bracketed and time.monotonic() - self._begun < self.bracket_timeout_s:

@@ -101,6 +101,9 @@ class BatchedDecoder:
         if getattr(cfg, "use_sliding_window", False):
             raise ValueError("sliding-window attention is not supported by the built-in engine")
         self.hf, self.inner, self.pool = hf_model, hf_model.model, pool
+        for p in hf_model.parameters():  # every weight in memory of its own, not a CPU model's safetensors mmap:
+            if not p.untyped_storage().resizable():  # the engine frees and re-takes it in place (memory_occupation)
+                p.data = p.data.clone()
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.group_heads = self.heads // self.kv_heads

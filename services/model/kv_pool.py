@@ -14,6 +14,10 @@ reserves the whole context length, so the pool holds `max_total_tokens // contex
 
 The n samples of one prompt share its prefill: the prompt is computed once in the first sample's slot and
 its keys and values are copied (`copy_prefix`, one copy per step, not a forward pass) into its siblings' slots.
+
+`free_storage` gives the pool's memory back (SGLang's /release_memory_occupation, tag kv_cache) and
+`restore_storage` takes it again, empty. Both resize the tensors' storages in place rather than replacing the
+tensors: the decoder holds views of the pool per layer (batched_decoder.py), and a view follows its storage.
 """
 
 from __future__ import annotations
@@ -87,4 +91,22 @@ class KVPool:
         return target
 
     def nbytes(self) -> int:
+        """What the pool takes when allocated (also while its storage is freed)."""
         return self.keys.numel() * self.keys.element_size() * 2
+
+    def resident_bytes(self) -> int:
+        """What the pool holds now: nbytes(), or 0 while its storage is freed."""
+        return sum(store.untyped_storage().nbytes() for store in (self.keys, self.values))
+
+    def free_storage(self) -> None:
+        """Every slot freed and the keys' and values' memory given back (on CUDA to PyTorch's cache; the caller
+        empties that). Nothing may read the pool until restore_storage."""
+        self.release_all()
+        for store in (self.keys, self.values):
+            store.untyped_storage().resize_(0)
+
+    def restore_storage(self) -> None:
+        """The memory free_storage gave back, allocated again and zeroed: an empty pool, as after start."""
+        for store in (self.keys, self.values):
+            store.untyped_storage().resize_(store.numel() * store.element_size())
+            store.zero_()

@@ -66,7 +66,8 @@ def test_without_a_token_weight_updates_are_refused_unless_allowed(tiny_model_di
     try:
         for path in ("/init_weights_update_group", "/update_weights_from_distributed", "/begin_weight_update",
                      "/end_weight_update", "/destroy_weights_update_group", "/update_weights_from_tensor",
-                     "/update_weights_from_disk", "/update_weight_version"):
+                     "/update_weights_from_disk", "/update_weight_version", "/release_memory_occupation",
+                     "/resume_memory_occupation"):
             r = httpx.post(url + path, json={})
             assert r.status_code == 403, (path, r.text)
             assert "--allow-unauthenticated-weight-updates" in r.json()["error"]["message"]

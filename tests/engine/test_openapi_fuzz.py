@@ -142,7 +142,15 @@ def _plans(operations) -> list:
     return plans
 
 
-def test_no_generated_input_causes_a_server_error_or_changes_state(fuzzed_engine):
+def _resume(http: httpx.Client, model_dir: str) -> None:
+    """Every released tag resumed, the model's weights loaded again (resumed weights are zeros)."""
+    released = http.get("/server_info").json()["memory_occupation"]["released"]
+    http.post("/resume_memory_occupation", json={"tags": released}).raise_for_status()
+    if "weights" in released:
+        assert http.post("/update_weights_from_disk", json={"model_path": model_dir}).json()["success"]
+
+
+def test_no_generated_input_causes_a_server_error_or_changes_state(fuzzed_engine, tiny_model_dir):
     """Valid and invalid inputs of every route (and servable /generate bodies): never a 5xx, the process lives,
     a refused call changes nothing, and afterwards the engine generates with its initial weights."""
     proc, url, http = fuzzed_engine
@@ -168,6 +176,9 @@ def test_no_generated_input_causes_a_server_error_or_changes_state(fuzzed_engine
             if case.path == "/pause_generation" and response.status_code == 200:
                 # a pause legitimately holds every later request: undo it before the next case
                 http.post("/continue_generation").raise_for_status()
+            elif case.path == "/release_memory_occupation" and response.status_code == 200:
+                # releasing memory is that route's job: take it back and load the initial weights again
+                _resume(http, tiny_model_dir)
             elif case.path == "/update_weight_version" and response.status_code == 200:
                 # setting the reported version is that route's job: set it back before the next case
                 http.post("/update_weight_version", json={"new_version": baseline[0]}).raise_for_status()
