@@ -13,6 +13,7 @@ import threading
 
 import httpx
 import pytest
+import torch
 
 from tests.engine.conftest import start_engine
 
@@ -169,3 +170,24 @@ def test_release_and_resume_need_the_token(http):
         r = httpx.post(str(http.base_url).rstrip("/") + route, json={})
         assert r.status_code == 401, r.text
     assert _memory(http)["released"] == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the engine's GPU path cannot run here")
+def test_on_a_gpu_released_memory_goes_back_to_the_device(tiny_model_dir, tmp_path):
+    proc, url = start_engine(tiny_model_dir, tmp_path, "--device", "cuda", token=TOKEN)
+    try:
+        with httpx.Client(base_url=url, headers=AUTH, timeout=120) as gpu:
+            before, held = _greedy(gpu), _memory(gpu)
+            assert _call(gpu, "/release_memory_occupation").status_code == 200
+            released = _memory(gpu)
+            assert released["weights_bytes"] == 0 and released["kv_cache_bytes"] == 0
+            # PyTorch's cache was emptied: the pool's own segments are the device's again
+            assert released["device_reserved_bytes"] <= held["device_reserved_bytes"] - held["kv_cache_bytes"]
+            assert _call(gpu, "/resume_memory_occupation", ["weights"]).status_code == 200
+            assert _reload(gpu, tiny_model_dir).json()["success"]
+            assert _call(gpu, "/resume_memory_occupation", ["kv_cache", "cuda_graph"]).status_code == 200
+            resumed = _memory(gpu)
+            assert resumed["released"] == [] and resumed["kv_cache_bytes"] == held["kv_cache_bytes"]
+            assert _greedy(gpu)["output_ids"] == before["output_ids"]
+    finally:
+        proc.stop()
