@@ -6,6 +6,7 @@ A whole run on this machine, from one YAML file (docs/configuration.md):
     sluice run --print-defaults    a complete, commented starting run file
     sluice submit run.yaml         submit a run to a running coordinator (--coordinator, SLUICE_COORDINATOR_URL)
     sluice status|pause|resume|stop RUN   a run's status / lifecycle, over the coordinator's REST API
+    sluice engines list|add|remove RUN [URL]   the run's engines: add one to a running run, or take one out
     sluice logs ROLE [-f]          a service's log of a `sluice run` on this machine
 
 The services and tools, one process each:
@@ -41,6 +42,7 @@ _COMMANDS = {
     "pause": ("services.front_door.rest_commands", "pause_main"),
     "resume": ("services.front_door.rest_commands", "resume_main"),
     "stop": ("services.front_door.rest_commands", "stop_main"),
+    "engines": ("services.front_door.engine_commands", "main"),
     "logs": ("services.front_door.run_logs", "main"),
     "tq-controller": ("services.transferqueue.controller.main", "main"),
     "tq-shard": ("services.transferqueue.shard.main", "main"),

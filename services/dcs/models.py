@@ -266,6 +266,7 @@ class ServiceStatus(Strict):
     weight_version: int | None
     last_heartbeat: float
     pause_acknowledged: bool
+    url: str | None = Field(None, description="where it is reached (an engine's base URL, a role's status server)")
 
 
 class RunStatus(Strict):

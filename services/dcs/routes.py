@@ -275,7 +275,7 @@ async def run_status(state: RedisState, run_id: str) -> RunStatus:
             node_state = "running"
         services.append(ServiceStatus(node_id=n.node_id, role=n.role, rank=n.rank, state=node_state,
                                       step=n.step, weight_version=n.weight_version,
-                                      last_heartbeat=n.last_heartbeat, pause_acknowledged=acked))
+                                      last_heartbeat=n.last_heartbeat, pause_acknowledged=acked, url=n.url()))
     return RunStatus(run=run, status=run.status, failure=run.failure,
                      later_failures=await state.later_failures(run_id) if run.status == "failed" else [],
                      latest_weight_version=await state.latest_version(run_id), services=services)

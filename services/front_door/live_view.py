@@ -84,12 +84,13 @@ def render(progress: RunProgress) -> Group:
         metrics.add_column(name, justify="right")
     metrics.add_row(*(_fmt(v) for v in shown.values()))
     services = Table(title="services", title_justify="left", header_style="bold")
-    for column in ("role", "rank", "state", "step", "version", "last error"):
+    for column in ("role", "rank", "state", "step", "version", "address", "last error"):
         services.add_column(column)
     errors = _last_errors(p)
-    for s in (p.status.services if p.status else []):
+    for s in (p.status.services if p.status else []):  # every engine of the run is one: added, joined or left
         error = errors.get(s.node_id) or errors.get(s.role) or ""
-        services.add_row(s.role, str(s.rank), s.state, _fmt(s.step), _fmt(s.weight_version), error[-80:])
+        services.add_row(s.role, str(s.rank), s.state, _fmt(s.step), _fmt(s.weight_version), s.url or "",
+                         error[-80:])
     parts = [head, metrics, services]
     if p.failure:
         parts.append(Text(f"failure: {p.failure}", style="bold red"))

@@ -105,10 +105,10 @@ def _print_status_table(report: dict) -> None:
         console.print(f"[bold red]failure[/bold red] {report['failure']['role']}: {report['failure']['message']}")
     if report["last_step"]:
         console.print({k: v for k, v in report["last_step"]["metrics"].items() if not isinstance(v, dict)})
-    table = Table("role", "rank", "state", "step", "version", "paused")
+    table = Table("role", "rank", "state", "step", "version", "paused", "address")
     for s in report["services"]:
         table.add_row(s["role"], str(s["rank"]), s["state"], str(s["step"]), str(s["weight_version"]),
-                      "yes" if s["pause_acknowledged"] else "")
+                      "yes" if s["pause_acknowledged"] else "", s.get("url") or "")
     console.print(table)
 
 

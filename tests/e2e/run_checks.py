@@ -17,7 +17,9 @@ def finite_numbers(metrics: dict) -> list:
     return [v for v in metrics.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-def assert_run_complete(lr: LocalRun, run: RunConfig, staleness_bounded: bool = True) -> dict[int, dict]:
+def assert_run_complete(lr: LocalRun, run: RunConfig, staleness_bounded: bool = True,
+                        engine_urls: list[str] | None = None) -> dict[int, dict]:
+    """`engine_urls`: the engines that must serve the last weights (default: the run's own)."""
     steps = lr.trained_steps()
     assert sorted(steps) == list(range(run.num_steps))
     # every sample of every prompt position trained exactly once: none repeated, none left out but the groups
@@ -48,6 +50,6 @@ def assert_run_complete(lr: LocalRun, run: RunConfig, staleness_bounded: bool = 
             time.sleep(0.1)
         assert left == [], [(p.name, p.rows, p.sealed, [(t.task, t.consumed) for t in p.tasks]) for p in left]
     # every engine serves the last published weights
-    for url in lr.engine_urls:
+    for url in lr.engine_urls if engine_urls is None else engine_urls:
         assert httpx.get(url + "/weight_version").json()["weight_version"] == str(versions[-1])
     return steps
