@@ -100,7 +100,7 @@ class EngineFleet:
             return
         listing = await asyncio.to_thread(self.directory.engines, self.config.run_id)
         wanted = {e.url: e for e in listing.engines if e.source == "added" or e.alive}
-        self._listed.update(e.url for e in listing.engines)
+        self._listed.update([e.url for e in listing.engines] + listing.removed)
         for url in self.pool.urls:
             if url not in wanted and (url in self._listed or url not in self.config.engine_urls):
                 self.pool.drain(url)

@@ -10,7 +10,8 @@ what every sample must hold:
 `abort_next(n)`: the next request is cut after n tokens of each sample by a weight update to version + 1 (pause
 mode abort); the pool resubmits prompt + partial output, which continues the same samples under the new version.
 `stop(url)`: that engine hangs, as a process stopped with SIGSTOP does: its requests never answer and its version
-long poll times out (httpx.ReadTimeout, after the poll's wait)."""
+long poll times out (httpx.ReadTimeout, after the poll's wait). `lag(url, v)`: that engine serves version v (one
+that joined and has not been sent the newest weights yet) until `catch_up(url)`."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ class FakeEngines:
         self._moved: asyncio.Event | None = None
         self.stopped: set[str] = set()
         self.hung: list[Request] = []  # requests a stopped engine took and never answered
+        self.lagging: dict[str, int] = {}  # url -> the older version it serves
 
     def client(self, url: str, timeout_s: float = 60.0, api_key: str | None = None) -> "FakeEngineClient":
         """Made as SGLangClient is: the pool's `client` seam."""
@@ -68,6 +70,16 @@ class FakeEngines:
     def stop(self, url: str) -> None:
         self.stopped.add(url)
 
+    def lag(self, url: str, version: int) -> None:
+        self.lagging[url] = version
+
+    def catch_up(self, url: str) -> None:
+        self.lagging.pop(url, None)
+        self.set_version(self.version)  # its long poll answers with the fleet's version
+
+    def serves(self, url: str) -> int:
+        return self.lagging.get(url, self.version)
+
     def abort_next(self, after_tokens: int) -> None:
         self._abort_at = after_tokens
 
@@ -79,8 +91,8 @@ class FakeEngines:
                 out.setdefault(rid, request)
         return out
 
-    async def _wait_moved(self, seen: str, wait_s: float) -> None:
-        if str(self.version) != seen:
+    async def _wait_moved(self, url: str, seen: str, wait_s: float) -> None:
+        if str(self.serves(url)) != seen:
             return
         if self._moved is None:
             self._moved = asyncio.Event()
@@ -104,7 +116,7 @@ class FakeEngines:
         if url in self.stopped:
             self.hung.append(Request(url, list(rids), [list(x) for x in inputs], self.version))
             await asyncio.Event().wait()  # never answers; a caller can only give up (cancel)
-        self.requests.append(Request(url, list(rids), [list(x) for x in inputs], self.version))
+        self.requests.append(Request(url, list(rids), [list(x) for x in inputs], self.serves(url)))
         await asyncio.sleep(0)  # in flight: other groups' requests go out meanwhile
         await asyncio.sleep(0)
         cut, self._abort_at = self._abort_at, None
@@ -125,8 +137,8 @@ class FakeEngineClient:
             await asyncio.sleep(wait_s)
             raise httpx.ReadTimeout(f"{self.url} did not answer")
         if newer_than is not None and wait_s > 0:
-            await self.fleet._wait_moved(newer_than, wait_s)
-        return str(self.fleet.version)
+            await self.fleet._wait_moved(self.url, newer_than, wait_s)
+        return str(self.fleet.serves(self.url))
 
     async def generate_batch(self, inputs: Sequence[Sequence[int]], sampling_params: Sequence[dict],
                              rids: Sequence[str] | None = None) -> list[Generation]:
