@@ -336,3 +336,18 @@ def test_redis_keeps_an_append_only_file_on_a_volume_in_both_deployments():
 
 def _appendonly(argv: list[str]) -> bool:
     return any(a == "--appendonly" and b == "yes" for a, b in zip(argv, argv[1:]))
+
+
+def test_kubernetes_engines_register_themselves_so_scaling_them_needs_no_restart():
+    """`kubectl scale deployment/engine` adds or removes engines of the running run: each engine registers with
+    the coordinator for the run its run file names, at its pod IP, and the rollout follows the run's engine set
+    instead of a fixed list."""
+    [engine] = [d for d in _k8s_docs() if d["metadata"]["name"] == "engine" and d["kind"] != "Service"]
+    assert engine["kind"] == "Deployment"  # no per-pod identity: any replica count, any pod name
+    configs = dict(_k8s_services())
+    name = yaml.safe_load((DEPLOY / "run.yaml").read_text())["name"]
+    assert configs["engine"].dcs_url == "http://dcs:7300" and configs["engine"].run_id == name
+    [container] = engine["spec"]["template"]["spec"]["containers"]
+    advertise = {e["name"]: e for e in container["env"]}["SLUICE_ENGINE_ADVERTISE_HOST"]
+    assert advertise["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert not configs["rollout"].register_engines and configs["rollout"].engine_urls == []

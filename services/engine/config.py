@@ -1,11 +1,12 @@
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.run_contract.run_name import RunIdSettings
 from services.runtime.auth_token import AuthTokenSettings
 from services.runtime.tls import TLSSettings
 
 
-class EngineConfig(AuthTokenSettings, TLSSettings):
+class EngineConfig(AuthTokenSettings, TLSSettings, RunIdSettings):
     """`sluice engine`: the built-in rollout engine: a Hugging Face causal LM served over SGLang's
     HTTP protocol (generate, pause modes, distributed weight updates), continuous batching on CPU or
     one GPU."""
@@ -57,8 +58,6 @@ class EngineConfig(AuthTokenSettings, TLSSettings):
     dcs_url: str = Field("", description="the coordinator to register with as one of the run's engines (it then "
                          "gets the run's weights and requests without being listed in the rollout's --engine-url: "
                          "scale engines up and down while the run goes on); empty = the rollout registers it")
-    run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,128}$", description="the run it serves (with "
-                        "--dcs-url)")
     advertise_host: str = Field("127.0.0.1", description="with --dcs-url: the address the rollout and the trainer "
                                 "reach this engine at (a pod's IP)")
     log_level: str = Field("info", description="debug|info|warning|error")

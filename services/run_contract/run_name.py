@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import re
 
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings
+
 from services.run_contract.run_config import RunConfig
 
 
@@ -28,3 +31,20 @@ def run_name_from_file(path: str) -> str:
     if not re.fullmatch(pattern, name):
         raise ValueError(f"run file {path!r}: name {name!r} does not match {pattern}")
     return name
+
+
+class RunIdSettings(BaseSettings):
+    """The run a service works for: --run-id, or the name in --run-file (a deployment's one run file)."""
+
+    run_id: str = Field("default", description="the run (created on the coordinator) this service works for")
+    run_file: str = Field("", description="a run YAML (what `sluice submit` posts); its `name` is the run id, "
+                                          "so a deployment takes both from one file; empty = --run-id")
+
+    @model_validator(mode="after")
+    def _run_id_from_run_file(self) -> "RunIdSettings":
+        if self.run_file:
+            name = run_name_from_file(self.run_file)
+            if "run_id" in self.model_fields_set and self.run_id != name:
+                raise ValueError(f"run_id {self.run_id!r} differs from the name {name!r} in run_file {self.run_file}")
+            self.run_id = name
+        return self

@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 
 from services.run_contract.preflight import check_run, describe
 from services.run_contract.run_policy import RunPolicySettings
-from services.run_contract.run_name import run_name_from_file
+from services.run_contract.run_name import RunIdSettings
 from services.runtime.auth_token import AuthTokenSettings
 from services.runtime.tls import TLSSettings
 from services.runtime.http_auth import require_bearer_token
@@ -30,10 +30,9 @@ from services.runtime.run_watch import RunWatch, failure_message
 log = logging.getLogger(__name__)
 
 
-class RoleSettings(AuthTokenSettings, TLSSettings, RunPolicySettings):
+class RoleSettings(AuthTokenSettings, TLSSettings, RunPolicySettings, RunIdSettings):
     """Connection settings of a role service; the run's own configuration comes from the coordinator."""
 
-    run_id: str = Field("default", description="the run (created on the coordinator) this service works for")
     dcs_url: str = Field("http://127.0.0.1:7300", description="coordinator base URL")
     tq_controller: str = Field("127.0.0.1:7400", description="TransferQueue controller host:port")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis for run state (ledger, progress)")
@@ -43,17 +42,6 @@ class RoleSettings(AuthTokenSettings, TLSSettings, RunPolicySettings):
                               "token (for Prometheus scrapes inside the cluster); 0 = off")
     advertise_host: str = Field("127.0.0.1", description="address other nodes reach this one at")
     log_level: str = Field("info", description="debug|info|warning|error")
-    run_file: str = Field("", description="a run YAML (what `sluice submit` posts); its `name` is the run id, "
-                                          "so a deployment takes both from one file; empty = --run-id")
-
-    @model_validator(mode="after")
-    def _run_id_from_run_file(self) -> "RoleSettings":
-        if self.run_file:
-            name = run_name_from_file(self.run_file)
-            if "run_id" in self.model_fields_set and self.run_id != name:
-                raise ValueError(f"run_id {self.run_id!r} differs from the name {name!r} in run_file {self.run_file}")
-            self.run_id = name
-        return self
 
 
 class RoleStatus:

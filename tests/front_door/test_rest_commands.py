@@ -171,3 +171,24 @@ def test_ctrl_c_while_attached_detaches_and_leaves_the_run_going(dcs, tmp_path, 
         assert json.loads(out.splitlines()[-1])["event"] == "interrupted"
         run = client.run(name)  # an attached terminal's Ctrl-C is not the run's: it neither pauses nor stops
         assert run.desired_state == "running" and run.status not in ("stopped", "paused")
+
+
+def test_engines_add_list_and_remove(env, tmp_path, capsys):
+    assert sluice(["submit", "--no-preflight", run_file(tmp_path, "rest_engines")]) == 0
+    capsys.readouterr()
+    assert sluice(["engines", "add", "rest_engines", "http://gpu-0:30000"]) == 0
+    added = json.loads(capsys.readouterr().out)
+    assert (added["event"], added["url"], added["source"], added["alive"]) == ("added", "http://gpu-0:30000",
+                                                                              "added", False)
+    assert sluice(["engines", "list", "rest_engines"]) == 0
+    assert [e["url"] for e in json.loads(capsys.readouterr().out)["engines"]] == ["http://gpu-0:30000"]
+    assert sluice(["engines", "remove", "rest_engines", "http://gpu-0:30000"]) == 0
+    assert json.loads(capsys.readouterr().out)["event"] == "removed"
+    assert sluice(["engines", "list", "rest_engines"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"engines": [], "removed": ["http://gpu-0:30000"]}
+    assert sluice(["engines", "add", "rest_engines", "gpu-0:30000"]) == 2  # no scheme: refused before sending
+    assert "scheme" in capsys.readouterr().err
+    assert sluice(["engines", "remove", "rest_engines", "http://gpu-9:30000"]) == 1
+    assert "HTTP 404" in capsys.readouterr().err
+    assert sluice(["engines", "add", "no_such_run", "http://gpu-0:30000"]) == 1
+    assert "no_such_run does not exist" in capsys.readouterr().err
