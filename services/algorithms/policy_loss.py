@@ -103,6 +103,8 @@ class PolicyLossConfig:
     eps_clip_high  clip range above 1 (DAPO's clip-higher); None = eps_clip
     dual_clip_c    dual-clip bound for negative advantages, > 1; None = off
     tis_clip       cap of the behaviour importance weight (truncated importance sampling); None = no cap
+    behav_cap      tokens whose behaviour weight exceeds this leave the policy term (AReaL's filter); None = off
+    behav_floor    tokens whose behaviour weight is below this leave it too; None = off
     loss_agg       one of AGGREGATIONS
     kl_loss_coef   weight of the KL(pi || ref) loss term; 0 = off
     kl_loss_kind   one of KL_KINDS
@@ -113,6 +115,8 @@ class PolicyLossConfig:
     eps_clip_high: float | None = None
     dual_clip_c: float | None = None
     tis_clip: float | None = None
+    behav_cap: float | None = None
+    behav_floor: float | None = None
     loss_agg: str = "token_mean"
     kl_loss_coef: float = 0.0
     kl_loss_kind: str = "k3"
@@ -127,6 +131,10 @@ class PolicyLossConfig:
             raise ValueError(f"dual_clip_c must be > 1 (or None), got {self.dual_clip_c}")
         if self.tis_clip is not None and not self.tis_clip > 0:
             raise ValueError(f"tis_clip must be > 0 (or None), got {self.tis_clip}")
+        if self.behav_cap is not None and not self.behav_cap > 1:
+            raise ValueError(f"behav_cap must be > 1 (or None), got {self.behav_cap}")
+        if self.behav_floor is not None and not 0 < self.behav_floor < 1:
+            raise ValueError(f"behav_floor must be in (0, 1) (or None), got {self.behav_floor}")
         if self.loss_agg not in AGGREGATIONS:
             raise ValueError(f"unknown loss_agg {self.loss_agg!r}; expected one of {AGGREGATIONS}")
         if self.kl_loss_coef < 0:
@@ -162,6 +170,12 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, ma
     behaviour policy mu that sampled the tokens) is given, each token is reweighted by
 
         w_t = pi_old(t) / mu(t)                (detached; = 1 when they are the same)
+        w_t = 0  where w_t > behav_cap or w_t < behav_floor
+                                               the token leaves the policy term: AReaL's behaviour
+                                               importance-weight filter (its behav_imp_weight_cap / _floor;
+                                               Fu et al. 2025): a token whose probability moved far between
+                                               the behaviour and the proximal policy would carry a weight
+                                               that dominates the batch's gradient (or one near 0)
         w_t = min(w_t, tis_clip)               when tis_clip is set: truncated importance sampling (Yao
                                                et al. 2025, "Your Efficient RL Framework Secretly Brings
                                                You Off-Policy RL Training")
@@ -175,7 +189,8 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, ma
     Metrics are detached scalars, token means over this call's mask (weight them by "tokens" to combine
     micro batches): pg_loss, clip_fraction (tokens where the clipped branch is the max), dual_clip_fraction,
     approx_kl (mean of (log pi - log pi_old)^2 / 2), ratio_max (a max, not a mean), tokens; kl when
-    ref_log_probs is given, entropy when entropy is given, tis_weight_mean when rollout_log_probs is given.
+    ref_log_probs is given, entropy when entropy is given, tis_weight_mean and behav_filtered_fraction (tokens the
+    filter took out) when rollout_log_probs is given.
 
     Log-ratios beyond +-20 are clamped before exp() so a wild token cannot overflow to inf; such a ratio
     is clipped (or dual-clipped) anyway for every sane clip range.
@@ -212,6 +227,13 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, ma
     if rollout_log_probs is not None:
         behaviour_log_ratio = (old_log_probs - torch.where(on, rollout_log_probs, 0.0)).detach()
         weight = torch.exp(behaviour_log_ratio.clamp(max=_MAX_LOG_RATIO))
+        kept = on
+        if cfg.behav_cap is not None:
+            kept = kept & (weight <= cfg.behav_cap)
+        if cfg.behav_floor is not None:
+            kept = kept & (weight >= cfg.behav_floor)
+        metrics["behav_filtered_fraction"] = _token_mean(on & ~kept, on)
+        weight = torch.where(kept, weight, 0.0)
         if cfg.tis_clip is not None:
             weight = weight.clamp(max=cfg.tis_clip)
         pg = pg * weight

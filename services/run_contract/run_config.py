@@ -86,6 +86,11 @@ class AlgorithmSettings(_Strict):
         "then over sequences), seq_mean_token_sum (summed per sequence, mean over sequences)"))
     decoupled: bool = Field(False, description="decoupled PPO: actor_fwd's log_probs are the proximal policy")
     tis_clip: float | None = Field(None, gt=0, le=1e6, description="truncated importance sampling cap vs rollout log-probs")
+    behav_weight_cap: float | None = Field(5.0, gt=1, le=1e6, description=(
+        "with decoupled or tis_clip: tokens whose behaviour weight pi_old / mu exceeds this leave the policy loss "
+        "(AReaL's behav_imp_weight_cap, 5 in its recipes); None = keep every token"))
+    behav_weight_floor: float | None = Field(None, gt=0, lt=1, description=(
+        "with decoupled or tis_clip: tokens whose behaviour weight is below this leave the policy loss too"))
     value_clip: float | None = Field(0.2, gt=0, le=1e6, description="PPO value-loss clip (critic)")
 
 

@@ -32,7 +32,8 @@ def loss_config(run: RunConfig) -> PolicyLossConfig:
     a = run.algorithm
     kl_loss = a.kl_coef if (a.kl_coef > 0 and not a.kl_in_reward) else 0.0
     return PolicyLossConfig(eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high, dual_clip_c=a.dual_clip_c,
-                            tis_clip=a.tis_clip, loss_agg=a.loss_agg, kl_loss_coef=kl_loss, kl_loss_kind=a.kl_kind,
+                            tis_clip=a.tis_clip, behav_cap=a.behav_weight_cap, behav_floor=a.behav_weight_floor,
+                            loss_agg=a.loss_agg, kl_loss_coef=kl_loss, kl_loss_kind=a.kl_kind,
                             entropy_coef=a.entropy_coef)
 
 

@@ -114,6 +114,28 @@ def test_decoupled_behaviour_weight_and_its_tis_cap():
     close(log_probs.grad, [[-1.0, -0.25]])
 
 
+def test_areal_behaviour_weight_filter_drops_tokens_outside_cap_and_floor():
+    """AReaL's decoupled loss (behav_imp_weight_cap / _floor): a token whose behaviour weight pi_old / mu is above
+    the cap or below the floor leaves the policy term (weight 0), the others keep their whole weight; the mean is
+    still over every token of the mask."""
+    log_probs, old = ratios_as_log_probs([1.0, 1.0, 1.0, 1.0])
+    rollout = old - torch.log(T([[6.0, 4.0, 0.5, 0.1]]))  # w = 6, 4, 0.5, 0.1
+    adv, mask = T([[1.0, 1.0, -2.0, 1.0]]), torch.ones(1, 4)
+    cfg = PolicyLossConfig(behav_cap=5.0, behav_floor=0.2)
+    loss, m = policy_loss(log_probs, old, adv, mask, cfg, rollout_log_probs=rollout)
+    # kept: w = 4 (pg = -1 * 4) and w = 0.5 (pg = 2 * 0.5); dropped: 6 (> cap) and 0.1 (< floor)
+    close(loss, (-4.0 + 1.0) / 4)
+    close(m["behav_filtered_fraction"], 0.5)
+    close(m["tis_weight_mean"], (4.0 + 0.5) / 4)
+    loss.backward()
+    close(log_probs.grad, [[0.0, -1.0, 0.25, 0.0]])  # -A r w / 4 on the kept tokens, nothing on the others
+
+    log_probs.grad = None  # the filter, then the truncation: 4 -> 2
+    loss, _ = policy_loss(log_probs, old, adv, mask, PolicyLossConfig(behav_cap=5.0, tis_clip=2.0),
+                          rollout_log_probs=rollout)
+    close(loss, (-2.0 + 1.0 - 0.1) / 4)
+
+
 def test_clip_is_centred_on_the_proximal_policy():
     log_probs, old = ratios_as_log_probs([1.5])
     rollout = old - LN(2.0)
@@ -255,6 +277,8 @@ def test_value_loss_clipped_and_plain():
     (dict(eps_clip_high=-0.1), "eps_clip_high"),
     (dict(dual_clip_c=1.0), "dual_clip_c must be > 1"),
     (dict(tis_clip=0.0), "tis_clip"),
+    (dict(behav_cap=1.0), "behav_cap must be > 1"),
+    (dict(behav_floor=1.0), "behav_floor must be in"),
     (dict(loss_agg="mean"), "unknown loss_agg 'mean'"),
     (dict(kl_loss_coef=-1.0), "kl_loss_coef"),
     (dict(kl_loss_kind="k4"), "unknown kl_loss_kind 'k4'"),
