@@ -139,15 +139,15 @@ class RunFollower:
                     break
                 reached = time.monotonic()
             except DCSError as exc:
-                p.state, p.failure = "failed", f"coordinator: {exc}"
-                break
-            except OSError as exc:  # a local coordinator that died is the liveness check's to name
-                p.failure = self.liveness() or f"coordinator unreachable: {exc}"
-                if self.liveness() or time.monotonic() - reached > unreachable_s:
-                    p.state = "failed"
+                if exc.status != 503:
+                    p.state, p.failure = "failed", f"coordinator: {exc}"
                     break
-                p.state = "unreachable"
-                view.refresh(p)
+                # 503: the coordinator's Redis is down (being restarted): unreachable for now, as below
+                if self._unreachable(exc, reached, unreachable_s, view):
+                    break
+            except OSError as exc:  # a local coordinator that died is the liveness check's to name
+                if self._unreachable(exc, reached, unreachable_s, view):
+                    break
             self.interrupt.wait(self.poll_s)
         else:
             p.state = "interrupted"
@@ -159,6 +159,19 @@ class RunFollower:
         self.before_summary(p)
         view.end(p)
         return p
+
+
+    def _unreachable(self, exc: Exception, reached: float, unreachable_s: float, view: View) -> bool:
+        """The coordinator did not answer; True (the run failed) once a local service died or it has not
+        answered for `unreachable_s`."""
+        p = self.progress
+        p.failure = self.liveness() or f"coordinator unreachable: {exc}"
+        if self.liveness() or time.monotonic() - reached > unreachable_s:
+            p.state = "failed"
+            return True
+        p.state = "unreachable"
+        view.refresh(p)
+        return False
 
 
 def exit_code(progress: RunProgress) -> int:

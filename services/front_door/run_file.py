@@ -37,7 +37,9 @@ class StackSettings(BaseModel):
         "extra flags per role service, e.g. {trainer: {pause_mode: abort}}"))
     trainer_ranks: int = Field(1, ge=1, le=64, description="data-parallel trainer processes")
     redis_url: str | None = Field(None, max_length=1024, description=(
-        "an existing Redis to keep the run's state in; null = start a private, memory-only redis-server"))
+        "an existing Redis to keep the run's state in (a password it requires: env SLUICE_REDIS_PASSWORD_FILE or "
+        "SLUICE_REDIS_PASSWORD, never in the URL); null = start a private redis-server with an append-only file "
+        "under <run dir>/redis and a password made for the run, in <run dir>/redis-password"))
     coordinator_port: int = Field(7300, ge=0, le=65535, description=(
         "the coordinator's HTTP port on 127.0.0.1 (where `sluice status|pause|stop` look by default); "
         "0 = any free port (printed at start, and in <run dir>/stack.json)"))

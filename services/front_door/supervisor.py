@@ -6,8 +6,13 @@ coordinator, built-in engines and the roles), submits the run and follows it to 
 a terminal, JSON lines otherwise. Exit status: 0 finished, 1 failed (the failing service and its message
 on stderr), 2 a bad run file, 3 stopped by an operator, 130 interrupted.
 
-Ctrl-C (or SIGTERM) pauses the run through the coordinator, then stops every service cleanly (the trainer
-checkpoints on the way out); `sluice run run.yaml --resume` continues from the last checkpoint.
+The private Redis keeps an append-only file under <run dir>/redis (fsynced every second; emptied when
+`sluice run` starts) and requires a password made for this run (<run dir>/redis-password, mode 0600; the
+services get it in their environment), so a killed service, Redis included, is restarted and loses nothing.
+
+Ctrl-C (or SIGTERM) pauses the run through the coordinator, writes its report, then stops every service
+cleanly (the trainer checkpoints on the way out); `sluice run run.yaml --resume` continues from the last
+checkpoint.
 `sluice run --attach URL RUN_ID` follows a run on a stack started elsewhere (Ctrl-C only detaches).
 """
 
@@ -20,6 +25,7 @@ import gc
 import json
 import os
 import secrets
+import shutil
 import signal
 import sys
 import threading
@@ -39,6 +45,8 @@ from services.launch.local_run import LocalRun
 from services.run_contract.checkpoint import latest_checkpoint
 from services.run_state.evaluations import read_latest_evaluation
 from services.run_state.prompt_ledger import resume_ledger_at
+from services.runtime.redis_password import (RedisPasswordError, new_redis_password, resolve_redis_password,
+                                             write_private_file)
 from services.runtime.settings_cli import HelpWithDefaults
 
 
@@ -50,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true",
                         help="continue the run from the last checkpoint in its checkpoint directory")
     parser.add_argument("--redis-url", default=None, help="use this Redis instead of starting a private one "
-                                                          "(overrides stack.redis_url)")
+                                                          "(overrides stack.redis_url; its password, if any, from "
+                                                          "env SLUICE_REDIS_PASSWORD_FILE or SLUICE_REDIS_PASSWORD)")
     parser.add_argument("--attach", nargs=2, metavar=("URL", "RUN_ID"),
                         help="follow a run on a coordinator elsewhere; nothing is started")
     parser.add_argument("--view", choices=["auto", "live", "json"], default="auto",
@@ -140,18 +149,14 @@ class RunOptions:
 
 def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
     """Start the run's services, submit it, follow it to its end and stop them; the exit status."""
-    config, dirs, stack = run_file.run_config(), run_file.directories(), run_file.stack
+    config, dirs = run_file.run_config(), run_file.directories()
     view = choose_view(options.view)
     token, token_file = stack_token(options.token, dirs["run"])
     view.note("starting", run=config.name, run_dir=dirs["run"], logs=dirs["logs"],
               **({"auth_token_file": token_file} if token_file else {}))
     try:
-        local = LocalRun(config, log_dir=dirs["logs"], engines=stack.engines, token=token,
-                         checkpoint_dir=dirs["checkpoints"], engine_args=run_file.engine_argv(),
-                         role_args=run_file.role_argv(), trainer_ranks=stack.trainer_ranks, submit=False,
-                         redis_url=stack.redis_url, dcs_port=stack.coordinator_port, engine=stack.engine,
-                         python_path=(run_file_directory(options.path),) if options.path else ())
-    except (RuntimeError, TimeoutError, OSError) as exc:
+        local = start_stack(run_file, token, options.path)
+    except (RuntimeError, TimeoutError, OSError, RedisPasswordError) as exc:
         print(f"sluice run: a service did not start: {exc}\nsluice run: logs in {dirs['logs']}", file=sys.stderr)
         return 1
     with local:
@@ -161,7 +166,7 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
         except DCSError as exc:
             print(f"sluice run: the coordinator refused the run: {exc}", file=sys.stderr)
             return 1
-        _write_stack_file(dirs, local, config.name, token_file)
+        _write_stack_file(dirs, local, config.name, token_file, redis_password_file(run_file))
         view.note("running", coordinator=local.dcs.url, services=sorted(local.procs))
         with local.dcs_client() as dcs:
             def on_interrupt(progress: RunProgress) -> None:
@@ -171,14 +176,42 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
             def before_summary(progress: RunProgress) -> None:
                 if progress.state == "finished" and options.check:
                     options.check(local, progress)
-                if progress.state != "interrupted":
-                    progress.extra["report"] = write_run_report(dirs["run"], local, token)
+                # every ending writes it, an interrupted or stopped run too: its services still answer here
+                progress.extra["report"] = write_run_report(dirs["run"], local, token)
 
             progress = follow(dcs, config, view, liveness=lambda: dead_service(local),
                               eval_reward=lambda: latest_eval_reward(local), on_interrupt=on_interrupt,
                               before_summary=before_summary)
     leave_the_heap_at_exit()
     return _finish(progress, dirs["logs"])
+
+
+def start_stack(run_file: RunFile, token: str, path: str = "") -> LocalRun:
+    """Every service of the run file's stack, started (the run not yet submitted): what `sluice run` runs,
+    with its defaults. A private Redis (no stack.redis_url) keeps an append-only file under <run dir>/redis,
+    emptied first (a run resumed with --resume continues from its checkpoint, as on a new Redis), and
+    requires a new password, written to <run dir>/redis-password; a Redis of the operator's gets the
+    password from this process's environment (env SLUICE_REDIS_PASSWORD_FILE or SLUICE_REDIS_PASSWORD)."""
+    dirs, stack = run_file.directories(), run_file.stack
+    if stack.redis_url is None:
+        data_dir = os.path.join(dirs["run"], "redis")
+        shutil.rmtree(data_dir, ignore_errors=True)
+        os.makedirs(dirs["run"], exist_ok=True)
+        password = new_redis_password()
+        write_private_file(redis_password_file(run_file), password + "\n")
+    else:
+        data_dir, password = None, resolve_redis_password()
+    return LocalRun(run_file.run_config(), log_dir=dirs["logs"], engines=stack.engines, token=token,
+                    checkpoint_dir=dirs["checkpoints"], engine_args=run_file.engine_argv(),
+                    role_args=run_file.role_argv(), trainer_ranks=stack.trainer_ranks, submit=False,
+                    redis_url=stack.redis_url, dcs_port=stack.coordinator_port, engine=stack.engine,
+                    python_path=(run_file_directory(path),) if path else (), redis_data_dir=data_dir,
+                    redis_password=password)
+
+
+def redis_password_file(run_file: RunFile) -> str | None:
+    """Where `sluice run` writes its private Redis' password (None: the Redis is the operator's)."""
+    return os.path.join(run_file.directories()["run"], "redis-password") if run_file.stack.redis_url is None else None
 
 
 def leave_the_heap_at_exit() -> None:
@@ -292,21 +325,20 @@ def stack_token(given: str, run_dir: str) -> tuple[str, str | None]:
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, "auth-token")
     token = secrets.token_hex(32)  # never a leading '-', which SGLang's argparse would take for a flag
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(token + "\n")
-    os.chmod(path, 0o600)  # a file left by an earlier run keeps its mode through O_TRUNC
+    write_private_file(path, token + "\n")
     return token, path
 
 
-def _write_stack_file(dirs: dict[str, str], local: LocalRun, run_id: str, token_file: str | None) -> None:
-    """<run_dir>/stack.json: where this run's coordinator, logs and generated token are (`sluice logs`,
-    other terminals)."""
+def _write_stack_file(dirs: dict[str, str], local: LocalRun, run_id: str, token_file: str | None,
+                      redis_password_path: str | None) -> None:
+    """<run_dir>/stack.json: where this run's coordinator, logs, generated token and Redis password are
+    (`sluice logs`, other terminals: env SLUICE_REDIS_PASSWORD_FILE=<that file> for Redis)."""
     os.makedirs(dirs["run"], exist_ok=True)
     with open(os.path.join(dirs["run"], "stack.json"), "w", encoding="utf-8") as f:
         json.dump({"run_id": run_id, "coordinator": local.dcs.url, "redis_url": local.redis_url,
                    "log_dir": dirs["logs"], "checkpoint_dir": dirs["checkpoints"], "pid": os.getpid(),
-                   **({"auth_token_file": token_file} if token_file else {})}, f, indent=1)
+                   **({"auth_token_file": token_file} if token_file else {}),
+                   **({"redis_password_file": redis_password_path} if redis_password_path else {})}, f, indent=1)
 
 
 def attach(args) -> int:

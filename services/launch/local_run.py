@@ -16,6 +16,8 @@ from services.dcs.local import LocalDCS
 from services.run_contract.run_config import RunConfig
 from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
 from services.runtime.auth_token import token_env
+from services.runtime.redis_clients import sync_redis
+from services.runtime.redis_password import redis_password_env
 from services.launch.sglang_engine import START_S as SGLANG_START_S, SGLangProcess
 from services.launch.sglang_flags import sglang_missing, token_problem
 from services.launch.supervision import ProcessSupervisor
@@ -35,13 +37,15 @@ class LocalRun(StopsOnExit):
                  role_args: dict[str, list[str]] | None = None, trainer_ranks: int = 1,
                  stack: "LocalRun | None" = None, submit: bool = True, redis_url: str | None = None,
                  dcs_port: int = 0, python_path: tuple[str, ...] = (), redis_data_dir: str | None = None,
-                 engine: str = "builtin"):
+                 engine: str = "builtin", redis_password: str = ""):
         """`stack`: run on that run's Redis, TransferQueue and coordinator (which it keeps owning) instead of
         starting new ones. `submit=False`: the roles start and wait until `submit()` creates the run.
         `redis_url`: keep state in that Redis instead of a private one; `dcs_port`: the coordinator's port
         (0 = a free one); `python_path`: directories first on the engines' and roles' PYTHONPATH (where an
         `import:` reward's module is); `redis_data_dir`: the private Redis keeps an append-only file there
-        (synced on every write), so a Redis restart loses nothing. Shards journal under <log_dir>/tq-data.
+        (fsynced every second), so a Redis restart loses nothing; `redis_password`: the private Redis requires
+        it, or the one `redis_url` names does (every service gets it in its environment, never argv).
+        Shards journal under <log_dir>/tq-data.
         `engine`: builtin (`sluice engine`) or sglang (SGLang servers; `engine_args` are then SGLang's flags);
         SGLang missing from this Python, or a token it cannot take, is refused before anything starts."""
         refusal = (sglang_missing() or token_problem(token)) if engine == "sglang" else None
@@ -61,12 +65,14 @@ class LocalRun(StopsOnExit):
         self.role_ports: dict[str, int] = {}  # a restarted role keeps its port, as under compose or k8s
         self.redis_proc = self.tq = self.dcs = None
         self.redis_data_dir = redis_data_dir
+        self.redis_password = stack.redis_password if stack is not None else redis_password
         self.supervisor: ProcessSupervisor | None = None
         self.owns_stack = stack is None
         try:
             if stack is None:
                 if redis_url is None:
-                    self.redis_proc, redis_url = start_redis(log_dir=self.log_dir, data_dir=redis_data_dir)
+                    self.redis_proc, redis_url = start_redis(log_dir=self.log_dir, data_dir=redis_data_dir,
+                                                             password=redis_password)
                 self.redis_url = redis_url
                 self._start_data_and_control_planes(dcs_port)
             else:
@@ -87,9 +93,9 @@ class LocalRun(StopsOnExit):
         """TransferQueue and the coordinator, at once (both need only Redis); either failing stops both."""
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stack-start") as pool:
             tq = pool.submit(LocalTransferQueue, token=self.token, redis_url=self.redis_url, log_dir=self.log_dir,
-                             data_dir=os.path.join(self.log_dir, "tq-data"))
+                             data_dir=os.path.join(self.log_dir, "tq-data"), redis_password=self.redis_password)
             dcs = pool.submit(LocalDCS, redis_url=self.redis_url, token=self.token, log_dir=self.log_dir,
-                              port=dcs_port)
+                              port=dcs_port, redis_password=self.redis_password)
             wait([tq, dcs])
         self.tq = tq.result() if tq.exception() is None else None
         self.dcs = dcs.result() if dcs.exception() is None else None
@@ -114,7 +120,7 @@ class LocalRun(StopsOnExit):
         return DCSClient(self.dcs.url, token=self.token or None)
 
     def redis_client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url, decode_responses=True)
+        return sync_redis(self.redis_url, password=self.redis_password)
 
     def _start_engine(self, i: int, args, port: int | None = None, wait: bool = True) -> str:
         port = port or free_port()
@@ -149,7 +155,8 @@ class LocalRun(StopsOnExit):
         procs[name].kill()
         if name == "redis":
             port = int(self.redis_url.rsplit(":", 1)[1].split("/")[0])
-            self.redis_proc, _ = start_redis(port, log_dir=self.log_dir, data_dir=self.redis_data_dir)
+            self.redis_proc, _ = start_redis(port, log_dir=self.log_dir, data_dir=self.redis_data_dir,
+                                             password=self.redis_password)
         elif name == "tq-controller":
             self.tq.start_controller()
         elif name.startswith("tq-shard"):
@@ -172,8 +179,9 @@ class LocalRun(StopsOnExit):
                 "--redis-url", self.redis_url, "--host", "127.0.0.1"]
 
     def _env(self) -> dict[str, str]:
-        """A service's environment: the token travels here, never in argv (every user's process list)."""
-        env = {"HF_HUB_OFFLINE": "1", **token_env(self.token)}
+        """A service's environment: the token and the Redis password travel here, never in argv (every
+        user's process list)."""
+        env = {"HF_HUB_OFFLINE": "1", **token_env(self.token), **redis_password_env(self.redis_password)}
         if self.python_path:
             env["PYTHONPATH"] = os.pathsep.join([*self.python_path, *filter(None, [os.environ.get("PYTHONPATH")])])
         return env

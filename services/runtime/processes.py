@@ -18,6 +18,7 @@ import time
 from typing import Callable, Iterable, Sequence
 
 from services.runtime import reaper
+from services.runtime.redis_password import redis_conf_line, write_private_file
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -194,31 +195,42 @@ def sluice_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "services.cli", *args]
 
 
-def start_redis(port: int | None = None, log_dir: str | None = None,
-                data_dir: str | None = None) -> tuple[ChildProcess, str]:
+def start_redis(port: int | None = None, log_dir: str | None = None, data_dir: str | None = None,
+                password: str = "", appendfsync: str = "everysec") -> tuple[ChildProcess, str]:
     """A private redis-server on a free port -> (process, url): memory only, or with `data_dir` an
-    append-only file synced on every write there (a restart on the same port and directory loses nothing)."""
+    append-only file there, fsynced every second (`appendfsync`: or "always", on every write). Redis writes
+    each command to the file before it replies, so a killed redis-server restarted on the same port and
+    directory loses nothing it acknowledged; only a machine crash can lose the last second.
+
+    `password`: Redis requires it (AUTH). It goes into a redis.conf (mode 0600) whose path is redis-server's
+    argv, never onto argv itself (every user's process list); the url carries no password."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
+    if appendfsync not in ("everysec", "always"):
+        raise ValueError(f"appendfsync: everysec or always, got {appendfsync!r}")
     port = port or free_port()
     workdir = data_dir or tempfile.mkdtemp(prefix="sluice-redis-")
     os.makedirs(workdir, exist_ok=True)
     log_path = os.path.join(log_dir or workdir, f"redis-{port}.log")
-    persistence = ["--appendonly", "yes", "--appendfsync", "always"] if data_dir else ["--appendonly", "no"]
-    proc = ChildProcess("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+    conf = [write_private_file(os.path.join(workdir, "redis.conf"), redis_conf_line(password))] if password else []
+    persistence = ["--appendonly", "yes", "--appendfsync", appendfsync] if data_dir else ["--appendonly", "no"]
+    proc = ChildProcess("redis", [binary, *conf, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                   *persistence, "--dir", workdir], log_path)
-
-    def ready() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    proc.wait_until(ready, 10)
+    proc.wait_until(lambda: _redis_answers(port, password), 10)
     return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def _redis_answers(port: int, password: str) -> bool:
+    """PING answered (after AUTH, with a password), the append-only file loaded."""
+    import redis
+
+    try:
+        with redis.Redis(port=port, password=password or None, socket_timeout=0.5,
+                         socket_connect_timeout=0.2) as r:
+            return bool(r.ping())
+    except redis.RedisError:  # not listening yet, or still loading its file
+        return False
 
 
 def http_ok(url: str) -> bool:

@@ -11,6 +11,10 @@ Redis came back every stale connection in a pool failed one command, and each fa
 (the chaos test, tests/e2e/test_chaos.py). A connection error, a timeout or "loading the dataset" is
 retried on a fresh connection for about 2.5 s in all. A retried command may have run once already when
 only its reply was lost; every script Sluice runs is safe to repeat or is undone by a lease expiring.
+
+The password: given, or else from this process's environment (services/runtime/redis_password.py: env
+SLUICE_REDIS_PASSWORD_FILE or SLUICE_REDIS_PASSWORD), so every service that reads Redis authenticates without
+a flag of its own. A password inside the URL wins over both.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 from redis.retry import Retry
 
+from services.runtime.redis_password import resolve_redis_password
+
 MAX_CONNECTIONS = 256
 WAIT_FOR_CONNECTION_S = 10.0
 RETRIES = 5
@@ -32,16 +38,23 @@ def _backoff() -> ExponentialBackoff:
     return ExponentialBackoff(cap=1.0, base=0.1)  # 0.1, 0.2, 0.4, 0.8, 1.0 s
 
 
-def async_redis(url: str, max_connections: int = MAX_CONNECTIONS,
-                wait_s: float = WAIT_FOR_CONNECTION_S) -> aioredis.Redis:
-    """A client on a BlockingConnectionPool (decoded responses); `aclose()` closes the pool too."""
+def _password(password: str | None) -> dict[str, str]:
+    """redis-py's `password` argument: the one given, else the environment's; none when empty."""
+    password = resolve_redis_password() if password is None else password
+    return {"password": password} if password else {}
+
+
+def async_redis(url: str, max_connections: int = MAX_CONNECTIONS, wait_s: float = WAIT_FOR_CONNECTION_S,
+                password: str | None = None) -> aioredis.Redis:
+    """A client on a BlockingConnectionPool (decoded responses); `aclose()` closes the pool too.
+    `password` None = the environment's (above)."""
     pool = aioredis.BlockingConnectionPool.from_url(url, decode_responses=True, max_connections=max_connections,
                                                     timeout=wait_s, retry=AsyncRetry(_backoff(), RETRIES),
-                                                    retry_on_error=list(RETRY_ON))
+                                                    retry_on_error=list(RETRY_ON), **_password(password))
     return aioredis.Redis.from_pool(pool)
 
 
-def sync_redis(url: str) -> redis.Redis:
-    """A blocking client (decoded responses) with the same retries."""
+def sync_redis(url: str, password: str | None = None) -> redis.Redis:
+    """A blocking client (decoded responses) with the same retries and password."""
     return redis.Redis.from_url(url, decode_responses=True, retry=Retry(_backoff(), RETRIES),
-                                retry_on_error=list(RETRY_ON))
+                                retry_on_error=list(RETRY_ON), **_password(password))

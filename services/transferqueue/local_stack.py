@@ -9,6 +9,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.runtime.auth_token import token_env
+from services.runtime.redis_password import redis_password_env
 from services.runtime.processes import ChildProcess, StopsOnExit, free_port, sluice_argv, start_redis
 
 
@@ -23,11 +24,14 @@ def grpc_serving(address: str, service: str = "") -> bool:
 
 class LocalTransferQueue(StopsOnExit):
     def __init__(self, shards: int = 1, token: str = "", redis_url: str | None = None, log_dir: str | None = None,
-                 shard_args: tuple[str, ...] = (), controller_args: tuple[str, ...] = (), data_dir: str | None = None):
-        """`data_dir`: each shard journals to data_dir/<shard id> (a killed shard restarts with its rows)."""
+                 shard_args: tuple[str, ...] = (), controller_args: tuple[str, ...] = (), data_dir: str | None = None,
+                 redis_password: str = ""):
+        """`data_dir`: each shard journals to data_dir/<shard id> (a killed shard restarts with its rows);
+        `redis_password`: what `redis_url` requires."""
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-tq-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.token = token
+        self.redis_password = redis_password
         self.redis = None
         if redis_url is None:
             self.redis, redis_url = start_redis(log_dir=self.log_dir)
@@ -49,7 +53,8 @@ class LocalTransferQueue(StopsOnExit):
             raise
 
     def _env(self) -> dict[str, str]:
-        return token_env(self.token)  # the environment, not argv: argv is in every user's process list
+        # the environment, not argv: argv is in every user's process list
+        return {**token_env(self.token), **redis_password_env(self.redis_password)}
 
     def start_controller(self) -> ChildProcess:
         self.controller = ChildProcess(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 
+from services.dcs.client import DCSError
 from services.dcs.models import Failure, Run, RunConfig, RunStatus, ServiceStatus, StepRecord, StepsPage
 from services.front_door.follower import RunFollower, exit_code
 from services.front_door.live_view import JsonLinesView, RichLiveView, render
@@ -92,6 +93,34 @@ def test_a_coordinator_gone_too_long_fails_it():
     progress = follower.follow(JsonLinesView(out), unreachable_s=0)
     assert progress.state == "failed" and "connection refused" in progress.failure
     assert exit_code(progress) == 1
+
+
+class RedisRestarting(ScriptedCoordinator):
+    """The coordinator answers 503 (its Redis is down) on the polls named, and from the script otherwise."""
+
+    def __init__(self, script, unavailable: set[int]):
+        super().__init__(script)
+        self.unavailable = unavailable
+
+    def status(self, run_id):
+        if self.polls in self.unavailable:
+            self.polls += 1
+            raise DCSError(503, "redis unavailable")
+        return super().status(run_id)
+
+
+def test_a_coordinator_answering_503_while_its_redis_restarts_does_not_end_the_run():
+    script = [("running", None, 0), ("running", None, 1), ("running", None, 1), ("running", None, 2),
+              ("finished", None, 3)]
+    progress, lines = follow(RedisRestarting(script, unavailable={1, 2}))
+    assert progress.state == "finished" and exit_code(progress) == 0
+    assert [line.get("step") for line in lines[:-1]] == [0, 1, 2]
+
+
+def test_a_coordinator_answering_503_for_too_long_fails_the_run():
+    follower = RunFollower(RedisRestarting([("running", None, 0)], unavailable={0}), "r", 3, 4, poll_s=0)
+    progress = follower.follow(JsonLinesView(io.StringIO()), unreachable_s=0)
+    assert progress.state == "failed" and "503" in progress.failure
 
 
 def test_an_interrupt_pauses_then_shows_the_steps_that_finished_meanwhile():
