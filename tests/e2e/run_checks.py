@@ -19,7 +19,8 @@ def finite_numbers(metrics: dict) -> list:
 
 def assert_run_complete(lr: LocalRun, run: RunConfig, staleness_bounded: bool = True,
                         engine_urls: list[str] | None = None) -> dict[int, dict]:
-    """`engine_urls`: the engines that must serve the last weights (default: the run's own)."""
+    """`engine_urls`: the engines that must serve the last weights (default: the run's own); the stack's
+    token (lr.token), when it has one, is sent to its services."""
     steps = lr.trained_steps()
     assert sorted(steps) == list(range(run.num_steps))
     # every sample of every prompt position trained exactly once: none repeated, none left out but the groups
@@ -44,12 +45,13 @@ def assert_run_complete(lr: LocalRun, run: RunConfig, staleness_bounded: bool = 
     assert versions == sorted(set(versions)) and lr.progress().version == versions[-1]
     # every partition of the run was consumed by every task and cleared (the trainer clears one only then, and
     # only after the step's record: the last clear may still be under way when the last record is seen)
-    with TransferQueue(lr.tq.controller_address) as tq:
+    with TransferQueue(lr.tq.controller_address, token=lr.token or None) as tq:
         deadline = time.monotonic() + 30
         while (left := tq.list_partitions(f"{run.name}/")) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert left == [], [(p.name, p.rows, p.sealed, [(t.task, t.consumed) for t in p.tasks]) for p in left]
     # every engine serves the last published weights
     for url in lr.engine_urls if engine_urls is None else engine_urls:
-        assert httpx.get(url + "/weight_version").json()["weight_version"] == str(versions[-1])
+        auth = {"authorization": f"Bearer {lr.token}"} if lr.token else {}
+        assert httpx.get(url + "/weight_version", headers=auth).json()["weight_version"] == str(versions[-1])
     return steps

@@ -1,28 +1,42 @@
-"""Chaos: one fully-async run, every service its own process (redis-server with an append-only file, the
-TransferQueue controller and a journaled shard, the coordinator, an engine, rollout, actor_fwd, reference,
-advantage and trainer). Each service is killed with kill -9 once, in a random order at a random moment,
-and the run's supervisor starts it again. The run finishes, every sample is trained exactly once and
+"""Chaos: one fully-async run on the stack `sluice run` starts, with its defaults (services/front_door/
+supervisor.py start_stack: a generated token, redis-server with an append-only file under the run dir fsynced
+every second and a generated password, the TransferQueue controller and a journaled shard, the coordinator,
+an engine, rollout, actor_fwd, reference, advantage and trainer, each its own process; only the roles'
+leases and timeouts are shortened, through the run file's stack.role_flags, so that recovery takes seconds).
+Each service is killed with kill -9 once, in a random order at a random moment, and the run's supervisor
+starts it again. The run finishes, every sample is trained exactly once and
 weight versions never go back (the coordinator's, polled all through, and the engine's within each of its
 lives). The table it prints (pytest -s), with the samples lost counted against the fault before them, is the
 one in docs/operations.md.
 
-SLUICE_CHAOS_SEED=<n> replays one order and timing."""
+SLUICE_CHAOS_SEED=<n> replays one order and timing. A second test kills the redis-server of a `sluice run`
+process (what failed with "run chaos does not exist" while that Redis was memory-only)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import signal
+import stat
 import threading
 import time
 
 import httpx
 import pytest
 
+from services.front_door.run_file import RunFile, load_run_file
+from services.front_door.supervisor import stack_token, start_stack
 from services.launch.local_run import LocalRun
 from services.model.init_model import init_model
 from services.run_contract.run_config import RunConfig
 from services.run_state import run_key
+from services.run_state.prompt_ledger import skipped_prompts
+from services.run_state.trainer_progress import trained_steps
+from services.runtime.processes import start_redis
+from services.runtime.redis_clients import sync_redis
 from tests.e2e.run_checks import assert_run_complete
+from tests.e2e.test_sluice_run import start, write_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -34,6 +48,10 @@ STEPS_PER_FAULT = 2
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return init_model(str(tmp_path_factory.mktemp("tiny")), preset="tiny", arch="qwen2", seed=7)
+
+
+def _auth(lr: LocalRun) -> dict[str, str]:
+    return {"authorization": f"Bearer {lr.token}"} if lr.token else {}
 
 
 def _retry(call, timeout_s: float = 120.0):
@@ -56,7 +74,7 @@ class Ledger:
         self.dead_engines_completed = 0.0
 
     def engine_completed(self) -> float:
-        text = httpx.get(self.lr.engine_urls[0] + "/metrics", timeout=10).text
+        text = httpx.get(self.lr.engine_urls[0] + "/metrics", headers=_auth(self.lr), timeout=10).text
         return sum(float(line.split()[-1]) for line in text.splitlines()
                    if line.startswith("sluice_engine_requests_total{") and 'finish="abort"' not in line)
 
@@ -88,7 +106,7 @@ class VersionWatch(threading.Thread):
         self.halt = threading.Event()
 
     def run(self) -> None:
-        with httpx.Client(timeout=2) as http:
+        with httpx.Client(timeout=2, headers=_auth(self.lr)) as http:
             while not self.halt.wait(self.every_s):
                 self._read(http)
 
@@ -170,16 +188,21 @@ def test_every_service_killed_once_and_the_run_trains_every_sample_once(model_di
     seed = int(os.environ.get("SLUICE_CHAOS_SEED", "0")) or random.randrange(1, 1 << 30)
     rng = random.Random(seed)
     order = rng.sample(FAULTS, len(FAULTS))
-    run = RunConfig(name="chaos", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=4, micro_batch_size=4, num_steps=5 * len(FAULTS), checkpoint_interval=1,
-                    ref_update_interval=2, algorithm={"decoupled": True, "kl_coef": 0.01},
-                    rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), checkpoint_dir=str(tmp_path / "ckpt"),
-                  redis_data_dir=str(tmp_path / "redis"), engine_args=("--weight-sync-timeout-s", "10"),
-                  role_args={"actor_fwd": ["--lease-s", "3", "--weight-sync-timeout-s", "10"],
-                             "reference": ["--lease-s", "3", "--weight-sync-timeout-s", "10"],
-                             "advantage": ["--lease-s", "3"],
-                             "trainer": ["--weight-sync-timeout-s", "10", "--republish-check-s", "2"]}) as lr:
+    run_file = RunFile(name="chaos", model=model_dir, max_staleness=1, n_samples_per_prompt=4,
+                       rollout_batch_size=2, global_batch_size=4, micro_batch_size=4, num_steps=5 * len(FAULTS),
+                       checkpoint_interval=1, ref_update_interval=2, algorithm={"decoupled": True, "kl_coef": 0.01},
+                       rollout={"max_new_tokens": 16}, optim={"lr": 1e-4},
+                       stack={"output_dir": str(tmp_path / "runs"), "coordinator_port": 0,
+                              "engine_flags": {"weight_sync_timeout_s": 10},
+                              "role_flags": {"actor_fwd": {"lease_s": 3, "weight_sync_timeout_s": 10},
+                                             "reference": {"lease_s": 3, "weight_sync_timeout_s": 10},
+                                             "advantage": {"lease_s": 3},
+                                             "trainer": {"weight_sync_timeout_s": 10, "republish_check_s": 2}}})
+    run = run_file.run_config()
+    token, _ = stack_token("", run_file.directories()["run"])  # as `sluice run` makes one
+    with start_stack(run_file, token) as lr:
+        assert lr.token and lr.redis_password and lr.redis_data_dir  # the defaults: token, password, AOF
+        lr.submit()
         supervisor = lr.supervise()
         ledger = Ledger(lr)
         versions = VersionWatch(lr)
@@ -204,3 +227,54 @@ def test_every_service_killed_once_and_the_run_trains_every_sample_once(model_di
         versions.assert_never_back()
         assert supervisor.given_up == set()
         assert {r.name for r in supervisor.restarts} >= set(FAULTS)
+
+
+def _redis_server_of(parent: int) -> int:
+    """The pid of the redis-server `parent` runs as its child."""
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/comm") as f:  # redis-server rewrites its cmdline, not its comm
+                comm = f.read().strip()
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+        if ppid == parent and comm == "redis-server":
+            return int(entry)
+    raise AssertionError(f"no redis-server child of {parent}")
+
+
+def test_sluice_run_with_its_defaults_survives_its_redis_killed(tmp_path):
+    path = write_run(str(tmp_path), "chaos-redis", steps=8, interval=0)
+    run_dir = tmp_path / "runs" / "chaos-redis"
+    proc = start(path)
+    lines, killed = [], None
+    for line in proc.stdout:  # until it exits
+        lines.append(json.loads(line))
+        if lines[-1].get("step") == 1 and killed is None:
+            killed = _redis_server_of(proc.pid)
+            password = (run_dir / "redis-password").read_text().strip()
+            with open(f"/proc/{killed}/cmdline", "rb") as f:
+                assert password.encode() not in f.read()  # in its 0600 redis.conf, not its argv
+            os.kill(killed, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode == 0, proc.stderr.read()[-3000:]
+    assert killed is not None and lines[-1]["event"] == "finished" and lines[-1]["steps"] == 8
+    assert stat.S_IMODE(os.stat(run_dir / "redis-password").st_mode) == 0o600
+    assert json.loads((run_dir / "stack.json").read_text())["redis_password_file"] == str(run_dir / "redis-password")
+    # the supervisor started it again on its port and file: that log shows two starts
+    (log,) = (run_dir / "logs").glob("redis-*.log")
+    assert log.read_text().count("Ready to accept connections") == 2
+    # its append-only file holds the whole run, behind the same password: every sample trained exactly once
+    run = load_run_file(path).run_config()
+    server, url = start_redis(log_dir=str(tmp_path), data_dir=str(run_dir / "redis"), password=password)
+    try:
+        with sync_redis(url, password=password) as r:
+            steps, skipped = trained_steps(r, run.name), skipped_prompts(r, run.name)
+    finally:
+        server.stop()
+    assert sorted(steps) == list(range(run.num_steps))
+    trained = [i for rec in steps.values() for i in rec["samples"]]
+    expected = {f"{p}:{k}" for p in range(run.num_steps * run.rollout_batch_size + len(skipped))
+                if p not in skipped for k in range(run.group_rows)}
+    assert len(trained) == len(set(trained)) and set(trained) == expected

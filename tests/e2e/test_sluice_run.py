@@ -145,6 +145,11 @@ def test_ctrl_c_pauses_and_stops_and_resume_finishes_from_the_checkpoint(tmp_pat
     assert proc.returncode == 130, err[-3000:]
     assert {"paused", "stopping"} <= {e.get("event") for e in lines}
     assert lines[-1]["event"] == "interrupted" and lines[-1]["steps"] < 30
+    # an interrupted run writes its report too, from the steps it trained (not only `sluice report` afterwards)
+    report = lines[-1]["report"]
+    assert report and all(os.path.exists(p) for p in report.values()), report
+    summary = json.loads((tmp_path / "runs" / "cli-resume" / "summary.json").read_text())
+    assert summary["steps"] >= 2, summary  # steps 0 and 1 were seen before Ctrl-C
     interrupted_at = lines[-1]["steps"]
     resumed = start(path, "--resume")
     out, err = resumed.communicate(timeout=540)
@@ -195,3 +200,5 @@ def test_an_operator_stop_from_another_terminal_ends_sluice_run_with_3(tmp_path)
     summary = lines_of(out)[-1]
     assert summary["event"] == "stopped" and summary["steps"] < 300
     assert "run cli-stop stopped" in err
+    # a stopped run writes its report too
+    assert summary["report"] and all(os.path.exists(p) for p in summary["report"].values()), summary["report"]
