@@ -6,6 +6,7 @@ run file points, no hard-coded run id."""
 from __future__ import annotations
 
 import pathlib
+import shlex
 
 import pytest
 import yaml
@@ -20,6 +21,8 @@ SERVICE_COMMANDS = ["tq-controller", "tq-shard", "dcs", "engine", "rollout", "fo
 RUN_FILE, MODEL, DATA, REWARDS = "/config/run.yaml", "/model", "/data", "/rewards"
 # every service reads the stack's token from these (services/runtime/auth_token.py), never from a flag
 TOKEN_ENVS = ("SLUICE_AUTH_TOKEN", "SLUICE_AUTH_TOKEN_FILE")
+# and the Redis password from these (services/runtime/redis_password.py)
+REDIS_PASSWORD_ENVS = ("SLUICE_REDIS_PASSWORD", "SLUICE_REDIS_PASSWORD_FILE")
 # in the tests, the container paths are the example files under deploy/
 HOST_PATHS = {RUN_FILE: str(DEPLOY / "run.yaml")}
 EXPECTED = {("tq-controller", None), ("tq-shard", None), ("dcs", None), ("engine", None), ("rollout", None),
@@ -38,7 +41,8 @@ def _check(argv: list[str], env: dict[str, str | None]):
     given = {k: HOST_PATHS.get(v, v) if isinstance(v, str) else v for k, v in given.items()}
     prefix = model.model_config["env_prefix"]
     field_of = {(prefix + f).upper(): f for f in model.model_fields}
-    unknown = [e for e in env if e.startswith("SLUICE_") and e not in field_of and e not in TOKEN_ENVS]
+    unknown = [e for e in env if e.startswith("SLUICE_") and e not in field_of
+               and e not in TOKEN_ENVS + REDIS_PASSWORD_ENVS]
     assert unknown == [], f"{command}: unknown env vars {unknown}"
     from_env = {field_of[e]: v for e, v in env.items() if e in field_of}
     both = sorted(set(from_env) & set(given))
@@ -316,11 +320,19 @@ def test_every_sluice_container_gets_the_one_token_from_the_environment():
         assert "--auth-token " not in path.read_text() and '"--auth-token"' not in path.read_text()
 
 
+def _compose_redis_argv(svc: dict) -> list[str]:
+    """The redis-server argv the compose Redis service's shell script ends in (it writes redis.conf first)."""
+    assert svc["command"][:2] == ["sh", "-c"]
+    argv = shlex.split(svc["command"][2].rsplit("&& exec ", 1)[1])
+    return argv[1:] if argv[0] == "docker-entrypoint.sh" else argv
+
+
 def test_redis_keeps_an_append_only_file_on_a_volume_in_both_deployments():
     """Redis holds every run's state (queues, leases, versions): both deployments run it with AOF, its data
     dir on a volume that outlives the container, so a restarted Redis comes back with the runs."""
     compose = _compose()["services"]["redis"]
-    assert compose["command"][0] == "redis-server" and _appendonly(compose["command"])
+    argv = _compose_redis_argv(compose)
+    assert argv[0] == "redis-server" and _appendonly(argv)
     assert any(v.split(":")[1] == "/data" and v.split(":")[0] in _compose().get("volumes", {})
                for v in compose["volumes"])
     docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "sluice.yaml").read_text()) if d]
@@ -351,3 +363,92 @@ def test_kubernetes_engines_register_themselves_so_scaling_them_needs_no_restart
     advertise = {e["name"]: e for e in container["env"]}["SLUICE_ENGINE_ADVERTISE_HOST"]
     assert advertise["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert not configs["rollout"].register_engines and configs["rollout"].engine_urls == []
+
+
+def _reads_redis(argv: list[str], env: dict) -> bool:
+    return any("redis://" in str(v) for v in [*argv, *env.values()])
+
+
+def test_every_service_that_reads_redis_gets_its_password_from_the_environment():
+    """Redis requires a password in both deployments (compose: ${SLUICE_REDIS_PASSWORD}; Kubernetes: the
+    sluice-redis secret), written into a redis.conf from the environment, never onto a command line; every
+    service whose command or env names a Redis URL gets the same password as env SLUICE_REDIS_PASSWORD."""
+    compose = _compose()["services"]
+    source = "${SLUICE_REDIS_PASSWORD:?"
+    readers = {name for name, svc in compose.items() if svc.get("image", "").startswith("sluice")
+               and _reads_redis(svc["command"], svc.get("environment") or {})}
+    assert readers >= {"tq-controller", "dcs", "rollout", "advantage", "trainer", "actor-fwd", "reference", "critic"}
+    for name in readers:
+        assert compose[name]["environment"]["SLUICE_REDIS_PASSWORD"].startswith(source), name
+    redis = compose["redis"]
+    assert redis["environment"]["REDIS_PASSWORD"].startswith(source)
+    script = redis["command"][2]
+    assert "requirepass" in script and "$$REDIS_PASSWORD" in script  # $$: the container's env, not compose's
+    assert "/tmp/redis.conf" in _compose_redis_argv(redis) and "requirepass" not in _compose_redis_argv(redis)
+    secret = {"name": "sluice-redis", "key": "password"}
+    k8s_readers = []
+    for name, pod in _k8s_pods():
+        for c in pod["containers"]:
+            env = {e["name"]: e for e in c.get("env", [])}
+            if c["image"].startswith("sluice:") and _reads_redis(c["args"], {k: e.get("value") for k, e in env.items()}):
+                k8s_readers.append(name)
+                assert env["SLUICE_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == secret, name
+    assert len(k8s_readers) == len(readers)
+    [(_, redis_pod)] = [(n, p) for n, p in _k8s_pods() if n == "sluice-redis"]
+    [init] = redis_pod["initContainers"]
+    assert init["env"] == [{"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": secret}}]
+    assert "requirepass" in init["command"][2] and "$REDIS_PASSWORD" in init["command"][2]
+    [server] = redis_pod["containers"]
+    assert server["args"][1] == "/conf/redis.conf" and "requirepass" not in server["args"]
+    for path in (DEPLOY / "docker-compose.yml", DEPLOY / "k8s" / "sluice.yaml"):
+        assert "--requirepass" not in path.read_text() and "redis://:" not in path.read_text(), path
+
+
+def _policies() -> dict[str, dict]:
+    return {d["metadata"]["name"]: d["spec"] for d in _k8s_docs() if d["kind"] == "NetworkPolicy"}
+
+
+def _selected(selector: dict, labels: dict) -> bool:
+    """Whether a podSelector (matchLabels and In expressions) selects a pod with these labels."""
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()) and all(
+        labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", []) if e["operator"] == "In")
+
+
+def _pod_labels() -> dict[str, tuple[dict, dict]]:
+    """workload name -> (its pods' labels, pod spec)."""
+    return {d["metadata"]["name"]: (d["spec"]["template"]["metadata"]["labels"], d["spec"]["template"]["spec"])
+            for d in _k8s_docs() if d["kind"] in ("Deployment", "StatefulSet", "Job")}
+
+
+def _allowed(policy: dict, port: int) -> list[dict]:
+    """The `from` peers of every ingress rule that opens `port` (a rule without ports opens all of them);
+    [{}] = from anywhere."""
+    peers = []
+    for rule in policy["ingress"]:
+        if "ports" not in rule or any(p["port"] == port for p in rule["ports"]):
+            peers += rule.get("from", [{}])
+    return peers
+
+
+def test_network_policies_let_only_the_runs_pods_reach_redis_the_transferqueue_and_the_trainer():
+    policies, pods = _policies(), _pod_labels()
+    redis_readers = {name for name, (_, spec) in pods.items() for c in spec["containers"]
+                     if c["image"].startswith("sluice:") and _reads_redis(c["args"], {
+                         e["name"]: e.get("value") for e in c.get("env", [])})}
+    run_pods = {name for name in pods if name != "sluice-redis"}
+
+    def reach(target: str, port: int) -> set[str]:
+        """Workloads whose pods the policies selecting `target` let reach `port` on it."""
+        labels = pods[target][0]
+        selecting = [p for p in policies.values() if _selected(p["podSelector"], labels)]
+        assert selecting, f"no NetworkPolicy selects {target}"
+        peers = [peer for p in selecting for peer in _allowed(p, port)]
+        assert all(set(peer) == {"podSelector"} for peer in peers), (target, port, peers)  # no ipBlock, no "all"
+        return {name for name, (pod_labels, _) in pods.items()
+                if any(_selected(peer["podSelector"], pod_labels) for peer in peers)}
+
+    assert reach("sluice-redis", 6379) == redis_readers
+    assert reach("tq-controller", 7400) == run_pods and reach("tq-shard", 7410) == run_pods
+    assert reach("trainer", 29500) == run_pods  # a weight-broadcast port: any, the trainer picks one per group
+    # and the engine, the one receiver not otherwise checked above, is among them
+    assert "engine" in run_pods and "engine" not in redis_readers
