@@ -179,9 +179,8 @@ class LocalRun(StopsOnExit):
                 "--redis-url", self.redis_url, "--host", "127.0.0.1"]
 
     def _env(self) -> dict[str, str]:
-        """A service's environment: the token and the Redis password travel here, never in argv (every
-        user's process list)."""
-        env = {"HF_HUB_OFFLINE": "1", **token_env(self.token), **redis_password_env(self.redis_password)}
+        """A service's environment: the token travels here, never in argv (every user's process list)."""
+        env = {"HF_HUB_OFFLINE": "1", **token_env(self.token)}
         if self.python_path:
             env["PYTHONPATH"] = os.pathsep.join([*self.python_path, *filter(None, [os.environ.get("PYTHONPATH")])])
         return env
@@ -208,8 +207,10 @@ class LocalRun(StopsOnExit):
 
     def start_role(self, name: str, wait: bool = True) -> ChildProcess:
         port = self.role_ports.setdefault(name, free_port())
+        # the roles read Redis: its password in their environment too (an engine never gets it)
         proc = ChildProcess(name, sluice_argv(*self.role_argv[name], *self._common(), "--port", str(port)),
-                            os.path.join(self.log_dir, f"{name}.log"), env=self._env())
+                            os.path.join(self.log_dir, f"{name}.log"),
+                            env={**self._env(), **redis_password_env(self.redis_password)})
         proc.status_url = f"http://127.0.0.1:{port}"
         self.procs[name] = proc
         if wait:
