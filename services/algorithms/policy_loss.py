@@ -225,19 +225,8 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, ma
 
     metrics: dict[str, Tensor] = {}
     if rollout_log_probs is not None:
-        behaviour_log_ratio = (old_log_probs - torch.where(on, rollout_log_probs, 0.0)).detach()
-        weight = torch.exp(behaviour_log_ratio.clamp(max=_MAX_LOG_RATIO))
-        kept = on
-        if cfg.behav_cap is not None:
-            kept = kept & (weight <= cfg.behav_cap)
-        if cfg.behav_floor is not None:
-            kept = kept & (weight >= cfg.behav_floor)
-        metrics["behav_filtered_fraction"] = _token_mean(on & ~kept, on)
-        weight = torch.where(kept, weight, 0.0)
-        if cfg.tis_clip is not None:
-            weight = weight.clamp(max=cfg.tis_clip)
+        weight, metrics = _behaviour_weight(old_log_probs, torch.where(on, rollout_log_probs, 0.0), on, cfg)
         pg = pg * weight
-        metrics["tis_weight_mean"] = _token_mean(weight, on)
 
     loss = agg(pg)
     metrics["pg_loss"] = _token_mean(pg, on)
@@ -256,6 +245,21 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, ma
             loss = loss - cfg.entropy_coef * agg(entropy)
     metrics["tokens"] = on.sum().to(ratio.dtype)
     return loss, metrics
+
+
+def _behaviour_weight(old_log_probs: Tensor, rollout_log_probs: Tensor, on: Tensor,
+                      cfg: PolicyLossConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    """w_t of policy_loss's docstring (filtered, then truncated) and its metrics."""
+    weight = torch.exp((old_log_probs - rollout_log_probs).detach().clamp(max=_MAX_LOG_RATIO))
+    kept = on
+    if cfg.behav_cap is not None:
+        kept = kept & (weight <= cfg.behav_cap)
+    if cfg.behav_floor is not None:
+        kept = kept & (weight >= cfg.behav_floor)
+    weight = torch.where(kept, weight, 0.0)
+    if cfg.tis_clip is not None:
+        weight = weight.clamp(max=cfg.tis_clip)
+    return weight, {"behav_filtered_fraction": _token_mean(on & ~kept, on), "tis_weight_mean": _token_mean(weight, on)}
 
 
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None = None,
