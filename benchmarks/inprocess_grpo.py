@@ -6,7 +6,7 @@ run it by hand, a plain synchronous (on-policy) loop in ONE process, one model, 
         prompts = the step's --groups prompts, in the rollout role's order (PromptSource, shuffle_seed=seed)
         samples = generate --n-samples per prompt at --temperature, --max-new-tokens, EOS stops
                   (with each sampled token's log-prob, log_softmax(logits / T))
-        reward  = exact_match(decoded response, label)                     # the rollout's reward
+        reward  = the task's score(decoded response, row fields)          # as the rollout scores it
         adv     = grpo_advantages(reward, n), on every response token      # the advantage role's estimator
         actor_step(model, optimizer, batch, run, micro_batch_size)         # the Sluice trainer's loss code:
                   clip 0.2, no KL, token-mean over the step, grad clip 1.0, ONE optimizer step
@@ -21,7 +21,8 @@ bites, up to float noise between the generator's and the trainer's forward). Two
           benchmarks/engine_profile.py builds it), stepped by hand; its own float32 copy of the model, which
           follows the trained one after every optimizer step (services/dcs/sync/precision.load_into of the
           named parameters, inside the timed step); per-sample seeds as the rollout role gives them.
-Torch intra-op threads: --inprocess-threads (set for the run, restored after)."""
+Torch intra-op threads: --inprocess-threads (set for the run with torch.set_num_threads, which sets OpenMP's
+and MKL's thread counts too; restored after). The reward is the task's (benchmarks/ttr_tasks.py), called inline."""
 
 from __future__ import annotations
 
@@ -36,13 +37,13 @@ from services.dcs.sync.precision import load_into
 from services.demo_tasks.warm_start import encode_prompt, left_padded
 from services.model.loading import load_causal_lm
 from services.rollout.prompts import open_prompt_source
-from services.rollout.rewards.builtin import exact_match
 from services.run_contract.checkpoint import checkpoints, save_checkpoint
 from services.run_contract.run_config import RunConfig
 from services.trainer.actor_update import actor_step
 from services.trainer.optimizer import adamw
 from services.transferqueue.codec import Batch
 from ttr_summary import evaluate
+from warm_start import Score
 
 Sample = tuple[list[int], list[float]]  # (response ids, EOS included if it stopped; their log-probs)
 
@@ -120,7 +121,8 @@ def step_batch(prompts: list[list[int]], samples: list[Sample], rewards: list[fl
     })
 
 
-def train_loop(model, optimizer, gen, tokenizer, source, run: RunConfig, ckpt_dir: str, t: dict) -> dict:
+def train_loop(model, optimizer, gen, tokenizer, source, run: RunConfig, ckpt_dir: str, t: dict,
+               score: Score) -> dict:
     """The timed loop (see the module docstring); t["t0"] is set at step 1's generation."""
     n, groups = run.n_samples_per_prompt, run.rollout_batch_size
     rec = {"step_end": {}, "train_reward": {}, "gen_s": [], "train_s": [], "sync_s": [], "response_tokens": [],
@@ -135,7 +137,7 @@ def train_loop(model, optimizer, gen, tokenizer, source, run: RunConfig, ckpt_di
         else:
             samples = gen.samples(prompts, [r.position for r in records], run)
         texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in samples]
-        rewards = [exact_match(text, records[i // n].fields["label"]) for i, text in enumerate(texts)]
+        rewards = [score(text, records[i // n].fields) for i, text in enumerate(texts)]
         generated = time.monotonic()
         metrics = actor_step(model, optimizer, step_batch(prompts, samples, rewards, n), run, run.micro_batch_size)
         trained = time.monotonic()
@@ -156,7 +158,7 @@ def train_loop(model, optimizer, gen, tokenizer, source, run: RunConfig, ckpt_di
 
 
 def run_inprocess(run: RunConfig, generator: str, threads: int, eval_rows: list[dict], workdir: str, tokenizer,
-                  log) -> dict:
+                  log, score: Score) -> dict:
     """One run of the in-process loop: the raw dict time_to_reward.one_rep summarises."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -168,19 +170,20 @@ def run_inprocess(run: RunConfig, generator: str, threads: int, eval_rows: list[
         gen = EngineGenerator(run.model, tokenizer, run.global_batch_size) if generator == "engine" else None
         source = open_prompt_source(run.rollout.prompts, run.rollout.prompt_field, run.rollout.shuffle_seed)
         ckpt_dir, t = os.path.join(workdir, "checkpoints"), {}
-        rec = train_loop(model, optimizer, gen, tokenizer, source, run, ckpt_dir, t)
+        in_effect = torch.get_num_threads()  # torch.set_num_threads sets OpenMP's and MKL's too
+        rec = train_loop(model, optimizer, gen, tokenizer, source, run, ckpt_dir, t, score)
     finally:
         torch.set_num_threads(previous)
     snaps = {c.next_step: c.path for c in checkpoints(ckpt_dir, "actor")}
     log(f"inprocess_{generator}: {run.num_steps} steps in {rec['step_end'][run.num_steps]:.1f}s "
         f"(median per step: generate {statistics.median(rec['gen_s']):.3f}s, "
         f"train {statistics.median(rec['train_s']):.3f}s); evaluating {len(snaps)} checkpoints")
-    evals = evaluate(snaps, tokenizer, eval_rows, run.rollout.max_new_tokens)
+    evals = evaluate(snaps, tokenizer, eval_rows, run.rollout.max_new_tokens, score)
     med = {f"median_{k}": round(statistics.median(rec[k]), 4)
            for k in ("gen_s", "train_s", "sync_s", "response_tokens")}
     on_policy = {"first_step": {k: round(v, 6) for k, v in rec["on_policy"][0].items()},
                  "max_clip_fraction": round(max(m["clip_fraction"] for m in rec["on_policy"]), 6),
                  "max_ratio": round(max(m["ratio_max"] for m in rec["on_policy"]), 6)}
     return {"step_end": rec["step_end"], "train_reward": rec["train_reward"], "eval_reward": evals,
-            "startup_s": t["t0"] - started, "generator": generator, "torch_threads": threads,
+            "startup_s": t["t0"] - started, "generator": generator, "torch_threads": in_effect,
             "per_step": med, "on_policy": on_policy}

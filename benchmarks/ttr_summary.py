@@ -8,17 +8,18 @@ import statistics
 
 import torch
 
-from warm_start import greedy_eval
+from warm_start import Score, greedy_eval
 
 
-def evaluate(snapshots: dict[int, str], tokenizer, eval_rows: list[dict], max_new_tokens: int) -> dict[int, float]:
-    """step -> greedy held-out reward of the checkpoint written after that step."""
+def evaluate(snapshots: dict[int, str], tokenizer, eval_rows: list[dict], max_new_tokens: int,
+             score: Score) -> dict[int, float]:
+    """step -> greedy held-out reward (the task's `score`) of the checkpoint written after that step."""
     from transformers import AutoModelForCausalLM
 
     out = {}
     for step, path in sorted(snapshots.items()):
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
-        out[step] = greedy_eval(model, tokenizer, eval_rows, max_new_tokens)
+        out[step] = greedy_eval(model, tokenizer, eval_rows, max_new_tokens, score)
     return out
 
 
@@ -50,7 +51,7 @@ def median_result(reps: list[dict]) -> dict:
     return out
 
 
-def ratio(base: dict | None, sluice: dict | None, thresholds: list[float], name: str = "trl") -> dict | None:
+def ratio(base: dict | None, sluice: dict | None, thresholds: list[float]) -> dict | None:
     """sluice's time over `base`'s at the highest threshold both reach after step 0 (target <= 1.0)."""
     if base is None or sluice is None:
         return None
@@ -60,16 +61,16 @@ def ratio(base: dict | None, sluice: dict | None, thresholds: list[float], name:
     if not both:
         return None
     t = max(both)
-    return {"threshold": t, f"sluice_time_over_{name}_time":
-            round(sluice["time_to_reward_s"][str(t)] / base["time_to_reward_s"][str(t)], 3)}
+    sluice_s, base_s = sluice["time_to_reward_s"][str(t)], base["time_to_reward_s"][str(t)]
+    return {"threshold": t, "sluice_s": sluice_s, "baseline_s": base_s,
+            "sluice_over_baseline": round(sluice_s / base_s, 3)}
 
 
 def ratio_vs_strongest(baselines: dict[str, dict], sluice: dict | None, thresholds: list[float]) -> dict | None:
     """Sluice against each baseline run at the highest threshold the two both reach; the headline is the
     least favourable to Sluice (the strongest baseline at that threshold), with every run's ratio beside it."""
-    each = {name: r for name, block in baselines.items()
-            if (r := ratio(block, sluice, thresholds, "inprocess")) is not None}
+    each = {name: r for name, block in baselines.items() if (r := ratio(block, sluice, thresholds)) is not None}
     if not each:
         return None
-    against = max(each, key=lambda name: each[name]["sluice_time_over_inprocess_time"])
+    against = max(each, key=lambda name: each[name]["sluice_over_baseline"])
     return {**each[against], "against": against, "each": each}

@@ -8,6 +8,9 @@ PRESETS = {
     # ~0.1M parameters: unit tests, engine correctness
     "tiny": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2),
+    # ~0.28M parameters: time_to_reward's short-answer task, where a step's fixed cost dominates its compute
+    "mini": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2),
     # ~3M parameters: the demo and throughput benchmarks on CPU
     "small": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
                   num_key_value_heads=4),
