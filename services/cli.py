@@ -60,8 +60,11 @@ _COMMANDS = {
 
 
 def _command(name: str):
+    from services.runtime.startup import imports_uncollected  # its own imports: the standard library only
+
     module, function = _COMMANDS[name]
-    return getattr(importlib.import_module(module), function)
+    with imports_uncollected():  # every command's start: a stack starts a dozen side by side
+        return getattr(importlib.import_module(module), function)
 
 
 def service_config(command: str):

@@ -12,6 +12,8 @@ import json
 import os
 from typing import TYPE_CHECKING
 
+from services.runtime.startup import imports_uncollected
+
 if TYPE_CHECKING:  # torch is imported where a model is loaded: checking a directory (and ModelDirError) needs none
     import torch
 
@@ -66,27 +68,29 @@ def check_model_dir(directory: str, weights: bool = True, tokenizer: bool = True
 
 def load_tokenizer(directory: str):
     """The tokenizer of a local model directory (chat template included); ModelDirError if it cannot be."""
-    from transformers import AutoTokenizer
-
     check_model_dir(directory, weights=False)
-    try:
-        return AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    except Exception as exc:  # a malformed file fails deep in transformers with any error (KeyError, ...)
-        raise ModelDirError(directory, f"the tokenizer does not load: {exc}") from exc
+    with imports_uncollected():  # mostly transformers' imports (services/runtime/startup.py)
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        except Exception as exc:  # a malformed file fails deep in transformers with any error (KeyError, ...)
+            raise ModelDirError(directory, f"the tokenizer does not load: {exc}") from exc
 
 
 def load_causal_lm(directory: str, dtype: str | torch.dtype = "float32", device: str = "cpu"):
     """(model in eval mode on `device`, tokenizer) of a local model directory; ModelDirError if a file is
     missing or does not load."""
-    import torch
-    from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM
-
-    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     check_model_dir(directory)
-    tokenizer = load_tokenizer(directory)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
-    except (OSError, ValueError, KeyError, SafetensorError) as exc:  # a truncated or corrupt weights file
-        raise ModelDirError(directory, f"the model does not load: {exc}") from exc
+    with imports_uncollected():  # mostly the imports of transformers' modelling code for this architecture
+        import torch
+        from safetensors import SafetensorError
+        from transformers import AutoModelForCausalLM
+
+        torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        tokenizer = load_tokenizer(directory)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
+        except (OSError, ValueError, KeyError, SafetensorError) as exc:  # a truncated or corrupt weights file
+            raise ModelDirError(directory, f"the model does not load: {exc}") from exc
     return model.to(device).eval(), tokenizer

@@ -11,8 +11,6 @@ import os
 import shutil
 from dataclasses import dataclass
 
-import torch
-
 # What a model directory's tokenizer is made of, chat template included (tokenizer_config.json's
 # chat_template, or chat_template.jinja / chat_template.json beside it in newer transformers).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -77,6 +75,8 @@ def save_checkpoint(directory: str, role: str, model, optimizer, tokenizer_dir: 
     tmp = final + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     if state is None:
+        import torch  # loaded already by whoever trains `model`; `sluice run`, which only reads checkpoints, never
+
         model.save_pretrained(tmp, safe_serialization=True, state_dict=copied.model_state if copied else None)
         torch.save(copied.optimizer_state if copied else optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
     else:
@@ -127,5 +127,7 @@ def latest_checkpoint(directory: str, role: str) -> CheckpointState | None:
 
 
 def load_optimizer_state(path: str, optimizer) -> None:
+    import torch  # loaded already by the trainer that owns `optimizer`
+
     # our own file, written by save_checkpoint; weights_only keeps unpickling to tensors and plain types
     optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True))

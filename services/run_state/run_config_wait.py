@@ -7,6 +7,7 @@ import time
 
 from services.dcs.client import DCSClient, DCSError
 from services.run_contract.run_config import RunConfig
+from services.runtime.poll_backoff import poll_intervals
 
 log = logging.getLogger(__name__)
 
@@ -14,8 +15,9 @@ log = logging.getLogger(__name__)
 def wait_for_run(dcs: DCSClient, run_id: str, stop=None, poll_s: float = 1.0) -> RunConfig | None:
     """The run's config once it exists (None if `stop` is set first, or if the run already failed or was
     stopped: there is nothing to work for). Connection errors are retried: the coordinator may come up
-    after this service."""
+    after this service. Looked for again soon at first, then less often, up to every poll_s."""
     announced = False
+    intervals = poll_intervals(poll_s)
     while stop is None or not stop.is_set():
         try:
             run = dcs.run(run_id)
@@ -31,5 +33,5 @@ def wait_for_run(dcs: DCSClient, run_id: str, stop=None, poll_s: float = 1.0) ->
                 announced = True
         except OSError as exc:  # DCSUnreachable: it may come up after this service
             log.warning("coordinator unreachable", extra={"error": str(exc)})
-        time.sleep(poll_s)
+        time.sleep(next(intervals))
     return None

@@ -57,6 +57,7 @@ class RoleStatus:
         """Set up (model loaded, connections open): what was made so far lives as long as the process."""
         if not self.ready:
             freeze_heap()
+            log.info("role running", extra={"role": self.role})  # its start-up done (benchmarks/stack_start.py)
         self.ready = True
         self.update(state="running")
 

@@ -11,6 +11,7 @@ import traceback
 
 from services.dcs.client import AsyncDCSClient, DCSError
 from services.dcs.models import Run
+from services.runtime.poll_backoff import poll_intervals
 
 log = logging.getLogger(__name__)
 EXITS = frozenset({"failed", "stopped"})  # a role exits when its run is in one of these (finished: it stays up)
@@ -41,8 +42,10 @@ class RunWatch:
         return run
 
     async def wait_for_run(self, stop: asyncio.Event) -> Run | None:
-        """The run once it exists (None if `stop` is set first)."""
+        """The run once it exists (None if `stop` is set first): looked for again soon at first (it is usually
+        submitted while the roles start), then less often, up to every poll_s."""
         announced = False
+        intervals = poll_intervals(self.poll_s)
         while not stop.is_set():
             run = await self.read()
             if run is not None:
@@ -51,7 +54,7 @@ class RunWatch:
                 log.info("waiting for the run to be created", extra={"run_id": self.run_id})
                 announced = True
             try:
-                await asyncio.wait_for(stop.wait(), self.poll_s)
+                await asyncio.wait_for(stop.wait(), next(intervals))
             except TimeoutError:
                 pass
         return None

@@ -16,6 +16,7 @@ from services.runtime.metrics import serve_metrics
 from services.runtime.settings_cli import parse_settings
 from services.runtime.shutdown import shutdown_event
 from services.runtime.spans import RECORDER
+from services.runtime.startup import log_service_start
 
 C = TypeVar("C", bound=BaseSettings)
 
@@ -29,6 +30,7 @@ def run_service(model: type[C], command: str, serve: Callable[[C, asyncio.Event]
                 argv: Sequence[str] | None) -> int:
     config = parse_settings(model, argv, f"sluice {command}", model.__doc__)
     configure_logging(command, config.log_level)
+    log_service_start(command)
     serve_metrics(config.host, getattr(config, "metrics_port", 0))
     role = getattr(config, "role", None)  # forward: actor_fwd | reference; trainer: actor | critic
     RECORDER.service = command if role in (None, command, "actor") else role if command == "forward" \
