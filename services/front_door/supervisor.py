@@ -154,18 +154,17 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
     token, token_file = stack_token(options.token, dirs["run"])
     view.note("starting", run=config.name, run_dir=dirs["run"], logs=dirs["logs"],
               **({"auth_token_file": token_file} if token_file else {}))
-    try:
-        local = start_stack(run_file, token, options.path)
+    try:  # the run is created once the coordinator serves: each role takes it up the moment it is ready itself
+        local = start_stack(run_file, token, options.path,
+                            on_stack_up=lambda started: submit(started, config.name, options.resume))
+    except DCSError as exc:
+        print(f"sluice run: the coordinator refused the run: {exc}", file=sys.stderr)
+        return 1
     except (RuntimeError, TimeoutError, OSError, RedisPasswordError) as exc:
         print(f"sluice run: a service did not start: {exc}\nsluice run: logs in {dirs['logs']}", file=sys.stderr)
         return 1
     with local:
         local.supervise()  # a service that fails is started again (services/launch/supervision.py)
-        try:
-            submit(local, config.name, options.resume)
-        except DCSError as exc:
-            print(f"sluice run: the coordinator refused the run: {exc}", file=sys.stderr)
-            return 1
         _write_stack_file(dirs, local, config.name, token_file, redis_password_file(run_file))
         view.note("running", coordinator=local.dcs.url, services=sorted(local.procs))
         with local.dcs_client() as dcs:
@@ -186,9 +185,11 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
     return _finish(progress, dirs["logs"])
 
 
-def start_stack(run_file: RunFile, token: str, path: str = "") -> LocalRun:
-    """Every service of the run file's stack, started (the run not yet submitted): what `sluice run` runs,
-    with its defaults. A private Redis (no stack.redis_url) keeps an append-only file under <run dir>/redis,
+def start_stack(run_file: RunFile, token: str, path: str = "",
+                on_stack_up: Callable[[LocalRun], None] | None = None) -> LocalRun:
+    """Every service of the run file's stack, started (the run not yet submitted, unless `on_stack_up`,
+    called as the coordinator serves, submits it: LocalRun): what `sluice run` runs, with its defaults. A
+    private Redis (no stack.redis_url) keeps an append-only file under <run dir>/redis,
     emptied first (a run resumed with --resume continues from its checkpoint, as on a new Redis), and
     requires a new password, written to <run dir>/redis-password; a Redis of the operator's gets the
     password from this process's environment (env SLUICE_REDIS_PASSWORD_FILE or SLUICE_REDIS_PASSWORD)."""
@@ -206,7 +207,7 @@ def start_stack(run_file: RunFile, token: str, path: str = "") -> LocalRun:
                     role_args=run_file.role_argv(), trainer_ranks=stack.trainer_ranks, submit=False,
                     redis_url=stack.redis_url, dcs_port=stack.coordinator_port, engine=stack.engine,
                     python_path=(run_file_directory(path),) if path else (), redis_data_dir=data_dir,
-                    redis_password=password)
+                    redis_password=password, on_stack_up=on_stack_up)
 
 
 def redis_password_file(run_file: RunFile) -> str | None:

@@ -8,6 +8,7 @@ import os
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Callable
 
 import redis
 
@@ -37,7 +38,8 @@ class LocalRun(StopsOnExit):
                  role_args: dict[str, list[str]] | None = None, trainer_ranks: int = 1,
                  stack: "LocalRun | None" = None, submit: bool = True, redis_url: str | None = None,
                  dcs_port: int = 0, python_path: tuple[str, ...] = (), redis_data_dir: str | None = None,
-                 engine: str = "builtin", redis_password: str = ""):
+                 engine: str = "builtin", redis_password: str = "",
+                 on_stack_up: "Callable[[LocalRun], None] | None" = None):
         """`stack`: run on that run's Redis, TransferQueue and coordinator (which it keeps owning) instead of
         starting new ones. `submit=False`: the roles start and wait until `submit()` creates the run.
         `redis_url`: keep state in that Redis instead of a private one; `dcs_port`: the coordinator's port
@@ -47,7 +49,10 @@ class LocalRun(StopsOnExit):
         it, or the one `redis_url` names does (every service gets it in its environment, never argv).
         Shards journal under <log_dir>/tq-data.
         `engine`: builtin (`sluice engine`) or sglang (SGLang servers; `engine_args` are then SGLang's flags);
-        SGLang missing from this Python, or a token it cannot take, is refused before anything starts."""
+        SGLang missing from this Python, or a token it cannot take, is refused before anything starts.
+        `on_stack_up`: called with this LocalRun once TransferQueue and the coordinator serve, while the
+        engines and roles may still be starting (`sluice run` submits its run there); what it raises stops
+        everything and is raised here."""
         refusal = (sglang_missing() or token_problem(token)) if engine == "sglang" else None
         if refusal:
             raise RuntimeError(f"engine sglang: {refusal}")
@@ -68,32 +73,44 @@ class LocalRun(StopsOnExit):
         self.redis_password = stack.redis_password if stack is not None else redis_password
         self.supervisor: ProcessSupervisor | None = None
         self.owns_stack = stack is None
+        self.engine_args = engine_args
         try:
-            if stack is None:
-                if redis_url is None:
-                    self.redis_proc, redis_url = start_redis(log_dir=self.log_dir, data_dir=redis_data_dir,
-                                                             password=redis_password)
-                self.redis_url = redis_url
-                self._start_data_and_control_planes(dcs_port)
-            else:
-                self.redis_url, self.tq, self.dcs = stack.redis_url, stack.tq, stack.dcs
-            # engines and roles start together and get ready side by side (each is seconds of imports, model
-            # loading and, on a GPU, CUDA start-up): the stack is up in the time of the slowest, not their sum
-            self.engine_args = engine_args
-            self.engine_urls = [self._start_engine(i, engine_args, wait=False) for i in range(engines)]
+            self._start(engines, stack, redis_url, dcs_port)
             if submit:
                 self.submit()
-            self._start_roles()
+            if on_stack_up is not None:
+                on_stack_up(self)
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
 
-    def _start_data_and_control_planes(self, dcs_port: int) -> None:
+    def _start(self, engines: int, stack: "LocalRun | None", redis_url: str | None, dcs_port: int) -> None:
+        """Every process started, in the order that gets the run going soonest (measured by
+        benchmarks/stack_start.py): the engines first (they need nothing else, and loading a model is the
+        longest start), Redis, the roles (seconds of imports, then they wait for the run to be created), and
+        TransferQueue with the coordinator, waited for: the engines and roles get ready side by side meanwhile."""
+        self.engine_urls = [self._start_engine(i, self.engine_args, wait=False) for i in range(engines)]
+        if stack is not None:
+            self.redis_url, self.tq, self.dcs = stack.redis_url, stack.tq, stack.dcs
+            self.dcs_url, self.tq_controller = stack.dcs_url, stack.tq_controller
+            self._start_roles()
+            return
+        if redis_url is None:
+            self.redis_proc, redis_url = start_redis(log_dir=self.log_dir, data_dir=self.redis_data_dir,
+                                                     password=self.redis_password)
+        self.redis_url = redis_url
+        dcs_port, controller_port = dcs_port or free_port(), free_port()  # the roles are told them now
+        self.dcs_url, self.tq_controller = f"http://127.0.0.1:{dcs_port}", f"127.0.0.1:{controller_port}"
+        self._start_roles()
+        self._start_data_and_control_planes(dcs_port, controller_port)
+
+    def _start_data_and_control_planes(self, dcs_port: int, controller_port: int) -> None:
         """TransferQueue and the coordinator, at once (both need only Redis); either failing stops both."""
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stack-start") as pool:
             tq = pool.submit(LocalTransferQueue, token=self.token, redis_url=self.redis_url, log_dir=self.log_dir,
-                             data_dir=os.path.join(self.log_dir, "tq-data"), redis_password=self.redis_password)
+                             data_dir=os.path.join(self.log_dir, "tq-data"), redis_password=self.redis_password,
+                             controller_port=controller_port)
             dcs = pool.submit(LocalDCS, redis_url=self.redis_url, token=self.token, log_dir=self.log_dir,
                               port=dcs_port, redis_password=self.redis_password)
             wait([tq, dcs])
@@ -175,7 +192,7 @@ class LocalRun(StopsOnExit):
         return self.supervisor
 
     def _common(self) -> list[str]:
-        return ["--run-id", self.run.name, "--dcs-url", self.dcs.url, "--tq-controller", self.tq.controller_address,
+        return ["--run-id", self.run.name, "--dcs-url", self.dcs_url, "--tq-controller", self.tq_controller,
                 "--redis-url", self.redis_url, "--host", "127.0.0.1"]
 
     def _env(self) -> dict[str, str]:

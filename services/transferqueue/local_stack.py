@@ -25,9 +25,9 @@ def grpc_serving(address: str, service: str = "") -> bool:
 class LocalTransferQueue(StopsOnExit):
     def __init__(self, shards: int = 1, token: str = "", redis_url: str | None = None, log_dir: str | None = None,
                  shard_args: tuple[str, ...] = (), controller_args: tuple[str, ...] = (), data_dir: str | None = None,
-                 redis_password: str = ""):
+                 redis_password: str = "", controller_port: int = 0):
         """`data_dir`: each shard journals to data_dir/<shard id> (a killed shard restarts with its rows);
-        `redis_password`: what `redis_url` requires."""
+        `redis_password`: what `redis_url` requires; `controller_port`: the controller's (0 = a free one)."""
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-tq-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.token = token
@@ -39,7 +39,7 @@ class LocalTransferQueue(StopsOnExit):
         self.shard_args = shard_args
         self.data_dir = data_dir
         self.controller_args = controller_args
-        self.controller_port = free_port()
+        self.controller_port = controller_port or free_port()
         self.controller_address = f"127.0.0.1:{self.controller_port}"
         self.controller: ChildProcess | None = None
         self.shards: list[ChildProcess] = []
