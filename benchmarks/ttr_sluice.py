@@ -22,26 +22,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class TimedRun(LocalRun):
-    """LocalRun whose rollout starts last, once every other role is ready: the rollout reporting ready
-    (its generation loop begins) is the start of training, `rollout_ready_at`."""
+    """LocalRun whose rollout starts last, once the whole stack is up (the run created) and every other role
+    is ready: the rollout reporting ready (its generation loop begins) is the start of training,
+    `rollout_ready_at`. Hooks _wait_ready, the last step of LocalRun's start whatever order it starts the rest in."""
 
     rollout_ready_at: float | None = None
-    _hold_rollout = False
+    _hold_rollout = True
 
-    def _start_roles(self) -> None:
-        self._hold_rollout = True
-        super()._start_roles()
-        self._hold_rollout = False
-        for name, proc in self.procs.items():
+    def _wait_ready(self) -> None:
+        super()._wait_ready()
+        for name, proc in list(self.procs.items()):
             if not name.startswith("engine"):
                 proc.wait_until(lambda p=proc: http_ok(p.status_url + "/readyz"), 300)
+        self._hold_rollout = False
         rollout = self.start_role("rollout", wait=False)
         rollout.wait_until(lambda: http_ok(rollout.status_url + "/readyz"), 300)
         self.rollout_ready_at = time.monotonic()
 
     def start_role(self, name: str, wait: bool = True):
         if name == "rollout" and self._hold_rollout:
-            return None
+            return None  # LocalRun starts every role; ours waits for _wait_ready
         return super().start_role(name, wait=wait)
 
 
@@ -92,7 +92,14 @@ def follow_steps(local: TimedRun, run: RunConfig, args, ckpt_dir: str, snap_dir:
             if next_step < run.num_steps:
                 local.check_alive()
                 time.sleep(args.poll_ms / 1e3)
+    # the last checkpoint is written off the step (services/trainer/checkpoint_copy.py): wait for it, untimed
+    last_due, deadline = run.num_steps // args.eval_every * args.eval_every, time.monotonic() + 60
+    while True:
         capture(ckpt_dir, snap_dir, snaps, log)
+        if last_due in snaps or last_due == 0 or time.monotonic() > deadline:
+            break
+        local.check_alive()
+        time.sleep(args.poll_ms / 1e3)
     return step_end, snaps
 
 
