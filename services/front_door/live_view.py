@@ -18,7 +18,7 @@ from services.front_door.follower import RunProgress, StepSeen
 
 # a step's JSON line: these metrics when the trainer reported them (its record has more, see docs/services.md)
 STEP_KEYS = ("weight_version", "reward_mean", "loss", "entropy", "kl", "clip_fraction", "grad_norm", "staleness_max",
-             "tokens_per_s", "wait_s")
+             "tokens_per_s", "wait_s", "filtered_groups")
 
 
 def _rounded(value):
@@ -80,6 +80,8 @@ def render(progress: RunProgress) -> Group:
     shown = {"reward": last.get("reward_mean"), "eval reward": p.eval_reward, "loss": last.get("loss"),
              "samples/s": p.samples_per_s(), "tokens/s": last.get("tokens_per_s"),
              "staleness": last.get("staleness_max"), "version": p.weight_version}
+    if "filtered_groups" in last:  # dynamic sampling: groups of the step dropped as uninformative
+        shown["filtered"] = last["filtered_groups"]
     for name in shown:
         metrics.add_column(name, justify="right")
     metrics.add_row(*(_fmt(v) for v in shown.values()))

@@ -18,7 +18,6 @@ prompt (services/run_state/prompt_ledger.py).
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from typing import Awaitable, Callable
@@ -36,13 +35,15 @@ from services.rollout.engine_pool import Engines
 from services.rollout.evaluation import Evaluator
 from services.rollout.lost_groups import LostGroups
 from services.rollout.put_coalescing import PutCoalescer
+from services.rollout.recovery import recover_positions
 from services.rollout.agent_endpoint import Episodes
 from services.rollout.agents import agent_runner
 from services.rollout.sample_columns import ScoredGroup
 from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
 from services.rollout.rewards import build_reward
+from services.rollout.group_filtering import GroupFiltering
 from services.rollout.scoring import GroupScorer
-from services.run_contract.partitions import partition_name, partition_prefix, step_of, task_name
+from services.run_contract.partitions import partition_name, task_name
 from services.runtime.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
 
@@ -91,6 +92,7 @@ class RolloutService:
         self.reward = build_reward(spec, label_field=r.label_field, timeout_s=r.reward_timeout_s,
                                    retries=r.reward_retries, token=self.config.reward_token or None) if spec else None
         self.scorer = GroupScorer(self.reward, r.reward_fallback)
+        self.filtering = GroupFiltering(r.filter_groups, r.max_filter_ratio, run.rollout_batch_size)
         self.pool = self.engines(self.config)
         self.fleet = EngineFleet(self.config, self.pool, conn.dcs, self.join, conn.dcs)
         self.writes = PutCoalescer(self.tq.put, linger_s=self.config.put_linger_s)
@@ -260,7 +262,8 @@ class RolloutService:
         self.memberships[0].progress(weight_version=version)
         self.fleet.report()  # each engine its own version; a dead one drops out of the next weight sync
         self.status.update(engine_version=version, requests=self.pool.requests, resubmits=self.pool.resubmits,
-                           engines=self.pool.describe(), **self.scorer.counts())
+                           engines=self.pool.describe(), filtered_groups=self.filtering.filtered_groups,
+                           **self.scorer.counts())
 
     # ------------------------------------------------------------------ one group
 
@@ -276,33 +279,43 @@ class RolloutService:
 
     async def _scored_group(self, slot: int, step: int) -> ScoredGroup:
         """The slot's prompt, its samples and their rewards; a group the reward (or the agent) fails on is
-        dropped under reward_fallback skip_group (an agent's, always), and the slot takes the next spare prompt."""
-        run, n = self.run, self.run.n_samples_per_prompt
+        dropped under reward_fallback skip_group (an agent's, always), and so is one dynamic sampling filters
+        (rollout.filter_groups: services/rollout/group_filtering.py); the slot then takes the next spare prompt."""
         while True:
             record, prompt_ids = await self._prepare(slot)
             self._prepared.pop(record.position, None)
-            seed = run.optim.seed * 1_000_003 + record.position * 4099
-            version, rid = self.pool.serving_version, f"{self.config.run_id}-{record.position}"
-            if self.agents is not None:
-                with span("generate", step, version):  # the agent's reward calls included
-                    scored = await self.agents.scored_group(record, n, rid, step)
-                if scored is not None:
-                    return scored
+            scored = await self._generate_and_score(record, prompt_ids, step)
+            filtered = scored is not None and not self.filtering.keeps(scored.rewards)
+            if scored is not None and not filtered:
+                return scored
+            why = self.filtering.reason(scored.rewards) if filtered else self.scorer.last_error
+            self.replaced[slot] = await self.ledger.skip(slot, record.position, why, self.total_groups,
+                                                         filtered_step=step if filtered else None)
+            if filtered:
+                self.filtering.counted(step, await self.ledger.filtered(step))
+            log.info("group dropped; its slot takes a spare prompt", extra={
+                "slot": slot, "position": record.position, "spare": self.replaced[slot], "why": why[:200]})
+
+    async def _generate_and_score(self, record: PromptRecord, prompt_ids: list[int], step: int) -> ScoredGroup | None:
+        """The group of `record`: generated (or played by the agent) and scored; None when the reward failed
+        under reward_fallback skip_group (or the agent's episode failed)."""
+        run, n = self.run, self.run.n_samples_per_prompt
+        seed = run.optim.seed * 1_000_003 + record.position * 4099
+        version, rid = self.pool.serving_version, f"{self.config.run_id}-{record.position}"
+        if self.agents is not None:
+            with span("generate", step, version):  # the agent's reward calls included
+                scored = await self.agents.scored_group(record, n, rid, step)
+            if scored is None:
                 self.scorer.last_error = self.agents.last_error
-            else:
-                with span("generate", step, version):
-                    samples = await self.pool.generate_group(  # one request per group: the prompt is prefilled once
-                        prompt_ids, [{**self.sampling, "sampling_seed": seed + k} for k in range(n)],
-                        run.rollout.max_new_tokens, [f"{rid}-{k}" for k in range(n)])
-                with span("reward", step, version):
-                    texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
-                    rewards = await self.scorer.score(record, texts)
-                if rewards is not None:
-                    return ScoredGroup.of_samples(record, prompt_ids, samples, rewards, step)
-            self.replaced[slot] = await self.ledger.skip(slot, record.position, self.scorer.last_error,
-                                                         self.total_groups)
-            log.warning("group dropped (reward_fallback skip_group); its slot takes a spare prompt", extra={
-                "slot": slot, "position": record.position, "spare": self.replaced[slot]})
+            return scored
+        with span("generate", step, version):
+            samples = await self.pool.generate_group(  # one request per group: the prompt is prefilled once
+                prompt_ids, [{**self.sampling, "sampling_seed": seed + k} for k in range(n)],
+                run.rollout.max_new_tokens, [f"{rid}-{k}" for k in range(n)])
+        with span("reward", step, version):
+            texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
+            rewards = await self.scorer.score(record, texts)
+        return None if rewards is None else ScoredGroup.of_samples(record, prompt_ids, samples, rewards, step)
 
     async def group(self, position: int) -> None:
         """Generate, score and write the group of slot `position`."""
@@ -344,36 +357,9 @@ class RolloutService:
     # ------------------------------------------------------------------ restart
 
     async def recover(self):
-        """Slots still to generate, in order. Groups already in open partitions count as written even if
-        the ledger missed them (a crash between the put and the mark); a row of a spare prompt counts for
-        the slot that took it."""
+        """Slots still to generate, in order (services/rollout/recovery.py)."""
         self.replaced = await self.ledger.replacements()
-        slot_of = {position: slot for slot, position in self.replaced.items()}
-        for info in await self.tq.list_partitions(partition_prefix(self.run.name)):
-            step = step_of(info.name)
-            if step is None or info.allocated_rows == 0:
-                continue
-            batch = await self.tq.claim(info.name, task_name(self.run.name, RECOVER_TASK),
-                                        batch_size=max(info.allocated_rows, 1))
-            if batch.rows:
-                await self.tq.release(batch)
-                rows_of = collections.defaultdict(list)
-                for row, position in zip(batch.rows, batch.columns["prompt_position"].tolist()):
-                    rows_of[int(position)].append(row)
-                for position, rows in sorted(rows_of.items()):
-                    await self.ledger.mark_written(slot_of.get(position, position), step, rows)
-            if not info.sealed and await self.ledger.groups_written(step) >= self.groups_per_step:
-                await self.tq.seal_partition(info.name)
-        frontier, written = await self.ledger.load()
-        log.info("rollout position", extra={"frontier": frontier, "written_beyond": len(written)})
-
-        def positions():
-            p = frontier
-            while True:
-                if p not in written:
-                    yield p
-                p += 1
-        return positions()
+        return await recover_positions(self.tq, self.ledger, self.run, self.replaced, RECOVER_TASK)
 
     async def _close(self) -> None:
         for m in self.memberships:

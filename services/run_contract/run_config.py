@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.algorithms.group_filter import FILTER_PATTERN, keeps_group
 from services.algorithms.names import Estimator, KLKind, LossAggregation
 
 
@@ -66,6 +67,18 @@ class RolloutSettings(_Strict):
         "when the reward fails on a sample (raises, or times out after reward_retries): zero = that sample gets "
         "reward 0.0; skip_group = its whole group is dropped and the next spare prompt takes its place "
         "(docs/rewards.md)"))
+    filter_groups: str = Field("none", pattern=FILTER_PATTERN, description=(
+        "dynamic sampling (DAPO): none; zero_variance = a group whose rewards are all equal is not trained and "
+        "the next spare prompt takes its place; std_below:X = likewise for a group whose reward std is below X"))
+    max_filter_ratio: float = Field(0.9, gt=0, lt=1, description=(
+        "with filter_groups: the run fails once a step's filtered groups f make f / (f + rollout_batch_size) "
+        "exceed this: rewards that never vary would otherwise keep the rollout generating for ever"))
+
+    @field_validator("filter_groups")
+    @classmethod
+    def _filter_threshold(cls, spec: str) -> str:
+        keeps_group([0.0, 1.0], spec)  # a threshold of 0 is refused, naming the forms
+        return spec
 
 
 class AlgorithmSettings(_Strict):

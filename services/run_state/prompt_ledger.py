@@ -11,6 +11,7 @@ the group is dropped and its slot gets a spare prompt instead, so the step still
     spare prompt positions    first_spare, first_spare + 1, ...  (first_spare = every slot of the run)
     rollout:replacements      hash slot -> the prompt position the slot holds now
     rollout:skipped           hash prompt position -> why its group was dropped
+    rollout:filtered          hash step -> groups of the step dropped by dynamic sampling (rollout.filter_groups)
 
 So every prompt position below first_spare + len(skipped) is either trained exactly once or skipped,
 never both (tests/e2e/run_checks.py checks it).
@@ -49,13 +50,15 @@ return {frontier, redis.call('SCARD', KEYS[3])}
 """
 
 # Drop the group of `slot` (prompt ARGV[2]) and give the slot the next spare prompt, atomically; a repeat (the
-# slot already moved on from that prompt) returns the slot's current prompt and allocates nothing.
+# slot already moved on from that prompt) returns the slot's current prompt and allocates nothing. A group
+# dropped by dynamic sampling (ARGV[5] = its step) is counted for its step.
 _SKIP = """
 local current = redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[1]
 if current ~= ARGV[2] then return tonumber(current) end
 local spare = tonumber(ARGV[4]) + redis.call('INCR', KEYS[3]) - 1
 redis.call('HSET', KEYS[1], ARGV[1], spare)
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+if ARGV[5] ~= '' then redis.call('HINCRBY', KEYS[4], ARGV[5], 1) end
 return spare
 """
 
@@ -70,6 +73,7 @@ class PromptLedger:
         self._replacements = run_key(run_id, "rollout", "replacements")
         self._skipped = run_key(run_id, "rollout", "skipped")
         self._spares = run_key(run_id, "rollout", "spares")
+        self._filtered = run_key(run_id, "rollout", "filtered")
         self._skip = redis.register_script(_SKIP)
 
     def _step_key(self, step: int) -> str:
@@ -106,16 +110,27 @@ class PromptLedger:
         """slot -> the prompt position it holds, for the slots whose prompt was replaced."""
         return {int(k): int(v) for k, v in (await self.redis.hgetall(self._replacements)).items()}
 
-    async def skip(self, slot: int, position: int, reason: str, first_spare: int) -> int:
+    async def skip(self, slot: int, position: int, reason: str, first_spare: int,
+                   filtered_step: int | None = None) -> int:
         """Drop the group of `slot` (prompt `position`, dropped because of `reason`) and return the spare
-        prompt position the slot holds from now on."""
-        return int(await self._skip(keys=[self._replacements, self._skipped, self._spares],
-                                    args=[slot, position, reason[:500], first_spare]))
+        prompt position the slot holds from now on; `filtered_step`: dynamic sampling dropped it, count it there."""
+        return int(await self._skip(keys=[self._replacements, self._skipped, self._spares, self._filtered],
+                                    args=[slot, position, reason[:500], first_spare,
+                                          "" if filtered_step is None else filtered_step]))
+
+    async def filtered(self, step: int) -> int:
+        """Groups of `step` dynamic sampling dropped so far."""
+        return int(await self.redis.hget(self._filtered, str(step)) or 0)
 
 
 def skipped_prompts(client: redis.Redis, run_id: str) -> dict[int, str]:
     """prompt position -> why its group was dropped (`rollout.reward_fallback: skip_group`), for any process."""
     return {int(k): v for k, v in client.hgetall(run_key(run_id, "rollout", "skipped")).items()}
+
+
+def filtered_groups(client: redis.Redis, run_id: str, step: int) -> int:
+    """Groups of `step` dropped by dynamic sampling (rollout.filter_groups), for any process."""
+    return int(client.hget(run_key(run_id, "rollout", "filtered"), str(step)) or 0)
 
 
 def resume_ledger_at(client: redis.Redis, run_id: str, first_slot: int) -> None:

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 from services.run_state import run_key
+from services.run_state.prompt_ledger import filtered_groups
 
 
 class TrainerProgress(BaseModel):
@@ -44,7 +45,11 @@ def write_progress(client: redis.Redis, run_id: str, progress: TrainerProgress) 
 def finish_step(client: redis.Redis, run_id: str, step: int, sample_ids: list[str], metrics: dict,
                 progress: TrainerProgress) -> None:
     """Step N is done, in one transaction: its audit record (which samples it trained, its metrics) and the
-    progress that moves past it. Whoever sees the progress finds the record (and one round trip, not two)."""
+    progress that moves past it. Whoever sees the progress finds the record (and one round trip, not two).
+    The groups of the step dynamic sampling dropped (the rollout's count, prompt_ledger.py) join `metrics` as
+    `filtered_groups` when there were any: the step's sealed partition means no more will be."""
+    if filtered := filtered_groups(client, run_id, step):
+        metrics["filtered_groups"] = filtered
     with client.pipeline(transaction=True) as pipe:
         pipe.hset(run_key(run_id, "trainer", "steps"), str(step), json.dumps({"samples": sample_ids,
                                                                               "metrics": metrics}))

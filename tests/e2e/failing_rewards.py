@@ -13,3 +13,11 @@ def letters_unless_a(response, fields, prompt):
 
 def fails(fields: dict) -> bool:
     return "a" in fields["letters"]
+
+
+def flat_when_a(response, fields, prompt):
+    """0 for every sample of a prompt whose letters include "a" (a group with no variance, which dynamic sampling
+    drops); demo:letters' verifier plus a thousandth per character otherwise (samples of a prompt differ)."""
+    if fails(fields):
+        return 0.0
+    return letters(response, fields["letters"]) + len(response) / 1000

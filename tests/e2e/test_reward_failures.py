@@ -50,3 +50,21 @@ def test_a_reward_that_raises_on_some_prompts_skips_their_groups_and_the_run_fin
         # the baseline, and the last version once the rollout saw the trainer finish
         assert evaluations[0].version == 0 and latest.version == run.num_steps
         assert all(e.n_prompts == 4 and e.k == 1 for e in evaluations)
+
+
+def test_dynamic_sampling_drops_groups_without_variance_and_every_sample_is_trained_once(tmp_path):
+    model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
+    run = RunConfig(name="filtered", model=model_dir, max_staleness=1, n_samples_per_prompt=2,
+                    rollout_batch_size=4, global_batch_size=8, micro_batch_size=4, num_steps=3,
+                    rollout={"prompts": "demo:letters", "reward": "import:tests.e2e.failing_rewards:flat_when_a",
+                             "filter_groups": "zero_variance", "max_new_tokens": 8},
+                    optim={"lr": 1e-4})
+    source = open_prompt_source("demo:letters")
+    with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
+        lr.wait_for_step(run.num_steps, 400)
+        steps = assert_run_complete(lr, run)  # exactly once: a filtered prompt counts as consumed, never trained
+        with lr.redis_client() as r:
+            dropped = skipped_prompts(r, run.name)
+    assert dropped and all(why.startswith("filter_groups zero_variance") for why in dropped.values())
+    assert {p for p in range(max(dropped) + 1) if fails(source.record(p).fields)} <= set(dropped)
+    assert sum(rec["metrics"].get("filtered_groups", 0) for rec in steps.values()) == len(dropped)

@@ -52,6 +52,7 @@ slot holds the next spare prompt position."""
         self.rows: dict[int, dict[int, list[int]]] = {}  # step -> slot -> its TransferQueue rows
         self.replaced: dict[int, int] = {}  # slot -> the spare prompt position it holds
         self.skipped: dict[int, str] = {}   # prompt position -> why its group was dropped
+        self.filtered_by_step: dict[int, int] = {}  # step -> groups dynamic sampling dropped
 
     async def load(self) -> tuple[int, set[int]]:
         return self.frontier, set(self.written)
@@ -83,13 +84,20 @@ slot holds the next spare prompt position."""
     async def replacements(self) -> dict[int, int]:
         return dict(self.replaced)
 
-    async def skip(self, slot: int, position: int, reason: str, first_spare: int) -> int:
-        """The slot's group is dropped; it holds the next spare prompt position from now on."""
+    async def skip(self, slot: int, position: int, reason: str, first_spare: int,
+                   filtered_step: int | None = None) -> int:
+        """The slot's group is dropped; it holds the next spare prompt position from now on (a group dynamic
+        sampling dropped is counted for its step)."""
         if self.replaced.get(slot, slot) != position:  # a repeat: nothing more is allocated
             return self.replaced[slot]
         self.replaced[slot] = first_spare + len(self.skipped)
         self.skipped[position] = reason
+        if filtered_step is not None:
+            self.filtered_by_step[filtered_step] = self.filtered_by_step.get(filtered_step, 0) + 1
         return self.replaced[slot]
+
+    async def filtered(self, step: int) -> int:
+        return self.filtered_by_step.get(step, 0)
 
 
 class InMemoryEvaluations:
@@ -124,7 +132,7 @@ class ProgressBox:
 
 
 class InMemoryRedis:
-    """get / set / hset / hgetall / hvals and a transaction pipeline of them: what the trainer's progress record
+    """get / set / hset / hget / hgetall / hvals and a transaction pipeline of them: what the trainer's progress record
     and its tracking (the latest evaluation) need."""
 
     def __init__(self):
@@ -145,6 +153,9 @@ class InMemoryRedis:
             fresh = field not in self.hashes.setdefault(key, {})
             self.hashes[key][field] = value
         return int(fresh)
+
+    def hget(self, key: str, field: str) -> str | None:
+        return self.hashes.get(key, {}).get(field)
 
     def hgetall(self, key: str) -> dict[str, str]:
         return dict(self.hashes.get(key, {}))
