@@ -38,7 +38,7 @@ from services.rollout.put_coalescing import PutCoalescer
 from services.rollout.recovery import recover_positions
 from services.rollout.agent_endpoint import Episodes
 from services.rollout.agents import agent_runner
-from services.rollout.sample_columns import ScoredGroup
+from services.rollout.sample_columns import ScoredGroup, shaped_rewards
 from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
 from services.rollout.rewards import build_reward
 from services.rollout.group_filtering import GroupFiltering
@@ -315,7 +315,10 @@ class RolloutService:
         with span("reward", step, version):
             texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
             rewards = await self.scorer.score(record, texts)
-        return None if rewards is None else ScoredGroup.of_samples(record, prompt_ids, samples, rewards, step)
+        if rewards is None:
+            return None
+        rewards = shaped_rewards(rewards, samples, run.reward_shaping, run.rollout.max_new_tokens)
+        return ScoredGroup.of_samples(record, prompt_ids, samples, rewards, step, run.reward_shaping.overlong_filter)
 
     async def group(self, position: int) -> None:
         """Generate, score and write the group of slot `position`."""

@@ -185,6 +185,21 @@ class EvalSettings(_Strict):
         return self
 
 
+class OverlongShaping(_Strict):
+    buffer: int = Field(ge=1, le=1 << 20, description="L_cache: the last tokens before rollout.max_new_tokens over "
+                        "which the penalty grows from 0 to `penalty`")
+    penalty: float = Field(1.0, ge=0, le=1e6, description="the penalty at max_new_tokens (subtracted from the reward)")
+
+
+class RewardShaping(_Strict):
+    overlong: OverlongShaping | None = Field(None, description=(
+        "DAPO's soft overlong punishment (docs/rewards.md): answers longer than max_new_tokens - buffer lose up to "
+        "`penalty` reward; None = off"))
+    overlong_filter: bool = Field(False, description=(
+        "DAPO's overlong filtering: a sample cut off at max_new_tokens trains on nothing (loss mask 0); its reward "
+        "still counts in its group's advantages"))
+
+
 class RunConfig(_Strict):
     """What a run is; validated when it is created."""
 
@@ -216,6 +231,8 @@ class RunConfig(_Strict):
                                        description="experiment tracking by the trainer (docs/tracking.md)")
     eval: EvalSettings = Field(default_factory=EvalSettings, description="evaluation on held-out prompts during "
                                                                          "training; off unless eval.prompts is set")
+    reward_shaping: RewardShaping = Field(default_factory=RewardShaping, description=(
+        "what happens to answers cut off at max_new_tokens (docs/rewards.md); applied to single completions"))
 
     @model_validator(mode="before")
     @classmethod
@@ -246,6 +263,10 @@ class RunConfig(_Strict):
     def _consistent(self) -> "RunConfig":
         if self.mode == "colocate" and self.max_staleness != 0:
             raise ValueError("colocate mode is synchronous: max_staleness must be 0")
+        overlong = self.reward_shaping.overlong
+        if overlong is not None and overlong.buffer > self.rollout.max_new_tokens:
+            raise ValueError(f"reward_shaping.overlong.buffer ({overlong.buffer}) must be at most rollout."
+                             f"max_new_tokens ({self.rollout.max_new_tokens})")
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError("global_batch_size must be a multiple of micro_batch_size")
         if self.global_batch_size % self.group_rows:

@@ -58,7 +58,8 @@ def test_dynamic_sampling_drops_groups_without_variance_and_every_sample_is_trai
                     rollout_batch_size=4, global_batch_size=8, micro_batch_size=4, num_steps=3,
                     rollout={"prompts": "demo:letters", "reward": "import:tests.e2e.failing_rewards:flat_when_a",
                              "filter_groups": "zero_variance", "max_new_tokens": 8},
-                    optim={"lr": 1e-4})
+                    # a prompt's samples all cut at 8 tokens lose the same: its group keeps its (zero) variance
+                    reward_shaping={"overlong": {"buffer": 4, "penalty": 0.5}}, optim={"lr": 1e-4})
     source = open_prompt_source("demo:letters")
     with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
         lr.wait_for_step(run.num_steps, 400)
