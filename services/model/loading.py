@@ -78,6 +78,26 @@ def load_tokenizer(directory: str):
             raise ModelDirError(directory, f"the tokenizer does not load: {exc}") from exc
 
 
+def check_tokenizer_loads(directory: str) -> None:
+    """ModelDirError unless the directory's tokenizer loads, checked without importing transformers (and with
+    it torch: seconds of `sluice run`'s start, before any service starts) where it can be: a fast tokenizer's
+    tokenizer.json parsed by the `tokenizers` library, as transformers parses it, and tokenizer_config.json
+    read as JSON. A directory with only a slow tokenizer's vocabulary is loaded with AutoTokenizer."""
+    check_model_dir(directory, weights=False)
+    fast = os.path.join(directory, "tokenizer.json")
+    if not os.path.isfile(fast):
+        load_tokenizer(directory)
+        return
+    from tokenizers import Tokenizer
+
+    try:
+        with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
+            json.load(f)
+        Tokenizer.from_file(fast)
+    except Exception as exc:  # the tokenizers library fails a malformed file with its own Exception type
+        raise ModelDirError(directory, f"the tokenizer does not load: {exc}") from exc
+
+
 def load_causal_lm(directory: str, dtype: str | torch.dtype = "float32", device: str = "cpu"):
     """(model in eval mode on `device`, tokenizer) of a local model directory; ModelDirError if a file is
     missing or does not load."""

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from services.demo_tasks import DEMO_TASKS
-from services.model.loading import ModelDirError, check_model_dir, load_tokenizer
+from services.model.loading import ModelDirError, check_model_dir, check_tokenizer_loads
 from services.run_contract.agent_spec import check_agent_spec
 from services.run_contract.reward_spec import check_reward_spec
 from services.run_contract.run_config import RunConfig
@@ -58,7 +58,7 @@ def check_run(config: RunConfig, role: str | None = None, policy: RunPolicy | No
         try:
             check_model_dir(config.model, weights="weights" in checks, tokenizer="tokenizer" in checks)
             if role is None:  # at submit: do its files load (a malformed tokenizer.json)? A role that reads the
-                load_tokenizer(config.model)  # tokenizer loads it at start anyway, its error reported alike
+                check_tokenizer_loads(config.model)  # tokenizer loads it at start anyway, its error reported alike
         except ModelDirError as exc:
             problems.append(Problem("model", str(exc)))
     r = config.rollout
