@@ -162,11 +162,16 @@ class WeightVersions:
                 or (self._pending is not None and not self._pending.done())):
             return
         self._last_lag_check = now
-        lagging = self._behind([n for n in self.dcs.topology().roles.get("engine", []) if n.run_id == self.run_id],
-                               version)
+        lagging = self._behind(self._run_engines(), version)
         if not lagging:
             return
         self._send_engines(version, lagging)
+
+    def _run_engines(self) -> list:
+        """The run's engines to keep current (the coordinator's engine set, services/dcs/engine_set.py), less the
+        ones that registered themselves and are gone (a scaled-down pod: nothing brings that registration back).
+        An added engine that is down is kept: its rollout keeps it, and a restart brings it back."""
+        return [e for e in self.dcs.engines(self.run_id).engines if e.alive or e.source == "added"]
 
     def _behind(self, engines: list, version: int) -> list[str]:
         """Node ids of the live engines that report an older version than `version`. Not the ones the publisher
@@ -187,7 +192,8 @@ class WeightVersions:
         registered): every engine of the run serves `version` before the run ends. An engine that restarted
         near the end comes back with its initial weights, and no later publish would reach it (the resend of
         `resend_if_lagging` runs only while the trainer waits for data). Engines that report an older version
-        get `version` again; one that is down (its registration not alive) is waited for; both up to `wait_s`.
+        get `version` again; an added engine that is down (its registration not alive) is waited for (one that registered itself and is gone is
+        not: services/trainer/publishing.py _run_engines); both up to `wait_s`.
         Versions reach the coordinator on heartbeats (~1 s): until HEARTBEAT_SETTLE_S passed since the last
         send, an engine that loaded `version` in that sync counts as current (the common end of a run returns at
         once) and none is taken as behind; after it, what each engine reports decides. Returns whether every
@@ -195,7 +201,7 @@ class WeightVersions:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                engines = [n for n in self.dcs.topology().roles.get("engine", []) if n.run_id == self.run_id]
+                engines = self._run_engines()
             except Exception as exc:  # the coordinator restarting: the run's last record must not fail on it
                 log.warning("could not read the run's engines", extra={"error": repr(exc)})
                 if time.monotonic() >= deadline or (stop is not None and stop.is_set()):

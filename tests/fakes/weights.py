@@ -48,6 +48,9 @@ class InMemoryCoordinator:
     def topology(self) -> SimpleNamespace:
         return SimpleNamespace(roles={})  # no engine registered: none lags behind the published weights
 
+    def engines(self, run_id: str) -> SimpleNamespace:
+        return SimpleNamespace(engines=[])  # the run's engine set: empty, so none lags behind
+
     def engines_loading(self) -> list[str]:
         """Node ids of the engines a publish reaches (none registered here)."""
         return []

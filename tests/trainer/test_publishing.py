@@ -84,25 +84,29 @@ def test_weights_larger_than_the_snapshot_limit_are_published_live():
 
 
 class EngineTopology(InMemoryCoordinator):
-    """A coordinator whose engines are scripted: `engines` (alive, weight_version) per node, changed by the test;
-    an engine in `loads` takes each non-announced resend it is alive for as its version (the engine loading it)."""
+    """A coordinator whose engine set is scripted: `scripted` (alive, weight_version) per node, changed by the test,
+    each added to the run (kept by its rollout) unless named in `registered_themselves`; an engine in `loads` takes
+    each non-announced resend it is alive for as its version (the engine loading it)."""
 
     def __init__(self, engines: dict[str, tuple[bool, int | None]]):
         super().__init__()
-        self.engines = engines
+        self.scripted = engines
         self.loads: set[str] = set()
+        self.registered_themselves: set[str] = set()
 
-    def topology(self) -> SimpleNamespace:
-        return SimpleNamespace(roles={"engine": [
-            SimpleNamespace(node_id=k, run_id="r", alive=a, weight_version=v) for k, (a, v) in self.engines.items()]
-            + [SimpleNamespace(node_id="other-run", run_id="x", alive=False, weight_version=0)]})
+    def engines(self, run_id: str) -> SimpleNamespace:  # GET /v1/runs/{run_id}/engines
+        assert run_id == "r"
+        return SimpleNamespace(engines=[
+            SimpleNamespace(node_id=k, alive=a, weight_version=v,
+                            source="self" if k in self.registered_themselves else "added")
+            for k, (a, v) in self.scripted.items()])
 
     def engines_loading(self) -> list[str]:
-        return [node for node in self.loads if self.engines[node][0]]
+        return [node for node in self.loads if self.scripted[node][0]]
 
     def publish(self, named, version, receiver_roles, announce=True):
         for node in self.engines_loading():
-            self.engines[node] = (True, version)
+            self.scripted[node] = (True, version)
         return super().publish(named, version, receiver_roles, announce)
 
 
@@ -135,12 +139,12 @@ def test_an_engine_that_is_down_is_waited_for_and_caught_up_when_it_returns(monk
     back = threading.Event()
 
     def restarted(coordinator):  # back with its initial weights
-        coordinator.engines["e1"] = (True, 0)
+        coordinator.scripted["e1"] = (True, 0)
         back.set()
 
     ok, coordinator, _ = _caught_up(monkeypatch, {"e0": (True, 3), "e1": (False, 2)}, wait_s=30, during=restarted)
     assert ok and back.is_set()  # it waited for the engine to come back rather than ending the run without it
-    assert coordinator.engines["e1"] == (True, 3) and [p.version for p in coordinator.published] == [3]
+    assert coordinator.scripted["e1"] == (True, 3) and [p.version for p in coordinator.published] == [3]
 
 
 def test_engines_that_loaded_the_last_publish_end_the_run_before_their_heartbeats_say_so():
@@ -150,9 +154,20 @@ def test_engines_that_loaded_the_last_publish_end_the_run_before_their_heartbeat
                     micro_batch_size=2, num_steps=2)
     versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
     assert versions.publish(3) == 3
-    coordinator.engines = {"e0": (True, 2), "e1": (True, 2)}
+    coordinator.scripted = {"e0": (True, 2), "e1": (True, 2)}
     assert versions.catch_up_engines(3, wait_s=30, poll_s=0.01)
     assert len(coordinator.published) == 1  # had it waited for the heartbeats to settle, it would have resent
+
+
+def test_an_engine_that_registered_itself_and_is_gone_is_not_waited_for(monkeypatch):
+    coordinator = EngineTopology({"e0": (True, 3), "e1": (False, 2)})
+    coordinator.registered_themselves.add("e1")  # a scaled-down pod's registration, lapsed
+    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=2)
+    versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
+    began = time.monotonic()
+    assert versions.catch_up_engines(3, wait_s=30, poll_s=0.01)
+    assert time.monotonic() - began < 10 and coordinator.published == []  # not the 30 s bound, nothing resent
 
 
 def test_an_engine_that_never_returns_ends_the_wait_at_its_bound(monkeypatch):
@@ -167,11 +182,11 @@ class FlakyTopology(EngineTopology):
         super().__init__(engines)
         self.failures = failures
 
-    def topology(self):
+    def engines(self, run_id: str):
         if self.failures:
             self.failures -= 1
             raise ConnectionError("coordinator restarting")
-        return super().topology()
+        return super().engines(run_id)
 
 
 def test_a_coordinator_restarting_at_the_end_is_waited_out_not_raised(monkeypatch):
@@ -182,7 +197,7 @@ def test_a_coordinator_restarting_at_the_end_is_waited_out_not_raised(monkeypatc
     coordinator.loads = {"e0"}
     versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
     assert versions.catch_up_engines(3, wait_s=30, poll_s=0.01)
-    assert coordinator.engines["e0"] == (True, 3)
+    assert coordinator.scripted["e0"] == (True, 3)
     down = FlakyTopology({"e0": (True, 3)}, failures=10 ** 6)  # never answers: the bound ends the wait
     versions = WeightVersions(FakeWeightPublisher(down), torch.nn.Linear(2, 2), run, down, "r", 60.0)
     assert not versions.catch_up_engines(3, wait_s=0.2, poll_s=0.01)
@@ -226,7 +241,7 @@ def test_an_engine_left_out_while_down_gets_the_weights_again_once_it_answers_wi
             versions.resend_if_lagging(3)
             time.sleep(0.02)
     assert [(p.version, p.announced) for p in coordinator.published] == [(3, False)]
-    assert coordinator.engines["e0"] == (True, 3)
+    assert coordinator.scripted["e0"] == (True, 3)
 
 
 class RefusingPublisher(FakeWeightPublisher):
