@@ -474,7 +474,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="~10M params, 2 reps, 1 sweep rep (smoke run)")
     p.add_argument("--params", type=float, default=None, help="model size in parameters (default 100e6; 10e6 quick)")
     p.add_argument("--reps", type=int, default=None, help="counted reps of headline/raw (default 5; 2 quick)")
-    p.add_argument("--sweep-reps", type=int, default=None, 
+    p.add_argument("--sweep-reps", type=int, default=None,
                    help="counted reps per sweep bucket size (default 3; 1 quick)")
     p.add_argument("--sweep", default="16,64,256", help="bucket sizes in MiB for the sweep")
     p.add_argument("--bucket-mib", type=int, default=64, help="bucket size of the headline measurement")

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-import yaml
 
 from services.front_door.run_file import load_run_file
 

@@ -90,7 +90,6 @@ def prompts_of(engine, req: GenerateRequest) -> list[tuple[list[int], SamplingPa
     else:
         prompts = [req.input_ids] if single else req.input_ids
     check_prompt_ids(engine, prompts)
-    vocab = engine.model.config.vocab_size
     raw = req.sampling_params or SamplingParams()
     params = raw if isinstance(raw, list) else [raw] * len(prompts)
     if len(params) != len(prompts):

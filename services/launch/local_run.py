@@ -124,7 +124,7 @@ class LocalRun(StopsOnExit):
         """Every engine answers /health and every role /healthz (one exiting fails the start at once)."""
         for i, url in enumerate(self.engine_urls):
             self._wait_engine(self.procs[f"engine-{i}"], url)
-        for name, proc in list(self.procs.items()):
+        for proc in list(self.procs.values()):
             if hasattr(proc, "status_url"):
                 proc.wait_until(lambda proc=proc: http_ok(proc.status_url + "/healthz"), ROLE_START_S)
 

@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from services.run_contract.preflight import check_run, describe
 from services.run_contract.run_policy import RunPolicySettings

@@ -31,7 +31,7 @@ def assert_run_complete(lr: LocalRun, run: RunConfig, staleness_bounded: bool = 
     expected = {f"{p}:{k}" for p in range(run.num_steps * run.rollout_batch_size + len(skipped))
                 if p not in skipped for k in range(run.group_rows)}
     assert len(trained) == len(set(trained)) and set(trained) == expected
-    for step, rec in steps.items():
+    for rec in steps.values():
         m = rec["metrics"]
         assert len(rec["samples"]) == run.rows_per_step
         # staleness bound: trained at version <= the version generation began under + max_staleness

@@ -26,7 +26,7 @@ __all__ = ["ImportedReward", "load_function"]
 
 
 def _is_async(fn: Callable) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
 
 
 class ImportedReward(RewardFunction):

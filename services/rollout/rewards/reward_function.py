@@ -17,7 +17,7 @@ class RewardFunction(abc.ABC):
     async def score(self, record: PromptRecord, response: str) -> float:
         """The reward for one response to record's prompt: a finite float, or RewardError."""
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - a default, not an abstract method
         """Release what the function holds (connections); the default holds nothing."""
 
     def __repr__(self) -> str:

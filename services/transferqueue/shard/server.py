@@ -98,7 +98,7 @@ class ShardServicer(pb_grpc.StorageShardServicer):
                     try:
                         chunk = pb.PutChunk.FromString(raw)
                     except DecodeError as exc:
-                        raise TQError(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a valid PutChunk: {exc}")
+                        raise TQError(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a valid PutChunk: {exc}") from None
                     data = chunk.data
                 if header is None:
                     header = self._header(chunk)
