@@ -10,10 +10,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.runtime.auth_token import token_env
 from services.runtime.redis_password import redis_password_env
-from services.runtime.processes import ChildProcess, StopsOnExit, free_port, sluice_argv, start_redis
+from services.runtime.processes import ChildProcess, StopsOnExit, free_port, listening, sluice_argv, start_redis
 
 
 def grpc_serving(address: str, service: str = "") -> bool:
+    host, port = address.rsplit(":", 1)
+    if not listening(host.strip("[]"), int(port)):  # a starting server: refused cheaply, without a channel
+        return False
     try:
         with grpc.insecure_channel(address) as channel:
             res = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=0.5)
