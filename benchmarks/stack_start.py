@@ -1,10 +1,10 @@
 """Stack start: from `sluice run run.yaml` to the first generated group, phase by phase and service by service;
 prints one JSON object to stdout (progress goes to stderr) and writes it, with every start's details, to --out.
 
-Each start runs the run file `sluice run --print-defaults` writes (GRPO on demo:letters, 32 groups of 8 samples
-a step, 64 new tokens, one built-in engine) on one `sluice init-model --preset tiny` model made beforehand, so
-no start writes a model, with `num_steps: --steps`, a free coordinator port and its own output directory, as
-a user would: `python -m services.cli run run.yaml --view json`, timed from the moment it is started (t0).
+Each start runs the run of `sluice run --print-defaults` (every default: GRPO on demo:letters, 32 groups of 8
+samples a step, 64 new tokens, one built-in engine) on one `sluice init-model --preset tiny` model made
+beforehand, so no start writes a model, with `num_steps: --steps`, a free coordinator port and its own output
+directory (the run file names only these), as a user would: `python -m services.cli run run.yaml --view json`, timed from the moment it is started (t0).
 Every time below is seconds after t0, the median over --reps starts:
 
   first_group_s     the rollout's first group written to TransferQueue (the end of its first `put` span, from
