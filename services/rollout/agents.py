@@ -31,6 +31,7 @@ import dataclasses
 import inspect
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
@@ -93,6 +94,7 @@ class PythonAgent:
         import openai  # ~0.5 s of imports: paid by a run with an agent only, and at set-up, not in an episode
 
         self.openai = openai
+        self._threads = ThreadPoolExecutor(max_workers=256, thread_name_prefix="agent-episode")
         self.fn = load_agent(spec.removeprefix("import:"))
         self.is_async = inspect.iscoroutinefunction(self.fn)
 
@@ -104,10 +106,11 @@ class PythonAgent:
         def run():
             with self.openai.OpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
                 return self.fn(sample, client)
-        return await asyncio.to_thread(run)
+        # its own threads: episodes blocked on the model must not hold the threads the rollout's other calls need
+        return await asyncio.get_running_loop().run_in_executor(self._threads, run)
 
     async def aclose(self) -> None:
-        pass
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
 
 class EnvironmentService:

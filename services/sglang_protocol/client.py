@@ -169,10 +169,25 @@ class SGLangClient:
         version differs from `newer_than` (or after wait_s); SGLang ignores the parameters and answers at
         once, so a caller that got the same version back quickly should wait before asking again."""
         if self._version_endpoint is None:
-            return await asyncio.to_thread(self.weight_version)  # finds the endpoint this release has
+            return await self._find_version_endpoint()
         params = {"newer_than": newer_than, "wait_s": str(wait_s)} if newer_than is not None and wait_s > 0 else None
         data = await self._arequest("GET", self._version_endpoint, params=params, read_timeout_s=wait_s + 10)
         return str(data["weight_version"])
+
+    async def _find_version_endpoint(self) -> str:
+        """weight_version's discovery on the event loop (never a worker thread: a rollout whose threads are all
+        busy, as its agents' episodes make them while no engine answers, must still find its engine back)."""
+        for endpoint in ("/weight_version", "/get_weight_version", "/model_info"):
+            try:
+                data = await self._arequest("GET", endpoint, read_timeout_s=min(self._timeout_s, 30.0))
+            except EngineUnreachable:
+                raise
+            except SGLangError:
+                continue  # this release has no such route
+            if "weight_version" in data:
+                self._version_endpoint = endpoint
+                return str(data["weight_version"])
+        raise SGLangError("weight_version", 404, "no endpoint reports weight_version")
 
     def live_weight_update(self) -> bool:
         """Whether the server loads a weight update between two steps while it keeps generating (the

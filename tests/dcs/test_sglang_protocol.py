@@ -112,3 +112,34 @@ def test_a_paused_sglang_server_counts_as_alive(tmp_path):
         finally:
             proc.stop()
         assert not SGLangClient(url).health()  # gone: no answer
+
+
+def test_the_version_route_is_found_on_the_event_loop_even_when_every_worker_thread_is_busy(tmp_path):
+    """A rollout whose worker threads are all held (its agents' episodes, each blocked on a model call while no engine
+    answers) must still find its engine's version route: the discovery runs on the event loop, not in a thread.
+    SGLang 0.5.5 answers it on /get_weight_version (/weight_version is a 404 there)."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    with LocalDCS(log_dir=str(tmp_path)) as local:
+        proc, url = _engine(tmp_path, local.url, "r", "0.5.5")
+        release = threading.Event()
+
+        async def discover() -> str:
+            loop = asyncio.get_running_loop()
+            loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+            held = loop.run_in_executor(None, release.wait)  # the only worker thread, busy
+            client = SGLangClient(url)
+            try:
+                return await asyncio.wait_for(client.wait_weight_version(None, 0), 20)
+            finally:
+                release.set()
+                await held
+                await client.aclose()
+                client.close()
+        try:
+            assert asyncio.run(discover()) == "default"
+        finally:
+            release.set()
+            proc.stop()
