@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import itertools
 import json
-import os
 import subprocess
 import sys
 import textwrap
