@@ -1,6 +1,7 @@
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.dcs.models import engine_url
 from services.runtime.role_service import RoleSettings
 
 
@@ -34,6 +35,15 @@ class RolloutConfig(RoleSettings):
     lost_check_s: float = Field(1.0, gt=0, le=60, description="how often to look for rows lost with a storage "
                                 "shard before the trainer consumed them (their groups are generated again)")
 
+    @field_validator("engine_url")
+    @classmethod
+    def _engine_urls(cls, value: str) -> str:
+        for url in value.split(","):
+            if url.strip():
+                engine_url(url)  # ValueError naming the URL and what is wrong with it
+        return value
+
     @property
     def engine_urls(self) -> list[str]:
-        return [u.strip() for u in self.engine_url.split(",") if u.strip()]
+        """In the coordinator's form (scheme://host:port), so a listed engine is the same one its engine set holds."""
+        return [engine_url(u) for u in self.engine_url.split(",") if u.strip()]
