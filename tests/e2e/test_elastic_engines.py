@@ -70,7 +70,7 @@ def _resumed(lr: LocalRun, name: str) -> None:
 def test_engines_join_and_leave_a_running_run_and_every_sample_is_trained_once(tmp_path):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
     run = RunConfig(name="elastic", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=8, micro_batch_size=4, num_steps=24, optim={"lr": 1e-4},
+                    global_batch_size=8, micro_batch_size=4, num_steps=48, optim={"lr": 1e-4},
                     rollout={"max_new_tokens": 16, "reward": "import:tests.e2e.slow_rewards:letters_slowly"})
     extra: list[ChildProcess] = []
     with LocalRun(run, log_dir=str(tmp_path / "logs"), engines=1,
