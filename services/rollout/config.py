@@ -2,6 +2,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.dcs.models import engine_url
+from services.run_contract.judge_settings import JUDGE_NAME
 from services.runtime.role_service import RoleSettings
 
 
@@ -21,6 +22,9 @@ class RolloutConfig(RoleSettings):
                                  "coordinator")
     reward_token: str = Field("", description="bearer token for a remote HTTP reward endpoint (never the "
                                                "stack's auth token: the endpoint may be a third party)")
+    judge_urls: str = Field("", description="judge engines by name, for rollout.reward model:<name>: comma-"
+                            "separated name=URL (`sluice run` gives judge=<its judge engine>); a judge is never "
+                            "one of the run's engines: the trainer does not update its weights")
     register_engines: bool = Field(True, description="add the --engine-url engines to the run's engine set and "
                                    "keep them registered (so the trainer updates their weights); off when they "
                                    "register themselves")
@@ -42,6 +46,22 @@ class RolloutConfig(RoleSettings):
             if url.strip():
                 engine_url(url)  # ValueError naming the URL and what is wrong with it
         return value
+
+    @field_validator("judge_urls")
+    @classmethod
+    def _judge_urls(cls, value: str) -> str:
+        for entry in filter(str.strip, value.split(",")):
+            name, sep, url = entry.partition("=")
+            if not sep or not JUDGE_NAME.fullmatch(name.strip()):
+                raise ValueError(f"judge_urls entry {entry.strip()!r} must be name=URL (a name of letters, digits, "
+                                 f"_ . -)")
+            engine_url(url.strip())  # ValueError naming the URL and what is wrong with it
+        return value
+
+    @property
+    def judge_url_map(self) -> dict[str, str]:
+        pairs = (entry.partition("=") for entry in self.judge_urls.split(",") if entry.strip())
+        return {name.strip(): engine_url(url.strip()) for name, _, url in pairs}
 
     @property
     def engine_urls(self) -> list[str]:

@@ -41,11 +41,13 @@ from services.rollout.agents import agent_runner
 from services.rollout.sample_columns import ScoredGroup, shaped_rewards
 from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
 from services.rollout.rewards import build_reward
+from services.rollout.rewards.model_judge import JudgeClient
 from services.rollout.group_filtering import GroupFiltering
 from services.rollout.scoring import GroupScorer
 from services.run_contract.partitions import partition_name, task_name
 from services.runtime.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
+from services.sglang_protocol.client import SGLangClient
 
 log = logging.getLogger(__name__)
 GROUPS = Counter("sluice_rollout_groups_total", "prompt groups written to TransferQueue")
@@ -65,8 +67,10 @@ class RolloutService:
     def __init__(self, config: RolloutConfig, status: RoleStatus,
                  connect: Callable[..., Awaitable[RolloutConnections | None]] = RolloutConnections.open,
                  join: Callable[..., RolloutMembership] = RunMembership,
-                 engines: Callable[[RolloutConfig], Engines] = engine_pool):
+                 engines: Callable[[RolloutConfig], Engines] = engine_pool,
+                 judge_client: Callable[..., JudgeClient] = SGLangClient):
         self.config = config
+        self.judge_client = judge_client  # a model:... reward's client to its engine
         self.status = status
         self.connect = connect
         self.join = join
@@ -89,8 +93,10 @@ class RolloutService:
         spec = r.reward or (DEMO_TASKS[task].reward if r.prompts.startswith("demo:") and task in DEMO_TASKS else None)
         if spec is None and not r.agent:
             raise ValueError("rollout.reward is required unless prompts is a demo task (or an agent scores them)")
-        self.reward = build_reward(spec, label_field=r.label_field, timeout_s=r.reward_timeout_s,
-                                   retries=r.reward_retries, token=self.config.reward_token or None) if spec else None
+        self.reward = build_reward(
+            spec, label_field=r.label_field, timeout_s=r.reward_timeout_s, retries=r.reward_retries,
+            token=self.config.reward_token or None, judge=r.judge, judge_urls=self.config.judge_url_map,
+            engine_key=self.config.auth_token or None, judge_client=self.judge_client) if spec else None
         self.scorer = GroupScorer(self.reward, r.reward_fallback)
         self.filtering = GroupFiltering(r.filter_groups, r.max_filter_ratio, run.rollout_batch_size)
         self.pool = self.engines(self.config)

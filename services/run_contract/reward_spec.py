@@ -4,6 +4,8 @@ reward from it (services/rollout/rewards), the preflight (preflight.py) and the 
     exact_match | math_answer | arith | letters     a built-in reward (BUILTIN_REWARD_NAMES)
     import:package.module:function                  a Python function called as fn(response, fields, prompt)
     http://host/path | https://host/path            a remote scorer
+    model:http://host:port | model:<name>           a judge model on an engine (judge_settings.py): its URL,
+                                                    or a name the rollout's --judge-urls maps to one
     None                                            the demo task's own verifier (prompts demo:<task>)"""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from services.demo_tasks import DEMO_TASKS
+from services.run_contract.judge_settings import JUDGE_NAME
 from services.run_contract.imported_functions import check_import, import_function
 
 # the rollout's built-in rewards (services/rollout/rewards/builtin.py); tests/run_contract/test_preflight.py keeps
@@ -19,7 +22,7 @@ from services.run_contract.imported_functions import check_import, import_functi
 BUILTIN_REWARD_NAMES = frozenset({"exact_match", "math_answer", "arith", "letters"})
 
 SPEC_FORMS = (f"a built-in name ({', '.join(sorted(BUILTIN_REWARD_NAMES))}), import:module.path:function, "
-              f"or an http:// or https:// URL")
+              f"an http:// or https:// URL, or model:<engine URL or name>")
 
 
 def load_function(path: str) -> Callable:
@@ -42,4 +45,16 @@ def check_reward_spec(spec: str | None, prompts: str) -> str | None:
         return check_import(spec, "reward", load_function)
     if spec.startswith(("http://", "https://")):
         return None if urlsplit(spec).hostname else f"reward URL {spec!r} names no host"
+    if spec.startswith("model:"):
+        return check_judge_target(spec[len("model:"):])
     return f"unknown reward spec {spec!r}; expected {SPEC_FORMS}"
+
+
+def check_judge_target(target: str) -> str | None:
+    """What is wrong with the engine of `model:<target>`, or None: an http(s) URL with a host, or a name."""
+    if target.startswith(("http://", "https://")):
+        return None if urlsplit(target).hostname else f"judge engine URL {target!r} names no host"
+    if JUDGE_NAME.fullmatch(target):
+        return None
+    return (f"reward {'model:' + target!r}: expected model:http(s)://host:port (a judge engine) or model:<name> (letters, "
+            f"digits, _ . -; an engine the rollout's --judge-urls names, e.g. the stack's judge)")

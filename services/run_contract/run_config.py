@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from services.algorithms.group_filter import FILTER_PATTERN, keeps_group
 from services.algorithms.names import Estimator, KLKind, LossAggregation
+from services.run_contract.trainer_settings import TrainerSettings
+from services.run_contract.judge_settings import JudgeSettings
 
 
 
@@ -32,8 +34,10 @@ class RolloutSettings(_Strict):
                               description="the prompts file's column holding the prompt (text or chat messages)")
     shuffle_seed: int | None = Field(None, ge=0, le=SEED_MAX, description="shuffle each epoch with this seed; None = file order")
     reward: str | None = Field(None, max_length=1024, description=(
-        "exact_match | math_answer | arith | letters | import:module:function | http(s)://url; "
-        "None = the demo task's own verifier"))
+        "exact_match | math_answer | arith | letters | import:module:function | http(s)://url | "
+        "model:<engine url or name> (a judge model, see judge); None = the demo task's own verifier"))
+    judge: JudgeSettings = Field(default_factory=JudgeSettings, description=(
+        "the judge's prompt, answer parser and limits when reward is model:... (docs/rewards.md)"))
     label_field: str = Field("label", min_length=1, max_length=128,
                              description="the column the built-in rewards compare the response with")
     source_field: str = Field("data_source", min_length=1, max_length=128, description=(
@@ -233,6 +237,8 @@ class RunConfig(_Strict):
                                                                          "training; off unless eval.prompts is set")
     reward_shaping: RewardShaping = Field(default_factory=RewardShaping, description=(
         "what happens to answers cut off at max_new_tokens (docs/rewards.md); applied to single completions"))
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings, description=(
+        "what the actor trains: every weight, or a LoRA adapter (docs/trainer.md)"))
 
     @model_validator(mode="before")
     @classmethod
@@ -267,6 +273,10 @@ class RunConfig(_Strict):
         if overlong is not None and overlong.buffer > self.rollout.max_new_tokens:
             raise ValueError(f"reward_shaping.overlong.buffer ({overlong.buffer}) must be at most rollout."
                              f"max_new_tokens ({self.rollout.max_new_tokens})")
+        if self.trainer.lora is not None and (self.uses_actor_fwd or self.ref_update_interval):
+            raise ValueError("trainer.lora publishes an adapter, which only the engines take: actor_fwd "
+                             "(algorithm.decoupled, tis_clip) and a reference updated by ref_update_interval would "
+                             "need full weights; turn those off or train every weight")
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError("global_batch_size must be a multiple of micro_batch_size")
         if self.global_batch_size % self.group_rows:

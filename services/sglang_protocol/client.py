@@ -278,6 +278,14 @@ class SGLangClient:
             raise SGLangError("/generate", 200, f"expected {len(inputs)} results in a list")
         return [self._generation(item) for item in data]
 
+    async def generate_text(self, text: str, sampling_params: dict) -> str:
+        """One completion of a text prompt, tokenized by the server as it is (no chat template): its text (a
+        judge model's answer: services/rollout/rewards/model_judge.py)."""
+        data = await self._arequest("POST", "/generate", {"text": text, "sampling_params": sampling_params})
+        if not isinstance(data.get("text"), str):
+            raise SGLangError("/generate", 200, "the answer carries no text")
+        return data["text"]
+
     @staticmethod
     def _generation(data: dict) -> Generation:
         meta = data.get("meta_info") or {}

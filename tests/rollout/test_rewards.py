@@ -131,7 +131,8 @@ def test_build_reward_refuses_unknown_specs():
     assert set(BUILTIN_REWARDS) == {"exact_match", "math_answer", "arith", "letters"}
     for bad in ("exact", "ftp://host/score", "", "import"):
         with pytest.raises(ValueError, match=r"expected a built-in name \(arith, exact_match, letters, "
-                                             r"math_answer\), import:module.path:function, or an http"):
+                                             r"math_answer\), import:module.path:function, an http:// or "
+                                             r"https:// URL, or model:"):
             build_reward(bad)
     assert isinstance(build_reward("letters"), RewardFunction)
 

@@ -4,21 +4,19 @@
     200          {"reward": number}
 
 Each attempt has `timeout_s` in all (connect to last byte). Connection errors, timeouts and 5xx are
-retried up to `retries` more times with exponential backoff (backoff_s, 2*backoff_s, ... capped at
-max_backoff_s, each scaled by a random 0.5-1.0 so many rollouts hitting one failing endpoint do not
-retry in lockstep). A 4xx is the request's fault, so it is not retried: RewardError at once, with the
-status and the start of the body. One httpx.AsyncClient (one connection pool) serves every call."""
+retried up to `retries` more times with exponential backoff (retries.py, the policy of every remote reward).
+A 4xx is the request's fault, so it is not retried: RewardError at once, with the status and the start of
+the body. One httpx.AsyncClient (one connection pool) serves every call."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 
 import httpx
 
 from services.rollout.prompts import PromptRecord
 from services.rollout.rewards.errors import RewardError
+from services.rollout.rewards.retries import Transient, check_limits, with_retries
 from services.rollout.rewards.reward_function import RewardFunction, finite_reward
 
 
@@ -32,10 +30,7 @@ class RemoteReward(RewardFunction):
                  backoff_s: float = 0.25, max_backoff_s: float = 8.0, max_connections: int = 64):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"reward endpoint must be an http:// or https:// URL, got {url!r}")
-        if not timeout_s > 0:
-            raise ValueError(f"reward timeout_s must be > 0, got {timeout_s!r}")
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"reward retries must be an int >= 0, got {retries!r}")
+        check_limits(timeout_s, retries)
         self.name = url
         self.url = url
         self.timeout_s = timeout_s
@@ -58,31 +53,24 @@ class RemoteReward(RewardFunction):
         except (TypeError, ValueError) as e:
             raise RewardError(f"reward endpoint {self.url}: the row at position {record.position} "
                               f"cannot be sent as JSON: {e}") from e
-        attempts = self.retries + 1
-        last_failure, timed_out = "", False
-        for attempt in range(attempts):
-            if attempt:
-                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            try:
-                # httpx's timeout is per phase (connect, each read...); this bounds the whole attempt
-                async with asyncio.timeout(self.timeout_s):
-                    reply = await self._http.post(self.url, content=body)
-            except (TimeoutError, httpx.TimeoutException):
-                last_failure, timed_out = f"no answer within {self.timeout_s}s", True
-                continue
-            except httpx.TransportError as e:
-                last_failure, timed_out = f"{type(e).__name__}: {e}", False
-                continue
-            if reply.status_code >= 500:
-                last_failure, timed_out = f"HTTP {reply.status_code}: {_excerpt(reply.text)}", False
-                continue
-            if not 200 <= reply.status_code < 300:
-                raise RewardError(f"reward endpoint {self.url} refused the request: HTTP {reply.status_code}: "
-                                  f"{_excerpt(reply.text)}")
-            return self._reward(reply)
-        raise RewardError(f"reward endpoint {self.url} failed {attempts} time(s); last: {last_failure}",
-                          "timeout" if timed_out else "exception")
+        reply = await with_retries(lambda: self._attempt(body), f"reward endpoint {self.url}",
+                                   timeout_s=self.timeout_s, retries=self.retries, backoff_s=self.backoff_s,
+                                   max_backoff_s=self.max_backoff_s)
+        return self._reward(reply)
+
+    async def _attempt(self, body: str) -> httpx.Response:
+        try:
+            reply = await self._http.post(self.url, content=body)
+        except httpx.TimeoutException:
+            raise TimeoutError from None
+        except httpx.TransportError as e:
+            raise Transient(f"{type(e).__name__}: {e}") from e
+        if reply.status_code >= 500:
+            raise Transient(f"HTTP {reply.status_code}: {_excerpt(reply.text)}")
+        if not 200 <= reply.status_code < 300:
+            raise RewardError(f"reward endpoint {self.url} refused the request: HTTP {reply.status_code}: "
+                              f"{_excerpt(reply.text)}")
+        return reply
 
     def _reward(self, reply: httpx.Response) -> float:
         try:
