@@ -49,6 +49,7 @@ class Rollout:
     pools: list[EnginePool] = field(default_factory=list)
     evaluations: object = None  # where eval results go, when the run has eval.prompts
     source_rewards: object = None  # reward per data source and step (services/run_state/source_rewards.py)
+    judge_client: object = None  # a model:... reward's client factory (an in-memory judge), when the run has one
     service: RolloutService | None = None
 
     def sealed(self, step: int) -> bool:
@@ -78,8 +79,9 @@ class Rollout:
             return self.pools[-1]
         config = RolloutConfig(run_id=RUN_ID, engine_url="http://engine-0:1,http://engine-1:1",
                                register_engines=False, version_poll_s=0.01, lost_check_s=0.01)
+        seams = {"judge_client": self.judge_client} if self.judge_client is not None else {}
         self.service = service = RolloutService(config, RoleStatus("rollout"), connect=connect, join=join,
-                                                engines=pool)
+                                                engines=pool, **seams)
 
         async def both():
             await asyncio.wait_for(asyncio.gather(service.run_loop(asyncio.Event()), self.play_trainer()), 60)

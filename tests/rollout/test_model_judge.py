@@ -196,3 +196,40 @@ async def test_an_unparsable_answer_scores_the_default_when_one_is_set():
 def test_an_unnamed_judge_is_refused_naming_the_flag():
     with pytest.raises(ValueError, match=r"names judge engine 'other', which the rollout's --judge-urls"):
         build_reward("model:other", judge_urls={"judge": "http://judge:1"})
+
+
+# ------------------------------------------------------------------------------------- in the rollout role
+
+class ParityJudge(ScriptedJudge):
+    """Judges by the response's length: "yes" when even; the template puts the response between [ and ]."""
+
+    def __init__(self):
+        super().__init__([])
+
+    async def generate_text(self, text, sampling_params):
+        self.requests.append((text, sampling_params))
+        response = text[text.index("[") + 1:text.rindex("]")]
+        return " Yes" if len(response) % 2 == 0 else " no, wrong"
+
+
+def test_the_rollout_writes_the_judges_verdicts_as_rewards(model_dir, prompts, tokenizer):
+    from tests.rollout.rollout_harness import N, PROMPTS, Rollout, expected_response, make_run
+
+    run = make_run(model_dir, prompts, num_steps=2)
+    settings = {"reward": "model:http://judge:9", "judge": {"template": "{prompt} -> [{response}] label {label}?"}}
+    r = Rollout(type(run).model_validate({**run.model_dump(), "rollout": {**run.rollout.model_dump(), **settings}}))
+    client = r.judge_client = ParityJudge()
+    r.go()
+
+    groups = r.groups()
+    assert sorted(groups) == [0, 1, 2, 3]
+    verdicts = set()
+    for position, rows in groups.items():
+        for k, row in enumerate(rows):
+            text = tokenizer.decode(expected_response(position, k)[1], skip_special_tokens=True)
+            verdicts.add(float(row["reward"]))
+            assert float(row["reward"]) == (1.0 if len(text) % 2 == 0 else 0.0)
+            assert (f"{PROMPTS[position % len(PROMPTS)]} -> [{text}] label {position % len(PROMPTS)}?",
+                    {"max_new_tokens": 16, "temperature": 0.0}) in client.requests
+    assert verdicts == {0.0, 1.0}  # the judge told samples apart
+    assert len(client.requests) == len(groups) * N and client.url == "http://judge:9" and client.closed
