@@ -29,8 +29,8 @@ sluice run --print-defaults > run.yaml   # a complete, commented starting file
 sluice run run.yaml                      # validate, check, start every service, follow the run
 ```
 
-Relative paths (`model`, `rollout.prompts`, `eval.prompts`, the `stack` directories) are relative to the
-file's own directory, and the module of an `import:` reward may sit beside the file (`sluice run` puts
+Relative paths (`model`, `rollout.prompts`, `eval.prompts`, the `stack` directories, `stack.judge.model`) are
+relative to the file's own directory, and the module of an `import:` reward may sit beside the file (`sluice run` puts
 that directory on the services' `PYTHONPATH`). A file with a problem is rejected before anything starts, each problem naming the place and
 the key, e.g. `run.yaml:12:5: rollout.max_new_tokens: Input should be greater than or equal to 1`;
 unknown keys are errors, not ignored.

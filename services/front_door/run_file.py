@@ -9,7 +9,7 @@ import os
 from typing import Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from services.run_contract.run_config import RunConfig
 
@@ -17,6 +17,40 @@ Scalar = Union[bool, int, float, str]
 ROLE_NAMES = ("trainer", "rollout", "advantage", "critic", "actor_fwd", "reference")
 # flags `sluice run` sets on every engine itself
 _ENGINE_FLAGS_SET_BY_STACK = ("model", "host", "port")
+
+
+def check_builtin_engine_flags(flags: dict[str, Scalar]) -> dict[str, Scalar]:
+    """flags, if each is a `sluice engine` flag the stack does not set itself and takes its value; else
+    ValueError naming what is wrong."""
+    from services.engine.config import EngineConfig  # the engine is infrastructure, not a role
+
+    for name in flags:
+        if name not in EngineConfig.model_fields or name in _ENGINE_FLAGS_SET_BY_STACK:
+            known = sorted(set(EngineConfig.model_fields) - set(_ENGINE_FLAGS_SET_BY_STACK))
+            raise ValueError(f"{name!r} is not an engine flag one can set here; one of: {', '.join(known)}")
+    try:
+        EngineConfig(model="-", **flags)
+    except ValidationError as exc:
+        raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+    return flags
+
+
+class JudgeEngineSettings(BaseModel):
+    """A built-in engine that `sluice run` starts as the judge of rollout.reward model:judge: its own service,
+    never one of the run's engines, so the trainer never updates its weights."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, min_length=1, max_length=1024, description=(
+        "the judge's model directory: a built-in engine serving it starts as the service `judge` "
+        "(<log_dir>/judge.log) and rollout.reward must be model:judge; null = no judge engine"))
+    engine_flags: dict[str, Scalar] = Field(default_factory=dict, description=(
+        "its `sluice engine` flags by field name, as engine_flags for a built-in engine, e.g. {device: cuda}"))
+
+    @field_validator("engine_flags")
+    @classmethod
+    def _flags(cls, flags: dict[str, Scalar]) -> dict[str, Scalar]:
+        return check_builtin_engine_flags(flags)
 
 
 class StackSettings(BaseModel):
@@ -54,6 +88,9 @@ class StackSettings(BaseModel):
         "write a random model of this preset at `model` when that directory does not exist yet "
         "(demos, smoke tests); null = `model` must exist"))
 
+    judge: JudgeEngineSettings = Field(default_factory=JudgeEngineSettings, description=(
+        "a judge engine for rollout.reward model:judge (docs/rewards.md)"))
+
     @field_validator("engine_flags")
     @classmethod
     def _engine_flags_exist(cls, flags: dict[str, Scalar], info: ValidationInfo) -> dict[str, Scalar]:
@@ -62,23 +99,27 @@ class StackSettings(BaseModel):
 
             check_sglang_flags(flags)
             return flags
-        from services.engine.config import EngineConfig  # the engine is infrastructure, not a role
-
-        for name in flags:
-            if name not in EngineConfig.model_fields or name in _ENGINE_FLAGS_SET_BY_STACK:
-                known = sorted(set(EngineConfig.model_fields) - set(_ENGINE_FLAGS_SET_BY_STACK))
-                raise ValueError(f"{name!r} is not an engine flag one can set here; one of: {', '.join(known)}")
-        try:
-            EngineConfig(model="-", **flags)
-        except ValidationError as exc:
-            raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
-        return flags
+        return check_builtin_engine_flags(flags)
 
 
 class RunFile(RunConfig):
     """A run file: every RunConfig field at the top level, and `stack:`."""
 
     stack: StackSettings = Field(default_factory=StackSettings, description="what `sluice run` starts locally")
+
+    @model_validator(mode="after")
+    def _judge_used(self) -> "RunFile":
+        named = "judge_urls" in self.stack.role_flags.get("rollout", {})  # the operator names judges himself
+        if self.stack.judge.model is not None and self.rollout.reward != "model:judge":
+            raise ValueError(f"stack.judge.model starts a judge engine, which only rollout.reward model:judge uses "
+                             f"(rollout.reward is {self.rollout.reward!r})")
+        if self.rollout.reward == "model:judge" and self.stack.judge.model is None and not named:
+            raise ValueError("rollout.reward model:judge needs the stack's judge engine: set stack.judge.model to "
+                             "the judge's model directory")
+        return self
+
+    def judge_argv(self) -> tuple[str, ...]:
+        return tuple(a for name, value in self.stack.judge.engine_flags.items() for a in _flag(name, value))
 
     def run_config(self) -> RunConfig:
         return RunConfig.model_validate(self.model_dump(exclude={"stack"}))
@@ -161,8 +202,9 @@ def _resolved(run_file: RunFile, base: str) -> RunFile:
         if prompts and not prompts.startswith("demo:"):
             update[section] = settings.model_copy(update={"prompts": rel(prompts)})
     stack = run_file.stack
+    judge = stack.judge.model_copy(update={"model": stack.judge.model and rel(stack.judge.model)})
     update["stack"] = stack.model_copy(update={"output_dir": rel(stack.output_dir), "log_dir": rel(stack.log_dir),
-                                               "checkpoint_dir": rel(stack.checkpoint_dir)})
+                                               "checkpoint_dir": rel(stack.checkpoint_dir), "judge": judge})
     return run_file.model_copy(update=update)
 
 

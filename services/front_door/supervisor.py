@@ -119,8 +119,16 @@ def preflight(run_file: RunFile) -> list:
     from services.launch.sglang_flags import sglang_missing
     from services.run_contract.preflight import Problem, check_run  # imports the model loader: only when running
 
+    from services.model.loading import ModelDirError, check_model_dir
+
     missing = sglang_missing() if run_file.stack.engine == "sglang" else None
-    return check_run(run_file.run_config()) + ([Problem("stack.engine", missing)] if missing else [])
+    problems = check_run(run_file.run_config()) + ([Problem("stack.engine", missing)] if missing else [])
+    if run_file.stack.judge.model is not None:
+        try:
+            check_model_dir(run_file.stack.judge.model, weights=True, tokenizer=True)
+        except ModelDirError as exc:
+            problems.append(Problem("stack.judge.model", str(exc)))
+    return problems
 
 
 def resume_problems(run_file: RunFile, args) -> list[str]:
@@ -207,7 +215,8 @@ def start_stack(run_file: RunFile, token: str, path: str = "",
                     role_args=run_file.role_argv(), trainer_ranks=stack.trainer_ranks, submit=False,
                     redis_url=stack.redis_url, dcs_port=stack.coordinator_port, engine=stack.engine,
                     python_path=(run_file_directory(path),) if path else (), redis_data_dir=data_dir,
-                    redis_password=password, on_stack_up=on_stack_up)
+                    redis_password=password, on_stack_up=on_stack_up,
+                    judge=(stack.judge.model, run_file.judge_argv()) if stack.judge.model else None)
 
 
 def redis_password_file(run_file: RunFile) -> str | None:
@@ -332,12 +341,13 @@ def stack_token(given: str, run_dir: str) -> tuple[str, str | None]:
 
 def _write_stack_file(dirs: dict[str, str], local: LocalRun, run_id: str, token_file: str | None,
                       redis_password_path: str | None) -> None:
-    """<run_dir>/stack.json: where this run's coordinator, logs, generated token and Redis password are
+    """<run_dir>/stack.json: where this run's coordinator, judge engine, logs, generated token and Redis password are
     (`sluice logs`, other terminals: env SLUICE_REDIS_PASSWORD_FILE=<that file> for Redis)."""
     os.makedirs(dirs["run"], exist_ok=True)
     with open(os.path.join(dirs["run"], "stack.json"), "w", encoding="utf-8") as f:
         json.dump({"run_id": run_id, "coordinator": local.dcs.url, "redis_url": local.redis_url,
                    "log_dir": dirs["logs"], "checkpoint_dir": dirs["checkpoints"], "pid": os.getpid(),
+                   **({"judge_url": local.judge_url} if local.judge_url else {}),
                    **({"auth_token_file": token_file} if token_file else {}),
                    **({"redis_password_file": redis_password_path} if redis_password_path else {})}, f, indent=1)
 

@@ -39,7 +39,8 @@ class LocalRun(StopsOnExit):
                  stack: "LocalRun | None" = None, submit: bool = True, redis_url: str | None = None,
                  dcs_port: int = 0, python_path: tuple[str, ...] = (), redis_data_dir: str | None = None,
                  engine: str = "builtin", redis_password: str = "",
-                 on_stack_up: "Callable[[LocalRun], None] | None" = None):
+                 on_stack_up: "Callable[[LocalRun], None] | None" = None,
+                 judge: tuple[str, tuple[str, ...]] | None = None):
         """`stack`: run on that run's Redis, TransferQueue and coordinator (which it keeps owning) instead of
         starting new ones. `submit=False`: the roles start and wait until `submit()` creates the run.
         `redis_url`: keep state in that Redis instead of a private one; `dcs_port`: the coordinator's port
@@ -52,7 +53,10 @@ class LocalRun(StopsOnExit):
         SGLang missing from this Python, or a token it cannot take, is refused before anything starts.
         `on_stack_up`: called with this LocalRun once TransferQueue and the coordinator serve, while the
         engines and roles may still be starting (`sluice run` submits its run there); what it raises stops
-        everything and is raised here."""
+        everything and is raised here. `judge`: (model directory, engine flags) of a built-in engine started as
+        the service `judge`, the rollout's judge engine for reward model:judge: never one of the run's engines
+        (the rollout does not register it, so the trainer never updates its weights), and without a token its
+        weight-update routes stay closed."""
         refusal = (sglang_missing() or token_problem(token)) if engine == "sglang" else None
         if refusal:
             raise RuntimeError(f"engine sglang: {refusal}")
@@ -74,6 +78,7 @@ class LocalRun(StopsOnExit):
         self.supervisor: ProcessSupervisor | None = None
         self.owns_stack = stack is None
         self.engine_args = engine_args
+        self.judge, self.judge_url = judge, None
         try:
             self._start(engines, stack, redis_url, dcs_port)
             if submit:
@@ -91,6 +96,8 @@ class LocalRun(StopsOnExit):
         longest start), Redis, the roles (seconds of imports, then they wait for the run to be created), and
         TransferQueue with the coordinator, waited for: the engines and roles get ready side by side meanwhile."""
         self.engine_urls = [self._start_engine(i, self.engine_args, wait=False) for i in range(engines)]
+        if self.judge is not None:
+            self.judge_url = self._start_judge()
         if stack is not None:
             self.redis_url, self.tq, self.dcs = stack.redis_url, stack.tq, stack.dcs
             self.dcs_url, self.tq_controller = stack.dcs_url, stack.tq_controller
@@ -124,6 +131,8 @@ class LocalRun(StopsOnExit):
         """Every engine answers /health and every role /healthz (one exiting fails the start at once)."""
         for i, url in enumerate(self.engine_urls):
             self._wait_engine(self.procs[f"engine-{i}"], url)
+        if self.judge_url is not None:
+            self._wait_engine(self.procs["judge"], self.judge_url)
         for proc in list(self.procs.values()):
             if hasattr(proc, "status_url"):
                 proc.wait_until(lambda proc=proc: http_ok(proc.status_url + "/healthz"), ROLE_START_S)
@@ -151,13 +160,23 @@ class LocalRun(StopsOnExit):
             return url
         # without a token, a stack bound to 127.0.0.1 still updates its engines' weights (docs/security.md)
         unauthenticated = [] if self.token else ["--allow-unauthenticated-weight-updates"]
-        proc = ChildProcess(f"engine-{i}", sluice_argv("engine", "--model", self.run.model, "--host", "127.0.0.1",
-                                                       "--port", str(port), *unauthenticated, *args),
-                            os.path.join(self.log_dir, f"engine-{i}.log"), env=self._env())
-        self.procs[f"engine-{i}"] = proc
+        proc = self._builtin_engine(f"engine-{i}", self.run.model, port, (*unauthenticated, *args))
         if wait:
             self._wait_engine(proc, url)
         return url
+
+    def _start_judge(self, port: int | None = None) -> str:
+        """The judge engine, not waited for: its weights are never updated, so its update routes stay closed."""
+        port = port or free_port()
+        model, args = self.judge
+        self._builtin_engine("judge", model, port, args)
+        return f"http://127.0.0.1:{port}"
+
+    def _builtin_engine(self, name: str, model: str, port: int, args) -> ChildProcess:
+        proc = ChildProcess(name, sluice_argv("engine", "--model", model, "--host", "127.0.0.1", "--port", str(port),
+                                              *args), os.path.join(self.log_dir, f"{name}.log"), env=self._env())
+        self.procs[name] = proc
+        return proc
 
     def _wait_engine(self, proc: ChildProcess, url: str) -> None:
         """A built-in engine answers /health; an SGLang server generates and takes the token."""
@@ -180,6 +199,9 @@ class LocalRun(StopsOnExit):
             self.tq.restart_shard([p.name for p in self.tq.shards].index(name))
         elif name == "dcs":
             self.dcs.start()
+        elif name == "judge":
+            self._start_judge(int(self.judge_url.rsplit(":", 1)[1]))
+            self._wait_engine(self.procs[name], self.judge_url)
         elif name.startswith("engine-"):
             i = int(name.split("-")[1])
             self._start_engine(i, self.engine_args, int(self.engine_urls[i].rsplit(":", 1)[1]))
@@ -207,6 +229,8 @@ class LocalRun(StopsOnExit):
         # the trainer's run dir (steps.jsonl, tracking files) is <log_dir>/<run name>; role_args may move it
         roles = {"trainer": ["trainer", *ckpt, "--output-dir", self.log_dir],
                  "rollout": ["rollout", "--engine-url", ",".join(self.engine_urls)], "advantage": ["advantage"]}
+        if self.judge_url is not None:  # named, not one of --engine-url: the rollout never registers it
+            roles["rollout"] += ["--judge-urls", f"judge={self.judge_url}"]
         if self.run.uses_critic:
             roles["critic"] = ["trainer", "--role", "critic", *ckpt]
         if self.run.uses_actor_fwd:
@@ -248,6 +272,8 @@ class LocalRun(StopsOnExit):
         """HTTP base URL of every role service and engine (each serves /spans, /metrics)."""
         urls = {name: proc.status_url for name, proc in self.procs.items() if hasattr(proc, "status_url")}
         urls.update({f"engine-{i}": url for i, url in enumerate(self.engine_urls)})
+        if self.judge_url is not None:
+            urls["judge"] = self.judge_url
         return urls
 
     def progress(self) -> TrainerProgress:
