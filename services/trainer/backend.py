@@ -23,6 +23,7 @@ from services.model.response_batch import ResponseLogits
 from services.run_contract.checkpoint import SHARDED, ShardedState, load_optimizer_state
 from services.trainer.actor_update import StepMetrics, actor_step
 from services.trainer.data_parallel import DataParallel
+from services.trainer.lora import published, trainable
 from services.trainer.optimizer import adamw
 from services.trainer.precision import check_precision, fsdp_compute_dtype
 
@@ -42,9 +43,10 @@ class TrainerBackend(Protocol):
         `totals`. Metrics: torch and fsdp report this rank's share's, megatron the global batch's."""
 
     def weight_stream(self) -> WeightStream | None:
-        """Collective when `gathers`: the full weights with Hugging Face names as a stream every rank makes and
-        consumes in the same order (the leader's publisher takes it, the other ranks close it at once); None
-        from a backend that does not gather: it publishes its live weights."""
+        """Collective when `gathers`: the full weights with Hugging Face names (with LoRA: the adapter's, in
+        peft's names) as a stream every rank makes and consumes in the same order (the leader's publisher takes
+        it, the other ranks close it at once); None from a backend that does not gather: it publishes
+        `live_weights()`."""
 
     def write_checkpoint_files(self, scratch_dir: str) -> ShardedState | None:
         """Collective when `gathers`: a checkpoint's files written under `scratch_dir` by the ranks together (the
@@ -64,9 +66,9 @@ class TorchBackend:
         self.dp = dp
         self.precision = precision  # bf16 weights are loaded so (service.py); bf16-mixed autocasts the forward
         self.data_rank, self.data_size = dp.rank, dp.size
-        self.policy = ResponseLogits(hf_model)
-        self.optimizer = adamw(hf_model.parameters(), run.optim.lr, run.optim.betas, run.optim.weight_decay,
-                               device)
+        self.policy = ResponseLogits(hf_model)  # with LoRA a PeftModel: only the adapter is optimized
+        self.optimizer = adamw([p for _, p in trainable(hf_model)], run.optim.lr, run.optim.betas,
+                               run.optim.weight_decay, device)
 
     def train(self, batch, run, micro_batch_size: int, device: str = "cpu", totals=None) -> StepMetrics:
         return actor_step(self.policy, self.optimizer, batch, run, micro_batch_size, device, totals,
@@ -74,6 +76,10 @@ class TorchBackend:
 
     def weight_stream(self):
         return None
+
+    def live_weights(self) -> list:
+        """What a publish sends: every parameter, or with LoRA the adapter's tensors (services/trainer/lora.py)."""
+        return published(self.policy.hf)
 
     def write_checkpoint_files(self, scratch_dir: str) -> None:
         return None  # the leader saves its model and optimizer as they are
@@ -88,7 +94,7 @@ class TorchBackend:
         if not is_dcp(sharded):
             raise RuntimeError(f"{checkpoint_path} holds megatron's optimizer state, which the torch backend does not "
                                "read: resume it with --backend megatron and the same TP x PP")
-        names = [n for n, _ in self.policy.hf.named_parameters()]
+        names = [n for n, _ in trainable(self.policy.hf)]
         self.optimizer.load_state_dict(torch_format_optimizer(sharded, names))
 
 
@@ -97,6 +103,9 @@ def make_backend(name: str, hf_model, run, device: str, dp: DataParallel, param_
                  precision: str = "fp32") -> TrainerBackend:
     """The backend `name` training `hf_model` (loaded in `precision`'s weights dtype: precision.py)."""
     check_precision(name, precision, param_dtype)  # for callers that skip TrainerConfig's own check
+    if run.trainer.lora is not None and name not in ("torch", "fsdp"):
+        raise ValueError(f"trainer.lora trains with the torch or fsdp backend, not {name}: start the trainer with "
+                         "--backend torch or --backend fsdp, or train every weight")
     if name == "torch":
         return TorchBackend(hf_model, run, device, dp, precision)
     if name == "fsdp":

@@ -9,7 +9,8 @@ few ms. The copy is made only when it fits `--snapshot-publish-mb` (as the publi
 backend holds whole weights (fsdp and megatron write their shards in the main loop instead).
 
 Tied parameters stay tied (one clone per storage view), so a checkpoint written from the copy has the same
-keys as one written from the live model."""
+keys as one written from the live model. With LoRA (services/trainer/lora.py) only the adapter is copied: the
+base weights are frozen, and the checkpoint and the publish hold the adapter alone."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import copy
 from dataclasses import dataclass
 
 import torch
+
+from services.trainer.lora import is_lora, published, trainable
 
 
 @dataclass
@@ -27,8 +30,8 @@ class TrainingStateCopy:
 
 
 def state_copy_bytes(model: torch.nn.Module) -> int:
-    """What a copy costs: the parameters and two optimizer moments per parameter (AdamW)."""
-    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+    """What a copy costs: the trained parameters and two optimizer moments per parameter (AdamW)."""
+    return 3 * sum(p.numel() * p.element_size() for _, p in trainable(model))
 
 
 def copy_if_affordable(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -46,8 +49,9 @@ def copy_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
             clones[key] = t.detach().clone()
         return clones[key]
 
+    keep = {n for n, _ in trainable(model)} if is_lora(model) else None  # LoRA: the adapter's entries
     with torch.no_grad():
-        model_state = {name: clone(t) for name, t in model.state_dict().items()}
-        weights = [(name, clone(p)) for name, p in model.named_parameters()]
+        model_state = {name: clone(t) for name, t in model.state_dict().items() if keep is None or name in keep}
+        weights = [(name, clone(p)) for name, p in published(model)]
         optimizer_state = copy.deepcopy(optimizer.state_dict())
     return TrainingStateCopy(model_state, optimizer_state, weights)

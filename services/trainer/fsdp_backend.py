@@ -41,6 +41,7 @@ from services.model.weight_files import write_weight_files
 from services.run_contract.checkpoint import SHARDED, ShardedState
 from services.trainer.actor_update import StepMetrics, actor_step
 from services.trainer.data_parallel import DataParallel
+from services.trainer.lora import base_of, is_lora, saved_name, trainable, write_adapter
 from services.trainer.optimizer import adamw
 from services.trainer.weight_stream import GatheredParameters
 
@@ -69,13 +70,13 @@ class FSDPBackend:
                                                         reduce_dtype=torch.float32)
         if cpu_offload:
             options["offload_policy"] = CPUOffloadPolicy()
-        self.policy = ResponseLogits(hf_model)
-        for layer in hf_model.model.layers:
+        self.policy = ResponseLogits(hf_model)  # with LoRA a PeftModel: frozen base, trained adapter
+        for layer in base_of(hf_model).model.layers:
             fully_shard(layer, **options)
         fully_shard(self.policy, **options)
-        self.names = [n for n, _ in hf_model.named_parameters()]
-        self.optimizer = adamw(self.policy.parameters(), run.optim.lr, run.optim.betas, run.optim.weight_decay,
-                               "cpu" if cpu_offload else device)
+        self.names = [n for n, _ in trainable(hf_model)]  # the optimizer's parameters, in its order
+        self.optimizer = adamw([p for _, p in trainable(self.policy)], run.optim.lr, run.optim.betas,
+                               run.optim.weight_decay, "cpu" if cpu_offload else device)
 
     def train(self, batch, run, micro_batch_size: int, device: str = "cpu", totals=None) -> StepMetrics:
         # gradients are reduce-scattered after the last micro batch only: the others accumulate locally
@@ -89,8 +90,11 @@ class FSDPBackend:
                 p.grad.mul_(self.dp.size)
 
     def weight_stream(self) -> GatheredParameters:
-        """Every parameter's full tensor, gathered one at a time as the publisher takes them (collective)."""
-        return GatheredParameters(self.policy.hf.named_parameters(), _full, keep=self.dp.is_leader)
+        """Every parameter's full tensor (with LoRA: the adapter's, under peft's saved names), gathered one at a
+        time as the publisher takes them (collective)."""
+        hf = self.policy.hf
+        named = [(saved_name(n), p) for n, p in trainable(hf)] if is_lora(hf) else hf.named_parameters()
+        return GatheredParameters(named, _full, keep=self.dp.is_leader)
 
     def write_checkpoint_files(self, scratch_dir: str) -> ShardedState | None:
         """Collective: the weights as HF files (streamed, written by the leader) and each rank's share of the
@@ -99,7 +103,10 @@ class FSDPBackend:
             shutil.rmtree(scratch_dir, ignore_errors=True)
         self.dp.barrier()
         model_dir, sharded = os.path.join(scratch_dir, "model"), os.path.join(scratch_dir, SHARDED)
-        write_weight_files(self.weight_stream(), model_dir)
+        if is_lora(self.policy.hf):  # the adapter in peft's files
+            write_adapter(self.weight_stream(), self.policy.hf, model_dir)
+        else:
+            write_weight_files(self.weight_stream(), model_dir)
         dcp.save({"optimizer": get_optimizer_state_dict(self.policy, self.optimizer)}, checkpoint_id=sharded)
         return ShardedState(model_dir, sharded) if self.dp.is_leader else None
 

@@ -37,7 +37,6 @@ from services.dcs.client import DCSError
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.dcs.sync.publisher import WeightPublisher
-from services.model.loading import load_causal_lm
 from services.run_contract.partitions import partition_name, sample_id, task_name
 from services.run_state.connections import RunConnections
 from services.run_state.seams import Membership, WeightSender
@@ -49,6 +48,7 @@ from services.trainer.actor_update import StepMetrics, actor_fields, loss_totals
 from services.run_contract.checkpoint import latest_checkpoint, save_checkpoint
 from services.trainer.config import TrainerConfig
 from services.trainer.backend import make_backend
+from services.trainer.lora import load_actor
 from services.trainer.data_parallel import DataParallel, process_group_backend
 from services.trainer.device import DeviceClock, MicroBatchSizer, allow_tf32
 from services.trainer.critic_service import CriticTrainer
@@ -98,7 +98,7 @@ class ActorTrainer:
         self.clearing = PartitionClearing(self.tq, self.steps, run, c.clear_wait_s)
         torch.manual_seed(run.optim.seed)
         ckpt = latest_checkpoint(c.checkpoint_dir, "actor") if c.checkpoint_dir else None
-        self.model, _ = load_causal_lm(ckpt.path if ckpt else run.model, weights_dtype(c.precision), c.device)
+        self.model = load_actor(run, ckpt and ckpt.path, weights_dtype(c.precision), c.device)
         self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master, backend=process_group_backend(c.device))
         self.backend = make_backend(c.backend, self.model, run, c.device, self.dp, param_dtype=c.fsdp_param_dtype,
                                     cpu_offload=c.fsdp_cpu_offload, tp=c.tp_size, pp=c.pp_size,
@@ -116,9 +116,9 @@ class ActorTrainer:
                                          bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
                                          pause_mode=c.pause_mode, run_id=c.run_id, backend=c.sync_backend,
                                          device=c.device)
+            source = self.weight_stream if self.backend.gathers else self.backend.live_weights  # lora.py: adapter
             self.weights = WeightVersions(sender, self.model, run, self.dcs, c.run_id, c.republish_check_s,
-                                          snapshot_max_bytes=c.snapshot_publish_mb << 20,
-                                          source=self.weight_stream if self.backend.gathers else None)
+                                          snapshot_max_bytes=c.snapshot_publish_mb << 20, source=source)
             self.tracking = open_training_tracker(run, c.output_dir, c.run_id, self.redis, self.dcs)
         self.actor_task = task_name(run.name, ACTOR_TASK)  # the run's own task
         self.tq.register_task(self.actor_task, actor_fields(run), group_size=run.group_rows)

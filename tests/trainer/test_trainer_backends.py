@@ -34,11 +34,12 @@ def qwen2_dir(tmp_path_factory):
 
 
 def _ranks(tmp_path, name: str, backend: str, model: str, seed: int, resume: str = "", size: int = 2,
-           tp: int = 1, pp: int = 1, sp: bool = False) -> str:
+           tp: int = 1, pp: int = 1, sp: bool = False, lora: bool = False) -> str:
     out = tmp_path / name
     master = f"127.0.0.1:{free_port()}"
     argv = ["--model", model, "--backend", backend, "--size", str(size), "--master", master, "--out", str(out),
-            "--seed", str(seed), "--tp", str(tp), "--pp", str(pp), "--sp", str(int(sp))] + \
+            "--seed", str(seed), "--tp", str(tp), "--pp", str(pp), "--sp", str(int(sp)),
+            "--lora", str(int(lora))] + \
         (["--resume", resume] if resume else [])
     procs = [ChildProcess(f"{name}-{r}", [sys.executable, "-m", "tests.trainer.backend_worker", *argv,
                                           "--rank", str(r)], str(tmp_path / f"{name}-{r}.log")) for r in range(size)]
@@ -112,3 +113,25 @@ def test_megatron_takes_the_torch_step(qwen2_dir, tmp_path, tp, pp, size, sp):
     train_once("torch", model_dir, DataParallel(), torch_again, resume=latest_checkpoint(single, "actor").path, seed=1)
     _same_step(torch_again, _ranks(tmp_path, "megatron2", "megatron", model_dir, seed=1, size=size, tp=tp, pp=pp,
                                    sp=sp, resume=cm))
+
+
+def test_fsdp_lora_two_ranks_take_the_torch_lora_step_and_resume_under_torch(qwen2_dir, tmp_path):
+    """trainer.lora under FSDP2: the adapter of two sharded ranks after a step is the torch backend's, its
+    checkpoint is peft's files (no full weights) and a torch trainer resumes from it as from its own."""
+    single = str(tmp_path / "torch")
+    train_once("torch", qwen2_dir, DataParallel(), single, lora=True)
+    sharded = _ranks(tmp_path, "fsdp", "fsdp", qwen2_dir, seed=0, lora=True)
+    _same_step(single, sharded)
+    sent = load_file(f"{sharded}/weights.safetensors")
+    assert sent and all(".lora_A.weight" in n or ".lora_B.weight" in n for n in sent)
+    ca, cb = (latest_checkpoint(d, "actor").path for d in (single, sharded))
+    for ckpt in (ca, cb):
+        assert os.path.isfile(f"{ckpt}/adapter_model.safetensors") and os.path.isfile(f"{ckpt}/adapter_config.json")
+        assert not os.path.exists(f"{ckpt}/model.safetensors")
+        assert json.load(open(f"{ckpt}/adapter_config.json"))["base_model_name_or_path"] == qwen2_dir
+        for name, t in load_file(f"{ca}/adapter_model.safetensors").items():
+            torch.testing.assert_close(load_file(f"{ckpt}/adapter_model.safetensors")[name], t, atol=ATOL, rtol=RTOL)
+    again = [str(tmp_path / f"again-{k}") for k in range(2)]
+    for ckpt, out in zip((ca, cb), again):
+        train_once("torch", qwen2_dir, DataParallel(), out, resume=ckpt, seed=1, lora=True)
+    _same_step(*again)
