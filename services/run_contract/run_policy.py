@@ -6,7 +6,7 @@ Every role service takes the policy (flags or env, RunPolicySettings) and its pr
 leaves it: the run fails at start with the key and the rule it broke, before anything is imported or read.
 
     --allow-reward-modules a.b,c    import: rewards only from these modules or their submodules
-    --allow-reward-hosts h1,h2      http(s) rewards only to these hosts
+    --allow-reward-hosts h1,h2      http(s) rewards (and model:http(s) judges) only to these hosts
     --data-roots /data,/models      model and prompt files only under these directories (symlinks resolved)
 
 Each is empty by default: no restriction (a single-user machine). docs/security.md says how to deploy them."""
@@ -36,7 +36,8 @@ class RunPolicySettings(BaseSettings):
     allow_reward_modules: str = Field("", validation_alias="SLUICE_ALLOW_REWARD_MODULES", description=(
         "comma-separated modules an import: reward or agent may come from (and their submodules); empty = any"))
     allow_reward_hosts: str = Field("", validation_alias="SLUICE_ALLOW_REWARD_HOSTS", description=(
-        "comma-separated hosts an http(s) reward or agent environment may be posted to; empty = any"))
+        "comma-separated hosts an http(s) reward, model:http(s) judge or agent environment may be posted to; "
+        "empty = any"))
     data_roots: str = Field("", validation_alias="SLUICE_DATA_ROOTS", description=(
         "comma-separated directories the run's model and prompt files must be under; empty = anywhere"))
 
@@ -60,7 +61,11 @@ class RunPolicy:
                 if not any(module == m or module.startswith(m + ".") for m in self.reward_modules):
                     found.append((key, f"module {module!r} is not among the allowed reward modules "
                                        f"({', '.join(self.reward_modules)}; --allow-reward-modules)"))
-        for key, spec in (("rollout.reward", reward), ("rollout.agent", config.rollout.agent or "")):
+        # a judge by URL (model:http...) gets samples and the stack's token: held to the same hosts; a judge by
+        # name is the operator's own (the rollout's --judge-urls)
+        judge = reward[len("model:"):] if reward.startswith("model:") else ""
+        for key, spec in (("rollout.reward", reward), ("rollout.agent", config.rollout.agent or ""),
+                          ("rollout.reward", judge)):
             if spec.startswith(("http://", "https://")) and self.reward_hosts:
                 host = urlsplit(spec).hostname or ""
                 if host not in self.reward_hosts:

@@ -54,3 +54,11 @@ def test_the_settings_read_one_env_var_each(monkeypatch):
     monkeypatch.setenv("SLUICE_DATA_ROOTS", "/data")
     policy = RunPolicySettings().run_policy()
     assert policy == RunPolicy(reward_modules=("a", "b.c"), reward_hosts=(), data_roots=("/data",))
+
+
+def test_reward_hosts_hold_a_judge_by_url_but_not_one_the_operator_named():
+    policy = RunPolicy(reward_hosts=("judge.internal",))
+    assert policy.violations(_run(reward="model:http://judge.internal:30000")) == []
+    assert policy.violations(_run(reward="model:judge")) == []  # the rollout's --judge-urls: the operator's
+    [(key, message)] = policy.violations(_run(reward="model:https://elsewhere.example:30000"))
+    assert key == "rollout.reward" and "'elsewhere.example'" in message and "--allow-reward-hosts" in message
