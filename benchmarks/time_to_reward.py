@@ -30,7 +30,8 @@ samples per prompt, --groups prompts per step, one optimizer step per step (micr
              weights copied in after every optimizer step). Each run is its own block (inprocess_engine_2t).
   sluice     benchmarks/ttr_sluice.py: redis, TransferQueue, coordinator, one built-in engine, rollout,
              advantage and trainer processes, one torch thread each (as `sluice run` starts them; together
-             they use every core); --mode fully_async (max_staleness --max-staleness, default 1) or colocate.
+             they use every core); --mode fully_async (max_staleness --max-staleness, default 1) or colocate;
+             --off-policy plain | decoupled | decoupled-uncapped | tis:X (the staleness study).
 This process keeps one torch thread (the warm start and scoring, untimed) and waits while a system runs.
 Every system's block says its threads (`torch_threads`; sluice's `threads`).
 
@@ -141,8 +142,8 @@ def run_system(args, system: str, prep: dict, workdir: str) -> dict:
     if system == "trl":
         return run_trl(trl_spec(args, prep, workdir), prep["eval_rows"], prep["tokenizer"], score, log)
     if system.startswith("inprocess_"):  # synchronous and on-policy: Sluice's RunConfig in colocate mode
-        run = sluice_config(argparse.Namespace(**{**vars(args), "mode": "colocate"}), prep["warm_dir"],
-                            prep["prompts_path"])
+        colocate = argparse.Namespace(**{**vars(args), "mode": "colocate", "off_policy": "plain"})
+        run = sluice_config(colocate, prep["warm_dir"], prep["prompts_path"])
         generator, threads = system.removeprefix("inprocess_").split("_")
         return run_inprocess(run, generator, int(threads.removesuffix("t")), prep["eval_rows"], workdir,
                              prep["tokenizer"], log, score)

@@ -21,6 +21,30 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in _names(s)]
 
 
+def off_policy(s: str) -> str:
+    """plain | decoupled | decoupled-uncapped | tis:X (X > 0)."""
+    if s in ("plain", "decoupled", "decoupled-uncapped"):
+        return s
+    if s.startswith("tis:"):
+        try:
+            if float(s[4:]) > 0:
+                return s
+        except ValueError:
+            pass
+    raise argparse.ArgumentTypeError(f"{s!r}: expected plain, decoupled, decoupled-uncapped or tis:X (X > 0)")
+
+
+def off_policy_settings(name: str) -> dict:
+    """--off-policy -> RunConfig.algorithm fields."""
+    if name == "decoupled":
+        return {"decoupled": True}
+    if name == "decoupled-uncapped":
+        return {"decoupled": True, "behav_weight_cap": None}
+    if name.startswith("tis:"):
+        return {"tis_clip": float(name[4:])}
+    return {}
+
+
 def default_inprocess_threads() -> list[int]:
     """One core, two, and every core (the same on a 2-core machine)."""
     return sorted({1, 2, os.cpu_count() or 1})
@@ -55,6 +79,10 @@ def system_flags(p: argparse.ArgumentParser) -> None:
                    help="torch threads of the in-process loop, a run per count (default 1, 2 and every core)")
     p.add_argument("--mode", choices=["fully_async", "colocate"], default="fully_async", help="Sluice's mode")
     p.add_argument("--max-staleness", type=int, default=1, help="fully_async's staleness bound (default 1)")
+    p.add_argument("--off-policy", default="plain", type=off_policy,
+                   help="Sluice's off-policy correction: plain (PPO clip around the rollout's log-probs), "
+                   "decoupled (the trainer's proximal policy, behaviour weights capped at algorithm.behav_weight_cap),"
+                   " decoupled-uncapped, or tis:X (truncated importance sampling at X) (default plain)")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

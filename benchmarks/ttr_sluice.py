@@ -14,6 +14,7 @@ from services.run_contract.checkpoint import checkpoints
 from services.run_contract.run_config import RunConfig
 from services.run_state.trainer_progress import read_progress, trained_steps
 from services.runtime.processes import http_ok
+from ttr_args import off_policy_settings
 from ttr_summary import evaluate
 from ttr_tasks import TASKS
 
@@ -52,7 +53,8 @@ def sluice_config(args, warm_dir: str, prompts_path: str) -> RunConfig:
                      n_samples_per_prompt=args.n_samples, rollout_batch_size=args.groups, global_batch_size=rows,
                      micro_batch_size=args.micro_batch_size, num_steps=args.steps,
                      checkpoint_interval=args.eval_every,
-                     algorithm={"estimator": "grpo", "kl_coef": 0.0, "eps_clip": 0.2, "loss_agg": "token_mean"},
+                     algorithm={"estimator": "grpo", "kl_coef": 0.0, "eps_clip": 0.2, "loss_agg": "token_mean",
+                                **off_policy_settings(getattr(args, "off_policy", "plain"))},
                      rollout={"prompts": prompts_path, "reward": TASKS[args.task].reward_spec,
                               "label_field": "label", "apply_chat_template": True, "shuffle_seed": args.seed,
                               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature},
