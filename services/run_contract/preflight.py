@@ -7,7 +7,8 @@ it reads itself) and reports the problems as the run's failure (services/runtime
     rollout.prompts  (and eval.prompts) demo:<task> names a demo task, or the .jsonl/.parquet file exists, is
                      readable, and its first row has rollout.prompt_field
     rollout.reward   a built-in name, an import:module:function that imports and takes
-                     (response, fields, prompt), or an http(s) URL with a host (reward_spec.py)"""
+                     (response, fields, prompt), an http(s) URL with a host, or model:<engine URL or name>
+                     (reward_spec.py; the judge's template and parser are checked with the run config)"""
 
 from __future__ import annotations
 
