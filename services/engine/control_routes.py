@@ -234,7 +234,7 @@ def engine_info_router(engine) -> APIRouter:
                 # Sluice extensions (weight_updates.py): updates load between steps, so no pause is needed;
                 # a bucket can come as one broadcast
                 "live_weight_update": True, "flat_bucket_update": True, "weights_dtype": engine.config.dtype,
-                "gpu": engine.gpu, "cuda_ipc_update": engine.gpu is not None}
+                "gpu": engine.gpu, "cuda_ipc_update": engine.gpu is not None, "lora_adapter_update": True}
 
     @router.get("/get_server_info", response_model=ServerInfoWithMemory)
     @router.get("/server_info", response_model=ServerInfoWithMemory)

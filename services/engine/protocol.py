@@ -129,6 +129,8 @@ class UpdateWeightsRequest(_Body):
     abort_all_requests: bool = False
     load_format: str | None = None
     flat_bucket: FlatBucket | None = None
+    lora_scaling: float | None = Field(None, gt=0, le=1e6, description=(
+        "Sluice: the tensors are a LoRA adapter (peft's names), merged as W0 + lora_scaling * B @ A"))
 
 
 class IpcBucket(_Body):
@@ -150,6 +152,7 @@ class UpdateWeightsFromTensorRequest(_Body):
     abort_all_requests: bool = False
     weight_version: str | None = None
     bucket: IpcBucket | None = None
+    lora_scaling: float | None = Field(None, gt=0, le=1e6, description="Sluice: as /update_weights_from_distributed's")
 
 
 class ControlResult(BaseModel):
@@ -172,6 +175,8 @@ class ModelInfo(BaseModel):
                                            "weights in it (others are cast on load)")
     gpu: str | None = Field(description="Sluice: the UUID of the engine's GPU (none on a CPU)")
     cuda_ipc_update: bool = Field(description="Sluice: /update_weights_from_tensor takes a bucket by CUDA IPC handle")
+    lora_adapter_update: bool = Field(False, description=(
+        "Sluice: an update may be a LoRA adapter (peft's names, with lora_scaling), merged into the base weights"))
 
 
 class ServerInfo(BaseModel):

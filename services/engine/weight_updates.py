@@ -19,7 +19,9 @@ in_place pause would give them, minus the stall. A received version is loaded:
   * otherwise at /continue_generation.
 A failed receive drops everything received for that version: the previous weights keep serving. Floating tensors
 may arrive in any floating dtype and are cast on load (services/dcs/sync/precision.py); a name or shape that does
-not fit the model is refused (WeightMismatch) as soon as its broadcast is received."""
+not fit the model is refused (WeightMismatch) as soon as its broadcast is received. A LoRA adapter (tensors under
+peft's names, with the update's `lora_scaling`) is merged into the base weights on load, which it keeps
+(services/engine/adapter_merge.py)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ import torch
 
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, bucket_entries, packed_entries, unpack
-from services.dcs.sync.precision import check_fits, load_into, model_tensors
+from services.dcs.sync.precision import WeightMismatch, check_fits, load_into, model_tensors
+from services.engine.adapter_merge import MergedAdapter, adapter_pairs, adapter_part, check_adapter
 from services.dcs.sync.cuda_ipc import open_shared
 from services.engine.protocol import UpdateWeightsFromDiskRequest, UpdateWeightsFromTensorRequest, UpdateWeightsRequest
 from services.model.weight_files import read_weight_files
@@ -49,6 +52,8 @@ class WeightUpdates:
         self.scheduler = scheduler
         self.device = device
         self._params = model_tensors(model)  # name -> tensor, what a received tensor must fit
+        self._adapter = MergedAdapter(self._params)  # a LoRA run's: the base weights it is merged into
+        self._staged_scaling: float | None = None  # alpha / r of a staged adapter
         self.groups: dict[str, BroadcastGroup] = {}
         self._staged: dict[str, torch.Tensor] = {}
         self._staged_version: str | None = None
@@ -71,7 +76,7 @@ class WeightUpdates:
             raise ValueError(f"load_format {body.load_format!r}: only SGLang's default and flattened_bucket")
         receive = (self._receive_flat if body.flat_bucket else
                    self._receive_packed if body.load_format == "flattened_bucket" else self._receive_each)
-        self._stage(lambda: receive(group, body), body.weight_version)
+        self._stage(lambda: receive(group, body), body.weight_version, body.lora_scaling)
 
     def receive_shared(self, body: UpdateWeightsFromTensorRequest) -> None:
         """Any thread but the engine's: a bucket on this engine's GPU that the trainer shared by CUDA IPC handle
@@ -86,14 +91,15 @@ class WeightUpdates:
         bucket = body.bucket
         entries = bucket_entries(bucket.names, bucket.dtypes, bucket.shapes, bucket.offsets, bucket.shared.numel)
         self._stage(lambda: unpack(0, entries, open_shared(bucket.shared, torch.device(self.device))),
-                    body.weight_version)
+                    body.weight_version, body.lora_scaling)
 
     def read_files(self, body: UpdateWeightsFromDiskRequest) -> None:
         """Any thread but the engine's: the weights of a model directory (SGLang's /update_weights_from_disk),
         read and checked, staged for the next load."""
         self._stage(lambda: read_weight_files(body.model_path), body.weight_version)
 
-    def _stage(self, fetch: Callable[[], dict[str, torch.Tensor]], version: str | None) -> None:
+    def _stage(self, fetch: Callable[[], dict[str, torch.Tensor]], version: str | None,
+               scaling: float | None = None) -> None:
         """Fetch a bucket's tensors and stage them for the next load; a failure drops everything staged for
         this version, so nothing of a failed update is ever loaded."""
         began = time.time()
@@ -101,7 +107,12 @@ class WeightUpdates:
             received = fetch()
             # checked once the transfer is drained (refusing before it would leave the sender waiting): a
             # mismatch is refused here, naming the tensor, and the load between steps never meets one
-            check_fits(self._params, received)
+            adapter = {n: t for n, t in received.items() if adapter_part(n)}
+            check_fits(self._params, {n: t for n, t in received.items() if n not in adapter})
+            check_adapter(self._params, adapter)
+            if adapter and not scaling:
+                raise WeightMismatch(f"received LoRA adapter tensors ({next(iter(adapter))}, ...) without the "
+                                     "update's lora_scaling (alpha / r)")
         except Exception:
             with self._lock:
                 self._staged, self._staged_version, self._bracketed = {}, None, False
@@ -109,6 +120,7 @@ class WeightUpdates:
         with self._lock:
             self._staged.update(received)
             self._staged_version = version or self._staged_version
+            self._staged_scaling = scaling or self._staged_scaling
         RECORDER.record("weight_load", began, time.time(), version=self._staged_version)
 
     def _receive_each(self, group: BroadcastGroup, body: UpdateWeightsRequest) -> dict[str, torch.Tensor]:
@@ -163,11 +175,17 @@ class WeightUpdates:
     def load(self) -> str:
         """Engine thread, between steps: every staged tensor into the model at once, then the version."""
         with self._lock:
-            staged, version = self._staged, self._staged_version
-            self._staged, self._staged_version = {}, None
+            staged, version, scaling = self._staged, self._staged_version, self._staged_scaling
+            self._staged, self._staged_version, self._staged_scaling = {}, None, None
         if not staged:
             return "nothing staged"
-        load_into(self.model, staged)
+        adapter = {n: t for n, t in staged.items() if adapter_part(n)}
+        full = {n: t for n, t in staged.items() if n not in adapter}
+        adapter_pairs(adapter)  # a whole adapter, checked before anything changes
+        load_into(self.model, full)
+        self._adapter.rebase(full)
+        if adapter:
+            self._adapter.apply(adapter, scaling)
         if version is not None:
             self.scheduler.weight_version = str(version)
             self.on_version()

@@ -97,6 +97,7 @@ class WeightSender(Protocol):
     """The trainer's end of the weight broadcast (services/dcs/sync/publisher.py: WeightPublisher)."""
 
     receiver_roles: list[str]
+    adapter_scaling: float | None  # a LoRA trainer's alpha / r: what it publishes is an adapter
 
     def publish(self, named: Iterable[tuple[str, torch.Tensor]], version: int, announce: bool = True) -> Any: ...
 

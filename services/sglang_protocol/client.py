@@ -203,6 +203,10 @@ class SGLangClient:
         """The UUID of the server's GPU, where it says (the built-in engine's model info); None otherwise."""
         return self._extensions().get("gpu")
 
+    def takes_lora_adapter(self) -> bool:
+        """Whether an update may be a LoRA adapter merged on load (Sluice's extension; not SGLang: docs/trainer.md)."""
+        return bool(self._extensions().get("lora_adapter_update", False))
+
     def takes_cuda_ipc(self) -> bool:
         """Whether /update_weights_from_tensor takes a bucket by CUDA IPC handle in JSON (a Sluice extension)."""
         return bool(self._extensions().get("cuda_ipc_update", False))
@@ -369,14 +373,15 @@ class SGLangClient:
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], group_name: str, weight_version: str | None,
                                         flush_cache: bool = True, timeout: float | None = None,
-                                        flat_bucket: dict | None = None, load_format: str | None = None) -> None:
+                                        flat_bucket: dict | None = None, load_format: str | None = None,
+                                        lora_scaling: float | None = None) -> None:
         """Returns after the engine received and loaded the named tensors: one broadcast per tensor, in this
         order; or one broadcast of the whole bucket, with `flat_bucket={"offsets", "nbytes"}` (a server that says
         flat_bucket_update) or `load_format="flattened_bucket"` (the tensors back to back: a server that says
-        flattened_bucket_update)."""
+        flattened_bucket_update). `lora_scaling`: they are a LoRA adapter (lora_adapter_update)."""
         body = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
                 "group_name": group_name, "flush_cache": flush_cache, "abort_all_requests": False,
-                "weight_version": weight_version}
+                "weight_version": weight_version, **({"lora_scaling": lora_scaling} if lora_scaling else {})}
         if flat_bucket is not None:
             body["flat_bucket"] = flat_bucket
         if load_format is not None:
@@ -385,10 +390,11 @@ class SGLangClient:
                     self._post("/update_weights_from_distributed", body, timeout=timeout))
 
     def update_weights_from_tensor(self, bucket: dict, weight_version: str | None, flush_cache: bool = True,
-                                   timeout: float | None = None) -> None:
+                                   timeout: float | None = None, lora_scaling: float | None = None) -> None:
         """A flat bucket on the server's GPU, by CUDA IPC handle (`bucket`: services/dcs/sync/cuda_ipc.py's
         description plus the tensors' names, dtypes, shapes and offsets); returns once the server copied and
         loaded it. Sluice's JSON form (load_format sluice_cuda_ipc): SGLang's own form is pickled, never sent."""
         body = {"load_format": "sluice_cuda_ipc", "bucket": bucket, "flush_cache": flush_cache,
-                "abort_all_requests": False, "weight_version": weight_version}
+                "abort_all_requests": False, "weight_version": weight_version,
+                **({"lora_scaling": lora_scaling} if lora_scaling else {})}
         self._check("/update_weights_from_tensor", self._post("/update_weights_from_tensor", body, timeout=timeout))

@@ -15,6 +15,7 @@ from services.dcs.sync.publisher import SyncFailed
 from services.run_contract.run_config import RunConfig
 from services.run_state.seams import WeightSender
 from services.runtime.spans import span
+from services.trainer.lora import adapter_scaling, trainable
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SETTLE_S = 2.5  # an engine's new version reaches the coordinator within a heartbeat or two
@@ -46,7 +47,8 @@ class WeightVersions:
                  source: Callable[[], list] | None = None):
         self.sender, self.model, self.run, self.dcs, self.run_id = sender, model, run, dcs, run_id
         self.source = source  # the (name, tensor) list to publish, when not the model's live parameters
-        size = sum(p.numel() * p.element_size() for p in model.parameters())
+        sender.adapter_scaling = adapter_scaling(model)  # with LoRA the source yields only the adapter: lora.py
+        size = sum(p.numel() * p.element_size() for _, p in trainable(model))
         self.snapshot_fits = size <= snapshot_max_bytes  # a copy of the weights is affordable
         self.republish_check_s = republish_check_s
         self._last_lag_check = self._published_at = time.monotonic()
@@ -55,6 +57,7 @@ class WeightVersions:
         self._pending_reads_model = False  # the publish in flight reads the live parameters (no snapshot)
         self.in_flight_version: int | None = None  # the version being published, until settled
         self.last_publish_s = 0.0  # how long the last publish's sync took (tracked with its step)
+        self.last_publish_bytes = 0  # what it sent (the adapter alone with LoRA)
         self._loaded: tuple[int, set[str]] = (0, set())  # the newest version sent, and the engines that loaded it
         self._engine_errors = 0  # resends in a row that failed with an engine's error answer
         self.skipped: set[int] = set()  # numbers announced by a failed sync: their weights are the next number's
@@ -85,6 +88,7 @@ class WeightVersions:
                 result = self.sender.publish(weights if weights is not None else self._weights(), version)
                 self._note_loaded(version, result)
                 self.last_publish_s = result.seconds.get("total", 0.0)
+                self.last_publish_bytes = getattr(result, "bytes", 0)
                 log.info("weights published", extra={"version": version, "seconds": result.seconds})
                 return version
             except SyncFailed as exc:

@@ -187,9 +187,8 @@ class ActorTrainer:
                 log.warning("the run ended before it finished", extra={"error": str(exc)})
 
     def sharded_state(self, step: int):
-        """After step N trained, on every rank: a backend that shards the weights writes, when N is due for a
-        checkpoint, its checkpoint files (a collective, so here in the main loop, in the same order on every
-        rank). Returns what it wrote (leader) or None."""
+        """After step N trained, on every rank: a sharded backend writes, when N is due for a checkpoint, its files
+        (a collective: in the main loop, in the same order on every rank). Returns what it wrote (leader) or None."""
         if not (self.backend.gathers and self.checkpoint_due(step)):
             return None
         return self.backend.write_checkpoint_files(self.scratch(step + 1))
@@ -244,7 +243,8 @@ class ActorTrainer:
         self.version = version
         if step == self.run.num_steps - 1:  # before the record, while the rollout keeps its engines registered
             self.weights.catch_up_engines(version, c.final_sync_wait_s, halt)
-        metrics.update(weight_version=version, publish_s=self.weights.last_publish_s)
+        metrics.update(weight_version=version, publish_s=self.weights.last_publish_s,
+                       publish_bytes=self.weights.last_publish_bytes)
         finish_step(self.redis, c.run_id, step, ids, metrics, TrainerProgress(next_step=step + 1, version=version))
         if self.checkpoint_due(step):
             self.write_checkpoint(step + 1, version, state, copied)

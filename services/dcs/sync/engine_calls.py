@@ -47,6 +47,7 @@ class SyncEngines:
         self._token = token  # the stack's one token (the coordinator's)
         self.clients: dict[str, SGLangClient] = {}  # node id -> client, for the current group
         self.members: list = []  # the current group's engine members
+        self.lora_scaling: float | None = None  # the publish is a LoRA adapter: its alpha / r (publisher.py)
 
     def client(self, url: str) -> SGLangClient:
         return SGLangClient(url, timeout_s=self.timeout_s, api_key=self._token)
@@ -108,6 +109,16 @@ class SyncEngines:
             except Exception as exc:
                 log.warning("could not resume an engine", extra={"engine": engine.base_url, "error": str(exc)})
 
+    def check_adapters(self) -> None:
+        """A LoRA publish: every engine must merge adapters (the built-in engine); raises ValueError naming the
+        ones that do not (SGLang servers: their LoRA adapter routes are not driven)."""
+        unable = [self.clients[m.node_id].base_url for m in self.members
+                  if not self.clients[m.node_id].takes_lora_adapter()]
+        if unable:
+            raise ValueError(f"a LoRA run (trainer.lora) publishes only its adapter, which these engines do not take "
+                             f"(SGLang servers: Sluice does not drive their LoRA adapter routes): {', '.join(unable)}; "
+                             "use built-in engines, or train every weight")
+
     def transfer(self, backend: str) -> Transfer:
         """The group's transfer (module docstring): the widest form every engine takes."""
         if backend == "ipc":
@@ -138,7 +149,7 @@ class SyncEngines:
         # the engines' HTTP calls return only after receiving: send them first, then broadcast
         calls = [self._http.submit(engine.update_weights_from_distributed, [e.name for e in bucket],
                                    [e.dtype for e in bucket], [e.shape for e in bucket], group.name, version,
-                                   self._flush(engine), self.timeout_s, flat_spec, load_format)
+                                   self._flush(engine), self.timeout_s, flat_spec, load_format, self.lora_scaling)
                  for engine in (self.clients[m.node_id] for m in self.members)]
         if transfer == "per_tensor":
             for e in bucket:  # typed, as the engine allocates it (NCCL matches dtype and count)
@@ -154,7 +165,7 @@ class SyncEngines:
         shared = {"shared": share(flat), "names": [e.name for e in bucket], "dtypes": [e.dtype for e in bucket],
                   "shapes": [e.shape for e in bucket], "offsets": [e.offset for e in bucket]}
         calls = [self._http.submit(engine.update_weights_from_tensor, shared, version, self._flush(engine),
-                                   self.timeout_s)
+                                   self.timeout_s, self.lora_scaling)
                  for engine in (self.clients[m.node_id] for m in self.members)]
         for call in calls:
             call.result(timeout=self.timeout_s)

@@ -83,6 +83,7 @@ class WeightPublisher:
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
         self.receiver_roles = list(receiver_roles)
+        self.adapter_scaling: float | None = None  # set by a LoRA trainer: what it publishes is an adapter
         self.backend = backend  # as asked: auto, gloo, nccl or ipc (backend_choice.py)
         self.device = device  # the trainer's: where the weights are, and where nccl/ipc buckets are staged
         self._trainer_gpu = gpu_uuid(device)
@@ -138,6 +139,12 @@ class WeightPublisher:
             result.group, result.world_size, result.backend = group_spec.name, group_spec.world_size, group_spec.backend
             if not announce and any(m.role != self.engine_role for m in group_spec.members[1:]):
                 raise ValueError("an unannounced publish can only go to engines")
+            self.engines.lora_scaling = self.adapter_scaling
+            if self.adapter_scaling is not None:
+                try:
+                    self.engines.check_adapters()
+                except ValueError as exc:
+                    raise UnusableBackend(str(exc)) from exc
             entries, sizes = self._plan(group_spec, named, result)
             paused: list = []
             try:
