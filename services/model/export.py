@@ -5,7 +5,12 @@ tokenizer files with the chat template; not the optimizer state or trainer_state
 AutoModelForCausalLM and AutoTokenizer load it, and so do `sluice engine --model` and SGLang.
 
 CHECKPOINT is one checkpoint (`<checkpoint-dir>/actor/step_<N>`), or a trainer's --checkpoint-dir (or its
-`actor/` folder), whose newest complete checkpoint is taken."""
+`actor/` folder), whose newest complete checkpoint is taken.
+
+A LoRA run's checkpoint holds only the adapter, in peft's files (adapter_model.safetensors, adapter_config.json,
+whose base_model_name_or_path is the run's model): it is merged into the base model (peft's merge_and_unload,
+W = W0 + alpha / r * B @ A) and the export is the full merged model. --base names the base model directory when
+it moved since the run."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from services.run_contract.checkpoint import copy_tokenizer, latest_checkpoint, 
 from services.runtime.settings_cli import HelpWithDefaults
 
 DTYPES = ("float32", "bfloat16", "float16")
+ADAPTER_CONFIG = "adapter_config.json"  # peft's: a LoRA checkpoint (services/trainer/lora.py)
 
 
 class ExportError(ValueError):
@@ -39,19 +45,23 @@ def resolve_checkpoint(path: str) -> str:
         found = latest_checkpoint(directory, role)
         if found is not None:
             return found.path
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return path  # a model directory (no trainer_state.json): exported as it is
+    if os.path.isfile(os.path.join(path, "config.json")) or os.path.isfile(os.path.join(path, ADAPTER_CONFIG)):
+        return path  # a model (or peft adapter) directory (no trainer_state.json): exported as it is
     raise ExportError(f"{path!r} is neither a checkpoint (no trainer_state.json) nor a directory holding "
                       f"checkpoints (no complete actor/step_* under it)")
 
 
-def export_checkpoint(checkpoint: str, out_dir: str, dtype: str | None = None, force: bool = False) -> str:
-    """Write the model of `checkpoint` to `out_dir` as a Hugging Face directory, in `dtype` (None: as stored).
+def export_checkpoint(checkpoint: str, out_dir: str, dtype: str | None = None, force: bool = False,
+                      base: str | None = None) -> str:
+    """Write the model of `checkpoint` to `out_dir` as a Hugging Face directory, in `dtype` (None: as stored);
+    a LoRA checkpoint's adapter merged into its base model (`base`, or the one its adapter_config.json names).
     Written to a temporary directory and renamed; an existing non-empty `out_dir` is an error unless `force`.
     Returns the checkpoint directory exported."""
     source = resolve_checkpoint(checkpoint)
+    adapter = os.path.isfile(os.path.join(source, ADAPTER_CONFIG))
+    base = _base_model(source, base) if adapter else None
     try:
-        check_model_dir(source)
+        check_model_dir(base or source, tokenizer=not adapter)
     except ModelDirError as exc:
         raise ExportError(f"cannot export {source!r}: {exc.problem}") from None
     out_dir = os.path.abspath(out_dir)
@@ -59,17 +69,38 @@ def export_checkpoint(checkpoint: str, out_dir: str, dtype: str | None = None, f
         raise ExportError(f"{out_dir!r} holds the checkpoint {source!r} itself: export to another directory")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)) and not force:
         raise ExportError(f"{out_dir!r} exists and is not empty (pass --force to replace it)")
-    model, _ = load_causal_lm(source, dtype or _stored_dtype(source))
+    if adapter:
+        from peft import PeftModel  # only for a LoRA checkpoint
+
+        model = PeftModel.from_pretrained(load_causal_lm(base, dtype or _stored_dtype(base))[0], source)
+        model = model.merge_and_unload()
+    else:
+        model, _ = load_causal_lm(source, dtype or _stored_dtype(source))
     tmp = out_dir.rstrip(os.sep) + ".export-tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)  # config.json, generation_config.json, *.safetensors
-    copy_tokenizer(source, tmp)
+    has_tokenizer = os.path.isfile(os.path.join(source, "tokenizer_config.json"))
+    copy_tokenizer(source if has_tokenizer or not adapter else base, tmp)  # a bare adapter: the base's
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     elif os.path.exists(out_dir):
         os.remove(out_dir)
     os.replace(tmp, out_dir)
     return source
+
+
+def _base_model(source: str, base: str | None) -> str:
+    """The base model directory of the LoRA checkpoint `source`: `base`, or what its adapter_config.json names."""
+    try:
+        with open(os.path.join(source, ADAPTER_CONFIG)) as f:
+            named = json.load(f).get("base_model_name_or_path")
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{source!r}: its {ADAPTER_CONFIG} does not read: {exc}") from None
+    found = base or named
+    if not found or not os.path.isfile(os.path.join(found, "config.json")):
+        raise ExportError(f"{source!r} is a LoRA adapter whose base model {found!r} is not a model directory here: "
+                          "pass --base with the run's model directory")
+    return found
 
 
 def _stored_dtype(model_dir: str) -> str:
@@ -88,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=DTYPES, default=None,
                         help="parameter dtype of the export (None: the checkpoint's own)")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists and is not empty")
+    parser.add_argument("--base", default=None, help=(
+        "a LoRA checkpoint's base model directory (None: the one its adapter_config.json names)"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     try:
-        source = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.force)
+        source = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.force, args.base)
     except (ExportError, ModelDirError) as exc:
         print(f"sluice export: {exc}", file=sys.stderr)
         return 2

@@ -161,3 +161,28 @@ def test_checkpoint_is_peft_adapter_and_resumes(model_dir, tmp_path):
         assert len(again.optimizer.state) == 12
         for name, t in again.live_weights():
             torch.testing.assert_close(t, live[name], atol=0, rtol=0)
+
+
+def test_sluice_export_merges_the_adapter_into_a_full_model(model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from services.model.export import ExportError, export_checkpoint, main
+    from services.run_contract.checkpoint import save_checkpoint
+
+    model, backend = _sluice_lora(model_dir, _batch(model_dir), 2)
+    path = save_checkpoint(str(tmp_path / "ckpt"), "actor", model, backend.optimizer, model_dir, 2, 2)
+    assert main([str(tmp_path / "ckpt"), str(tmp_path / "out")]) == 0  # the newest checkpoint, merged
+    exported, _ = load_causal_lm(str(tmp_path / "out"))
+    base = dict(load_causal_lm(model_dir)[0].named_parameters())
+    adapter = load_file(os.path.join(path, "adapter_model.safetensors"))
+    scaling = LORA["alpha"] / LORA["rank"]
+    for name, w in exported.named_parameters():
+        module = "base_model.model." + name.removesuffix(".weight")
+        if f"{module}.lora_A.weight" in adapter:  # W0 + alpha / r * B @ A
+            want = base[name] + scaling * adapter[f"{module}.lora_B.weight"] @ adapter[f"{module}.lora_A.weight"]
+            torch.testing.assert_close(w, want, atol=1e-6, rtol=1e-5)
+        else:
+            assert torch.equal(w, base[name]), name
+    assert os.path.isfile(tmp_path / "out" / "tokenizer.json")
+    with pytest.raises(ExportError, match="pass --base"):
+        export_checkpoint(path, str(tmp_path / "out2"), base=str(tmp_path / "nowhere"))
