@@ -121,6 +121,14 @@ class RunFile(RunConfig):
     def judge_argv(self) -> tuple[str, ...]:
         return tuple(a for name, value in self.stack.judge.engine_flags.items() for a in _flag(name, value))
 
+    @model_validator(mode="after")
+    def _lora_needs_builtin_engines(self) -> "RunFile":
+        if self.trainer.lora is not None and self.stack.engine == "sglang":
+            from services.launch.local_run import LORA_ON_SGLANG  # the launcher's own refusal, named once
+
+            raise ValueError(f"stack.engine sglang: {LORA_ON_SGLANG}")
+        return self
+
     def run_config(self) -> RunConfig:
         return RunConfig.model_validate(self.model_dump(exclude={"stack"}))
 

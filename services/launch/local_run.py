@@ -30,6 +30,10 @@ STOP_S = 10.0  # the engines and roles, together: a clean exit, CUDA teardown an
 STACK_STOP_S = 5.0  # then the stack's services, together: no role is left to serve
 ENGINE_START_S = 120.0  # an engine loading its model (and, on a GPU, starting CUDA) until /health answers
 ROLE_START_S = 90.0  # a role service until /healthz answers (all start at once, so they share the cores)
+# a LoRA run publishes only its adapter, which the built-in engine merges; SGLang's LoRA routes are not driven
+LORA_ON_SGLANG = ("trainer.lora publishes only the adapter, which SGLang engines do not take from Sluice (their "
+                  "/load_lora_adapter route is not driven: docs/trainer.md); use built-in engines, or train every "
+                  "weight")
 
 
 class LocalRun(StopsOnExit):
@@ -57,7 +61,8 @@ class LocalRun(StopsOnExit):
         the service `judge`, the rollout's judge engine for reward model:judge: never one of the run's engines
         (the rollout does not register it, so the trainer never updates its weights), and without a token its
         weight-update routes stay closed."""
-        refusal = (sglang_missing() or token_problem(token)) if engine == "sglang" else None
+        refusal = (LORA_ON_SGLANG if run.trainer.lora else sglang_missing() or token_problem(token)) \
+            if engine == "sglang" else None
         if refusal:
             raise RuntimeError(f"engine sglang: {refusal}")
         self.engine = engine
