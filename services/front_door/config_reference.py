@@ -16,7 +16,7 @@ from pydantic_core import PydanticUndefined, to_jsonable_python
 from services.front_door.run_file import RunFile
 
 # required fields have no default: the starting file gets these, the doc says "required"
-PLACEHOLDERS = {"name": "my-run", "model": "model"}
+PLACEHOLDERS = {"name": "my-run", "model": "model", "buffer": 32}
 STARTER_OVERRIDES = {("stack", "init_model"): "tiny"}  # so the starting file runs as it is
 
 DOC_HEADER = """# Configuration: the run file
@@ -43,6 +43,8 @@ changing a field, run `python -m services.front_door.config_reference > docs/con
 def _type_name(annotation) -> str:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if origin is typing.Annotated:  # a constrained type (e.g. a module name): the type it constrains
+        return _type_name(args[0])
     if origin is typing.Literal:
         return " \\| ".join(repr(a) if not isinstance(a, str) else a for a in args)
     if origin in (typing.Union, types.UnionType):
@@ -74,6 +76,14 @@ def _section(annotation) -> type[BaseModel] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
+def _optional_section(annotation) -> type[BaseModel] | None:
+    """The section of an `X | None` field (off by default, e.g. trainer.lora): its fields are listed too."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return None
+    found = [a for a in typing.get_args(annotation) if _section(a) is not None]
+    return found[0] if len(found) == 1 else None
+
+
 def _default(field):
     if field.default_factory is not None:
         value = field.default_factory()
@@ -84,7 +94,7 @@ def _default(field):
 def _fields(model: type[BaseModel], at: tuple = ()) -> Iterator[tuple[tuple, object, type[BaseModel] | None]]:
     """(key path, field, sub-model or None) in declaration order, depth first."""
     for name, field in model.model_fields.items():
-        sub = _section(field.annotation)
+        sub = _section(field.annotation) or _optional_section(field.annotation)
         yield (*at, name), field, sub
         if sub is not None:
             yield from _fields(sub, (*at, name))
@@ -98,10 +108,18 @@ def _yaml_scalar(value) -> str:
 def defaults_yaml() -> str:
     """A complete, commented run file: every field at its default (placeholders where one is required)."""
     lines = ["# A Sluice run file (docs/configuration.md lists every field). `sluice run THIS_FILE` runs it.", ""]
+    off: list[tuple] = []  # optional sections, null by default: their fields are shown commented out
     for key, field, sub in _fields(RunFile):
         indent = "  " * (len(key) - 1)
+        inside = next((len(o) for o in off if key[:len(o)] == o), None)
+        if inside is not None:  # "#" at the section's own indent, so uncommenting the block gives valid YAML
+            indent = "  " * (inside - 1) + "# " + "  " * (len(key) - inside)
         if field.description:
             lines.append(f"{indent}# {field.description}")
+        if sub is not None and _default(field) is None:
+            lines += [f"{indent}{key[-1]}: null", f"{indent}# {key[-1]}:  (set it: these fields, at their defaults)"]
+            off.append(key)
+            continue
         if sub is not None:
             lines.append(f"{indent}{key[-1]}:")
             continue
@@ -121,7 +139,7 @@ def configuration_markdown() -> str:
         default = _default(field)
         shown = "required" if default is PydanticUndefined else f"`{_yaml_scalar(default)}`"
         if sub is not None:
-            shown = f"see `{'.'.join(key)}` below"
+            shown = ("`null`: " if default is None else "") + f"see `{'.'.join(key)}` below"
         meaning = (field.description or "").replace("|", "\\|").replace("<", "&lt;").replace("\n", " ")
         limits = _limits(field).replace("|", "\\|")
         kind = _type_name(field.annotation) + (f" ({limits})" if limits else "")
