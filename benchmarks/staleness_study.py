@@ -16,7 +16,7 @@ correction. Runs benchmarks/time_to_reward.py's Sluice system (`--systems sluice
 Learning per step does not depend on the machine's speed, only the realised staleness does (a slower trainer
 lets the rollout run ahead up to the bound): compare within one run of this script.
 
-Usage: python benchmarks/staleness_study.py [--task short] [--staleness 1,2,4,8]
+Usage: python benchmarks/staleness_study.py [--task short] [--staleness 0,1,2,4,8]
            [--off-policy plain,decoupled,tis:2] [--reps 3] [--steps N]
 """
 
@@ -41,8 +41,8 @@ def log(message: str) -> None:
 def one_setting(args, staleness: int, off_policy: str) -> dict:
     """time_to_reward.py for one (max_staleness, off_policy) pair: its sluice block."""
     cmd = [sys.executable, os.path.join(HERE, "time_to_reward.py"), "--systems", "sluice", "--tasks", args.task,
-           "--max-staleness", str(staleness), "--off-policy", off_policy, "--reps", str(args.reps),
-           "--seed", str(args.seed)]
+           "--off-policy", off_policy, "--reps", str(args.reps), "--seed", str(args.seed)]
+    cmd += ["--mode", "colocate"] if staleness == 0 else ["--max-staleness", str(staleness)]
     if args.steps:
         cmd += ["--steps", str(args.steps)]
     log(f"max_staleness {staleness}, {off_policy}: {' '.join(cmd[2:])}")
@@ -89,7 +89,8 @@ def relative(runs: list[dict]) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="staleness_study.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="short", help="a time_to_reward.py task (default short: the tiny-step one)")
-    p.add_argument("--staleness", default="1,2,4,8", help="max_staleness values, comma-separated (default 1,2,4,8)")
+    p.add_argument("--staleness", default="1,2,4,8",
+                   help="max_staleness values, comma-separated; 0 = colocate (on-policy) (default 1,2,4,8)")
     p.add_argument("--off-policy", default="plain,decoupled,tis:2",
                    help="time_to_reward.py --off-policy values, comma-separated (default plain,decoupled,tis:2)")
     p.add_argument("--reps", type=int, default=3, help="seeds per setting (default 3)")
@@ -97,8 +98,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=0, help="steps per run (default: the task's)")
     args = p.parse_args(argv)
     stalenesses = [int(s) for s in args.staleness.split(",") if s.strip()]
-    if not stalenesses or min(stalenesses) < 1:
-        p.error("--staleness: values must be >= 1")
+    if not stalenesses or min(stalenesses) < 0:
+        p.error("--staleness: values must be >= 0 (0: colocate, on-policy)")
     runs = [setting_result(one_setting(args, s, op), s, op)
             for op in [o.strip() for o in args.off_policy.split(",") if o.strip()] for s in stalenesses]
     for r in runs:

@@ -16,6 +16,9 @@ and reports, over the steady state (steps [--warmup, --steps)):
 The PNG: one lane per service, working spans coloured by name, waiting grey.
 
 Usage: python benchmarks/step_timeline.py [--steps 8] [--warmup 2] [--out DIR]
+The tiny-step shape of time_to_reward.py's short task (issue #36's per-step budget):
+       python benchmarks/step_timeline.py --preset mini --groups-per-step 8 --n-samples 8 --max-new-tokens 6 \
+           --micro-batch-size 32 --lr 1e-3 --steps 60 --warmup 10
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def build_run(args, model_dir: str) -> RunConfig:
     rows = args.groups_per_step * args.n_samples
     return RunConfig(name="step-timeline", model=model_dir, mode="fully_async", max_staleness=args.max_staleness,
                      n_samples_per_prompt=args.n_samples, rollout_batch_size=args.groups_per_step,
-                     global_batch_size=rows, micro_batch_size=min(rows, 8), num_steps=args.steps,
+                     global_batch_size=rows, micro_batch_size=args.micro_batch_size or min(rows, 8), num_steps=args.steps,
                      algorithm={"estimator": "grpo"},
                      rollout={"prompts": "demo:letters", "max_new_tokens": args.max_new_tokens,
                               "max_groups_in_flight": args.max_groups_in_flight},
@@ -95,7 +98,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--engines", type=int, default=1)
-    p.add_argument("--preset", choices=["tiny", "small"], default="tiny")
+    p.add_argument("--preset", choices=["mini", "tiny", "small"], default="tiny")
+    p.add_argument("--micro-batch-size", type=int, default=0, help="the trainer's micro batch (0 = min(rows, 8))")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--timeout-s", type=float, default=900.0)
     p.add_argument("--out", default=None, help="directory for timeline.png and timeline.json (default: a temp dir)")
