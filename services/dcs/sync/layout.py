@@ -11,7 +11,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-from services.dcs.models import WeightTensor
+from services.dcs.sync.messages import WeightTensor
 from services.dcs.sync.precision import FLOATING
 
 _ALIGN = 8

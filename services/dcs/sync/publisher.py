@@ -27,8 +27,8 @@ from typing import Iterable
 
 import torch
 
-from services.dcs.client import DCSClient
-from services.dcs.models import SyncGroupRequest, SyncReport, WeightMetadata
+from services.dcs.sync.coordinator import PublishingCoordinator
+from services.dcs.sync.messages import SyncGroupRequest, SyncReport, WeightMetadata
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.backend_choice import ReceiverPlace, choose_backend, gpu_uuid
 from services.dcs.sync.bucket_packing import BucketPacking, bucket_tensors
@@ -72,7 +72,7 @@ class SyncFailed(RuntimeError):
 
 
 class WeightPublisher:
-    def __init__(self, dcs: DCSClient, node_id: str, master_address: str, bucket_bytes: int = 64 << 20,
+    def __init__(self, dcs: PublishingCoordinator, node_id: str, master_address: str, bucket_bytes: int = 64 << 20,
                  timeout_s: float = 60.0, receiver_roles: Iterable[str] = ("engine", "actor_fwd", "reference"),
                  backend: str = "gloo", engine_role: str = "engine", pause_mode: str = "abort", *, run_id: str,
                  device: str = "cpu"):

@@ -12,8 +12,8 @@ from typing import Callable
 
 import torch
 
-from services.dcs.client import DCSClient
-from services.dcs.models import PublishedWeights, SyncReport
+from services.dcs.sync.coordinator import ReceivingCoordinator
+from services.dcs.sync.messages import PublishedWeights, SyncReport
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES, unpack
 from services.dcs.sync.precision import load_into
@@ -31,7 +31,7 @@ class WeightReceiver:
     page fault per page): the tensors `receive` returns are views that stay valid until the next
     `receive`; load them into the model (load_into) or copy them before that."""
 
-    def __init__(self, dcs: DCSClient, node_id: str, role: str, timeout_s: float = 60.0, device: str = "cpu", *,
+    def __init__(self, dcs: ReceivingCoordinator, node_id: str, role: str, timeout_s: float = 60.0, device: str = "cpu", *,
                  run_id: str):
         self.dcs = dcs
         self.run_id = run_id  # versions, cursors and sync reports are the run's own
