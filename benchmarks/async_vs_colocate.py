@@ -26,7 +26,7 @@ Also per mode (medians over reps of per-rep means over the measured steps), to s
   cpu_cores     CPU seconds of every process over the window / window (from /proc): on a small machine
                 the sum shows whether the machine, not the schedule, is the limit.
   staleness     trained samples by staleness (versions between generation start and training).
-  overlap       from the spans every service records (services/launch/timeline.py) over the same window:
+  overlap       from the spans every service records (services/tracking/timeline.py) over the same window:
                 each service's busy seconds and busy fraction (union of its working spans), each stage's
                 (generation = rollout + engines), the ideal-overlap bound (sum of stage busy / max stage
                 busy) and achieved overlap (sum of stage busy / window);
@@ -67,7 +67,7 @@ import time  # noqa: E402
 from services.algorithms.advantages import ESTIMATORS
 from services.run_contract.run_config import RunConfig  # noqa: E402
 from services.launch.local_run import LocalRun  # noqa: E402
-from services.launch.timeline import fetch_spans, overlap_summary  # noqa: E402
+from services.tracking.timeline import fetch_spans, overlap_summary  # noqa: E402
 from services.model.init_model import init_model  # noqa: E402
 from services.run_state.trainer_progress import read_progress, trained_steps  # noqa: E402
 

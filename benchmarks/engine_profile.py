@@ -8,7 +8,7 @@ import time
 
 def _in_process_engine(model, tokenizer):
     """The engine's KV pool, decoder and scheduler factory, built as `sluice engine` builds them (server.py)."""
-    from services.model.batched_decoder import BatchedDecoder
+    from services.engine.batched_decoder import BatchedDecoder
     from services.engine.config import EngineConfig
     from services.engine.server import make_pool, make_scheduler
 

@@ -76,7 +76,7 @@ class EngineGenerator:
     def __init__(self, model_dir: str, tokenizer, rows: int):
         from services.engine.config import EngineConfig
         from services.engine.server import make_pool, make_scheduler
-        from services.model.batched_decoder import BatchedDecoder
+        from services.engine.batched_decoder import BatchedDecoder
 
         self.model, _ = load_causal_lm(model_dir, "float32")
         config = EngineConfig(model="(in-process)", max_running=max(64, rows))

@@ -11,7 +11,7 @@ and reports, over the steady state (steps [--warmup, --steps)):
                   seconds by phase (claim = waiting for data, train, publish, ...), and every other service's
                   busy seconds in that window;
   overlap         each service's busy seconds and busy fraction of the window, the ideal-overlap bound
-                  (sum of busy / max busy) and how much of it the run reached (services/launch/timeline.py).
+                  (sum of busy / max busy) and how much of it the run reached (services/tracking/timeline.py).
 
 The PNG: one lane per service, working spans coloured by name, waiting grey.
 
@@ -38,7 +38,7 @@ import time  # noqa: E402
 
 from services.run_contract.run_config import RunConfig  # noqa: E402
 from services.launch.local_run import LocalRun  # noqa: E402
-from services.launch.timeline import draw_gantt, fetch_spans, overlap_summary, step_table  # noqa: E402
+from services.tracking.timeline import draw_gantt, fetch_spans, overlap_summary, step_table  # noqa: E402
 from services.model.init_model import init_model  # noqa: E402
 
 _T0 = time.perf_counter()

@@ -54,7 +54,7 @@ _COMMANDS = {
     "trainer": ("services.trainer.main", "main"),
     "init-model": ("services.model.init_model", "main"),
     "demo": ("services.demo", "main"),
-    "export": ("services.model.export", "main"),
+    "export": ("services.front_door.export_command", "main"),
     "report": ("services.tracking.report", "main"),
 }
 

@@ -30,7 +30,7 @@ from typing import Protocol
 
 import torch
 
-from services.model.batched_decoder import SHORT_INPUT, BatchedDecoder
+from services.engine.batched_decoder import SHORT_INPUT, BatchedDecoder
 
 # a step with fewer tokens or sequences than this runs whole (see the module doc)
 MIN_SPLIT_TOKENS = 64

@@ -1,6 +1,6 @@
 """The built-in engine's continuous-batching loop, on its own thread.
 
-Every step is one batched forward (services/model/batched_decoder.py) over every running request: decoding
+Every step is one batched forward (services/engine/batched_decoder.py) over every running request: decoding
 ones contribute their last token, newly admitted ones a chunk of their prompt (at most `chunked_prefill_size`
 prefill tokens a step, shared out in admission order), and then one batched sampling call picks a token for
 every request whose input is complete. Requests that arrive while others decode join at the next step;
@@ -24,7 +24,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from services.model.kv_pool import KVPool
+from services.engine.kv_pool import KVPool
 from services.engine.request import Generation, still_waiting
 from services.engine.sampling import GREEDY_BELOW, sample_batch
 from services.engine.speculation import DraftSources, NgramDrafter, SharedNgrams, accept_greedy, draft_sizes

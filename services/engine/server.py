@@ -26,8 +26,8 @@ from services.engine.parallel_forward import ParallelForward
 from services.engine.run_registration import stay_registered
 from services.engine.scheduler import Scheduler
 from services.engine.weight_updates import WeightUpdates
-from services.model.batched_decoder import BatchedDecoder
-from services.model.kv_pool import KVPool
+from services.engine.batched_decoder import BatchedDecoder
+from services.engine.kv_pool import KVPool
 from services.model.loading import load_causal_lm
 from services.runtime.heap import freeze_heap
 from services.runtime.http_auth import PathRefusal, require_bearer_token

@@ -107,7 +107,7 @@ def load_spans(run_dir: str) -> dict[str, list[dict]] | None:
 
 
 def save_spans(run_dir: str, spans_by_lane: dict[str, list[dict]]) -> str:
-    """Write {service: spans} (services/launch/timeline.py fetch_spans) as the report's timeline input."""
+    """Write {service: spans} (services/tracking/timeline.py fetch_spans) as the report's timeline input."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, SPANS_FILE)
     with open(path, "w", encoding="utf-8") as f:
@@ -153,7 +153,7 @@ def draw_report(rows: list[dict], spans: dict[str, list[dict]] | None, path: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from services.launch.timeline import draw_lanes
+    from services.tracking.timeline import draw_lanes
 
     steps, seconds = [r["step"] for r in rows], elapsed(rows)
     unit, scale = ("minutes", 60) if seconds[-1] >= 300 else ("seconds", 1)  # a short run in seconds
@@ -194,10 +194,10 @@ def write_report(run_dir: str, thresholds=DEFAULT_THRESHOLDS) -> dict[str, str]:
 def report_at_end(run_dir: str, service_urls: dict[str, str] | None = None,
                   token: str = "") -> dict[str, str] | None:
     """What a launcher does when its run ends, while the services still answer: save their spans
-    (`GET /spans` of each URL with the stack's `token`, services/launch/timeline.py) for the timeline, then
+    (`GET /spans` of each URL with the stack's `token`, services/tracking/timeline.py) for the timeline, then
     write the report. Returns
     write_report's paths; None, with a warning, when the run dir has no steps (nothing was trained)."""
-    from services.launch.timeline import fetch_spans
+    from services.tracking.timeline import fetch_spans
 
     if service_urls:
         save_spans(run_dir, fetch_spans(service_urls, token=token))

@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from services.launch.timeline import fetch_spans, span_client, stage_busy
+from services.tracking.timeline import fetch_spans, span_client, stage_busy
 from services.run_contract.run_config import RunConfig
 from services.run_state.evaluations import read_latest_evaluation
 from services.run_state.source_rewards import read_source_rewards
@@ -212,7 +212,7 @@ def eval_reader(redis, run_id: str) -> Callable[[], dict | None] | None:
 
 def busy_reader(dcs, run_id: str) -> Callable[[float, float], dict[str, float]] | None:
     """Each live service of the run (the coordinator's topology), busy seconds in [start, end] / (end - start),
-    from its spans (services/launch/timeline.py: the union of its working spans)."""
+    from its spans (services/tracking/timeline.py: the union of its working spans)."""
     if dcs is None:
         return None
 

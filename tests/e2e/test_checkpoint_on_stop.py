@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from services.launch.local_run import LocalRun
-from services.model.export import export_checkpoint
+from services.front_door.export_command import export_checkpoint
 from services.model.init_model import init_model
 from services.run_contract.checkpoint import checkpoints
 from services.run_contract.run_config import RunConfig

@@ -12,7 +12,7 @@ import pytest
 
 from services.run_contract.run_config import RunConfig
 from services.launch.local_run import LocalRun
-from services.launch.timeline import fetch_spans, step_table
+from services.tracking.timeline import fetch_spans, step_table
 from services.model.init_model import init_model
 from services.tracking.report import write_report
 from tests.e2e.run_checks import assert_run_complete

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.model.batched_decoder import BatchedDecoder
-from services.model.kv_pool import KVPool
+from services.engine.batched_decoder import BatchedDecoder
+from services.engine.kv_pool import KVPool
 from services.model.loading import load_causal_lm
 from services.engine.request import Generation, share_prompts
 from services.engine.sampling import SamplingParams

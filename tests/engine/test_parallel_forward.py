@@ -15,7 +15,7 @@ from services.engine.config import EngineConfig
 from services.engine.request import Generation, share_prompts
 from services.engine.sampling import SamplingParams
 from services.engine.server import make_pool, make_scheduler
-from services.model.batched_decoder import BatchedDecoder
+from services.engine.batched_decoder import BatchedDecoder
 from services.model.loading import load_causal_lm
 from tests.engine.conftest import start_engine
 

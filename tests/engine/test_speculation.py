@@ -12,8 +12,8 @@ from services.engine.request import Generation
 from services.engine.sampling import SamplingParams
 from services.engine.scheduler import Scheduler
 from services.engine.speculation import DraftSources, NgramDrafter, SharedNgrams, accept_greedy, draft_sizes
-from services.model.batched_decoder import BatchedDecoder
-from services.model.kv_pool import KVPool
+from services.engine.batched_decoder import BatchedDecoder
+from services.engine.kv_pool import KVPool
 from services.model.loading import load_causal_lm
 
 

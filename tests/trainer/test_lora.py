@@ -166,7 +166,7 @@ def test_checkpoint_is_peft_adapter_and_resumes(model_dir, tmp_path):
 def test_sluice_export_merges_the_adapter_into_a_full_model(model_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from services.model.export import ExportError, export_checkpoint, main
+    from services.front_door.export_command import ExportError, export_checkpoint, main
     from services.run_contract.checkpoint import save_checkpoint
 
     model, backend = _sluice_lora(model_dir, _batch(model_dir), 2)

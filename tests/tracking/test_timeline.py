@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.launch.timeline import overlap_summary, stage_busy, step_table, union_seconds
+from services.tracking.timeline import overlap_summary, stage_busy, step_table, union_seconds
 from services.runtime.spans import SpanRecorder
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.model.batched_decoder import BatchedDecoder
+from services.engine.batched_decoder import BatchedDecoder
 from services.model.init_model import init_model
-from services.model.kv_pool import KVPool, PoolFull
+from services.engine.kv_pool import KVPool, PoolFull
 from services.model.loading import load_causal_lm
 
 
@@ -139,7 +139,7 @@ def test_bfloat16_matches_the_hf_forward_in_bfloat16(model, tmp_path):
 def test_long_chunks_short_inputs_and_decodes_in_one_step_match_full_forward(model, tmp_path, dtype):
     """The three kinds of input a step mixes: prompt chunks longer than SHORT_INPUT (fused attention),
     several tokens of one sequence (a decode token and its drafts) and single decode tokens (batched matmuls)."""
-    from services.model.batched_decoder import SHORT_INPUT
+    from services.engine.batched_decoder import SHORT_INPUT
 
     if dtype != torch.float32:  # an earlier test's decoder left the parameters as views of its fused weights
         model.save_pretrained(tmp_path, state_dict={k: v.contiguous() for k, v in model.state_dict().items()})
@@ -164,7 +164,7 @@ def test_rows_nobody_reads_skip_the_last_layer_but_leave_their_keys(model):
     """Prompt chunks without full logits run their last layer's attention and MLP on their last token only
     (the other rows' outputs are never read): the last-token logits, the full logits of the sequence that
     asks for them, and the next decode step (which reads every row's last-layer keys) equal the HF forward."""
-    from services.model.batched_decoder import SHORT_INPUT
+    from services.engine.batched_decoder import SHORT_INPUT
 
     dec = _decoder(model, slot_len=160)
     g = torch.Generator().manual_seed(4)

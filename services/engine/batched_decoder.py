@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from services.model.kv_pool import KVPool
+from services.engine.kv_pool import KVPool
 
 SHORT_INPUT = 32  # inputs of at most this many tokens attend with the decode tokens, longer ones apart
 

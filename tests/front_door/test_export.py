@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from services.model.export import ExportError, export_checkpoint
+from services.front_door.export_command import ExportError, export_checkpoint
 from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
 from services.run_contract.checkpoint import save_checkpoint
