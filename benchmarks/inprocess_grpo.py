@@ -36,7 +36,7 @@ from services.algorithms.advantages import grpo_advantages
 from services.dcs.sync.precision import load_into
 from services.demo_tasks.warm_start import encode_prompt, left_padded
 from services.model.loading import load_causal_lm
-from services.rollout.prompts import open_prompt_source
+from services.run_contract.prompt_source import open_prompt_source
 from services.run_contract.checkpoint import checkpoints, save_checkpoint
 from services.run_contract.run_config import RunConfig
 from services.trainer.actor_update import actor_step

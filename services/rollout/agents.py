@@ -39,7 +39,7 @@ from prometheus_client import Counter
 
 from services.rollout.agent_endpoint import EpisodeLimits, Episodes
 from services.rollout.episodes import Chain, chains, episode_columns
-from services.rollout.prompts import PromptRecord
+from services.run_contract.prompt_source import PromptRecord
 from services.rollout.rewards import RewardError, RewardFunction
 from services.rollout.sample_columns import ScoredGroup
 from services.run_contract.agent_spec import load_agent

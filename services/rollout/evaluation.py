@@ -16,7 +16,7 @@ import time
 from typing import Callable, Protocol
 
 from services.rollout.engine_pool import Engines
-from services.rollout.prompts import PromptRecord, open_eval_source
+from services.run_contract.prompt_source import PromptRecord, open_eval_source
 from services.rollout.rewards import RewardError, RewardFunction
 from services.run_contract.run_config import RunConfig
 from services.run_state.evaluations import Evaluation

@@ -21,7 +21,7 @@ from typing import Literal, Sequence
 
 from prometheus_client import Counter
 
-from services.rollout.prompts import PromptRecord
+from services.run_contract.prompt_source import PromptRecord
 from services.rollout.rewards import RewardError, RewardFunction
 
 log = logging.getLogger(__name__)

@@ -39,7 +39,7 @@ from services.rollout.recovery import recover_positions
 from services.rollout.agent_endpoint import Episodes
 from services.rollout.agents import agent_runner
 from services.rollout.sample_columns import ScoredGroup, shaped_rewards
-from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
+from services.run_contract.prompt_source import DEMO_TASKS, PromptRecord, open_prompt_source
 from services.rollout.rewards import build_reward
 from services.rollout.rewards.model_judge import JudgeClient
 from services.rollout.group_filtering import GroupFiltering

@@ -12,12 +12,13 @@ it reads itself) and reports the problems as the run's failure (services/runtime
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.demo_tasks import DEMO_TASKS
 from services.model.loading import ModelDirError, check_model_dir, check_tokenizer_loads
+from services.run_contract.prompt_source import check_prompt_file
 from services.run_contract.agent_spec import check_agent_spec
 from services.run_contract.reward_spec import check_reward_spec
 from services.run_contract.run_config import RunConfig
@@ -94,39 +95,9 @@ def _prompt_problems(key: str, spec: str, prompt_field: str) -> list[Problem]:
     if not os.path.isfile(spec):
         return [Problem(key, f"{spec} does not exist" if not os.path.exists(spec) else f"{spec} is not a file")]
     try:
-        first = _first_jsonl_row(spec) if suffix == ".jsonl" else _parquet_columns(spec)
+        check_prompt_file(Path(spec), prompt_field)  # the rollout's own reader, on the first row or the schema
     except OSError as exc:
         return [Problem(key, f"{spec} cannot be read: {exc.strerror or exc}")]
     except ValueError as exc:
-        return [Problem(key, f"{spec}: {exc}")]
-    if prompt_field not in first:
-        return [Problem(key, f"{spec}: the first row has no {prompt_field!r} field (rollout.prompt_field); "
-                             f"it has {sorted(first)}")]
+        return [Problem(key, str(exc))]
     return []
-
-
-def _first_jsonl_row(path: str) -> dict:
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"line {line_no} is not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"line {line_no} is a JSON {type(row).__name__}, not an object")
-                return row
-    raise ValueError("it holds no rows")
-
-
-def _parquet_columns(path: str) -> dict:
-    import pyarrow
-    import pyarrow.parquet as pq
-
-    try:
-        meta = pq.ParquetFile(path)
-    except pyarrow.ArrowException as exc:
-        raise ValueError(f"not a readable parquet file ({exc})") from None
-    if meta.metadata.num_rows == 0:
-        raise ValueError("it holds no rows")
-    return dict.fromkeys(meta.schema_arrow.names)

@@ -11,7 +11,7 @@ import pytest
 
 from services.launch.local_run import LocalRun
 from services.model.init_model import init_model
-from services.rollout.prompts import open_prompt_source
+from services.run_contract.prompt_source import open_prompt_source
 from services.run_contract.run_config import RunConfig
 from services.run_state.evaluations import read_evaluations, read_latest_evaluation
 from services.run_state.prompt_ledger import skipped_prompts

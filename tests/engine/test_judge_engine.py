@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.rollout.prompts import PromptRecord
+from services.run_contract.prompt_source import PromptRecord
 from services.rollout.rewards import RewardError, build_reward
 from services.rollout.rewards.model_judge import parse_answer, render_prompt
 from services.run_contract.judge_settings import JudgeSettings

@@ -12,7 +12,7 @@ import pytest
 from services.rollout.agent_endpoint import Episodes
 from services.rollout.agents import EPISODES, AgentFailed, AgentRunner
 from services.rollout.episodes import Turn
-from services.rollout.prompts import PromptRecord
+from services.run_contract.prompt_source import PromptRecord
 
 RECORD = PromptRecord(position=3, epoch=0, index=3, prompt="q", fields={"label": "1"})
 

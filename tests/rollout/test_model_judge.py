@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
-from services.rollout.prompts import PromptRecord
+from services.run_contract.prompt_source import PromptRecord
 from services.rollout.rewards import RewardError, build_reward
 from services.rollout.rewards.model_judge import JudgeReward, parse_answer, render_prompt
 from services.run_contract.judge_settings import JudgeSettings

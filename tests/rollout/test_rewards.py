@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
+from services.run_contract.prompt_source import DEMO_TASKS, PromptRecord, open_prompt_source
 from services.rollout.rewards import BUILTIN_REWARDS, RewardError, RewardFunction, build_reward
 from services.runtime.processes import ChildProcess, free_port, http_ok
 from tests.rollout import reward_fixtures

@@ -97,8 +97,8 @@ def test_prompt_sources_that_cannot_be_read(model_dir, tmp_path, spec, expected)
 
 
 @pytest.mark.parametrize("text, expected", [
-    ('{"question": "2+2?"}\n', "no 'prompt' field"), ("not json\n", "line 1 is not valid JSON"),
-    ("[1, 2]\n", "not an object"), ("\n\n", "holds no rows"),
+    ('{"question": "2+2?"}\n', "no 'prompt' field"), ("not json\n", "line 1: not valid JSON"),
+    ("[1, 2]\n", "expected a JSON object, got list"), ("\n\n", "holds no rows"),
 ])
 def test_a_jsonl_whose_first_row_is_unusable(model_dir, tmp_path, text, expected):
     path = tmp_path / "p.jsonl"
@@ -126,7 +126,7 @@ def test_parquet_prompts(model_dir, tmp_path):
     pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), empty)
     bad.write_text("not parquet")
     assert check_run(run(model_dir, prompts=str(good), prompt_field="question", reward="exact_match")) == []
-    for path, expected in ((good, "no 'prompt' field"), (bad, "not a readable parquet"), (empty, "holds no rows")):
+    for path, expected in ((good, "no 'prompt' column"), (bad, "not a readable parquet"), (empty, "holds no rows")):
         problems = check_run(run(model_dir, prompts=str(path), reward="exact_match"))
         assert keys(problems) == ["rollout.prompts"] and expected in problems[0].message, path
 

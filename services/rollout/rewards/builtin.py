@@ -14,7 +14,7 @@ import re
 from fractions import Fraction
 from typing import Callable
 
-from services.rollout.prompts import PromptRecord
+from services.run_contract.prompt_source import PromptRecord
 from services.rollout.rewards.errors import RewardError
 from services.rollout.rewards.reward_function import RewardFunction, finite_reward
 

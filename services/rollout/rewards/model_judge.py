@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 
 from prometheus_client import Counter
 
-from services.rollout.prompts import PromptRecord
+from services.run_contract.prompt_source import PromptRecord
 from services.rollout.rewards.builtin import parse_number
 from services.rollout.rewards.errors import RewardError
 from services.rollout.rewards.retries import Transient, check_limits, with_retries

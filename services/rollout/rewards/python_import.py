@@ -17,7 +17,7 @@ import copy
 import inspect
 from typing import Callable
 
-from services.rollout.prompts import PromptRecord
+from services.run_contract.prompt_source import PromptRecord
 from services.rollout.rewards.errors import RewardError
 from services.rollout.rewards.reward_function import RewardFunction, finite_reward
 from services.run_contract.reward_spec import load_function  # shared with the preflight

@@ -14,7 +14,7 @@ import json
 
 import httpx
 
-from services.rollout.prompts import PromptRecord
+from services.run_contract.prompt_source import PromptRecord
 from services.rollout.rewards.errors import RewardError
 from services.rollout.rewards.retries import Transient, check_limits, with_retries
 from services.rollout.rewards.reward_function import RewardFunction, finite_reward

@@ -6,7 +6,7 @@ import abc
 import math
 import numbers
 
-from services.rollout.prompts import PromptRecord
+from services.run_contract.prompt_source import PromptRecord
 from services.rollout.rewards.errors import RewardError
 
 

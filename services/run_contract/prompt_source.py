@@ -20,7 +20,7 @@ import random
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from services.demo_tasks import DEMO_LENGTH, DEMO_TASKS
 
@@ -118,8 +118,8 @@ def _split_rows(rows: list[dict], prompt_field: str) -> list[tuple[Prompt, dict]
     return [(row[prompt_field], {k: v for k, v in row.items() if k != prompt_field}) for row in rows]
 
 
-def load_jsonl(path: Path, prompt_field: str) -> list[tuple[Prompt, dict]]:
-    rows: list[dict] = []
+def jsonl_rows(path: Path, prompt_field: str) -> Iterator[dict]:
+    """The rows of a JSONL prompt file, each checked as it is read (preflight reads only the first)."""
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
@@ -134,20 +134,28 @@ def load_jsonl(path: Path, prompt_field: str) -> list[tuple[Prompt, dict]]:
             if prompt_field not in row:
                 raise ValueError(f"{where}: no {prompt_field!r} field (fields: {sorted(row)})")
             check_prompt(row[prompt_field], f"{where}, field {prompt_field!r}")
-            rows.append(row)
-    return _split_rows(rows, prompt_field)
+            yield row
+
+
+def load_jsonl(path: Path, prompt_field: str) -> list[tuple[Prompt, dict]]:
+    return _split_rows(list(jsonl_rows(path, prompt_field)), prompt_field)
+
+
+def check_parquet_schema(path: Path, schema, prompt_field: str) -> None:
+    """A parquet prompt file's columns: the prompt's is there, and every column has a JSON form."""
+    if prompt_field not in schema.names:
+        raise ValueError(f"{path}: no {prompt_field!r} column (columns: {schema.names})")
+    for field in schema:
+        if not _json_compatible(field.type):
+            raise ValueError(f"{path}: column {field.name!r} has type {field.type}, which has no JSON form "
+                             f"(use strings, numbers, booleans, lists and structs of them)")
 
 
 def load_parquet(path: Path, prompt_field: str) -> list[tuple[Prompt, dict]]:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
-    if prompt_field not in table.column_names:
-        raise ValueError(f"{path}: no {prompt_field!r} column (columns: {table.column_names})")
-    for field in table.schema:
-        if not _json_compatible(field.type):
-            raise ValueError(f"{path}: column {field.name!r} has type {field.type}, which has no JSON form "
-                             f"(use strings, numbers, booleans, lists and structs of them)")
+    check_parquet_schema(path, table.schema, prompt_field)
     rows = table.to_pylist()
     for i, row in enumerate(rows):
         check_prompt(row[prompt_field], f"{path} row {i}, column {prompt_field!r}")
@@ -165,6 +173,25 @@ def _json_compatible(t) -> bool:
     if pt.is_struct(t):
         return all(_json_compatible(t.field(i).type) for i in range(t.num_fields))
     return False
+
+
+def check_prompt_file(path: Path, prompt_field: str) -> None:
+    """What preflight reads of a prompt file without loading it: a JSONL file's first row, a parquet file's
+    schema and row count, checked as the loaders check them. Raises ValueError (or OSError) naming the problem."""
+    if path.suffix.lower() == ".jsonl":
+        if next(jsonl_rows(path, prompt_field), None) is None:
+            raise ValueError(f"{path}: it holds no rows")
+        return
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path)
+    except pyarrow.ArrowException as exc:
+        raise ValueError(f"{path}: not a readable parquet file ({exc})") from None
+    check_parquet_schema(path, meta.schema_arrow, prompt_field)
+    if meta.metadata.num_rows == 0:
+        raise ValueError(f"{path}: it holds no rows")
 
 
 # ---------------------------------------------------------------------------------------- opening

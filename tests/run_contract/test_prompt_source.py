@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from services.rollout.prompts import DEMO_TASKS, PromptRecord, open_prompt_source
+from services.run_contract.prompt_source import DEMO_TASKS, PromptRecord, open_prompt_source
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]
 
@@ -183,7 +183,7 @@ def test_demo_letters_is_deterministic():
 
 
 def test_demo_reverse_held_out_prompts_never_appear_in_training():
-    from services.rollout.prompts import open_eval_source
+    from services.run_contract.prompt_source import open_eval_source
 
     train, held_out = open_prompt_source("demo:reverse"), open_eval_source("demo:reverse")
     assert DEMO_TASKS["reverse"].reward == "exact_match"
