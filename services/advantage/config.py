@@ -1,7 +1,7 @@
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.runtime.role_service import RoleSettings
+from services.role.role_service import RoleSettings
 
 
 class AdvantageConfig(RoleSettings):

@@ -27,10 +27,10 @@ from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.run_contract.partitions import task_name
 from services.run_contract.run_config import RunConfig
-from services.run_state.connections import RunConnections
+from services.role.connections import RunConnections
 from services.run_state.consumer import Consumer, consume_partition, each_step
 from services.run_state.seams import Membership
-from services.runtime.role_service import RoleStatus, serve_role
+from services.role.role_service import RoleStatus, serve_role
 from services.transferqueue.codec import Batch
 
 log = logging.getLogger(__name__)

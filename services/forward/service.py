@@ -28,10 +28,10 @@ from services.run_contract.checkpoint import checkpoints
 from services.model.response_batch import response_log_probs
 from services.model.shared_prompt_batch import build_response_batch
 from services.run_contract.partitions import SAMPLE_FIELDS, task_name
-from services.run_state.connections import RunConnections
+from services.role.connections import RunConnections
 from services.run_state.consumer import Consumer, consume_partition, each_step
 from services.run_state.seams import Membership, WeightFollower
-from services.runtime.role_service import RoleStatus, serve_role
+from services.role.role_service import RoleStatus, serve_role
 from services.transferqueue.codec import Batch
 
 log = logging.getLogger(__name__)

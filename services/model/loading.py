@@ -12,7 +12,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from services.runtime.startup import imports_uncollected
+from services.runtime.startup import StartupError, imports_uncollected
 
 if TYPE_CHECKING:  # torch is imported where a model is loaded: checking a directory (and ModelDirError) needs none
     import torch
@@ -23,7 +23,7 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "model-*.sa
 TOKENIZER_VOCAB_FILES = ("tokenizer.json", "*.model", "vocab.json", "vocab.txt", "*.tiktoken")  # *.model: sentencepiece
 
 
-class ModelDirError(ValueError):
+class ModelDirError(StartupError):
     """A model directory that cannot be loaded: names the directory and what is missing or wrong."""
 
     def __init__(self, directory: str, problem: str):

@@ -91,7 +91,7 @@ class Episodes:
 
     def router(self) -> APIRouter:
         router = APIRouter(prefix="/episodes/{episode_id}/v1", tags=["agent episodes"])
-        router.own_gate = "/episodes/"  # each episode's own key, not the stack's token (services/runtime/role_service.py)
+        router.own_gate = "/episodes/"  # each episode's own key, not the stack's token (services/role/role_service.py)
 
         @router.get("/models", response_model=ModelList)
         async def models(episode_id: str, request: Request):

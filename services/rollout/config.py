@@ -3,7 +3,7 @@ from pydantic_settings import SettingsConfigDict
 
 from services.dcs.models import engine_url
 from services.run_contract.judge_settings import JUDGE_NAME
-from services.runtime.role_service import RoleSettings
+from services.role.role_service import RoleSettings
 
 
 class RolloutConfig(RoleSettings):

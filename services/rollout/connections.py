@@ -19,7 +19,7 @@ from services.run_contract.run_config import RunConfig
 from services.run_state.evaluations import EvaluationStore
 from services.run_state.prompt_ledger import PromptLedger
 from services.run_state.source_rewards import SourceRewards
-from services.run_state.run_config_wait import wait_for_run
+from services.role.run_config_wait import wait_for_run
 from services.run_state.seams import AsyncDataPlane, Ledger, Membership
 from services.run_state.trainer_progress import TrainerProgress, aread_progress
 from services.runtime.redis_clients import async_redis

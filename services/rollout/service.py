@@ -45,7 +45,7 @@ from services.rollout.rewards.model_judge import JudgeClient
 from services.rollout.group_filtering import GroupFiltering
 from services.rollout.scoring import GroupScorer
 from services.run_contract.partitions import partition_name, task_name
-from services.runtime.role_service import RoleStatus, serve_role
+from services.role.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
 from services.sglang_protocol.client import SGLangClient
 

@@ -1,6 +1,6 @@
 """Preflight: what a process can check of a run's config before it spends minutes on it. The CLI calls
 `check_run(config)` before it submits a run; each role calls `check_run(config, role)` at start (for what
-it reads itself) and reports the problems as the run's failure (services/runtime/role_service.py).
+it reads itself) and reports the problems as the run's failure (services/role/role_service.py).
 
     model            the directory exists and holds config.json, weights (*.safetensors or pytorch_model*.bin)
                      and, for the roles that read it, the tokenizer (tokenizer_config.json and a vocabulary)

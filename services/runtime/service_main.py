@@ -9,14 +9,13 @@ from typing import Awaitable, Callable, Sequence, TypeVar
 
 from pydantic_settings import BaseSettings
 
-from services.model.loading import ModelDirError
 from services.runtime.heap import manage_service_heap
 from services.runtime.logs import configure_logging
 from services.runtime.metrics import serve_metrics
 from services.runtime.settings_cli import parse_settings
 from services.runtime.shutdown import shutdown_event
 from services.runtime.spans import RECORDER
-from services.runtime.startup import log_service_start
+from services.runtime.startup import StartupError, log_service_start
 
 C = TypeVar("C", bound=BaseSettings)
 
@@ -44,7 +43,7 @@ def run_service(model: type[C], command: str, serve: Callable[[C, asyncio.Event]
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             runner.run(run())
-    except ModelDirError as exc:  # names the directory and the missing or bad file: a traceback adds nothing
+    except StartupError as exc:  # e.g. a model directory: names it and the missing file; a traceback adds nothing
         logging.getLogger(command).error(str(exc))
         return 2
     except ServiceFailed as exc:

@@ -15,6 +15,11 @@ from typing import Iterator
 log = logging.getLogger(__name__)
 
 
+class StartupError(ValueError):
+    """A service cannot start on what it was given (a model directory without weights, ...): its message names
+    what is wrong, so the entry point logs it alone, without a traceback, and exits 2 (service_main.py)."""
+
+
 def process_started_at() -> float | None:
     """When this process started, in seconds since the epoch (the kernel's clock ticks: 10 ms), from /proc;
     None where there is no /proc."""

@@ -3,7 +3,7 @@ import os
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.runtime.role_service import RoleSettings
+from services.role.role_service import RoleSettings
 from services.trainer.precision import PRECISION_PATTERN, check_precision
 
 

@@ -12,13 +12,13 @@ from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.run_contract.run_config import RunConfig
 from services.model.response_batch import ResponseBatch
-from services.run_state.connections import RunConnections
+from services.role.connections import RunConnections
 from services.run_contract.partitions import partition_name, task_name
 from services.run_state.consumer import Consumer, consume_partition
 from services.run_state.step_partitions import claim_or_done
 from services.run_state.seams import DataPlane, Membership
 from services.runtime.metrics import gauges
-from services.runtime.role_service import RoleStatus
+from services.role.role_service import RoleStatus
 from services.runtime.spans import span
 from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
 from services.trainer.optimizer import adamw, set_lr

@@ -38,11 +38,11 @@ from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.dcs.sync.publisher import WeightPublisher
 from services.run_contract.partitions import partition_name, sample_id, task_name
-from services.run_state.connections import RunConnections
+from services.role.connections import RunConnections
 from services.run_state.seams import Membership, WeightSender
 from services.run_state.trainer_progress import TrainerProgress, finish_step
 from services.runtime.metrics import gauges
-from services.runtime.role_service import RoleStatus, serve_role
+from services.role.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
 from services.trainer.actor_update import StepMetrics, actor_fields, loss_totals
 from services.run_contract.checkpoint import latest_checkpoint, save_checkpoint

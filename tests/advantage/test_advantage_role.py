@@ -10,10 +10,10 @@ import torch
 from services.advantage.config import AdvantageConfig
 from services.advantage.service import AdvantageService
 from services.run_contract.run_config import RunConfig
-from services.run_state.connections import RunConnections
+from services.role.connections import RunConnections
 from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import TrainerProgress
-from services.runtime.role_service import RoleStatus
+from services.role.role_service import RoleStatus
 from tests.fakes import FakeMembership, InMemoryDataPlane
 
 

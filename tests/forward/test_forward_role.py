@@ -17,10 +17,10 @@ from services.model.loading import load_causal_lm
 from services.model.response_batch import ResponseBatch, response_log_probs
 from services.run_contract.partitions import partition_name
 from services.run_contract.run_config import RunConfig
-from services.run_state.connections import RunConnections
+from services.role.connections import RunConnections
 from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import TrainerProgress
-from services.runtime.role_service import RoleStatus
+from services.role.role_service import RoleStatus
 from tests.fakes import FakeMembership, InMemoryCoordinator, InMemoryDataPlane, ProgressBox
 
 

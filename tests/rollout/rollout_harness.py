@@ -16,7 +16,7 @@ from services.rollout.service import RolloutService
 from services.run_contract.partitions import partition_name
 from services.run_contract.run_config import RunConfig
 from services.run_state.trainer_progress import TrainerProgress
-from services.runtime.role_service import RoleStatus
+from services.role.role_service import RoleStatus
 from tests.fakes import (AsyncInMemoryDataPlane, FakeEngines, FakeMembership, InMemoryDataPlane, InMemoryLedger,
                          ProgressBox)
 from tests.fakes.engines import sample_length, token

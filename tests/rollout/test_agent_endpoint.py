@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from services.model.chat_format import render_chat
 from services.rollout.agent_endpoint import EpisodeLimits, Episodes
 from services.rollout.engine_pool import SampleOutput
-from services.runtime.role_service import RoleStatus, build_status_app
+from services.role.role_service import RoleStatus, build_status_app
 
 STACK = "stack-token"
 

@@ -26,7 +26,7 @@ from services.run_contract.run_config import RunConfig
 from services.run_state.trainer_progress import TrainerProgress
 from services.runtime.http_service import serve_http
 from services.runtime.processes import free_port
-from services.runtime.role_service import RoleStatus, build_status_app
+from services.role.role_service import RoleStatus, build_status_app
 from tests.engine.conftest import QUESTION, start_engine
 from tests.fakes import AsyncInMemoryDataPlane, FakeMembership, InMemoryDataPlane, InMemoryLedger, ProgressBox
 from tests.rollout import scripted_agent

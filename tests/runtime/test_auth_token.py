@@ -13,7 +13,7 @@ from services.engine.config import EngineConfig
 from services.rollout.config import RolloutConfig
 from services.runtime.auth_token import TOKEN_ENV, TOKEN_FILE_ENV, resolve_token, token_env
 from services.runtime.http_auth import require_bearer_token
-from services.runtime.role_service import RoleStatus, build_status_app
+from services.role.role_service import RoleStatus, build_status_app
 from services.runtime.settings_cli import parse_settings
 from services.transferqueue.controller.config import ControllerConfig
 from services.transferqueue.shard.config import ShardConfig

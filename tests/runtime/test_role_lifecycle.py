@@ -1,4 +1,4 @@
-"""serve_role (services/runtime/role_service.py) against a real coordinator process: a role's fatal error and a
+"""serve_role (services/role/role_service.py) against a real coordinator process: a role's fatal error and a
 failed preflight become the run's failure, and a run that fails or is stopped ends every role's loop."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from services.dcs.client import DCSError
 from services.dcs.models import RunConfig
-from services.runtime.role_service import PreflightFailed, RoleSettings, RoleStatus, serve_role
+from services.role.role_service import PreflightFailed, RoleSettings, RoleStatus, serve_role
 from services.transferqueue.errors import TQError
 
 

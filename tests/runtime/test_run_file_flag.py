@@ -4,7 +4,7 @@ config); a missing or bad file, or a --run-id that disagrees, is refused naming 
 import pytest
 from pydantic import ValidationError
 
-from services.runtime.role_service import RoleSettings
+from services.role.role_service import RoleSettings
 
 
 def test_the_run_id_is_the_run_files_name(tmp_path):

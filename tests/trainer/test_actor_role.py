@@ -15,10 +15,10 @@ from services.model.loading import load_causal_lm
 from services.model.response_batch import ResponseBatch, response_log_probs
 from services.run_contract.partitions import partition_name
 from services.run_contract.run_config import RunConfig
-from services.run_state.connections import RunConnections
+from services.role.connections import RunConnections
 from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
-from services.runtime.role_service import RoleStatus
+from services.role.role_service import RoleStatus
 from services.trainer.optimizer import adamw, set_lr
 from services.trainer.actor_update import actor_fields, actor_step
 from services.trainer.config import TrainerConfig

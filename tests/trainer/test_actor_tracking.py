@@ -17,11 +17,11 @@ from transformers import AutoTokenizer
 from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
 from services.run_contract.run_config import RunConfig
-from services.run_state.connections import RunConnections
+from services.role.connections import RunConnections
 from services.run_state.evaluations import Evaluation, EvaluationStore
 from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import read_progress
-from services.runtime.role_service import RoleStatus
+from services.role.role_service import RoleStatus
 from services.tracking.report import write_report
 from services.trainer.config import TrainerConfig
 from services.trainer.service import ActorTrainer

@@ -11,10 +11,10 @@ import torch
 
 from services.model.init_model import init_model
 from services.run_contract.run_config import RunConfig
-from services.run_state.connections import RunConnections
+from services.role.connections import RunConnections
 from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import TrainerProgress
-from services.runtime.role_service import RoleStatus
+from services.role.role_service import RoleStatus
 from services.trainer.config import TrainerConfig
 from services.trainer.critic_service import CriticTrainer
 from tests.fakes import FakeMembership, InMemoryDataPlane

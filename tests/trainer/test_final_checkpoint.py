@@ -15,10 +15,10 @@ from services.model.loading import load_causal_lm
 from services.run_contract.checkpoint import checkpoints
 from services.run_contract.partitions import partition_name
 from services.run_contract.run_config import RunConfig
-from services.run_state.connections import RunConnections
+from services.role.connections import RunConnections
 from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import read_progress
-from services.runtime.role_service import RoleStatus
+from services.role.role_service import RoleStatus
 from services.trainer.config import TrainerConfig
 from services.trainer.service import ActorTrainer
 from services.trainer.tasks import ACTOR_TASK

@@ -185,10 +185,10 @@ def test_the_actor_trainer_trains_and_publishes_in_its_precision(fresh_trainer_m
     metrics time its compute without a GPU memory figure."""
     import threading
 
-    from services.run_state.connections import RunConnections
+    from services.role.connections import RunConnections
     from services.run_state.step_partitions import StepPartitions
     from services.run_state.trainer_progress import read_progress, trained_steps
-    from services.runtime.role_service import RoleStatus
+    from services.role.role_service import RoleStatus
     from services.trainer.service import ActorTrainer
     from tests.fakes import FakeMembership, InMemoryCoordinator, InMemoryDataPlane, InMemoryRedis
     from tests.trainer.test_actor_role import write_step

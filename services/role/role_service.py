@@ -25,7 +25,7 @@ from services.runtime.http_service import serve_http
 from services.runtime.processes import free_port
 from services.runtime.metrics import observability_router
 from services.runtime.dependency_errors import dependency_unavailable
-from services.runtime.run_watch import RunWatch, failure_message
+from services.role.run_watch import RunWatch, failure_message
 
 log = logging.getLogger(__name__)
 

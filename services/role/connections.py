@@ -10,12 +10,12 @@ import redis
 
 from services.dcs.client import DCSClient
 from services.run_contract.run_config import RunConfig
-from services.run_state.run_config_wait import wait_for_run
+from services.role.run_config_wait import wait_for_run
 from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import read_progress
 from services.run_state.seams import DataPlane
 from services.runtime.redis_clients import sync_redis
-from services.runtime.role_service import RoleSettings
+from services.role.role_service import RoleSettings
 from services.transferqueue.client.queue import TransferQueue
 
 
