@@ -179,3 +179,11 @@ def test_the_cycle_check_sees_a_cycle_within_a_tier(tmp_path):
 @pytest.mark.parametrize("package", sorted(ROLES))
 def test_every_role_is_in_the_roles_tier(package):
     assert package in dict(TIERS)["roles"]
+
+
+def test_the_architecture_doc_draws_these_tiers():
+    """docs/architecture.md's tier table names the packages of TIERS, tier by tier."""
+    doc = (SERVICES.parent / "docs" / "architecture.md").read_text()
+    rows = [line.split("|") for line in doc.splitlines() if line[:3] in {f"| {i}" for i in range(10)}]
+    drawn = [{name.replace("/", ".") for name in row[2].split("`")[1::2]} for row in rows]
+    assert drawn == [packages for _, packages in TIERS]
