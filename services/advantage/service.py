@@ -27,6 +27,7 @@ from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.run_contract.partitions import task_name
 from services.run_contract.run_config import RunConfig
+from services.run_contract.sample_fields import advantage_inputs, kl_in_reward, policy_log_probs
 from services.role.connections import RunConnections
 from services.run_state.consumer import Consumer, consume_partition, each_step
 from services.run_state.seams import Membership
@@ -37,15 +38,6 @@ log = logging.getLogger(__name__)
 ROWS = Counter("sluice_advantage_rows_total", "samples whose advantages were written")
 ADV_ABS = Gauge("sluice_advantage_abs_mean", "mean |advantage| of the last batch")
 TASK = "advantage"
-
-
-def required_fields(run: RunConfig) -> list[str]:
-    fields = ["reward", "response_length", "loss_mask"]
-    if run.algorithm.kl_in_reward and run.algorithm.kl_coef > 0:
-        fields += ["ref_log_probs", "log_probs" if run.uses_actor_fwd else "rollout_log_probs"]
-    if run.uses_critic:
-        fields.append("values")
-    return fields
 
 
 def advantages_of(batch: Batch, run: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,8 +56,8 @@ def advantages_of(batch: Batch, run: RunConfig) -> tuple[torch.Tensor, torch.Ten
         return out
 
     kl = None
-    if algo.kl_in_reward and algo.kl_coef > 0:
-        policy = padded("log_probs" if run.uses_actor_fwd else "rollout_log_probs")
+    if kl_in_reward(run):
+        policy = padded(policy_log_probs(run))
         kl = kl_estimate(policy, padded("ref_log_probs"), algo.kl_kind) * mask
     values = padded("values") if run.uses_critic else None
     return compute_advantages(algo.estimator, batch["reward"].float(), mask, run.n_samples_per_prompt,
@@ -94,7 +86,7 @@ class AdvantageService:
         membership = self.join(conn.dcs, NodeRegistration(role="advantage", host=c.advertise_host,
                                                               ports={"http": c.port}, run_id=c.run_id))
         n = run.group_rows
-        tq.register_task(task_name(run.name, TASK), required_fields(run), group_size=n)
+        tq.register_task(task_name(run.name, TASK), advantage_inputs(run), group_size=n)
         # min_rows: answer once a global batch is ready (the trainer claims no less at a time, so waiting for
         # it delays nothing and a step costs one claim, read, put and ack instead of one per few groups), or
         # sooner with whatever is ready when the long poll ends

@@ -27,7 +27,8 @@ from services.model.loading import load_causal_lm
 from services.run_contract.checkpoint import checkpoints
 from services.model.response_batch import response_log_probs
 from services.model.shared_prompt_batch import build_response_batch
-from services.run_contract.partitions import SAMPLE_FIELDS, task_name
+from services.run_contract.partitions import task_name
+from services.run_contract.sample_fields import MODEL_INPUTS, writes
 from services.role.connections import RunConnections
 from services.run_state.consumer import Consumer, consume_partition, each_step
 from services.run_state.seams import Membership, WeightFollower
@@ -38,8 +39,6 @@ log = logging.getLogger(__name__)
 ROWS = Counter("sluice_forward_rows_total", "samples whose log-probs were written")
 TOKENS = Counter("sluice_forward_tokens_total", "tokens run through the model")
 VERSION = Gauge("sluice_forward_weight_version", "weight version held")
-
-OUTPUT_FIELD = {"actor_fwd": "log_probs", "reference": "ref_log_probs"}
 
 
 class ForwardService:
@@ -56,7 +55,7 @@ class ForwardService:
         self.join = join
         self.make_receiver = receiver
         self.role = config.role
-        self.field = OUTPUT_FIELD[config.role]
+        (self.field,) = writes(config.role)  # log_probs | ref_log_probs
 
     def run_loop(self, halt: threading.Event) -> None:
         c = self.config
@@ -94,7 +93,7 @@ class ForwardService:
         micro = c.micro_batch_size or run.micro_batch_size
         n = run.group_rows
         micro = max(n, micro - micro % n)  # claims come in whole groups
-        tq.register_task(task_name(run.name, self.role), SAMPLE_FIELDS, group_size=n)
+        tq.register_task(task_name(run.name, self.role), MODEL_INPUTS, group_size=n)
         consumer = Consumer(task_name(run.name, self.role), micro, self.compute, "forward", done=self.done,
                             prepare=lambda: self._keep_current(receiver if receives else None, membership),
                             version=lambda: receiver.version if receives else None)

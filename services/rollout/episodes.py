@@ -87,8 +87,8 @@ def chains(turns: list[Turn]) -> list[Chain]:
 
 
 def episode_columns(position: int, samples: list[Chain], rewards: list[float], step: int) -> dict:
-    """A group of episode samples as TransferQueue columns (the same fields as a plain group's,
-    services/rollout/sample_columns.py; each sample with its own prompt and loss mask)."""
+    """A group of episode samples as TransferQueue columns (the registry's ROLLOUT_FIELDS as a plain group's,
+    services/run_contract/sample_fields.py; each sample with its own prompt and loss mask)."""
     n = len(samples)
     return {
         "tokens": [torch.tensor(c.prompt_ids + c.response_ids, dtype=torch.int64) for c in samples],

@@ -1,5 +1,6 @@
-"""A generated group as the columns of its TransferQueue rows (docs/transferqueue.md, the run's fields): one row
-per sample, the prompt's tokens followed by the response's."""
+"""A generated group as the columns of its TransferQueue rows: one row per sample, the prompt's tokens followed by
+the response's; the columns are the registry's ROLLOUT_FIELDS, with its dtypes and shapes
+(services/run_contract/sample_fields.py)."""
 
 from __future__ import annotations
 

@@ -45,6 +45,7 @@ from services.rollout.rewards.model_judge import JudgeClient
 from services.rollout.group_filtering import GroupFiltering
 from services.rollout.scoring import GroupScorer
 from services.run_contract.partitions import partition_name, task_name
+from services.run_contract.sample_fields import RECOVERY_INPUTS
 from services.role.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
 from services.sglang_protocol.client import SGLangClient
@@ -139,7 +140,7 @@ class RolloutService:
         self.memberships.append(await asyncio.to_thread(self.join, self.dcs, registration(self.config)))
         try:
             await self.fleet.start()
-            await self.tq.register_task(task_name(run.name, RECOVER_TASK), ["prompt_position"],
+            await self.tq.register_task(task_name(run.name, RECOVER_TASK), RECOVERY_INPUTS,
                                         group_size=run.group_rows)
             todo = await self.recover()
             self.status.running()

@@ -1,19 +1,10 @@
-"""The data contract between roles: partition and task names and the fields each role writes.
+"""The data contract between roles: partition and task names (the fields of a sample, each role's writes and
+reads: services/run_contract/sample_fields.py).
 
 Every name is scoped by the run: many runs share one TransferQueue, and a run's roles reach only its own
 partitions and tasks. <run_id>/train_<N> holds the samples run <run_id> trains at step N, group_size =
 RunConfig.group_rows (n_samples_per_prompt, times rollout.agent_chains for an agent's episodes); its tasks are <run_id>/<task> (TransferQueue applies a task named "<scope>/..." only
-to partitions named "<scope>/...": docs/transferqueue.md). Per sample:
-  rollout   tokens (int64, prompt + response), prompt_length, response_length (int64),
-            loss_mask (float32, per response token), rollout_log_probs (float32, per response token),
-            reward (float32), weight_version (int64: the version its generation began under),
-            token_weight_versions (int64, per response token: the version that produced it),
-            prompt_position (int64, the prompt's global position), sample_index (int64, 0..group_rows-1), step (int64)
-  actor_fwd log_probs       (float32, per response token)
-  reference ref_log_probs   (float32, per response token)
-  critic    values          (float32, per response token)
-  advantage advantages, returns (float32, per response token)
-"""
+to partitions named "<scope>/...": docs/transferqueue.md)."""
 
 from __future__ import annotations
 
@@ -52,5 +43,3 @@ def task_name(run_id: str, task: str) -> str:
 def sample_id(prompt_position: int, sample_index: int) -> str:
     return f"{prompt_position}:{sample_index}"
 
-
-SAMPLE_FIELDS = ["tokens", "prompt_length", "response_length"]

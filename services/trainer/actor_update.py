@@ -18,16 +18,6 @@ from services.trainer.precision import autocast
 from services.transferqueue.codec import Batch
 
 
-def actor_fields(run: RunConfig) -> list[str]:
-    fields = ["tokens", "prompt_length", "response_length", "loss_mask", "rollout_log_probs", "advantages",
-              "reward", "weight_version", "prompt_position", "sample_index"]
-    if run.uses_actor_fwd:
-        fields.append("log_probs")
-    if run.uses_reference and not run.algorithm.kl_in_reward:
-        fields.append("ref_log_probs")
-    return fields
-
-
 def loss_config(run: RunConfig) -> PolicyLossConfig:
     a = run.algorithm
     kl_loss = a.kl_coef if (a.kl_coef > 0 and not a.kl_in_reward) else 0.0

@@ -14,6 +14,7 @@ from services.run_contract.run_config import RunConfig
 from services.model.response_batch import ResponseBatch
 from services.role.connections import RunConnections
 from services.run_contract.partitions import partition_name, task_name
+from services.run_contract.sample_fields import CRITIC_TRAIN_INPUTS, MODEL_INPUTS
 from services.run_state.consumer import Consumer, consume_partition
 from services.run_state.step_partitions import claim_or_done
 from services.run_state.seams import DataPlane, Membership
@@ -24,8 +25,7 @@ from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_s
 from services.trainer.optimizer import adamw, set_lr
 from services.trainer.config import TrainerConfig
 from services.trainer.precision import autocast, weights_dtype
-from services.trainer.critic_update import (CRITIC_TRAIN_FIELDS, CRITIC_VALUE_FIELDS, critic_step, load_critic,
-                                            response_values)
+from services.trainer.critic_update import critic_step, load_critic, response_values
 from services.trainer.tasks import CRITIC_TRAIN_TASK, CRITIC_VALUES_TASK, claim_global_batch, read_or_give_back
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,8 @@ class CriticTrainer:
         membership = self.join(conn.dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
                                                          device=c.device, run_id=c.run_id))
         n = run.group_rows
-        tq.register_task(task_name(run.name, CRITIC_VALUES_TASK), CRITIC_VALUE_FIELDS, group_size=n)
-        tq.register_task(task_name(run.name, CRITIC_TRAIN_TASK), CRITIC_TRAIN_FIELDS, group_size=n)
+        tq.register_task(task_name(run.name, CRITIC_VALUES_TASK), MODEL_INPUTS, group_size=n)
+        tq.register_task(task_name(run.name, CRITIC_TRAIN_TASK), CRITIC_TRAIN_INPUTS, group_size=n)
         self.status.running()
         try:
             step = steps.first_step()
@@ -117,7 +117,7 @@ class CriticTrainer:
                                              short_ok=True)
             if claimed is None:
                 return None, None
-            batch = read_or_give_back(tq, claimed, CRITIC_TRAIN_FIELDS)
+            batch = read_or_give_back(tq, claimed, CRITIC_TRAIN_INPUTS)
             if batch is not None:
                 return claimed, batch
 

@@ -14,10 +14,6 @@ from services.trainer.actor_update import StepMetrics, micro_batches, pad
 from services.trainer.precision import autocast
 from services.transferqueue.codec import Batch
 
-CRITIC_VALUE_FIELDS = ["tokens", "prompt_length", "response_length"]
-CRITIC_TRAIN_FIELDS = ["tokens", "prompt_length", "response_length", "loss_mask", "values", "returns"]
-
-
 def load_critic(directory: str, dtype=torch.float32):
     from transformers import AutoModelForTokenClassification
 

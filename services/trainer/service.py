@@ -38,13 +38,14 @@ from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.dcs.sync.publisher import WeightPublisher
 from services.run_contract.partitions import partition_name, sample_id, task_name
+from services.run_contract.sample_fields import STEP_RECORD_INPUTS, actor_inputs
 from services.role.connections import RunConnections
 from services.run_state.seams import Membership, WeightSender
 from services.run_state.trainer_progress import TrainerProgress, finish_step
 from services.runtime.metrics import gauges
 from services.role.role_service import RoleStatus, serve_role
 from services.runtime.spans import span
-from services.trainer.actor_update import StepMetrics, actor_fields, loss_totals
+from services.trainer.actor_update import StepMetrics, loss_totals
 from services.run_contract.checkpoint import latest_checkpoint, save_checkpoint
 from services.trainer.config import TrainerConfig
 from services.trainer.backend import make_backend
@@ -121,7 +122,7 @@ class ActorTrainer:
                                           snapshot_max_bytes=c.snapshot_publish_mb << 20, source=source)
             self.tracking = open_training_tracker(run, c.output_dir, c.run_id, self.redis, self.dcs)
         self.actor_task = task_name(run.name, ACTOR_TASK)  # the run's own task
-        self.tq.register_task(self.actor_task, actor_fields(run), group_size=run.group_rows)
+        self.tq.register_task(self.actor_task, actor_inputs(run), group_size=run.group_rows)
         try:
             if self.dp.is_leader:
                 self.lead(ckpt, halt)
@@ -308,11 +309,10 @@ class ActorTrainer:
             if dp.size == 1:
                 info = batch
             else:  # the split needs every row's length; the leader's metrics need every row's ids
-                info = self.tq.get(partition, claimed.rows, ["response_length", "prompt_position", "sample_index",
-                                                             "weight_version", "reward"])
+                info = self.tq.get(partition, claimed.rows, STEP_RECORD_INPUTS)
                 mine = dp.my_rows(claimed.rows, info["response_length"].tolist(), n,
                                   self.backend.data_rank, self.backend.data_size)
-                batch = self.tq.get(partition, mine, actor_fields(run))
+                batch = self.tq.get(partition, mine, actor_inputs(run))
             version = self._policy_version(it)
             lr = set_lr(self.optimizer, run.optim.lr, step, run.optim, run.num_steps)  # run.optim.lr_schedule
             t1 = time.perf_counter()
@@ -360,7 +360,7 @@ class ActorTrainer:
             claimed = self._claim(step, nonce, it, halt, retry)
             if claimed is None or self.dp.size > 1:
                 return claimed, None
-            batch = read_or_give_back(self.tq, claimed, actor_fields(self.run))
+            batch = read_or_give_back(self.tq, claimed, actor_inputs(self.run))
             if batch is not None:
                 return claimed, batch
 

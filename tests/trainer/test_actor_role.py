@@ -15,12 +15,13 @@ from services.model.loading import load_causal_lm
 from services.model.response_batch import ResponseBatch, response_log_probs
 from services.run_contract.partitions import partition_name
 from services.run_contract.run_config import RunConfig
+from services.run_contract.sample_fields import actor_inputs
 from services.role.connections import RunConnections
 from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
 from services.role.role_service import RoleStatus
 from services.trainer.optimizer import adamw, set_lr
-from services.trainer.actor_update import actor_fields, actor_step
+from services.trainer.actor_update import actor_step
 from services.trainer.config import TrainerConfig
 from services.trainer.service import ActorTrainer
 from services.trainer.tasks import ACTOR_TASK
@@ -71,7 +72,7 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
     plane, redis, coordinator = InMemoryDataPlane(), InMemoryRedis(), InMemoryCoordinator(broadcast_s=0.5)
     for step in range(2):
         write_step(plane, step, initial, run.rollout.temperature)
-    batches = [plane.get(partition_name("r", step), [0, 1, 2, 3], actor_fields(run)) for step in range(2)]
+    batches = [plane.get(partition_name("r", step), [0, 1, 2, 3], actor_inputs(run)) for step in range(2)]
     conn = RunConnections(dcs=coordinator, run=run, tq=plane, redis=redis,
                           steps=StepPartitions(plane, lambda: read_progress(redis, RUN_ID), run, poll_s=0))
     membership, status = FakeMembership(), RoleStatus("trainer")
