@@ -17,7 +17,7 @@ import pytest
 from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
 from services.dcs.models import RunConfig
-from services.run_state import run_config_wait
+from services.role import run_config_wait
 from services.runtime.poll_backoff import poll_intervals
 from services.runtime.startup import imports_uncollected
 
