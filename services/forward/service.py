@@ -2,7 +2,9 @@
 
     for step N from where the trainer is:
         wait for train_N (colocate: for the whole batch)
-        actor_fwd: first take weight versions until it holds the one step N is trained with
+        actor_fwd: first take weight versions until it holds step N's proximal version: the one before the
+            version step N is trained with (algorithm.proximal_policy previous, held beside the newest one:
+            proximal_weights.py), or that version itself (current)
         until train_N is complete for this role:
             take any newly published weights (reference: only versions it is a member for)
             claim a micro batch -> log-probs of the responses -> put log_probs | ref_log_probs -> ack
@@ -21,8 +23,9 @@ from prometheus_client import Counter, Gauge
 from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.dcs.sync.backend_choice import gpu_uuid
-from services.dcs.sync.receiver import WeightReceiver, follow_weights
+from services.dcs.sync.receiver import WeightReceiver
 from services.forward.config import ForwardConfig
+from services.forward.proximal_weights import ProximalWeights
 from services.model.loading import load_causal_lm
 from services.run_contract.checkpoint import checkpoints
 from services.model.response_batch import response_log_probs
@@ -72,7 +75,11 @@ class ForwardService:
             halt.wait()
             return
         torch.manual_seed(run.optim.seed)
-        self.model, _ = load_causal_lm(run.model, c.dtype, c.device)
+        model, _ = load_causal_lm(run.model, c.dtype, c.device)
+        # actor_fwd under proximal_policy previous holds the version before the newest too (proximal_weights.py)
+        self.weights = ProximalWeights(model, 0, keep_previous=self.role == "actor_fwd"
+                                       and run.algorithm.proximal_policy == "previous")
+        self.scoring_version = 0  # actor_fwd: the version the step being consumed is scored with
         membership = self.join(conn.dcs, NodeRegistration(role=self.role, host=c.advertise_host,
                                                               ports={"http": c.port}, device=c.device, run_id=c.run_id,
                                                               weights_dtype=c.dtype, gpu=gpu_uuid(c.device)))
@@ -84,7 +91,7 @@ class ForwardService:
         def keep_up() -> None:  # while waiting for a partition: pause point, and take weights meanwhile
             pause()
             if receives:
-                follow_weights(receiver, self.model, wait_s=0.2)
+                self.weights.follow(receiver, wait_s=0.2)
         if receives:
             receiver.declare()
             receiver.version = conn.dcs.cursors_of(c.run_id, self.role)  # a restarted node waits for the next
@@ -100,18 +107,21 @@ class ForwardService:
         self.status.running()
 
         def work(step: int, partition: str, behind) -> None:
-            if self.role == "actor_fwd":  # log-probs of step N come from the weights step N trains with
-                needed = step + steps.trainer_progress().version_offset
+            if self.role == "actor_fwd":  # log-probs of step N come from its proximal version (run_config.py)
+                needed = step + steps.trainer_progress().version_offset  # the version step N trains with
+                if self.weights.previous is not None:
+                    needed = max(needed - 1, 0)
+                self.scoring_version = needed
                 while receiver.version < needed and not halt.is_set() and steps.info(step) is not None:
                     pause()
-                    follow_weights(receiver, self.model, wait_s=1.0)
+                    self.weights.follow(receiver, wait_s=1.0)
             consume_partition(tq, partition, consumer, c.lease_s, n, pause, halt, idle=behind)
         try:
             each_step(steps, run.num_steps, halt, pause, work, consumer.task, idle=keep_up)
             # the run's last versions still go to every receiver: keep taking them until training is done
             while receives and not halt.is_set() and steps.trainer_progress().next_step < run.num_steps:
                 pause()
-                follow_weights(receiver, self.model, wait_s=1.0)
+                self.weights.follow(receiver, wait_s=1.0)
         finally:
             receiver.close()
             membership.close()
@@ -123,7 +133,7 @@ class ForwardService:
         written just before their version is published)."""
         found = [c for c in checkpoints(self.config.checkpoint_dir, "actor") if c.version == version]
         if found:
-            self.model, _ = load_causal_lm(found[0].path, self.config.dtype, self.config.device)
+            self.weights.replace(load_causal_lm(found[0].path, self.config.dtype, self.config.device)[0], version)
             log.info("loaded the published weights from a checkpoint", extra={"version": version,
                                                                                "path": found[0].path})
         else:
@@ -134,21 +144,22 @@ class ForwardService:
         """A pause safe point that keeps receiving weights: a sync the trainer began before it paused
         needs every receiver."""
         def keep_receiving() -> None:
-            if receiver is None or follow_weights(receiver, self.model, wait_s=0.5) is None:
+            if receiver is None or self.weights.follow(receiver, wait_s=0.5) is None:
                 halt.wait(0.05)
         return lambda: membership.safe_point(halt, keep_receiving)
 
     def _keep_current(self, receiver, membership) -> None:
         """Before each claim: take any newly published weights (reference: only versions it is a member for)."""
         if receiver is not None:
-            follow_weights(receiver, self.model, wait_s=0)
+            self.weights.follow(receiver, wait_s=0)
             VERSION.set(receiver.version)
             membership.progress(weight_version=receiver.version)
 
     def compute(self, batch: Batch) -> dict:
+        model = self.weights.holding(self.scoring_version) if self.role == "actor_fwd" else self.weights.current
         rb = build_response_batch(batch["tokens"], batch["prompt_length"], batch["response_length"],
-                                  hidden_size=self.model.config.hidden_size)
-        log_probs = response_log_probs(self.model, rb.to_device(self.config.device),
+                                  hidden_size=model.config.hidden_size)
+        log_probs = response_log_probs(model, rb.to_device(self.config.device),
                                        self.run.rollout.temperature).cpu()
         TOKENS.inc(rb.token_count)
         return {self.field: rb.to_ragged(log_probs)}

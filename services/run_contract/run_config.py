@@ -108,6 +108,11 @@ class AlgorithmSettings(_Strict):
         "(AReaL's behav_imp_weight_cap, 5 in its recipes); None = keep every token"))
     behav_weight_floor: float | None = Field(None, gt=0, lt=1, description=(
         "with decoupled or tis_clip: tokens whose behaviour weight is below this leave the policy loss too"))
+    proximal_policy: Literal["previous", "current"] = Field("previous", description=(
+        "with decoupled or tis_clip, the weights actor_fwd scores step N's samples with (pi_old, the clip's centre): "
+        "previous = the version before the one step N trains with, so the clip bounds how far each step moves the "
+        "policy; current = the version step N trains with (its ratio is 1 at a step's one optimizer step, and the "
+        "clip bounds nothing)"))
     value_clip: float | None = Field(0.2, gt=0, le=1e6, description="PPO value-loss clip (critic)")
 
 

@@ -86,7 +86,7 @@ def test_actor_fwd_writes_each_step_under_the_weights_that_step_is_trained_with(
     there from the start, and writes the teacher-forced log-probs of the version it holds."""
     torch.set_num_threads(1)
     run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2, algorithm={"decoupled": True})
+                    micro_batch_size=2, num_steps=2, algorithm={"decoupled": True, "proximal_policy": "current"})
     plane, coordinator, progress = InMemoryDataPlane(), InMemoryCoordinator(), ProgressBox()
     prompts, responses = [[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]], [[1, 2], [3], [4, 5, 6], [8]]
     for step in range(2):
@@ -121,3 +121,38 @@ def test_actor_fwd_writes_each_step_under_the_weights_that_step_is_trained_with(
     receiver = coordinator.receivers[0]
     assert receiver.declared and receiver.loads == [1] and coordinator.cursors["actor_fwd"] == 1
     assert max(membership.versions) == 1 and membership.closed and receiver.closed
+
+
+def test_actor_fwd_scores_each_step_with_the_version_before_the_one_it_trains_with(model_dir, tmp_path):
+    """proximal_policy previous: step N is trained with version N here, so steps 0 and 1 are scored with version 0
+    and step 2 with version 1. Version 1 is published before step 0 is scored: the role keeps version 0 beside it
+    and scores steps 0 and 1 with that copy, then waits for nothing more before step 2."""
+    torch.set_num_threads(1)
+    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=3, algorithm={"decoupled": True})
+    assert run.algorithm.proximal_policy == "previous"  # the default
+    plane, coordinator, progress = InMemoryDataPlane(), InMemoryCoordinator(), ProgressBox()
+    prompts, responses = [[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]], [[1, 2], [3], [4, 5, 6], [8]]
+    for step in range(3):
+        plane.create_partition(partition_name("r", step), group_size=2)
+        _sample_rows(plane, partition_name("r", step), prompts, responses)
+        plane.seal_partition(partition_name("r", step))
+    newer, _ = load_causal_lm(init_model(str(tmp_path / "v1"), preset="tiny", arch="qwen2", seed=11), "float32")
+    coordinator.publish(newer.named_parameters(), 1, ["engine", "actor_fwd"])
+    conn = RunConnections(dcs=coordinator, run=run, tq=plane, redis=None,
+                          steps=StepPartitions(plane, progress.read, run, poll_s=0))
+    service = ForwardService(ForwardConfig(role="actor_fwd"), RoleStatus("actor_fwd"), connect=lambda c, h: conn,
+                             join=lambda dcs, registration: FakeMembership(), receiver=coordinator.receiver)
+    worker = threading.Thread(target=service.run_loop, args=(threading.Event(),), daemon=True)
+    worker.start()
+    _wait(lambda: all(v is not None for v in plane.column("r/train_2", "log_probs")))
+    progress.value = TrainerProgress(next_step=3, version=3)
+    worker.join(30)
+    assert not worker.is_alive(), "the role did not finish the run's steps"
+
+    initial, _ = load_causal_lm(model_dir, "float32")
+    for step, model in enumerate([initial, initial, newer]):
+        expected = _expected(model, prompts, responses, run.rollout.temperature)
+        for written, want in zip(plane.column(partition_name("r", step), "log_probs"), expected):
+            torch.testing.assert_close(written, want, atol=1e-5, rtol=0)
+    assert coordinator.receivers[0].loads == [1]
