@@ -27,7 +27,7 @@ def model_dir(tmp_path_factory):
 
 def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
     run = RunConfig(name="async", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=4, micro_batch_size=2, num_steps=4, ref_update_interval=2,
+                    global_batch_size=4, micro_batch_size=2, num_steps=8, ref_update_interval=2,
                     algorithm={"decoupled": True, "tis_clip": 2.0, "kl_coef": 0.01, "entropy_coef": 0.001},
                     rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
     with LocalRun(run, log_dir=str(tmp_path / "logs"), engines=2) as lr:
@@ -52,7 +52,7 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
             dcs.resume(run.name)
         lr.wait_for_step(run.num_steps, 400)
         steps = assert_run_complete(lr, run)
-        assert [steps[s]["metrics"]["weight_version"] for s in range(4)] == [1, 2, 3, 4]
+        assert [steps[s]["metrics"]["weight_version"] for s in range(8)] == list(range(1, 9))
         # the run overlapped: samples one version old were trained (max_staleness 1 was used)
         assert any("1" in steps[s]["metrics"]["staleness"] for s in steps)
         assert all("kl" in steps[s]["metrics"] and "tis_weight_mean" in steps[s]["metrics"] for s in steps)
@@ -69,10 +69,10 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
             assert sum(float(line.split()[-1]) for line in counts) > 0
         with lr.dcs_client() as dcs:  # actor_fwd took every version, the reference every second one
             cursors = dcs.cursors(run.name)
-            assert cursors["actor_fwd"] == 4 and cursors["reference"] == 4
+            assert cursors["actor_fwd"] == 8 and cursors["reference"] == 8
             loads = [(r.node_id, r.version) for r in dcs.sync_reports(run.name, 200) if "load" in r.seconds]
-        assert sorted(v for node, v in loads if topology.get(node) == "reference") == [2, 4]
-        assert sorted(v for node, v in loads if topology.get(node) == "actor_fwd") == [1, 2, 3, 4]
+        assert sorted(v for node, v in loads if topology.get(node) == "reference") == [2, 4, 6, 8]
+        assert sorted(v for node, v in loads if topology.get(node) == "actor_fwd") == list(range(1, 9))
         # the rollout notices the trainer's last step on its next progress poll
         deadline = time.monotonic() + 30
         while (status := httpx.get(lr.procs["rollout"].status_url + "/status").json())["state"] != "finished":
@@ -90,8 +90,8 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
         assert all(names[f"engine-{i}"] >= {"generate", "weight_load"} for i in range(2))
         # --pause-mode auto: the built-in engines took every version while generating, never paused
         assert not any("pause" in names[f"engine-{i}"] for i in range(2))
-        assert sorted(s["step"] for s in spans["trainer"] if s["name"] == "publish") == [0, 1, 2, 3]
-        assert [row["step"] for row in step_table(spans)] == [0, 1, 2, 3]
+        assert sorted(s["step"] for s in spans["trainer"] if s["name"] == "publish") == list(range(8))
+        assert [row["step"] for row in step_table(spans)] == list(range(8))
 
 
 def test_data_parallel_trainer_ranks_share_each_global_batch(model_dir, tmp_path):
