@@ -31,6 +31,7 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from typing import Callable
 
 from services.demo import build_run, parse_args, prepare_model
 from services.launch.local_run import LocalRun
@@ -43,6 +44,19 @@ from services.run_state.trainer_progress import read_progress, trained_steps
 def demo_args(seed: int, steps: int, extra: list[str] = ()):
     """`sluice demo --seed S --steps N ...`'s arguments, every other flag at its default."""
     return parse_args(["--seed", str(seed), "--steps", str(steps), "--view", "json", *extra])
+
+
+def recorded(path: str, measure: Callable[[], dict]) -> dict:
+    """The result saved at `path` by an earlier invocation (so that a benchmark stopped part-way, e.g. by a service
+    that failed to start, goes on from the runs it finished), else measure() saved there."""
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    result = measure()
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(path + ".tmp", path)
+    return result
 
 
 def warm_model(args, workdir: str) -> str:

@@ -36,7 +36,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from demo_runs import demo_args, demo_config, demo_run, warm_model  # noqa: E402
+from demo_runs import demo_args, demo_config, demo_run, recorded, warm_model  # noqa: E402
 
 _T0 = time.perf_counter()
 
@@ -105,20 +105,25 @@ def main(argv=None) -> int:
     p.add_argument("--settings", default="none,zero_variance", help="rollout.filter_groups values to compare")
     p.add_argument("--threshold", type=float, default=0.8, help="the held-out mean reward to reach")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="most seconds a run may take")
-    p.add_argument("--workdir", default="", help="where models and logs go (default: a temp dir)")
+    p.add_argument("--workdir", default="", help="where models, logs and each run's result go (default: a temp "
+                                                 "dir); a run whose result is there already is not run again")
     args = p.parse_args(argv)
     seeds, settings = [int(s) for s in args.seeds.split(",")], args.settings.split(",")
     work = args.workdir or tempfile.mkdtemp(prefix="sluice-dynamic-sampling-")
     runs: dict[str, dict[int, dict]] = {s: {} for s in settings}
     for seed in seeds:
-        demo = demo_args(seed, args.steps)
-        model = warm_model(demo, os.path.join(work, f"seed{seed}"))
+        demo, model = demo_args(seed, args.steps), None
         for setting in settings:
             where = os.path.join(work, f"seed{seed}-{setting}")
-            run = demo_config(demo, model, where, {"rollout": {"filter_groups": setting}})
-            log(f"seed {seed}, filter_groups {setting}: {run.num_steps} steps")
-            result = summarize_run(demo_run(run, where, args.threshold, args.timeout_s), run.rollout_batch_size)
-            runs[setting][seed] = result
+
+            def measure() -> dict:
+                nonlocal model
+                model = model or warm_model(demo, os.path.join(work, f"seed{seed}"))
+                run = demo_config(demo, model, where, {"rollout": {"filter_groups": setting}})
+                log(f"seed {seed}, filter_groups {setting}: {run.num_steps} steps")
+                return summarize_run(demo_run(run, where, args.threshold, args.timeout_s), run.rollout_batch_size)
+
+            runs[setting][seed] = result = recorded(where + ".json", measure)
             log(f"seed {seed}, {setting}: 0.8 at step {result['steps_to_threshold']}, zero-variance trained "
                 f"{result['zero_variance_trained']}, filtered {result['filtered_share']}, best {result['best_eval']}, "
                 f"{result['wall_s']} s")

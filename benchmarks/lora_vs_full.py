@@ -35,7 +35,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from demo_runs import demo_args, demo_config, demo_run, warm_model  # noqa: E402
+from demo_runs import demo_args, demo_config, demo_run, recorded, warm_model  # noqa: E402
 
 _T0 = time.perf_counter()
 
@@ -95,7 +95,8 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--lora-lr", type=float, default=5e-4, help="the LoRA run's learning rate")
     p.add_argument("--threshold", type=float, default=0.8, help="the held-out mean reward to reach")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="most seconds a run may take")
-    p.add_argument("--workdir", default="", help="where models and logs go (default: a temp dir)")
+    p.add_argument("--workdir", default="", help="where models, logs and each run's result go (default: a temp "
+                                                 "dir); a run whose result is there already is not run again")
     return p.parse_args(argv)
 
 
@@ -107,15 +108,19 @@ def main(argv=None) -> int:
                 "lora": ({"optim": {"lr": args.lora_lr}, "trainer": {"lora": lora}}, lora)}
     runs: dict[str, dict[int, dict]] = {name: {} for name in settings}
     for seed in [int(s) for s in args.seeds.split(",")]:
-        demo = demo_args(seed, args.steps)
-        model = warm_model(demo, os.path.join(work, f"seed{seed}"))
+        demo, model = demo_args(seed, args.steps), None
         for name, (changes, adapter) in settings.items():
             where = os.path.join(work, f"seed{seed}-{name}")
-            run = demo_config(demo, model, where, changes)
-            log(f"seed {seed}, {name}: {run.num_steps} steps, lr {run.optim.lr}")
-            result = summarize_run(demo_run(run, where, args.threshold, args.timeout_s),
-                                   trainable_params(model, adapter))
-            runs[name][seed] = result
+
+            def measure() -> dict:
+                nonlocal model
+                model = model or warm_model(demo, os.path.join(work, f"seed{seed}"))
+                run = demo_config(demo, model, where, changes)
+                log(f"seed {seed}, {name}: {run.num_steps} steps, lr {run.optim.lr}")
+                return summarize_run(demo_run(run, where, args.threshold, args.timeout_s),
+                                     trainable_params(model, adapter))
+
+            runs[name][seed] = result = recorded(where + ".json", measure)
             log(f"seed {seed}, {name}: publish {result['publish_bytes']} B in {result['publish_s']} s, trainer "
                 f"peak {result['trainer_peak_rss_mb']} MiB, held-out {result['first_eval']} -> {result['best_eval']}")
     out = {"benchmark": "lora_vs_full", "task": "demo:reverse", "config": vars(args), "cpus": os.cpu_count(),
