@@ -30,10 +30,6 @@ STOP_S = 10.0  # the engines and roles, together: a clean exit, CUDA teardown an
 STACK_STOP_S = 5.0  # then the stack's services, together: no role is left to serve
 ENGINE_START_S = 120.0  # an engine loading its model (and, on a GPU, starting CUDA) until /health answers
 ROLE_START_S = 90.0  # a role service until /healthz answers (all start at once, so they share the cores)
-# on a machine of at most this many cores the roles off the first group's path start once the engines serve:
-# every start shares the cores, and the engine's model load is the start's longest link (benchmarks/stack_start.py)
-SMALL_MACHINE_CPUS = 4
-FIRST_GROUP_ROLES = frozenset({"rollout"})
 # a LoRA run publishes only its adapter, which the built-in engine merges; SGLang's LoRA routes are not driven
 LORA_ON_SGLANG = ("trainer.lora publishes only the adapter, which SGLang engines do not take from Sluice (their "
                   "/load_lora_adapter route is not driven: docs/trainer.md); use built-in engines, or train every "
@@ -48,7 +44,7 @@ class LocalRun(StopsOnExit):
                  dcs_port: int = 0, python_path: tuple[str, ...] = (), redis_data_dir: str | None = None,
                  engine: str = "builtin", redis_password: str = "",
                  on_stack_up: "Callable[[LocalRun], None] | None" = None,
-                 judge: tuple[str, tuple[str, ...]] | None = None, staggered: bool | None = None):
+                 judge: tuple[str, tuple[str, ...]] | None = None):
         """`stack`: run on that run's Redis, TransferQueue and coordinator (which it keeps owning) instead of
         starting new ones. `submit=False`: the roles start and wait until `submit()` creates the run.
         `redis_url`: keep state in that Redis instead of a private one; `dcs_port`: the coordinator's port
@@ -64,9 +60,7 @@ class LocalRun(StopsOnExit):
         everything and is raised here. `judge`: (model directory, engine flags) of a built-in engine started as
         the service `judge`, the rollout's judge engine for reward model:judge: never one of the run's engines
         (the rollout does not register it, so the trainer never updates its weights), and without a token its
-        weight-update routes stay closed. `staggered`: the roles the first group does not need (trainer,
-        advantage, forward roles) start once the engines serve, so that they do not share the cores with the
-        engines' model load; None = on a machine of at most SMALL_MACHINE_CPUS cores."""
+        weight-update routes stay closed."""
         refusal = (LORA_ON_SGLANG if run.trainer.lora else sglang_missing() or token_problem(token)) \
             if engine == "sglang" else None
         if refusal:
@@ -88,8 +82,6 @@ class LocalRun(StopsOnExit):
         self.redis_password = stack.redis_password if stack is not None else redis_password
         self.supervisor: ProcessSupervisor | None = None
         self.owns_stack = stack is None
-        self.staggered = (os.cpu_count() or 1) <= SMALL_MACHINE_CPUS if staggered is None else staggered
-        self.deferred_roles: list[str] = []  # staggered: started by _wait_ready once the engines serve
         self.engine_args = engine_args
         self.judge, self.judge_url = judge, None
         try:
@@ -107,8 +99,7 @@ class LocalRun(StopsOnExit):
         """Every process started, in the order that gets the run going soonest (measured by
         benchmarks/stack_start.py): the engines first (they need nothing else, and loading a model is the
         longest start), Redis, the roles (seconds of imports, then they wait for the run to be created), and
-        TransferQueue with the coordinator, waited for: the engines and roles get ready side by side meanwhile.
-        Staggered (a small machine), only the rollout starts with them; _wait_ready starts the rest."""
+        TransferQueue with the coordinator, waited for: the engines and roles get ready side by side meanwhile."""
         self.engine_urls = [self._start_engine(i, self.engine_args, wait=False) for i in range(engines)]
         if self.judge is not None:
             self.judge_url = self._start_judge()
@@ -142,15 +133,11 @@ class LocalRun(StopsOnExit):
                 raise started.exception()
 
     def _wait_ready(self) -> None:
-        """Every engine answers /health and every role /healthz (one exiting fails the start at once); the
-        roles a staggered start deferred are started in between."""
+        """Every engine answers /health and every role /healthz (one exiting fails the start at once)."""
         for i, url in enumerate(self.engine_urls):
             self._wait_engine(self.procs[f"engine-{i}"], url)
         if self.judge_url is not None:
             self._wait_engine(self.procs["judge"], self.judge_url)
-        for name in self.deferred_roles:
-            self.start_role(name, wait=False)
-        self.deferred_roles = []
         for proc in list(self.procs.values()):
             if hasattr(proc, "status_url"):
                 proc.wait_until(lambda proc=proc: http_ok(proc.status_url + "/healthz"), ROLE_START_S)
@@ -262,10 +249,7 @@ class LocalRun(StopsOnExit):
                 roles[f"trainer-{r}"] = ["trainer", *ckpt, *dp, "--dp-rank", str(r)]
         for name, argv in roles.items():
             self.role_argv[name] = argv + list(self.role_args.get(name, []))
-            if self.staggered and name not in FIRST_GROUP_ROLES:
-                self.deferred_roles.append(name)
-            else:
-                self.start_role(name, wait=False)
+            self.start_role(name, wait=False)
 
     def start_role(self, name: str, wait: bool = True) -> ChildProcess:
         port = self.role_ports.setdefault(name, free_port())
