@@ -41,7 +41,7 @@ def build_run(args, model_dir: str, workdir: str) -> RunFile:
                    max_staleness=0 if args.mode == "colocate" else args.max_staleness,
                    n_samples_per_prompt=args.n_samples, rollout_batch_size=args.groups_per_step,
                    global_batch_size=rows, micro_batch_size=micro, num_steps=args.steps,
-                   checkpoint_interval=args.checkpoint_interval,
+                   checkpoint={"interval": args.checkpoint_interval},
                    algorithm={"estimator": args.estimator, "kl_coef": 0.0},
                    rollout={"prompts": prompts, "max_new_tokens": args.max_new_tokens, "shuffle_seed": args.seed,
                             "temperature": args.temperature, "agent": DEMO_TASKS[args.task].agent},

@@ -108,6 +108,7 @@ def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float) -> Ten
     running = torch.zeros_like(rewards[:, 0]) if rewards.shape[1] else None
     out = []
     for t in reversed(range(rewards.shape[1])):
+        assert running is not None  # None only for zero tokens, when this loop never runs
         # a masked-out token leaves the running return alone: it is not a step of the policy
         running = torch.where(on[:, t], rewards[:, t] + gamma * running, running)
         out.append(torch.where(on[:, t], running, 0.0))
@@ -161,6 +162,7 @@ def gae_advantages(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: f
     next_advantage = next_value
     out = []
     for t in reversed(range(values.shape[1])):
+        assert next_value is not None and next_advantage is not None  # None only for zero tokens: no iteration
         advantage = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * next_advantage
         # a masked-out token is not a step: carry the next step's value and advantage past it
         next_value = torch.where(on[:, t], values[:, t], next_value)

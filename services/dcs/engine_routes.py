@@ -4,6 +4,7 @@ itself), remove (drained by the rollout: its requests go to the other engines)."
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
@@ -17,7 +18,7 @@ log = logging.getLogger(__name__)
 def engine_router(engines: EngineSets) -> APIRouter:
     router = APIRouter()
     run_id_path = Path(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
-    refusals = {404: {"model": Ok}, 409: {"model": Ok}}
+    refusals: dict[int | str, dict[str, Any]] = {404: {"model": Ok}, 409: {"model": Ok}}
 
     @router.get("/v1/runs/{run_id}/engines", response_model=EngineList, tags=["engines"],
                 responses={404: {"model": Ok}})

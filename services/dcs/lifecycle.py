@@ -11,6 +11,8 @@ finish of a finished run); a failure reported to a failed run is kept in its lat
 
 from __future__ import annotations
 
+from typing import Literal
+
 from services.dcs.models import ENDED, Failure, FailureReport, Run
 from services.dcs.state import Conflict, RedisState
 
@@ -20,7 +22,7 @@ def _refuse_if_ended(run: Run, action: str) -> None:
         raise Conflict(f"run {run.run_id} is {run.status}; it cannot {action}")
 
 
-async def set_desired(state: RedisState, run_id: str, desired: str) -> Run:
+async def set_desired(state: RedisState, run_id: str, desired: Literal["running", "paused"]) -> Run:
     """Pause (a new pause_seq every role must acknowledge) or resume a running or paused run."""
     def change(run: Run) -> bool:
         _refuse_if_ended(run, "pause" if desired == "paused" else "resume")
@@ -34,7 +36,7 @@ async def set_desired(state: RedisState, run_id: str, desired: str) -> Run:
     return await state.update_run(run_id, change)
 
 
-async def end(state: RedisState, run_id: str, to: str) -> Run:
+async def end(state: RedisState, run_id: str, to: Literal["finished", "stopped"]) -> Run:
     """finish or stop: running | paused -> `to` ("finished" | "stopped"); a no-op if it is already there."""
     now = await state.now()
 

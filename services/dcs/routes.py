@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import JSONResponse
@@ -227,7 +228,8 @@ def run_router(state: RedisState) -> APIRouter:
 def lifecycle_router(state: RedisState) -> APIRouter:
     """A run's lifecycle: pause, resume, fail, stop, finish (the rules: lifecycle.py)."""
     router = APIRouter()
-    refusals = {404: {"model": Ok}, 409: {"model": Ok, "description": "the run is failed, finished or stopped"}}
+    refusals: dict[int | str, dict[str, Any]] = {
+        404: {"model": Ok}, 409: {"model": Ok, "description": "the run is failed, finished or stopped"}}
 
     @router.post("/v1/runs/{run_id}/pause", response_model=Run, tags=["runs"], responses=refusals)
     async def pause(run_id: str = _name()):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Callable
+from typing import Callable, cast
 
 import redis.asyncio as aioredis
 
@@ -210,7 +210,8 @@ class RedisState:
         return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     async def cursors(self, run_id: str) -> dict[str, int]:
-        return {r: int(v) for r, v in (await self.redis.hgetall(f"{self.run_key(run_id)}:cursors")).items()}
+        cursors = cast(dict[str, str], await self.redis.hgetall(f"{self.run_key(run_id)}:cursors"))  # decoded
+        return {r: int(v) for r, v in cursors.items()}
 
     # ------------------------------------------------------------ sync groups (per run)
 

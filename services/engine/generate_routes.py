@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any, Mapping, Sequence
 
 import orjson
 import torch
@@ -232,7 +233,7 @@ async def answer_generate(engine, req: GenerateRequest, request: Request) -> Res
                     media_type="application/json")
 
 
-def validation_message(errors: list[dict], skip: int = 0) -> str:
+def validation_message(errors: Sequence[Mapping[str, Any]], skip: int = 0) -> str:
     """A body's validation errors as one line naming the fields (the first five); `skip` leading parts of each
     error's location (FastAPI's "body")."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc'][skip:]) or 'body'}: {e['msg']}" for e in errors[:5])

@@ -112,7 +112,7 @@ def _allocate(storages: list[tuple[torch.UntypedStorage, int]]) -> None:
     try:
         for storage, nbytes in storages:
             storage.resize_(nbytes)
-            storage.fill_(0)
+            storage.fill_(0)  # type: ignore[attr-defined]  # there at runtime; torch's stubs leave it out
     except Exception:
         for storage, _ in storages:
             storage.resize_(0)

@@ -10,6 +10,7 @@ version, its spans over the output, log-probs) to each choice. Streaming is open
 from __future__ import annotations
 
 import time
+from typing import Any, Sequence
 
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
@@ -26,11 +27,11 @@ from services.engine.sampling import SamplingParams
 from services.model.chat_format import ChatFormatError, render_chat, turn_end_ids
 from services.model.tool_call_formats import parse_tool_calls, tool_call_format
 
-ERRORS = {400: {"description": "a body the engine cannot serve"},
-          503: {"description": "the queue is full, or the engine failed"}}
+ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "a body the engine cannot serve"},
+                                           503: {"description": "the queue is full, or the engine failed"}}
 
 
-def sampling_params(req, max_new_tokens: int, extra_stop_ids: list[int] = ()) -> SamplingParams:
+def sampling_params(req, max_new_tokens: int, extra_stop_ids: Sequence[int] = ()) -> SamplingParams:
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stops) > MAX_STOPS:
         raise BadRequest(f"at most {MAX_STOPS} stop strings")

@@ -157,7 +157,8 @@ def split_points(lengths: list[int], workers: int) -> list[int]:
     total = sum(lengths)
     if workers < 2 or total < MIN_SPLIT_TOKENS or len(lengths) < max(MIN_SPLIT_SEQS, workers):
         return []
-    cuts, seen = [], 0
+    cuts: list[int] = []
+    seen = 0
     for i, n in enumerate(lengths[:-1]):
         seen += n
         # cut after sequence i once this part holds its share of the tokens, leaving one sequence per part to go

@@ -48,7 +48,8 @@ class GenerateRequest(BaseModel):
     def is_single(self) -> bool:
         if self.text is not None:
             return isinstance(self.text, str)
-        return bool(self.input_ids) and isinstance(self.input_ids[0], int)
+        ids = self.input_ids
+        return ids is not None and len(ids) > 0 and isinstance(ids[0], int)
 
 
 class MetaInfo(BaseModel):

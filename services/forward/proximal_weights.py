@@ -39,11 +39,12 @@ class ProximalWeights:
     def follow(self, receiver: WeightFollower, wait_s: float) -> int | None:
         """follow_weights into the older copy, which becomes the newest: the version loaded, or None."""
         if self.previous is None:
-            loaded = follow_weights(receiver, self.current, wait_s)
+            # a WeightFollower is WeightReceiver's seam (run_state/seams.py); follow_weights names the class
+            loaded = follow_weights(receiver, self.current, wait_s)  # type: ignore[arg-type]
             if loaded is not None:
                 self.current_version = loaded
             return loaded
-        loaded = follow_weights(receiver, self.previous, wait_s)
+        loaded = follow_weights(receiver, self.previous, wait_s)  # type: ignore[arg-type]
         if loaded is not None:
             self.previous, self.current = self.current, self.previous
             self.previous_version, self.current_version = self.current_version, loaded

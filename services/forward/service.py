@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from prometheus_client import Counter, Gauge
@@ -157,8 +157,9 @@ class ForwardService:
 
     def compute(self, batch: Batch) -> dict:
         model = self.weights.holding(self.scoring_version) if self.role == "actor_fwd" else self.weights.current
+        config: Any = model.config  # a transformers model's
         rb = build_response_batch(batch["tokens"], batch["prompt_length"], batch["response_length"],
-                                  hidden_size=model.config.hidden_size)
+                                  hidden_size=config.hidden_size)
         log_probs = response_log_probs(model, rb.to_device(self.config.device),
                                        self.run.rollout.temperature).cpu()
         TOKENS.inc(rb.token_count)

@@ -11,6 +11,7 @@ from typing import Iterator
 
 import yaml
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from services.front_door.run_file import RunFile
@@ -91,7 +92,7 @@ def _default(field):
     return PydanticUndefined if field.is_required() else field.default
 
 
-def _fields(model: type[BaseModel], at: tuple = ()) -> Iterator[tuple[tuple, object, type[BaseModel] | None]]:
+def _fields(model: type[BaseModel], at: tuple = ()) -> Iterator[tuple[tuple, FieldInfo, type[BaseModel] | None]]:
     """(key path, field, sub-model or None) in declaration order, depth first."""
     for name, field in model.model_fields.items():
         sub = _section(field.annotation) or _optional_section(field.annotation)

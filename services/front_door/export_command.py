@@ -69,7 +69,7 @@ def export_checkpoint(checkpoint: str, out_dir: str, dtype: str | None = None, f
         raise ExportError(f"{out_dir!r} holds the checkpoint {source!r} itself: export to another directory")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)) and not force:
         raise ExportError(f"{out_dir!r} exists and is not empty (pass --force to replace it)")
-    if adapter:
+    if base is not None:  # an adapter's: merged into its base
         from peft import PeftModel  # only for a LoRA checkpoint
 
         model = PeftModel.from_pretrained(load_causal_lm(base, dtype or _stored_dtype(base))[0], source)
@@ -80,7 +80,7 @@ def export_checkpoint(checkpoint: str, out_dir: str, dtype: str | None = None, f
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)  # config.json, generation_config.json, *.safetensors
     has_tokenizer = os.path.isfile(os.path.join(source, "tokenizer_config.json"))
-    copy_tokenizer(source if has_tokenizer or not adapter else base, tmp)  # a bare adapter: the base's
+    copy_tokenizer(source if has_tokenizer or base is None else base, tmp)  # a bare adapter: the base's
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     elif os.path.exists(out_dir):

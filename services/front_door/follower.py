@@ -115,7 +115,7 @@ class RunFollower:
     def _fetch_steps(self, view: View) -> None:
         """The trainer's progress and the step records since the last seen, each shown."""
         p = self.progress
-        now = time.monotonic()  # one time per poll
+        now: float | None = time.monotonic()  # one time per poll
         if p.first_poll_at is None:
             p.first_poll_at, now = now, None
         while True:

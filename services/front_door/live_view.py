@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TextIO
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -93,7 +93,7 @@ def render(progress: RunProgress) -> Group:
         error = errors.get(s.node_id) or errors.get(s.role) or ""
         services.add_row(s.role, str(s.rank), s.state, _fmt(s.step), _fmt(s.weight_version), s.url or "",
                          error[-80:])
-    parts = [head, metrics, services]
+    parts: list[RenderableType] = [head, metrics, services]
     if p.failure:
         parts.append(Text(f"failure: {p.failure}", style="bold red"))
     return Group(*parts)
@@ -139,6 +139,7 @@ class RichLiveView:
 
     def end(self, progress: RunProgress) -> None:
         self.refresh(progress)
+        assert self.live is not None  # refresh just started it if it was not running
         self.live.stop()
         self.live = None
 

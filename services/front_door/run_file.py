@@ -6,7 +6,7 @@ or equal to 1`. Relative paths (model, prompts, directories) are relative to the
 from __future__ import annotations
 
 import os
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -29,7 +29,7 @@ def check_builtin_engine_flags(flags: dict[str, Scalar]) -> dict[str, Scalar]:
             known = sorted(set(EngineConfig.model_fields) - set(_ENGINE_FLAGS_SET_BY_STACK))
             raise ValueError(f"{name!r} is not an engine flag one can set here; one of: {', '.join(known)}")
     try:
-        EngineConfig(model="-", **flags)
+        EngineConfig(model="-", **flags)  # type: ignore[arg-type]  # each flag's own type is what is checked here
     except ValidationError as exc:
         raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
     return flags
@@ -67,8 +67,9 @@ class StackSettings(BaseModel):
         "extra engine flags by field name: `sluice engine`'s, e.g. {max_total_tokens: 8192, device: cuda}; "
         "with engine: sglang, SGLang's server flags, e.g. {dtype: bfloat16, mem_fraction_static: 0.5} "
         "(SGLang checks them when it starts)"))
-    role_flags: dict[Literal[ROLE_NAMES], dict[str, Scalar]] = Field(default_factory=dict, description=(
-        "extra flags per role service, e.g. {trainer: {pause_mode: abort}}"))
+    # Literal of the names' tuple: pydantic reads it, mypy does not
+    role_flags: dict[Literal[ROLE_NAMES], dict[str, Scalar]] = Field(  # type: ignore[valid-type]
+        default_factory=dict, description="extra flags per role service, e.g. {trainer: {pause_mode: abort}}")
     trainer_ranks: int = Field(1, ge=1, le=64, description="data-parallel trainer processes")
     redis_url: str | None = Field(None, max_length=1024, description=(
         "an existing Redis to keep the run's state in (a password it requires: env SLUICE_REDIS_PASSWORD_FILE or "
@@ -203,11 +204,11 @@ def _resolved(run_file: RunFile, base: str) -> RunFile:
     def rel(p: str) -> str:
         return p if not p or os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
 
-    update = {"model": rel(run_file.model)}
+    update: dict[str, Any] = {"model": rel(run_file.model)}
     for section in ("rollout", "eval"):  # prompt files; demo:<task> stays as it is
         settings = getattr(run_file, section, None)
         prompts = getattr(settings, "prompts", None)
-        if prompts and not prompts.startswith("demo:"):
+        if prompts and not prompts.startswith("demo:") and settings is not None:
             update[section] = settings.model_copy(update={"prompts": rel(prompts)})
     stack = run_file.stack
     judge = stack.judge.model_copy(update={"model": stack.judge.model and rel(stack.judge.model)})

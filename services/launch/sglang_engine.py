@@ -35,7 +35,7 @@ class SGLangProcess(ChildProcess):
         self.token = token
         self.key_dir = tempfile.mkdtemp(prefix="sluice-sglang-") if token else None
         try:
-            config = _write_key(self.key_dir, token) if token else None
+            config = _write_key(self.key_dir, token) if self.key_dir else None  # made just above when there is a token
             _private_file(log_path)
             super().__init__(name, server_argv(model, port, flags, index, config), log_path, env=env)
         except BaseException:

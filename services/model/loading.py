@@ -113,4 +113,4 @@ def load_causal_lm(directory: str, dtype: str | torch.dtype = "float32", device:
             model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
         except (OSError, ValueError, KeyError, SafetensorError) as exc:  # a truncated or corrupt weights file
             raise ModelDirError(directory, f"the model does not load: {exc}") from exc
-    return model.to(device).eval(), tokenizer
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]  # transformers' typing of the decorated .to

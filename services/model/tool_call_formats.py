@@ -85,7 +85,7 @@ def _mistral(text: str) -> tuple[str | None, Calls]:
     calls = [_call(obj) for obj in (listed if isinstance(listed, list) else [listed])]
     if not calls or any(c is None for c in calls):
         return (text.strip() or None), []
-    return (before.strip() or None), calls
+    return (before.strip() or None), [c for c in calls if c is not None]  # none is None (checked above)
 
 
 @dataclass(frozen=True)

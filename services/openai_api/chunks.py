@@ -20,7 +20,7 @@ def chat_chunks(response: ChatCompletionResponse, include_usage: bool = False) -
     for choice in response.choices:
         yield {**head, "choices": [{"index": choice.index, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": None, "finish_reason": None}]}
-        delta = {"content": choice.message.content or ""}
+        delta: dict[str, object] = {"content": choice.message.content or ""}
         if choice.message.tool_calls:
             delta["tool_calls"] = [{"index": k, **call.model_dump()} for k, call in enumerate(choice.message.tool_calls)]
         last = {"index": choice.index, "delta": delta, "finish_reason": choice.finish_reason,

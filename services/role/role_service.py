@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Callable, Coroutine, Sequence
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
@@ -82,7 +82,7 @@ def build_status_app(status: RoleStatus, token: str = "", routers: Sequence[APIR
     app = FastAPI(title=f"sluice {status.role}", docs_url=None, redoc_url=None)
     for router in routers:
         app.include_router(router)
-    gates = [router.own_gate for router in routers if getattr(router, "own_gate", "")]
+    gates = [gate for router in routers if (gate := getattr(router, "own_gate", ""))]
     require_bearer_token(app, token, ("/healthz", "/readyz"), own_gates=gates)
 
     @app.get("/healthz")
@@ -107,7 +107,7 @@ class PreflightFailed(RuntimeError):
 
 async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStatus,
                      loop: Callable[[threading.Event], None] | None = None,
-                     aloop: Callable[[asyncio.Event], Awaitable[None]] | None = None,
+                     aloop: Callable[[asyncio.Event], Coroutine[Any, Any, None]] | None = None,
                      watch_poll_s: float = 1.0, routers: Sequence[APIRouter] = ()) -> None:
     """Serve the status endpoint; wait for the run and check what this role reads of it (preflight); then
     run the step loop. SIGTERM, or the run failing or being stopped, sets the loop's stop flag and the loop
@@ -142,11 +142,13 @@ async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStat
 
 async def _run_loop(config: RoleSettings, stop: asyncio.Event, status: RoleStatus, watch: RunWatch,
                     loop: Callable[[threading.Event], None] | None,
-                    aloop: Callable[[asyncio.Event], Awaitable[None]] | None) -> None:
+                    aloop: Callable[[asyncio.Event], Coroutine[Any, Any, None]] | None) -> None:
     """The step loop until it returns, halted by SIGTERM or the run ending; its error reported."""
     halt = threading.Event()  # a thread loop's stop flag
     loop_stop = asyncio.Event()  # an asyncio loop's
-    worker = asyncio.create_task(aloop(loop_stop) if aloop is not None else asyncio.to_thread(loop, halt))
+    # serve_role is given a loop or an aloop
+    worker = asyncio.create_task(aloop(loop_stop) if aloop is not None
+                                 else asyncio.to_thread(loop, halt))  # type: ignore[arg-type]
     waiter = asyncio.create_task(stop.wait())
     follower = asyncio.create_task(watch.until_ended())
     try:

@@ -71,6 +71,7 @@ class RunWatch:
             await self.read()
         log.info("the run ended; exiting at the next safe point", extra={"run_id": self.run_id,
                                                                          "status": self.status})
+        assert self.status is not None  # ended: a status in EXITS
         return self.status
 
     async def report_failure(self, message: str, host: str, port: int) -> None:

@@ -44,6 +44,8 @@ def may_admit(position: int, max_staleness: int, engine_version: int, version_of
 
 def parse_version(text: str | int | None) -> int:
     """Engines report versions as strings; one that never received weights says "default" (= 0)."""
+    if text is None:
+        return 0
     try:
         return int(text)
     except (TypeError, ValueError):

@@ -91,7 +91,8 @@ class Episodes:
 
     def router(self) -> APIRouter:
         router = APIRouter(prefix="/episodes/{episode_id}/v1", tags=["agent episodes"])
-        router.own_gate = "/episodes/"  # each episode's own key, not the stack's token (services/role/role_service.py)
+        # each episode's own key, not the stack's token (services/role/role_service.py)
+        router.own_gate = "/episodes/"  # type: ignore[attr-defined]  # an attribute of ours on the router
 
         @router.get("/models", response_model=ModelList)
         async def models(episode_id: str, request: Request):
@@ -153,7 +154,9 @@ class Episodes:
         if stops:
             sampling["stop"] = stops
         rid = f"{episode.id}-t{len(episode.turns)}"
-        outs = await asyncio.gather(*(self._generate(prompt, sampling, max_new, rid if req.n == 1 else f"{rid}-{i}")
+        generate = self._generate
+        assert generate is not None  # _episode refuses a call before setup
+        outs = await asyncio.gather(*(generate(prompt, sampling, max_new, rid if req.n == 1 else f"{rid}-{i}")
                                       for i in range(req.n)))
         first = len(episode.turns)
         choices = [self._choice(episode, req, prompt, stops, out, i, first + i) for i, out in enumerate(outs)]

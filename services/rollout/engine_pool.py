@@ -283,7 +283,9 @@ class EnginePool:
                                            [{**samplings[k], "max_new_tokens": max_new_tokens -
                                              len(samples[k].output_ids)} for k in todo], [rids[k] for k in todo])
             except (EngineUnreachable, asyncio.CancelledError) as exc:
-                if isinstance(exc, asyncio.CancelledError) and asyncio.current_task().cancelling():
+                me = asyncio.current_task()
+                assert me is not None  # a coroutine runs in a task
+                if isinstance(exc, asyncio.CancelledError) and me.cancelling():
                     raise  # this sample itself was cancelled, not the engine's call
                 # engine restarting, unreachable, stopped answering (_watch gave its calls up) or taken out of the
                 # run (drain): try again, elsewhere if another engine serves

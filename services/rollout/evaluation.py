@@ -42,6 +42,7 @@ class Evaluator:
         e = run.eval
         self.run, self.settings, self.engines, self.reward, self.store = run, e, engines, reward, store
         self.encode, self.decode, self.paused = encode, decode, paused
+        assert e.prompts is not None  # the rollout builds an Evaluator only for a run with eval prompts
         source = open_eval_source(e.prompts, run.rollout.prompt_field)
         self.records = [source.record(i) for i in range(min(e.max_prompts, len(source)))]
         self.max_new_tokens = e.max_new_tokens or run.rollout.max_new_tokens

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import torch
 
-Columns = dict[str, object]
+Columns = dict[str, Any]
 
 
 def merge_columns(parts: list[Columns]) -> Columns:
@@ -60,7 +60,7 @@ class PutCoalescer:
     """`put(partition, columns)` through one writer per partition; `write(partition, columns)` is the data
     plane's put."""
 
-    def __init__(self, write: Callable[[str, Columns], Awaitable[object]], linger_s: float = 0.0):
+    def __init__(self, write: Callable[[str, Columns], Awaitable[Any]], linger_s: float = 0.0):
         self.write = write
         self.linger_s = linger_s
         self.partitions: dict[str, _Partition] = {}

@@ -80,7 +80,7 @@ class PromptSource:
             return order
 
 
-def epoch_seed(shuffle_seed: int, epoch: int) -> int:
+def epoch_seed(shuffle_seed: int | None, epoch: int) -> int:
     digest = hashlib.sha256(f"sluice-prompts:{shuffle_seed}:{epoch}".encode()).digest()
     return int.from_bytes(digest[:8], "big")
 

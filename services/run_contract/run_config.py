@@ -152,7 +152,7 @@ class TrackingSettings(_Strict):
     `report_to` and to <run dir>/steps.jsonl (the input of `sluice report`)."""
 
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "none"]] = Field(
-        default_factory=lambda: ["tensorboard"], max_length=3,
+        default_factory=lambda: ["tensorboard"], max_length=3,  # type: ignore[arg-type]  # the lambda's list[str]
         description="tracking backends: tensorboard (event files), wandb (offline run), mlflow (local SQLite "
                     "store), all under the run dir; none = only steps.jsonl")
     completions_every: int = Field(10, ge=0, le=BIG, description="log a table of sample completions every N steps; 0 = never")

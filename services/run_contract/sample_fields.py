@@ -85,7 +85,7 @@ def policy_log_probs(run: RunConfig) -> str:
 
 def advantage_inputs(run: RunConfig) -> tuple[str, ...]:
     """What the advantage role reads: the KL penalty's log-probs when the KL is in the reward, values for ppo."""
-    fields = ("reward", "response_length", "loss_mask")
+    fields: tuple[str, ...] = ("reward", "response_length", "loss_mask")
     if kl_in_reward(run):
         fields += ("ref_log_probs", policy_log_probs(run))
     if run.uses_critic:
@@ -95,8 +95,8 @@ def advantage_inputs(run: RunConfig) -> tuple[str, ...]:
 
 def actor_inputs(run: RunConfig) -> tuple[str, ...]:
     """What the actor trains on: log_probs with actor_fwd; ref_log_probs when the KL is a loss term."""
-    fields = MODEL_INPUTS + ("loss_mask", "rollout_log_probs", "advantages", "reward", "weight_version",
-                             "prompt_position", "sample_index")
+    fields: tuple[str, ...] = MODEL_INPUTS + ("loss_mask", "rollout_log_probs", "advantages", "reward",
+                                              "weight_version", "prompt_position", "sample_index")
     if run.uses_actor_fwd:
         fields += ("log_probs",)
     if run.uses_reference and not run.algorithm.kl_in_reward:

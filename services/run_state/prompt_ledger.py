@@ -22,7 +22,7 @@ again: `unwrite` takes such a slot out of its step's set (the step is sealed aga
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, cast
 
 import redis
 import redis.asyncio as aioredis
@@ -96,7 +96,7 @@ class PromptLedger:
     async def slots_with_rows(self, step: int, rows: Iterable[int]) -> set[int]:
         """The written slots of `step` any of whose rows are among `rows`."""
         wanted = set(rows)
-        held = await self.redis.hgetall(self._rows_key(step))
+        held = cast(dict[str, str], await self.redis.hgetall(self._rows_key(step)))  # a decode_responses client
         return {int(slot) for slot, csv in held.items() if wanted.intersection(int(r) for r in csv.split(",") if r)}
 
     async def unwrite(self, slot: int, step: int) -> None:
@@ -125,7 +125,8 @@ class PromptLedger:
 
 def skipped_prompts(client: redis.Redis, run_id: str) -> dict[int, str]:
     """prompt position -> why its group was dropped (`rollout.reward_fallback: skip_group`), for any process."""
-    return {int(k): v for k, v in client.hgetall(run_key(run_id, "rollout", "skipped")).items()}
+    skipped = cast(dict[str, str], client.hgetall(run_key(run_id, "rollout", "skipped")))  # decode_responses
+    return {int(k): v for k, v in skipped.items()}
 
 
 def filtered_groups(client: redis.Redis, run_id: str, step: int) -> int:

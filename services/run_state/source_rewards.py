@@ -54,7 +54,8 @@ class SourceRewards:
 def read_source_rewards(client: redis.Redis, run_id: str, step: int) -> dict[str, float]:
     """{source: mean reward} of step N's samples that named a source; {} when none did."""
     fields = client.hgetall(_key(run_id, step))
-    sums, counts = {}, {}
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
     for name, value in fields.items():
         name = name.decode() if isinstance(name, bytes) else name
         source, _, kind = name.rpartition(":")

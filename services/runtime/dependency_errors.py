@@ -28,7 +28,7 @@ def _one(exc: BaseException) -> bool:
     return isinstance(status, int) and status in _HTTP_STATUSES
 
 
-def dependency_unavailable(exc: BaseException) -> bool:
+def dependency_unavailable(exc: BaseException | None) -> bool:
     """True when `exc`, or an exception it was raised from, says a dependency could not be reached."""
     seen = 0
     while exc is not None and seen < 16:

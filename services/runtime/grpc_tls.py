@@ -40,7 +40,7 @@ def channel_target(address: str, environ: Mapping[str, str] | None = None) \
     cert = env.get(CLIENT_CERT_ENV)
     credentials = grpc.ssl_channel_credentials(
         root_certificates=_read(env[CA_ENV]) if env.get(CA_ENV) else None,
-        private_key=_read(key) if cert else None, certificate_chain=_read(cert) if cert else None)
+        private_key=_read(key) if key and cert else None, certificate_chain=_read(cert) if cert else None)
     return address[len(TLS_SCHEME):], credentials
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from typing import Any, Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable
 
 try:
     import uvloop
 except ImportError:  # not on every platform: asyncio's own loop then
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]  # a module or None, tested below
 
 
 class LoopThread:
@@ -25,7 +25,7 @@ class LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
-    def run(self, coro: Awaitable) -> Any:
+    def run(self, coro: Coroutine) -> Any:
         """Run coro on the loop and wait for its result (or exception) in the calling thread."""
         if threading.current_thread() is self._thread:
             coro.close()
@@ -48,6 +48,9 @@ class BlockingFacade:
     def __init__(self, core: Any, thread_name: str):
         self.loop_thread = LoopThread(thread_name)
         self.core = core
+
+    if TYPE_CHECKING:  # the methods blocking_methods adds at import, which a type checker cannot see
+        def __getattr__(self, name: str) -> Any: ...
 
     def close(self) -> None:
         if not self.loop_thread.loop.is_closed():

@@ -155,7 +155,7 @@ class ChildProcess:
             self.proc.kill()
             self.proc.wait()
         self._forget()
-        if self._log is not subprocess.DEVNULL:
+        if not isinstance(self._log, int):  # DEVNULL is an int; a log file is ours to close
             self._log.close()
         return self.proc.returncode
 

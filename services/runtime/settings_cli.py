@@ -34,7 +34,7 @@ def _flag_type(annotation: object):
     return str
 
 
-def build_parser(model: type[S], prog: str, description: str) -> argparse.ArgumentParser:
+def build_parser(model: type[S], prog: str, description: str | None) -> argparse.ArgumentParser:
     # no abbreviations: `--auth-token SECRET` must fail, not be taken for --auth-token-file
     parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
     prefix = model.model_config.get("env_prefix", "")
@@ -42,7 +42,7 @@ def build_parser(model: type[S], prog: str, description: str) -> argparse.Argume
         flag = "--" + name.replace("_", "-")
         alias = field.validation_alias  # a field with an alias is read from that env var, without the prefix
         env = alias.upper() if isinstance(alias, str) else (prefix + name).upper()
-        default = field.default if field.default_factory is None else field.default_factory()
+        default = field.get_default(call_default_factory=True)
         help_text = f"{field.description or ''} [env {env}; default {default!r}]"
         kind = _flag_type(field.annotation)
         if kind is bool:
@@ -53,7 +53,7 @@ def build_parser(model: type[S], prog: str, description: str) -> argparse.Argume
     return parser
 
 
-def parse_settings(model: type[S], argv: Sequence[str] | None, prog: str, description: str) -> S:
+def parse_settings(model: type[S], argv: Sequence[str] | None, prog: str, description: str | None) -> S:
     parser = build_parser(model, prog, description)
     given = vars(parser.parse_args(argv))
     try:

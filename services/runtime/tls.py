@@ -63,7 +63,7 @@ class TLSSettings(BaseSettings):
         """uvicorn.Config keyword arguments: HTTPS with this certificate (and client verification), or none."""
         if not self.tls_cert_file:
             return {}
-        options = {"ssl_certfile": self.tls_cert_file, "ssl_keyfile": self.tls_key_file}
+        options: dict[str, object] = {"ssl_certfile": self.tls_cert_file, "ssl_keyfile": self.tls_key_file}
         if self.tls_client_ca_file:
             options.update(ssl_ca_certs=self.tls_client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
         return options

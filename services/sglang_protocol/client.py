@@ -17,7 +17,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import aiohttp
 import httpx
@@ -102,7 +102,7 @@ class SGLangClient:
             self._session = None
 
     def _post(self, endpoint: str, body: dict | None = None, timeout: float | None = None) -> httpx.Response:
-        kwargs = {"json": body} if body is not None else {}
+        kwargs: dict[str, Any] = {"json": body} if body is not None else {}
         if timeout is not None:
             kwargs["timeout"] = timeout
         return self._http.post(endpoint, **kwargs)
@@ -379,7 +379,7 @@ class SGLangClient:
         order; or one broadcast of the whole bucket, with `flat_bucket={"offsets", "nbytes"}` (a server that says
         flat_bucket_update) or `load_format="flattened_bucket"` (the tensors back to back: a server that says
         flattened_bucket_update). `lora_scaling`: they are a LoRA adapter (lora_adapter_update)."""
-        body = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+        body: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
                 "group_name": group_name, "flush_cache": flush_cache, "abort_all_requests": False,
                 "weight_version": weight_version, **({"lora_scaling": lora_scaling} if lora_scaling else {})}
         if flat_bucket is not None:

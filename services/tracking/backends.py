@@ -114,7 +114,9 @@ class MLflowTracker:
             self.client.log_batch(self.run_id, metrics=batch[start:start + 1000])
 
     def log_completions(self, step: int, rows: Sequence[dict]) -> None:
-        self.client.log_dict(self.run_id, [dict(row) for row in rows], f"completions/step_{step:06d}.json")
+        # MLflow writes any JSON value (a list here), though its hint names a dict
+        self.client.log_dict(self.run_id, [dict(row) for row in rows],  # type: ignore[arg-type]
+                             f"completions/step_{step:06d}.json")
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id, end_time=int(time.time() * 1000))

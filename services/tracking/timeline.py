@@ -104,7 +104,7 @@ def step_table(spans_by_lane: dict[str, list[dict]], trainer: str = "trainer") -
     for pub in publishes:
         start = previous_end if previous_end is not None else _first_start(spans_by_lane[trainer], pub["step"])
         end = pub["end"]
-        by_name = defaultdict(float)
+        by_name: defaultdict[str, float] = defaultdict(float)
         for s in spans_by_lane[trainer]:
             lo, hi = max(s["start"], start), min(s["end"], end)
             if hi > lo:

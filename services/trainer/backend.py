@@ -67,8 +67,8 @@ class TorchBackend:
         self.precision = precision  # bf16 weights are loaded so (service.py); bf16-mixed autocasts the forward
         self.data_rank, self.data_size = dp.rank, dp.size
         self.policy = ResponseLogits(hf_model)  # with LoRA a PeftModel: only the adapter is optimized
-        self.optimizer = adamw([p for _, p in trainable(hf_model)], run.optim.lr, run.optim.betas,
-                               run.optim.weight_decay, device)
+        self.optimizer: torch.optim.Optimizer = adamw([p for _, p in trainable(hf_model)], run.optim.lr,
+                                                      run.optim.betas, run.optim.weight_decay, device)
 
     def train(self, batch, run, micro_batch_size: int, device: str = "cpu", totals=None) -> StepMetrics:
         return actor_step(self.policy, self.optimizer, batch, run, micro_batch_size, device, totals,

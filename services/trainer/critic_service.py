@@ -68,6 +68,7 @@ class CriticTrainer:
         membership = self.join(conn.dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
                                                          device=c.device, run_id=c.run_id))
         n = run.group_rows
+        assert run.num_iters_per_train_update is not None  # RunConfig's validation sets it
         tq.register_task(task_name(run.name, CRITIC_VALUES_TASK), MODEL_INPUTS, group_size=n)
         tq.register_task(task_name(run.name, CRITIC_TRAIN_TASK), CRITIC_TRAIN_INPUTS, group_size=n)
         self.status.running()

@@ -87,6 +87,7 @@ class DataParallel:
         same split): share `share` of `shares` (default: this rank's of the group's size; a backend whose
         ranks of one model replica train the same rows passes its data-parallel rank and size)."""
         share, shares = (self.rank, self.size) if share is None else (share, shares)
+        assert shares is not None  # a caller that passes a share passes the number of shares with it
         groups = [rows[i:i + group_size] for i in range(0, len(rows), group_size)]
         weights = [float(sum(response_lengths[i:i + group_size])) for i in range(0, len(rows), group_size)]
         return [r for g in balanced_split(weights, shares)[share] for r in groups[g]]

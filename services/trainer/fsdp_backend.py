@@ -75,8 +75,9 @@ class FSDPBackend:
             fully_shard(layer, **options)
         fully_shard(self.policy, **options)
         self.names = [n for n, _ in trainable(hf_model)]  # the optimizer's parameters, in its order
-        self.optimizer = adamw([p for _, p in trainable(self.policy)], run.optim.lr, run.optim.betas,
-                               run.optim.weight_decay, "cpu" if cpu_offload else device)
+        self.optimizer: torch.optim.Optimizer = adamw([p for _, p in trainable(self.policy)], run.optim.lr,
+                                                      run.optim.betas, run.optim.weight_decay,
+                                                      "cpu" if cpu_offload else device)
 
     def train(self, batch, run, micro_batch_size: int, device: str = "cpu", totals=None) -> StepMetrics:
         # gradients are reduce-scattered after the last micro batch only: the others accumulate locally

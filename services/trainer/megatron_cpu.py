@@ -145,7 +145,7 @@ def _patch_step_restore() -> None:
                 tensors = {**tensors, "step": step}
         return original(self, model_param, tensors)
 
-    set_states._sluice_shim = True
+    set_states._sluice_shim = True  # type: ignore[attr-defined]  # marks the patch, against patching twice
     setattr(DistributedOptimizer, name, set_states)
 
 
@@ -174,13 +174,13 @@ def install() -> bool:
         if not hasattr(module, attr):
             raise RuntimeError(f"megatron CPU shim: {module_name}.{attr} is gone in megatron-core {version}")
         setattr(module, attr, replacement)
-    torch.Tensor.type = _type_as_cuda
+    torch.Tensor.type = _type_as_cuda  # type: ignore[method-assign]  # the shim's purpose: patch torch on CPU
     _patch_step_restore()
-    torch.Tensor.cuda = _stays_on_cpu
+    torch.Tensor.cuda = _stays_on_cpu  # type: ignore[method-assign]
     for module_name in DEVICE_MODULES:
         module = importlib.import_module(module_name)
         if getattr(module, "torch", None) is not torch:
             raise RuntimeError(f"megatron CPU shim: {module_name} no longer uses torch as a module global")
-        module.torch = _TorchOnCPU()
+        module.torch = _TorchOnCPU()  # type: ignore[attr-defined]  # checked just above
     _installed = True
     return True

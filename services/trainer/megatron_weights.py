@@ -44,8 +44,8 @@ class ShardGather:
                               lambda shards: ends_to_hf(shards, cfg, True, False))]
         for layer in range(cfg.num_hidden_layers):
             prefix = f"decoder.layers.{layer % per}."
-            units.append((layer // per, lambda k, prefix=prefix: k.startswith(prefix),
-                          lambda shards, layer=layer: layer_to_hf(shards, cfg, layer % per, layer)))
+            units.append((layer // per, lambda k, prefix=prefix: k.startswith(prefix),  # type: ignore[misc]
+                          lambda shards, layer=layer: layer_to_hf(shards, cfg, layer % per, layer)))  # type: ignore[misc]
         units.append((self.pp - 1, lambda k: k in ends, lambda shards: ends_to_hf(shards, cfg, False, True)))
         return units
 

@@ -28,7 +28,7 @@ import os
 import queue
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from services.tracking.timeline import fetch_spans, span_client, stage_busy
 from services.run_contract.run_config import RunConfig
@@ -50,7 +50,7 @@ def sample_stats(rewards: Sequence[float], lengths: Sequence[int]) -> dict:
             "response_length_max": max(lengths, default=0), "samples": len(rewards)}
 
 
-def staleness_mean(histogram: dict) -> float | None:
+def staleness_mean(histogram: dict | None) -> float | None:
     counts = {int(k): v for k, v in (histogram or {}).items()}
     total = sum(counts.values())
     return sum(s * n for s, n in counts.items()) / total if total else None
@@ -76,8 +76,8 @@ class TrainingTracker:
         self._samples: dict[int, list] = {}
         self._queue: queue.Queue = queue.Queue()
         self._previous_wall = time.time()
-        self._last_eval = None
-        self._tokenizer = None
+        self._last_eval: dict | None = None
+        self._tokenizer: Any = None  # a transformers tokenizer, loaded on first use
         self._failed: set[str] = set()  # parts switched off after a failure (each logged once)
         self._thread = threading.Thread(target=self._work, name="tracking", daemon=True)
         self._thread.start()
@@ -144,9 +144,10 @@ class TrainingTracker:
         mean = staleness_mean(metrics.get("staleness"))
         if mean is not None:
             out["staleness_mean"] = mean
-        if self.busy_fractions is not None and wall_time - self._busy_since >= BUSY_WINDOW_S:
+        busy = self.busy_fractions
+        if busy is not None and wall_time - self._busy_since >= BUSY_WINDOW_S:
             since, self._busy_since = self._busy_since, wall_time
-            self._guarded("busy", lambda: out.update(busy=self.busy_fractions(since, wall_time)))
+            self._guarded("busy", lambda: out.update(busy=busy(since, wall_time)))
         if self.latest_eval is not None and "eval" not in self._failed:
             result = self._eval_result()
             if result is not None and result != self._last_eval:
@@ -155,11 +156,13 @@ class TrainingTracker:
         return out
 
     def _add_sources(self, out: dict, step: int) -> None:
+        assert self.source_rewards is not None  # called only when there is one
         by_source = self.source_rewards(step)
         if by_source:
             out["reward_by_source"] = by_source
 
     def _eval_result(self) -> dict | None:
+        assert self.latest_eval is not None  # called only when there is one
         try:
             return self.latest_eval()
         except Exception as exc:

@@ -133,6 +133,7 @@ def encode_columns(columns: Mapping[str, Any]) -> tuple[int, list[pb.FieldSchema
         schemas.append(schema)
         arrays.append(array)
         fields.append(pa.field(name, array.type, nullable=False, metadata={DTYPE_META: schema.dtype.encode()}))
+    assert n_rows is not None  # set by the first of the columns, of which there is at least one
     if n_rows == 0:
         raise _invalid("a put needs at least one row")
     return n_rows, schemas, pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))

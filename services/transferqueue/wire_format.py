@@ -108,11 +108,12 @@ def _body_compressed(metadata: bytes) -> bool:
     kind = metadata[kind_at] if kind_at is not None else 0
     if kind not in (2, 3):
         return False
+    # a missing header field (None) raises TypeError here, which the caller reports as a malformed stream
     at = _flatbuffer_field(metadata, root, 2)
-    table = at + struct.unpack_from("<I", metadata, at)[0]
+    table = at + struct.unpack_from("<I", metadata, at)[0]  # type: ignore[arg-type]
     if kind == 2:  # DictionaryBatch.data is the RecordBatch
         at = _flatbuffer_field(metadata, table, 1)
-        table = at + struct.unpack_from("<I", metadata, at)[0]
+        table = at + struct.unpack_from("<I", metadata, at)[0]  # type: ignore[arg-type]
     return _flatbuffer_field(metadata, table, 3) is not None  # RecordBatch.compression
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,8 +36,8 @@ class BroadcastGroup:
     world_size: int
     backend: str
     timeout_s: float
-    store: dist.Store
-    pg: object
+    store: dist.Store | None  # None once closed
+    pg: Any  # a gloo or NCCL process group; None once closed
 
     @classmethod
     def open(cls, name: str, backend: str, master_address: str, master_port: int, rank: int, world_size: int,
@@ -75,6 +76,7 @@ class BroadcastGroup:
         store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout,
                               wait_for_workers=rank != 0)
         prefixed = sglang_group_store(store, name, backend)
+        pg: Any  # ProcessGroupGloo or ProcessGroupNCCL
         if backend == "gloo":
             pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
         elif backend == "nccl":

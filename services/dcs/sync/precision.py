@@ -41,6 +41,7 @@ def wire_dtype(declared: Iterable[str | None], source: torch.dtype) -> torch.dty
     if not dtypes or any(d is None for d in dtypes) or len(set(dtypes)) != 1:
         return source
     wanted = dtypes[0]
+    assert wanted is not None  # none is None (checked above)
     return wanted if wanted.itemsize < source.itemsize else source
 
 

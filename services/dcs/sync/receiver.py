@@ -62,6 +62,7 @@ class WeightReceiver:
         me = next((m for m in (spec.members if spec else []) if m.node_id == self.node_id), None)
         if me is None:
             raise NotInGroup(f"node {self.node_id} is not in the sync group of version {published.version}")
+        assert spec is not None  # `me` is one of its members
         t0 = time.perf_counter()
         seconds: dict[str, float] = {}
         try:
@@ -115,6 +116,7 @@ class WeightReceiver:
     def _report(self, published: PublishedWeights, ok: bool, error: str | None, seconds: dict,
                 nbytes: int | None = None) -> None:
         try:
+            assert published.sync_group is not None  # received through it; else logged below as unreported
             self.dcs.report_sync(self.run_id, SyncReport(
                 version=published.version, group=published.sync_group.name, node_id=self.node_id, ok=ok,
                 error=error, seconds=seconds, bytes=sum(published.bucket_bytes) if nbytes is None else nbytes))

@@ -120,7 +120,8 @@ class StreamingDataLoader(DataLoader):
         kwargs.setdefault("num_workers", 0)
         if kwargs["num_workers"] > 0:
             kwargs.setdefault("multiprocessing_context", "spawn")
-        super().__init__(dataset, batch_size=None, collate_fn=_identity, **kwargs)
+        # batch_size=None: collate_fn gets each item itself, not the list torch's hint assumes
+        super().__init__(dataset, batch_size=None, collate_fn=_identity, **kwargs)  # type: ignore[arg-type]
 
 
 def _identity(batch: Batch) -> Batch:

@@ -189,6 +189,7 @@ class AsyncTransferQueue:
                 # a shard came back without its data after it stored the bytes: the commit changed nothing
                 if err.code != grpc.StatusCode.ABORTED or attempt == _LOST_RETRIES:
                     raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _put_once(self, partition: str, n: int, schemas, batch, rows: Sequence[int] | None) -> list[int]:
         prepared = await self.controller.aprepare_put(partition, schemas, 0 if rows is not None else n,
@@ -317,6 +318,7 @@ class AsyncTransferQueue:
                 raise
             batch.complete = claimed.complete
             return batch
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def lost_rows(self, partition: str, task: str) -> list[int]:
         """The rows of `partition` lost (their shard came back without them) before `task` consumed them."""

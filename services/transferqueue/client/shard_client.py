@@ -43,6 +43,7 @@ class _Assembler:
             data = chunk.data
             if self.buf is None:
                 self.buf = bytearray(chunk.total_bytes)
+        assert self.buf is not None  # made for the first chunk, the only one read without it
         end = self.pos + len(data)
         if end > len(self.buf):
             raise TQError(grpc.StatusCode.DATA_LOSS, "shard sent more bytes than it announced")

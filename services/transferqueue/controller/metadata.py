@@ -8,6 +8,7 @@ import pathlib
 import secrets
 import uuid
 from dataclasses import dataclass
+from typing import Any, cast
 
 import grpc
 from redis.exceptions import ResponseError
@@ -63,7 +64,7 @@ class RedisMetadata:
         """The key put reservations are signed with: created once, shared by every controller replica."""
         key = f"{self.prefix}:reservation_key"
         await self.redis.set(key, secrets.token_hex(32), nx=True)
-        return bytes.fromhex(await self.redis.get(key))
+        return bytes.fromhex(cast(str, await self.redis.get(key)))  # set just above; a decode_responses client
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -92,12 +93,13 @@ class RedisMetadata:
         await self._call("tq_seal_partition", name)
 
     async def partition_names(self, prefix: str = "") -> list[str]:
-        names = await self.redis.zrange(f"{self.prefix}:partitions", 0, -1)
+        names = cast(list[str], await self.redis.zrange(f"{self.prefix}:partitions", 0, -1))
         return [n for n in names if n.startswith(prefix)]
 
     async def placement(self, name: str) -> pb.PartitionInfo:
         """Only what clients need to route rows: name, group size, shards, block (one Redis read)."""
-        gs, block, shards = await self.redis.hmget(f"{self.prefix}:p:{name}", "gs", "block", "shards")
+        gs, block, shards = cast(list[Any], await self.redis.hmget(f"{self.prefix}:p:{name}", "gs", "block",
+                                                                   "shards"))
         if gs is None:
             raise TQError(grpc.StatusCode.NOT_FOUND, f"partition {name} does not exist")
         return pb.PartitionInfo(name=name, group_size=int(gs), placement_block=int(block),
@@ -136,7 +138,7 @@ class RedisMetadata:
         await self._call("tq_register_task", name, definition, self.max_tasks, self.max_readiness_rows)
 
     async def tasks(self) -> list[pb.TaskInfo]:
-        raw = await self.redis.hgetall(f"{self.prefix}:tasks")
+        raw = cast(dict[str, str], await self.redis.hgetall(f"{self.prefix}:tasks"))
         out = []
         for name, text in sorted(raw.items()):
             d = json.loads(text)
@@ -215,7 +217,7 @@ class RedisMetadata:
     async def mark_shard_lost(self, shard_id: str, partitions: list[str], window: int = 4096) -> dict[str, int]:
         """Mark lost every committed row placed on the shard, partition by partition, in windows of rows
         (each one bounded Redis call). -> groups newly lost per partition (those with any)."""
-        lost = {}
+        lost: dict[str, int] = {}
         for name in partitions:
             alloc = await self.redis.hget(f"{self.prefix}:p:{name}", "alloc")
             for start in range(0, int(alloc or 0), window):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import grpc
 import numpy as np
@@ -37,7 +37,7 @@ class FieldColumn:
     admits one schema per field, so the committed rows a read asks for always share one type."""
 
     def __init__(self):
-        self.chunks: list[pa.Array | None] = []
+        self.chunks: list[Any] = []  # (array, its arrow field) per chunk; None once every cell of it is gone
         self.live: list[int] = []  # cells still pointing at each chunk
         self.nbytes: list[int] = []
         self.chunk_of = np.full(0, -1, dtype=np.int64)
