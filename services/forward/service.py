@@ -107,14 +107,8 @@ class ForwardService:
         self.status.running()
 
         def work(step: int, partition: str, behind) -> None:
-            if self.role == "actor_fwd":  # log-probs of step N come from its proximal version (run_config.py)
-                needed = step + steps.trainer_progress().version_offset  # the version step N trains with
-                if self.weights.previous is not None:
-                    needed = max(needed - 1, 0)
-                self.scoring_version = needed
-                while receiver.version < needed and not halt.is_set() and steps.info(step) is not None:
-                    pause()
-                    self.weights.follow(receiver, wait_s=1.0)
+            if self.role == "actor_fwd":
+                self._await_proximal(step, steps, receiver, pause, halt)
             consume_partition(tq, partition, consumer, c.lease_s, n, pause, halt, idle=behind)
         try:
             each_step(steps, run.num_steps, halt, pause, work, consumer.task, idle=keep_up)
@@ -126,6 +120,17 @@ class ForwardService:
             receiver.close()
             membership.close()
             conn.close()
+
+    def _await_proximal(self, step: int, steps, receiver, pause, halt: threading.Event) -> None:
+        """actor_fwd: take weight versions until it holds step N's proximal version (algorithm.proximal_policy:
+        the one before the version step N trains with, or that one), and score the step with it."""
+        needed = step + steps.trainer_progress().version_offset  # the version step N trains with
+        if self.weights.previous is not None:
+            needed = max(needed - 1, 0)
+        self.scoring_version = needed
+        while receiver.version < needed and not halt.is_set() and steps.info(step) is not None:
+            pause()
+            self.weights.follow(receiver, wait_s=1.0)
 
     def _catch_up(self, version: int) -> None:
         """A restarted receiver missed the broadcasts up to `version` (the last one its role loaded):
