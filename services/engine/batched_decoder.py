@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -70,7 +71,7 @@ class _Layer:
     gate_up_t: torch.Tensor
     down_t: torch.Tensor
     down_bias: torch.Tensor | None
-    act: object
+    act: Callable[[torch.Tensor], torch.Tensor]
     scaling: float
     keys: torch.Tensor            # this layer's KV pool, [slots, kv_heads, slot_len, head_dim] (views) ...
     values: torch.Tensor
@@ -196,7 +197,9 @@ class BatchedDecoder:
         if not any(full_logits or ()):
             last = hidden if decode_only else hidden[torch.tensor(ends, device=hidden.device) - 1]
             return torch.mm(_rms_norm(last, norm), self.lm_head_t), {}
-        rows, last_at, spans = [], [], {}
+        rows: list[int] = []
+        last_at: list[int] = []
+        spans: dict[int, tuple[int, int]] = {}
         for i, (end, n) in enumerate(zip(ends, lengths)):
             if full_logits[i]:
                 spans[i] = (len(rows), n)

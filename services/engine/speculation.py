@@ -105,6 +105,7 @@ class NgramDrafter:
         own, seen, previous, elsewhere = self.tokens, self._seen, self._previous, self._elsewhere
         shared = self.shared
         grams = shared.grams if shared is not None else None
+        max_entries = shared.max_entries if shared is not None else 0  # read once: this loop is hot
         for token in tokens:
             own.append(token)
             end = len(own)
@@ -115,7 +116,7 @@ class NgramDrafter:
                 previous[n] = index.get(key)
                 index[key] = end
                 if grams is not None:
-                    if len(grams) >= shared.max_entries:
+                    if len(grams) >= max_entries:
                         grams.clear()
                     tagged = key << 4 | n
                     before = grams.get(tagged)
@@ -139,6 +140,7 @@ class NgramDrafter:
                 self.source = None
                 return []
             if start is None:
+                assert elsewhere is not None  # a match elsewhere, or the loop went on above
                 context, end = elsewhere
                 return context[end:end + k]
             full = self.tokens
