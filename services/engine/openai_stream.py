@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 
@@ -88,7 +89,7 @@ def token_usage(seqs: list[Generation], prompts: list[list[int]]) -> dict:
 
 
 def _extras(engine, req, seq: Generation, prompt: list[int]) -> dict:
-    out = {}
+    out: dict[str, Any] = {}
     if getattr(req, "return_token_ids", False) or getattr(req, "return_prompt_token_ids", False):
         out.update(token_ids=list(seq.output), prompt_token_ids=prompt)
     if req.return_meta_info:
@@ -133,14 +134,16 @@ def chat_logprobs(engine, seq: Generation, new: range) -> dict:
 def _final_chat_delta(samples: Samples, i: int, tools: bool, rid: str) -> tuple[dict, str]:
     """The last delta of sample i (the rest of its text, its parsed tool calls) and its finish reason."""
     seq = samples.seqs[i]
+    assert seq.finish_reason is not None  # sample i is done
     reason = seq.finish_reason["type"]
     if not tools:
         return {"content": samples.new_text(i)}, reason
     content, calls = parse_tool_calls(seq.text, tool_call_format(samples.engine.tokenizer))
     sent = samples.chars[i]
-    delta = {"content": (content or "")[sent:]}
-    if calls:
-        delta["tool_calls"] = [{"index": k, **c.model_dump()} for k, c in enumerate(tool_calls(f"{rid}_{i}", calls))]
+    delta: dict[str, Any] = {"content": (content or "")[sent:]}
+    if calls:  # so tool_calls gives a list, not None
+        delta["tool_calls"] = [{"index": k, **c.model_dump()}
+                               for k, c in enumerate(tool_calls(f"{rid}_{i}", calls) or [])]
         reason = "tool_calls" if reason == "stop" else reason
     return delta, reason
 
