@@ -46,7 +46,7 @@ class NodeRegistration(Strict):
         its 'http' port; None with neither."""
         for scheme in ("https", "http"):
             if (port := self.ports.get(scheme)) is not None:
-                return f"{scheme}://{self.host}:{port}"
+                return f"{scheme}://{url_host(self.host)}:{port}"
         return None
 
 
@@ -92,7 +92,12 @@ def engine_url(url: str) -> str:
     if not parts.hostname or parts.username or parts.password or parts.path not in ("", "/") or parts.query \
             or parts.fragment:
         raise ValueError(f"engine URL {url!r}: only scheme://host[:port] (no path, query or credentials)")
-    return f"{parts.scheme}://{parts.hostname}:{port}"
+    return f"{parts.scheme}://{url_host(parts.hostname)}:{port}"
+
+
+def url_host(host: str) -> str:
+    """A host as a URL writes it: an IPv6 address in brackets (`[::1]`), a name or IPv4 address as it is."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 class EngineAdd(Strict):
