@@ -41,7 +41,9 @@ def wait_for_untaken_rows(tq: TransferQueue, run: RunConfig, timeout_s: float = 
 @pytest.mark.parametrize("algorithm", [{}, {"estimator": "ppo", "lam": 0.95}], ids=["grpo", "ppo-critic"])
 def test_rows_lost_with_a_shard_are_generated_again_and_trained_once(tmp_path, algorithm):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
-    run = RunConfig(name="lost", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
+    # max_staleness 2: the trainer claims the next step's rows while it publishes, so it may be stopped holding
+    # them with its publish unfinished; at max_staleness 1 the rollout could then write nothing nobody has taken
+    run = RunConfig(name="lost", model=model_dir, max_staleness=2, n_samples_per_prompt=4, rollout_batch_size=2,
                     global_batch_size=8, micro_batch_size=4, num_steps=30, rollout={"max_new_tokens": 16},
                     optim={"lr": 1e-4}, algorithm=algorithm)
     with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
