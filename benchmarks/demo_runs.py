@@ -26,19 +26,34 @@ What a run returns (`demo_run`):
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
-import time
-from collections import defaultdict
-from typing import Callable
 
-from services.demo import build_run, parse_args, prepare_model
-from services.launch.local_run import LocalRun
-from services.tracking.timeline import fetch_spans
-from services.run_contract.run_config import RunConfig
-from services.run_state.evaluations import read_evaluations
-from services.run_state.trainer_progress import read_progress, trained_steps
+# one thread per process, offline, set before torch loads: the benchmark scripts import this module first
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+from typing import Callable  # noqa: E402
+
+from services.demo import build_run, parse_args, prepare_model  # noqa: E402
+from services.launch.local_run import LocalRun  # noqa: E402
+from services.tracking.timeline import fetch_spans  # noqa: E402
+from services.run_contract.run_config import RunConfig  # noqa: E402
+from services.run_state.evaluations import read_evaluations  # noqa: E402
+from services.run_state.trainer_progress import read_progress, trained_steps  # noqa: E402
+
+_T0 = time.perf_counter()
+
+
+def log(message: str) -> None:
+    """Progress on stderr, seconds since the benchmark began (stdout is kept for its JSON)."""
+    print(f"[{time.perf_counter() - _T0:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
 def demo_args(seed: int, steps: int, extra: list[str] = ()):

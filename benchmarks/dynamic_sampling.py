@@ -22,27 +22,14 @@ Usage: python benchmarks/dynamic_sampling.py [--seeds 0,1,2] [--steps 300] [--se
 
 from __future__ import annotations
 
+from demo_runs import demo_args, demo_config, demo_run, log, recorded, warm_model  # sets the threads first
+
+import argparse
+import json
 import os
-
-os.environ["OMP_NUM_THREADS"] = "1"
-os.environ["MKL_NUM_THREADS"] = "1"
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-from demo_runs import demo_args, demo_config, demo_run, recorded, warm_model  # noqa: E402
-
-_T0 = time.perf_counter()
-
-
-def log(message: str) -> None:
-    print(f"[{time.perf_counter() - _T0:6.1f}s] {message}", file=sys.stderr, flush=True)
+import statistics
+import sys
+import tempfile
 
 
 def share(parts: list[tuple[int, int]]) -> float | None:

@@ -37,17 +37,14 @@ class ProximalWeights:
         self._warned: set[int] = set()
 
     def follow(self, receiver: WeightFollower, wait_s: float) -> int | None:
-        """follow_weights into the older copy, which becomes the newest: the version loaded, or None."""
-        if self.previous is None:
-            # a WeightFollower is WeightReceiver's seam (run_state/seams.py); follow_weights names the class
-            loaded = follow_weights(receiver, self.current, wait_s)  # type: ignore[arg-type]
-            if loaded is not None:
-                self.current_version = loaded
-            return loaded
-        loaded = follow_weights(receiver, self.previous, wait_s)  # type: ignore[arg-type]
+        """follow_weights into the older copy (the only one without a previous), which becomes the newest: the
+        version loaded, or None."""
+        loaded = follow_weights(receiver, self.previous if self.previous is not None else self.current, wait_s)
         if loaded is not None:
-            self.previous, self.current = self.current, self.previous
-            self.previous_version, self.current_version = self.current_version, loaded
+            if self.previous is not None:
+                self.previous, self.current = self.current, self.previous
+                self.previous_version = self.current_version
+            self.current_version = loaded
         return loaded
 
     def replace(self, model: torch.nn.Module, version: int) -> None:

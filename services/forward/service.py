@@ -161,7 +161,7 @@ class ForwardService:
             membership.progress(weight_version=receiver.version)
 
     def compute(self, batch: Batch) -> dict:
-        model = self.weights.holding(self.scoring_version) if self.role == "actor_fwd" else self.weights.current
+        model = self.weights.holding(self.scoring_version)  # the newest unless actor_fwd keeps the one before
         config: Any = model.config  # a transformers model's
         rb = build_response_batch(batch["tokens"], batch["prompt_length"], batch["response_length"],
                                   hidden_size=config.hidden_size)
