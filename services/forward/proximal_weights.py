@@ -39,7 +39,9 @@ class ProximalWeights:
     def follow(self, receiver: WeightFollower, wait_s: float) -> int | None:
         """follow_weights into the older copy (the only one without a previous), which becomes the newest: the
         version loaded, or None."""
-        loaded = follow_weights(receiver, self.previous if self.previous is not None else self.current, wait_s)
+        # a WeightFollower is WeightReceiver's seam (run_state/seams.py); the leaf dcs/sync names the class
+        loaded = follow_weights(receiver, self.previous if self.previous is not None else self.current,  # type: ignore[arg-type]
+                                wait_s)
         if loaded is not None:
             if self.previous is not None:
                 self.previous, self.current = self.current, self.previous
