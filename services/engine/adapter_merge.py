@@ -32,11 +32,20 @@ def adapter_part(name: str) -> tuple[str, str] | None:
     return None
 
 
+def _split(name: str) -> tuple[str, str]:
+    """adapter_part of a name the caller took as an adapter tensor's; WeightMismatch for any other name."""
+    found = adapter_part(name)
+    if found is None:
+        raise WeightMismatch(f"{name} is not an adapter tensor's name ({PREFIX}<module>.lora_A.weight or "
+                             f".lora_B.weight)")
+    return found
+
+
 def check_adapter(params: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
     """Raise WeightMismatch naming the first adapter tensor that cannot target `params`: no such linear layer,
     or A [r, in] / B [out, r] that do not fit its weight [out, in]."""
     for name, t in tensors.items():
-        weight, part = adapter_part(name)
+        weight, part = _split(name)
         w = params.get(weight)
         if w is None or w.dim() != 2:
             raise WeightMismatch(f"received adapter tensor {name}: the model has no linear layer weight {weight}")
@@ -51,7 +60,7 @@ def adapter_pairs(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Ten
     differ."""
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in tensors.items():
-        weight, part = adapter_part(name)
+        weight, part = _split(name)
         parts.setdefault(weight, {})[part] = t
     pairs = {}
     for weight, got in parts.items():
