@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import orjson
 import torch
@@ -88,8 +88,8 @@ def prompts_of(engine, req: GenerateRequest) -> list[tuple[list[int], SamplingPa
     single = req.is_single()
     if req.text is not None:
         prompts = [engine.tokenizer(t).input_ids for t in ([req.text] if single else req.text)]
-    else:
-        prompts = [req.input_ids] if single else req.input_ids
+    else:  # pydantic validated input_ids as one of its two list types; is_single tells which
+        prompts = [cast(list[int], req.input_ids)] if single else cast(list[list[int]], req.input_ids)
     check_prompt_ids(engine, prompts)
     raw = req.sampling_params or SamplingParams()
     params = raw if isinstance(raw, list) else [raw] * len(prompts)
@@ -118,6 +118,15 @@ def logprob_settings(engine, req: GenerateRequest, inputs: int) -> list[tuple[bo
     return [(w, top if w else 0, start if w else -1) for w, top, start in zip(wants, tops, starts)]
 
 
+def _waker(loop: asyncio.AbstractEventLoop, q: asyncio.Queue, stream: bool) -> Callable[[Generation], None]:
+    """A sample's on_update: wakes its queue's reader on the event loop. Waking the loop costs the engine thread
+    the GIL: per token only when streaming, else once, when the sample finishes."""
+    def wake(seq: Generation) -> None:
+        if stream or seq.finished:
+            loop.call_soon_threadsafe(q.put_nowait, 0)
+    return wake
+
+
 def samples_of(engine, items, stream: bool, logprobs: list[tuple[bool, int, int]]) -> tuple[list[Generation],
                                                                                           list[asyncio.Queue]]:
     """One Generation per sample (n children `rid-i` each, as SGLang names them, so an abort by rid
@@ -131,15 +140,14 @@ def samples_of(engine, items, stream: bool, logprobs: list[tuple[bool, int, int]
             seqs.append(Generation(
                 rid=rid if params.n == 1 else f"{rid}-{index}", prompt=list(prompt), params=params,
                 generator=torch.Generator(engine.config.device).manual_seed(seed) if seed is not None else None,
-                # waking the event loop costs the engine thread the GIL: per token only when streaming
-                on_update=lambda r, q=q: (stream or r.finished) and loop.call_soon_threadsafe(q.put_nowait, 0),
+                on_update=_waker(loop, q, stream),
                 wants_logprobs=wants, top_logprobs_num=top_n, logprob_start_len=min(start_len, len(prompt) - 1)))
             queues.append(q)
     return seqs, queues
 
 
 def meta_info(seq: Generation, weight_version: str) -> dict:
-    m = {"id": seq.rid, "finish_reason": seq.finish_reason, "prompt_tokens": len(seq.prompt),
+    m: dict[str, Any] = {"id": seq.rid, "finish_reason": seq.finish_reason, "prompt_tokens": len(seq.prompt),
          "completion_tokens": len(seq.output), "cached_tokens": seq.cached_tokens, "weight_version": weight_version}
     if len(seq.spans) > 1:
         m["weight_versions"] = seq.spans
@@ -224,6 +232,8 @@ async def answer_generate(engine, req: GenerateRequest, request: Request) -> Res
         abort_unfinished(engine, seqs)
         raise
     for seq in seqs:
+        if seq.finish_reason is None:  # wait_all returned True: every sample finished
+            raise RuntimeError(f"sample {seq.rid} is answered before it finished")
         REQUESTS.labels(seq.finish_reason["type"]).inc()
         TOKENS_OUT.inc(len(seq.output))
     results = [result(s) for s in seqs]
