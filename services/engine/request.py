@@ -53,6 +53,36 @@ class Generation:
             return self.output[-1:]  # decoding: no copy of prompt + output every step
         return self.tokens[self.cached:]
 
+    def stop_reason(self, token: int, eos_ids: set[int], context_len: int,
+                    decode: Callable[[list[int]], str]) -> dict | None:
+        """Why the request stops after taking `token` (its finish_reason), None while it goes on. With stop
+        strings, `text` becomes its output decoded so far, cut before a matched one."""
+        p = self.params
+        stops = p.stop_strings()
+        if stops:  # decoding every step costs O(n) per token: only when stop strings need it
+            self.text = decode(self.output)
+        if len(self.output) >= p.min_new_tokens:
+            if not p.ignore_eos and token in eos_ids:
+                return {"type": "stop", "matched": token}
+            if p.stop_token_ids and token in p.stop_token_ids:
+                return {"type": "stop", "matched": token}
+            for stop in stops:
+                at = self.text.find(stop)
+                if stop and at >= 0:
+                    self.text = self.text[:at]
+                    return {"type": "stop", "matched": stop}
+        if len(self.output) >= p.max_new_tokens:
+            return {"type": "length", "length": p.max_new_tokens}
+        if len(self.prompt) + len(self.output) >= context_len:  # the context is full
+            return {"type": "length", "length": len(self.output)}
+        return None
+
+    def kv_slot(self) -> int:
+        """The KV slot of a request the scheduler admitted; RuntimeError when it holds none (a scheduler bug)."""
+        if self.slot is None:
+            raise RuntimeError(f"request {self.rid} runs without a KV slot")
+        return self.slot
+
     @property
     def awaiting_prefix(self) -> bool:
         return self.leader is not None

@@ -41,6 +41,12 @@ class StepForward(Protocol):
                 full_logits: list[bool] | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]: ...
 
 
+class ControlDone(threading.Event):
+    """Set when a control (Scheduler.control) ran on the engine thread; what it returned, or what it raised."""
+    result: object = None
+    error: Exception | None = None
+
+
 class Scheduler:
     def __init__(self, decoder: StepForward, tokenizer, chunked_prefill_size: int = 4096,
                  num_draft_tokens: int = 0, draft_budget: int = 64,
@@ -63,7 +69,7 @@ class Scheduler:
         self.ngrams = SharedNgrams()            # every drafted request's n-grams (speculation.py)
         self.draft_sources = DraftSources()     # how often each kind of n-gram match is accepted
         self._cv = threading.Condition()
-        self._controls: deque = deque()
+        self._controls: deque[tuple[Callable[[], object], ControlDone]] = deque()
         self._stop = False
         self.failure: str | None = None         # why the loop stopped on an error (None: healthy)
         self.on_fatal = on_fatal
@@ -99,10 +105,9 @@ class Scheduler:
     def alive(self) -> bool:
         return self.failure is None and self._thread.is_alive()
 
-    def control(self, fn: Callable[[], object]) -> "threading.Event":
+    def control(self, fn: Callable[[], object]) -> ControlDone:
         """Run fn on the engine thread between steps; returns an event set when done (result/error on it)."""
-        done = threading.Event()
-        done.result = done.error = None
+        done = ControlDone()
         with self._cv:
             self._controls.append((fn, done))
             self._cv.notify_all()
@@ -187,7 +192,7 @@ class Scheduler:
             return
         self.steps += 1
         wants_prompt = [r.logprob_start_len >= 0 and r.input_logprobs is None for r in batch]
-        logits, full = self.decoder.forward([r.slot for r in batch], chunks,
+        logits, full = self.decoder.forward([r.kv_slot() for r in batch], chunks,
                                             [w or bool(r.draft) for w, r in zip(wants_prompt, batch)])
         samplers: list[Generation] = []
         rows: list[int] = []
@@ -214,21 +219,24 @@ class Scheduler:
         """Fill the slots finished requests left with the highest-slot running ones and keep `running` in slot
         order: decode batches then read consecutive slots, a view of the pool rather than a gather (which,
         in a long tail of a few long sequences, copied as many bytes per step as the weights)."""
-        for req in sorted(self.running, key=lambda r: -r.slot):
-            req.slot = self.pool.move_down(req.slot)
-        self.running.sort(key=lambda r: r.slot)
+        for req in sorted(self.running, key=lambda r: -r.kv_slot()):
+            req.slot = self.pool.move_down(req.kv_slot())
+        self.running.sort(key=Generation.kv_slot)
 
     def _plan(self) -> tuple[list[Generation], list[list[int]]]:
         """Which requests run this step and with which tokens: every decode, then prefill chunks in
         admission order up to the prefill budget. A request wanting prompt log-probs prefills whole."""
-        batch, chunks, drafting = [], [], []
+        batch: list[Generation] = []
+        chunks: list[list[int]] = []
+        drafting: list[tuple[int, NgramDrafter]] = []  # (the request's row in the batch, its drafter)
         budget = self.chunked_prefill_size
         for req in self.running:
             pending = req.pending()
             if req.finished or req.awaiting_prefix or not pending:
                 continue
-            if len(pending) == 1 and self._may_draft(req):
-                drafting.append(len(batch))
+            drafter = self._drafter(req) if len(pending) == 1 else None
+            if drafter is not None:
+                drafting.append((len(batch), drafter))
             if len(pending) > 1:
                 if budget <= 0 or (req.logprob_start_len >= 0 and len(pending) > budget and batch):
                     continue
@@ -239,26 +247,26 @@ class Scheduler:
             chunks.append(pending)
         if drafting:
             size = draft_sizes(len(drafting), self.num_draft_tokens, self.draft_budget)
-            for i in drafting:
+            for i, drafter in drafting:
                 req = batch[i]
                 room = min(req.params.max_new_tokens - len(req.output),
                            self.pool.slot_len - len(req.prompt) - len(req.output)) - 1
-                req.draft = req.drafter.draft(min(size, room))
+                req.draft = drafter.draft(min(size, room))
                 chunks[i] = chunks[i] + req.draft
         return batch, chunks
 
-    def _may_draft(self, req: Generation) -> bool:
-        """Greedy requests without per-token alternatives or EOS bans are drafted (their index brought up to
-        date here); the others decode one token a step."""
+    def _drafter(self, req: Generation) -> NgramDrafter | None:
+        """Greedy requests without per-token alternatives or EOS bans are drafted: their drafter, its index
+        brought up to date here; None for the others, which decode one token a step."""
         p = req.params
         if not self.num_draft_tokens or p.temperature >= GREEDY_BELOW or req.top_logprobs_num \
                 or len(req.output) < p.min_new_tokens:
-            return False
+            return None
         if req.drafter is None:
             req.drafter = NgramDrafter(shared=self.ngrams, sources=self.draft_sources)
             req.drafter.extend(req.prompt)
         req.drafter.extend(req.output[len(req.drafter.tokens) - len(req.prompt):])
-        return True
+        return req.drafter
 
     def _verify(self, reqs: list[Generation], logits: list[torch.Tensor]) -> None:
         """Each request takes its accepted drafts and the bonus token (speculation.accept_greedy) one by one,
@@ -268,6 +276,8 @@ class Scheduler:
             req.draft = []
             self.drafted += len(draft)
             self.accepted += len(tokens) - 1
+            if req.drafter is None:  # only a drafted request (_drafter) has a draft to verify
+                raise RuntimeError(f"request {req.rid} has a draft but no drafter")
             req.drafter.verified(len(draft), len(tokens) - 1)
             start = req.cached
             for token, logprob in zip(tokens, logprobs):
@@ -279,7 +289,7 @@ class Scheduler:
                     break  # _finish freed the slot and told the caller
             else:
                 req.cached = start + len(tokens)  # the input's last token and the accepted drafts
-                self.pool.lengths[req.slot] = req.cached
+                self.pool.lengths[req.kv_slot()] = req.cached
                 req.on_update(req)
 
     def _share_prefix(self, req: Generation) -> list[Generation]:
@@ -287,7 +297,7 @@ class Scheduler:
         out = [req]
         followers = [f for f in req.followers if not f.finished and f.slot is not None]
         if followers:
-            self.pool.copy_prefix(req.slot, [f.slot for f in followers], req.cached)
+            self.pool.copy_prefix(req.kv_slot(), [f.kv_slot() for f in followers], req.cached)
             for f in followers:
                 f.cached, f.cached_tokens, f.leader = req.cached, req.cached, None
                 f.input_logprobs = req.input_logprobs if f.logprob_start_len >= 0 else None
@@ -312,24 +322,10 @@ class Scheduler:
             req.on_update(req)
 
     def _check_finished(self, req: Generation, token: int) -> None:
-        p = req.params
-        stops = p.stop_strings()
-        if stops:  # decoding every step costs O(n) per token: only when stop strings need it
-            req.text = self.tokenizer.decode(req.output, skip_special_tokens=True)
-        if len(req.output) >= p.min_new_tokens:
-            if not p.ignore_eos and token in self.eos_ids:
-                return self._finish(req, {"type": "stop", "matched": token})
-            if p.stop_token_ids and token in p.stop_token_ids:
-                return self._finish(req, {"type": "stop", "matched": token})
-            for stop in stops:
-                at = req.text.find(stop)
-                if stop and at >= 0:
-                    req.text = req.text[:at]
-                    return self._finish(req, {"type": "stop", "matched": stop})
-        if len(req.output) >= p.max_new_tokens:
-            self._finish(req, {"type": "length", "length": p.max_new_tokens})
-        elif len(req.prompt) + len(req.output) >= self.pool.slot_len:  # the context is full
-            self._finish(req, {"type": "length", "length": len(req.output)})
+        reason = req.stop_reason(token, self.eos_ids, self.pool.slot_len,
+                                 lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+        if reason is not None:
+            self._finish(req, reason)
 
     def _finish(self, req: Generation, reason: dict) -> None:
         if not isinstance(reason.get("matched"), str):  # a stop string already cut the text
