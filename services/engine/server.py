@@ -10,9 +10,10 @@ import time
 from typing import Callable
 
 import torch
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import Gauge
+from starlette.routing import Route
 
 from services.dcs.sync.backend_choice import gpu_uuid
 from services.engine.config import EngineConfig
@@ -24,7 +25,7 @@ from services.engine.generate_routes import (BadRequest, Unavailable, error_resp
 from services.engine.openai_routes import openai_router
 from services.engine.parallel_forward import ParallelForward
 from services.engine.run_registration import stay_registered
-from services.engine.scheduler import Scheduler
+from services.engine.scheduler import Scheduler, StepForward
 from services.engine.weight_updates import WeightUpdates
 from services.engine.batched_decoder import BatchedDecoder
 from services.engine.kv_pool import KVPool
@@ -108,9 +109,10 @@ class VersionWatch:
 
 def make_scheduler(decoder: BatchedDecoder, tokenizer, config: EngineConfig) -> Scheduler:
     drafts = config.speculative_num_draft_tokens if config.speculative_algorithm == "ngram" else 0
+    forward: StepForward = decoder
     if config.forward_workers > 1:
-        decoder = ParallelForward(decoder, config.forward_workers)
-    return Scheduler(decoder, tokenizer, config.chunked_prefill_size, num_draft_tokens=drafts,
+        forward = ParallelForward(decoder, config.forward_workers)
+    return Scheduler(forward, tokenizer, config.chunked_prefill_size, num_draft_tokens=drafts,
                      draft_budget=config.max_running)
 
 
@@ -151,7 +153,9 @@ def build_app(engine: Engine) -> FastAPI:
     async def invalid(_, exc: RequestValidationError):
         return error_response(validation_message(exc.errors(), skip=1))
 
-    async def refused(_, exc: BadRequest | Unavailable):  # async: a sync handler would run in Starlette's threadpool
+    async def refused(_: Request, exc: Exception) -> Response:  # async: a sync one would run in Starlette's threadpool
+        if not isinstance(exc, (BadRequest, Unavailable)):  # registered below for these two kinds only
+            raise exc
         return refusal(exc)
 
     for kind in (BadRequest, Unavailable):
@@ -162,12 +166,22 @@ def build_app(engine: Engine) -> FastAPI:
                    engine_info_router(engine), service_router(engine)):
         app.include_router(router)
     if not engine.config.auth_token and not engine.config.allow_unauthenticated_weight_updates:
-        refuse_paths(app, {route.path for router in weights for route in router.routes},
+        refuse_paths(app, route_paths(weights),
                      "the engine has no auth token configured "
                      "(SLUICE_AUTH_TOKEN or --auth-token-file), so weight updates are refused; "
                      "--allow-unauthenticated-weight-updates accepts them anyway")
     require_bearer_token(app, engine.config.auth_token, OPEN_PATHS)
     return app
+
+
+def route_paths(routers: list[APIRouter]) -> set[str]:
+    """The path of every route of `routers`; TypeError for a route without one (it could not be refused)."""
+    paths = set()
+    for route in (r for router in routers for r in router.routes):
+        if not isinstance(route, Route):
+            raise TypeError(f"{route!r} is no route with a path")
+        paths.add(route.path)
+    return paths
 
 
 def refuse_paths(app: FastAPI, paths: set[str], why: str) -> None:
@@ -188,7 +202,9 @@ async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
     engine.version_moved.loop = loop
     closer = asyncio.create_task(engine.version_moved.close_when(stop))
     # a failed step stops the server (its requests were failed): exit 1, and the supervisor restarts the engine
-    engine.scheduler.on_fatal = lambda exc: loop.call_soon_threadsafe(stop.set)
+    def stop_serving(_: BaseException) -> None:
+        loop.call_soon_threadsafe(stop.set)
+    engine.scheduler.on_fatal = stop_serving
     freeze_heap()  # the model and the KV pool's bookkeeping live as long as the process (services/runtime/heap.py)
     engine.scheduler.start()
     log.info("engine serving", extra={"port": config.port, "model": config.model})
