@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
@@ -23,23 +22,10 @@ import aiohttp
 import httpx
 
 from services.runtime.tls import client_ssl_context
+from services.sglang_protocol.lora_adapters import LoRAAdapterRoutes, NamedAdapter
+from services.sglang_protocol.releases import FLATTENED_BUCKET_SINCE, release_at_least
 
 PauseMode = Literal["abort", "in_place", "retract"]
-FLATTENED_BUCKET_SINCE = (0, 5, 6)  # the first SGLang release whose distributed update takes flattened_bucket
-_PRE_RELEASE = re.compile(r"[.\-_]?(a|b|c|rc|alpha|beta|pre|preview|dev)\d*", re.IGNORECASE)
-
-
-def release_at_least(version: str | None, minimum: tuple[int, ...]) -> bool:
-    """Whether a reported SGLang version (PEP 440: "0.5.6", "0.5.6.post2", "0.5.7.dev12+g1a2b") is `minimum` or
-    later; a pre-release of `minimum` itself ("0.5.6rc0", "0.5.6.dev3") is not, nor is anything unparsable
-    (the built-in engine's "sluice-..." or a missing version)."""
-    match = re.match(r"v?(\d+(?:\.\d+)*)(.*)", version or "")
-    if match is None:
-        return False
-    release = tuple(int(p) for p in match.group(1).split("."))
-    width = max(len(release), len(minimum))
-    release, minimum = release + (0,) * (width - len(release)), minimum + (0,) * (width - len(minimum))
-    return release > minimum or (release == minimum and not _PRE_RELEASE.match(match.group(2)))
 
 
 class SGLangError(RuntimeError):
@@ -74,7 +60,7 @@ class Generation:
     spans: list[tuple[str, int, int]] = field(default_factory=list)  # (weight version, start, end) over output ids
 
 
-class SGLangClient:
+class SGLangClient(LoRAAdapterRoutes):
     def __init__(self, base_url: str, timeout_s: float = 60.0, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
@@ -120,7 +106,7 @@ class SGLangClient:
         except ValueError:
             data = {"message": text}
         if status >= 400 or (isinstance(data, dict) and data.get("success") is False):
-            message = data.get("message") if isinstance(data, dict) else None
+            message = (data.get("message") or data.get("error_message")) if isinstance(data, dict) else None
             if message is None and isinstance(data, dict) and isinstance(data.get("error"), dict):
                 message = data["error"].get("message")
             raise SGLangError(endpoint, status, message or text[:500])
@@ -269,18 +255,24 @@ class SGLangClient:
         return (await self.generate_batch([input_ids], [sampling_params], None if rid is None else [rid]))[0]
 
     async def generate_batch(self, inputs: Sequence[Sequence[int]], sampling_params: Sequence[dict],
-                             rids: Sequence[str] | None = None) -> list[Generation]:
+                             rids: Sequence[str] | None = None,
+                             adapter: NamedAdapter | None = None) -> list[Generation]:
         """Several samples in one /generate call (one input, sampling_params and rid each), in input order.
         Identical inputs, such as the samples of one prompt, share their prefill: the built-in engine copies
-        the prompt's KV, SGLang's radix cache reuses it."""
-        body = {"input_ids": [list(x) for x in inputs], "sampling_params": list(sampling_params),
-                "return_logprob": True}
+        the prompt's KV, SGLang's radix cache reuses it. `adapter`: the LoRA adapter they come from, named
+        (`lora_path`) where the server does not merge adapters into its weights (lora_adapters.py)."""
+        body: dict[str, Any] = {"input_ids": [list(x) for x in inputs], "sampling_params": list(sampling_params),
+                                "return_logprob": True}
         if rids is not None:
             body["rid"] = list(rids)
+        named = adapter if adapter is not None and await self.names_adapters() else None
+        if named is not None:
+            body["lora_path"] = named.name
         data = (await self._arequest("POST", "/generate", body)).get("data")
         if not isinstance(data, list) or len(data) != len(inputs):
             raise SGLangError("/generate", 200, f"expected {len(inputs)} results in a list")
-        return [self._generation(item) for item in data]
+        generations = [self._generation(item) for item in data]
+        return generations if named is None else self.from_adapter(generations, named)
 
     async def generate_text(self, text: str, sampling_params: dict) -> str:
         """One completion of a text prompt, tokenized by the server as it is (no chat template): its text (a
@@ -367,8 +359,7 @@ class SGLangClient:
         if self.weight_version() == version:
             self._records_paused_version = True
             return
-        self._check("/update_weight_version", self._post("/update_weight_version", {
-            "new_version": version, "abort_all_requests": False}))
+        self.set_weight_version(version)
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], group_name: str, weight_version: str | None,

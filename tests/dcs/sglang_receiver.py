@@ -5,8 +5,11 @@ receives with torch.distributed.broadcast on that group: each tensor on its own,
 `load_format: "flattened_bucket"` (0.5.6 and 0.5.23; 0.5.5 ignores the field), the call's tensors back to back in
 one uint8 broadcast, as each release's FlattenedTensorBucket lays them out (receive_flattened below). It emulates
 the release differences the client must cope with, and reports its release as `version` in its server info.
+Given a model directory (`--model-path`), it also generates from it and serves LoRA adapters through SGLang
+0.5.23's routes (tests/dcs/sglang_generation.py; the LoRA flags as SGLang's).
 
     python -m tests.dcs.sglang_receiver --port P --dcs URL --run-id R --release 0.5.6 [--fail-version V]
+        [--model-path DIR [--enable-lora --max-lora-rank R --lora-target-modules M ...]]
 
 It registers itself with DCS as an engine node and heartbeats. /stats (not SGLang) lets tests read
 what happened: pause/continue calls, the weights' digest, the weight version, and per update call its
@@ -16,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
+import os
 import threading
 import time
 
@@ -27,6 +32,7 @@ from fastapi.responses import JSONResponse
 
 from services.dcs.client import DCSClient
 from services.dcs.models import Heartbeat, NodeRegistration
+from tests.dcs.sglang_generation import LoraArgs, add_generation
 from tests.dcs.sync_worker import digest, weights
 
 torch.set_num_threads(1)
@@ -99,8 +105,12 @@ def receive_flattened(release: str, body: dict, group) -> dict[str, torch.Tensor
     return {name: buffer[start:end].view(dtype).reshape(shape) for name, dtype, shape, start, end in layout}
 
 
-def build(release: str, fail_version: str | None) -> FastAPI:
+def build(release: str, fail_version: str | None, model_path: str | None = None,
+          lora: LoraArgs | None = None) -> FastAPI:
+    """The stand-in of `release`; with `model_path` (a model directory) it also generates, and serves LoRA
+    adapters as `lora` says (tests/dcs/sglang_generation.py)."""
     app = FastAPI()
+    lora = lora or LoraArgs()
     state = {"weights": weights(0, torch.float32), "version": "default", "groups": {}, "pauses": [],
              "continues": 0, "paused": False, "updating": False, "serving": True, "updates": 0, "calls": []}
 
@@ -222,9 +232,11 @@ def build(release: str, fail_version: str | None) -> FastAPI:
         return info
 
     # the server info: its arguments (dtype "auto": the model's own) and the release; /server_info from 0.5.6 on
+    serving = add_generation(app, state, model_path, lora) if model_path and os.path.isdir(model_path) else None
+
     @app.get("/get_server_info")
     async def get_server_info():
-        return {"dtype": "auto", "version": release}
+        return {"dtype": "auto", "version": release, **dataclasses.asdict(lora)}
 
     if release != "0.5.5":
         app.get("/server_info")(get_server_info)
@@ -233,7 +245,8 @@ def build(release: str, fail_version: str | None) -> FastAPI:
     async def stats():
         return {"pauses": state["pauses"], "continues": state["continues"], "version": state["version"],
                 "digest": digest(state["weights"]), "serving": state["serving"], "updates": state["updates"],
-                "calls": state["calls"]}
+                "calls": state["calls"], "lora": serving.events if serving else [],
+                "generated": serving.generated if serving else []}
 
     return app
 
@@ -245,6 +258,10 @@ def main() -> None:
     p.add_argument("--run-id", required=True)
     p.add_argument("--release", choices=["0.5.5", "0.5.6", "0.5.23"], default="0.5.6")
     p.add_argument("--fail-version", default=None)
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--max-lora-rank", type=int, default=None)
+    p.add_argument("--lora-target-modules", nargs="*", default=None)
     args = p.parse_args()
     dcs = DCSClient(args.dcs)
     node = dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": args.port},
@@ -259,7 +276,9 @@ def main() -> None:
             time.sleep(0.2)
 
     threading.Thread(target=beat, daemon=True).start()
-    uvicorn.run(build(args.release, args.fail_version), host="127.0.0.1", port=args.port, log_level="warning")
+    lora = LoraArgs(args.enable_lora, args.max_lora_rank, args.lora_target_modules)
+    uvicorn.run(build(args.release, args.fail_version, args.model_path, lora), host="127.0.0.1", port=args.port,
+                log_level="warning")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ second adapter replaces the first exactly (nothing accumulates)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import httpx
@@ -18,6 +19,8 @@ from services.dcs.sync.precision import WeightMismatch
 from services.dcs.sync.publisher import WeightPublisher
 from services.engine.weight_updates import WeightUpdates
 from services.model.loading import load_causal_lm
+from services.sglang_protocol.client import SGLangClient
+from services.sglang_protocol.lora_adapters import run_adapter
 from tests.engine.conftest import start_engine
 from tests.engine.test_weight_updates import FakeScheduler
 
@@ -50,6 +53,16 @@ def _greedy(url: str) -> list[int]:
     return r.json()["output_ids"]
 
 
+async def _generate_named(url: str, adapter):
+    client = SGLangClient(url)
+    try:
+        return (await client.generate_batch([PROMPT], [{"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}],
+                                            adapter=adapter))[0]
+    finally:
+        await client.aclose()
+        client.close()
+
+
 @pytest.mark.slow
 def test_engine_serves_the_merged_adapter_and_the_next_one_replaces_it(tiny_model_dir, tmp_path):
     first, merged_first = _adapter(tiny_model_dir, 1)
@@ -69,6 +82,9 @@ def test_engine_serves_the_merged_adapter_and_the_next_one_replaces_it(tiny_mode
             for version, (tensors, want) in enumerate(zip((first, second, first), expected + expected[:1]), 1):
                 result = publisher.publish(list(tensors.items()), version)
                 assert result.ok and _greedy(url) == want, version  # the third: the first again, not a sum
+            # a LoRA run's rollout asks for the run's adapter: this engine has it merged, so it is not named
+            named = asyncio.run(_generate_named(url, run_adapter("w", 3)))
+            assert named.output_ids == expected[0] and named.spans == [("3", 0, 8)]
             full = sum(p.numel() * 4 for p in load_causal_lm(tiny_model_dir)[0].parameters())
             assert result.bytes == sum(t.numel() * 4 for t in first.values()) and result.bytes < full / 10
             publisher.close()

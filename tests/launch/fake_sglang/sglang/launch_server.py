@@ -11,7 +11,10 @@ sglang/srt/entrypoints/http_server.py and engine.py):
 - the server arguments, api key included, logged at start (engine.py logs `server_args=` unredacted);
 - the api key: every route needs `Authorization: Bearer <key>` except OPTIONS and paths starting /health,
   /ready or /metrics (401 `{"error": "Unauthorized"}`);
-- `/health_generate`, the same handler as `/health`.
+- `/health_generate`, the same handler as `/health`;
+- the LoRA flags (`--enable-lora`, `--max-lora-rank`, `--lora-target-modules`, `--max-loras-per-batch`,
+  `--max-loaded-loras`) and their start check (sglang/srt/arg_groups/lora_hook.py); with a model directory as
+  `--model-path`, /generate and the LoRA adapter routes (tests/dcs/sglang_generation.py).
 Not SGLang: GET /fake_launch (behind the key) answers what this process was given, for the tests."""
 
 from __future__ import annotations
@@ -26,7 +29,12 @@ import uvicorn
 import yaml
 from fastapi.responses import JSONResponse
 
+from tests.dcs.sglang_generation import LoraArgs
 from tests.dcs.sglang_receiver import build
+
+LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "kv_a_proj_with_mqa", "q_b_proj",
+                       "kv_b_proj", "wq_b", "wk", "weights_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
+                       "gate_up_proj", "embed_tokens", "lm_head", "qkvr", "wo_ud", "all"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -44,6 +52,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", type=str, default=None)
     p.add_argument("--admin-api-key", type=str, default=None)
     p.add_argument("--config", type=str)
+    # the LoRA flags (sglang/srt/arg_groups/fields/lora.py; the target modules' choices from
+    # sglang/srt/utils/common.py SUPPORTED_LORA_TARGET_MODULES plus "all")
+    p.add_argument("--enable-lora", action="store_true", default=None)
+    p.add_argument("--max-lora-rank", type=int, default=None)
+    p.add_argument("--lora-target-modules", type=str, nargs="*", default=None, choices=LORA_TARGET_MODULES)
+    p.add_argument("--max-loras-per-batch", type=int, default=8)
+    p.add_argument("--max-loaded-loras", type=int, default=None)
     return p
 
 
@@ -96,7 +111,12 @@ def main(argv: list[str]) -> None:
     merged, config = (merge_config(p, argv) if "--config" in argv else (argv, None))
     args = p.parse_args(merged)
     print(f"server_args={vars(args)}", flush=True)
-    app = build("0.5.23", None)
+    if args.enable_lora:  # sglang/srt/arg_groups/lora_hook.py check_lora_server_args, with no --lora-paths
+        assert args.max_lora_rank and args.lora_target_modules, (
+            "When no initial --lora-paths is provided, you need to specify both --max-lora-rank and "
+            "--lora-target-modules for LoRA initialization.")
+    lora = LoraArgs(bool(args.enable_lora), args.max_lora_rank, args.lora_target_modules, args.max_loras_per_batch)
+    app = build("0.5.23", None, args.model_path, lora)
     health = next(route.endpoint for route in app.routes if getattr(route, "path", None) == "/health")
     app.add_api_route("/health_generate", health, methods=["GET"])
 
