@@ -145,6 +145,8 @@ class WeightUpdates:
         broadcast instead of one per tensor: a receive that competes with decoding for the GIL takes a
         fraction of the time."""
         bucket = body.flat_bucket
+        if bucket is None:  # receive() chose this transfer because the request has one
+            raise ValueError("a flat_bucket transfer without its flat_bucket (offsets, nbytes)")
         entries = bucket_entries(body.names, body.dtypes, body.shapes, bucket.offsets, bucket.nbytes)
         return self._receive_bucket(group, entries, bucket.nbytes)
 
@@ -182,9 +184,11 @@ class WeightUpdates:
         adapter = {n: t for n, t in staged.items() if adapter_part(n)}
         full = {n: t for n, t in staged.items() if n not in adapter}
         adapter_pairs(adapter)  # a whole adapter, checked before anything changes
+        if adapter and scaling is None:  # _stage refuses an adapter that comes without it
+            raise WeightMismatch("a LoRA adapter is staged without its lora_scaling (alpha / r)")
         load_into(self.model, full)
         self._adapter.rebase(full)
-        if adapter:
+        if adapter and scaling is not None:
             self._adapter.apply(adapter, scaling)
         if version is not None:
             self.scheduler.weight_version = str(version)
