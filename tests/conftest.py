@@ -47,15 +47,6 @@ def pytest_configure(config):
     faulthandler.dump_traceback_later(deadline_s, exit=True, file=config._sluice_stderr)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`./dev test` runs two workers, `--dist loadgroup`): the slow tests, each a whole
-    stack of processes, run on one worker one after another; the others are spread over both workers."""
-    for item in items:
-        if item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("slow"))
-
-
 @pytest.fixture
 def uniq():
     """Fresh partition/task names per test (tests share one stack)."""
