@@ -30,10 +30,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict,
+    OptimizerStateType, StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from services.model.response_batch import ResponseLogits
@@ -64,16 +64,18 @@ class FSDPBackend:
         self.device = device
         kind = torch.device(device).type
         mesh = init_device_mesh(kind, (dp.size,))
-        options = {"mesh": mesh}
-        if param_dtype:  # compute in param_dtype, reduce gradients in float32
-            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype),
-                                                        reduce_dtype=torch.float32)
-        if cpu_offload:
-            options["offload_policy"] = CPUOffloadPolicy()
+        # param_dtype: compute in it, reduce gradients in float32; else FSDP's defaults (no casts, no offload)
+        mp_policy = (MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype), reduce_dtype=torch.float32)
+                     if param_dtype else MixedPrecisionPolicy())
+        offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
         self.policy = ResponseLogits(hf_model)  # with LoRA a PeftModel: frozen base, trained adapter
-        for layer in base_of(hf_model).model.layers:
-            fully_shard(layer, **options)
-        fully_shard(self.policy, **options)
+        layers = base_of(hf_model).get_submodule("model.layers")
+        if not isinstance(layers, torch.nn.ModuleList):
+            raise TypeError(f"fsdp shards a decoder's layers (model.layers, a ModuleList); this model's are a "
+                            f"{type(layers).__name__}")
+        for layer in layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
+        fully_shard(self.policy, mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
         self.names = [n for n, _ in trainable(hf_model)]  # the optimizer's parameters, in its order
         self.optimizer: torch.optim.Optimizer = adamw([p for _, p in trainable(self.policy)], run.optim.lr,
                                                       run.optim.betas, run.optim.weight_decay,
@@ -126,9 +128,10 @@ class FSDPBackend:
                                "weights but not an optimizer state fsdp reads")
         saved = torch.load(os.path.join(checkpoint_path, "optimizer.pt"), weights_only=True)
         fqn = [PREFIX + n for n in self.names]
-        state = {"state": {fqn[int(i)]: s for i, s in saved["state"].items()},
-                 "param_groups": [{**g, "params": [fqn[int(i)] for i in g["params"]]} for g in saved["param_groups"]]}
-        set_optimizer_state_dict(self.policy, self.optimizer, state, options=StateDictOptions(full_state_dict=True))
+        whole: OptimizerStateType = {"state": {fqn[int(i)]: s for i, s in saved["state"].items()},
+                                     "param_groups": [{**g, "params": [fqn[int(i)] for i in g["params"]]}
+                                                      for g in saved["param_groups"]]}
+        set_optimizer_state_dict(self.policy, self.optimizer, whole, options=StateDictOptions(full_state_dict=True))
 
 
 def is_dcp(directory: str) -> bool:
