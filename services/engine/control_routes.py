@@ -261,15 +261,20 @@ def service_router(engine) -> APIRouter:
         503 at once while memory is released)."""
         if engine.scheduler.released:
             return Response(status_code=503)
-        probe = Generation(rid=f"health-{new_rid()}", prompt=[0], params=SamplingParams(max_new_tokens=1),
-                           on_update=lambda r: r.finished and loop.call_soon_threadsafe(done.set))
         loop, done = asyncio.get_running_loop(), asyncio.Event()
+
+        def wake(r: Generation) -> None:
+            if r.finished:
+                loop.call_soon_threadsafe(done.set)
+        probe = Generation(rid=f"health-{new_rid()}", prompt=[0], params=SamplingParams(max_new_tokens=1),
+                           on_update=wake)
         engine.scheduler.submit([probe])
         try:
             await asyncio.wait_for(done.wait(), HEALTH_GENERATE_S)
         except TimeoutError:
             await engine.run_control(lambda: engine.scheduler.abort(probe.rid))
-        ok = probe.finished and probe.finish_reason["type"] != "abort" and engine.scheduler.alive()
+        reason = probe.finish_reason  # None: no token within HEALTH_GENERATE_S
+        ok = reason is not None and reason["type"] != "abort" and engine.scheduler.alive()
         return Response(status_code=200 if ok else 503)
 
     @router.get("/health", responses={503: {"description": "the engine failed (it exits and is restarted)"}})

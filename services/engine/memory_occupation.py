@@ -23,6 +23,7 @@ docs/engine.md."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Literal
 
 import torch
@@ -129,7 +130,10 @@ class MemoryOccupation:
         RESIDENT.labels("weights").set_function(lambda: weights_bytes(engine.model))
         RESIDENT.labels("kv_cache").set_function(engine.pool.resident_bytes)
         for tag in ALL_TAGS:
-            RELEASED.labels(tag).set_function(lambda tag=tag: float(tag in self.sched.released))
+            RELEASED.labels(tag).set_function(partial(self._released, tag))
+
+    def _released(self, tag: str) -> float:
+        return float(tag in self.sched.released)
 
     def release(self, tags: list[str]) -> None:
         sched = self.sched

@@ -38,7 +38,8 @@ class GrpcTransport:
         self.address, self._credentials = channel_target(address)
         self._metadata = auth_metadata(token)
         self._channel = self._stub = None
-        self._achannel = self._astub = self._aloop = None
+        self._achannel = self._astub = None
+        self._aloop: asyncio.AbstractEventLoop | None = None
 
     def _sync(self):
         if self._stub is None:

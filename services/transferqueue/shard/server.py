@@ -90,7 +90,7 @@ class ShardServicer(pb_grpc.StorageShardServicer):
 
     async def Put(self, request_iterator, context):
         async with rpc_scope(SERVER, "Put", context):
-            buf, header = None, None
+            buf, header = bytearray(), None  # buf: sized by the header, the first message
             pos = 0
             async for raw in request_iterator:  # raw PutChunk bytes (see data_chunks)
                 data = data_only(raw) if header is not None else None
