@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from services.dcs.sync.messages import (  # the weight broadcast's messages are part of this contract
     MAX_BYTES as MAX_BYTES, MAX_VERSION as MAX_VERSION, FloatDType as FloatDType, GroupMember as GroupMember,
@@ -40,6 +40,15 @@ class NodeRegistration(Strict):
         "a weight receiver's: the dtype it serves its weights in (a publish sends floating tensors in it)"))
     gpu: str | None = Field(None, max_length=128, description=(
         "the UUID of the GPU it computes on (none on a CPU): a publish picks its transfer by who shares a GPU"))
+    weight_version: int | None = Field(None, ge=0, le=MAX_VERSION, description=(
+        "an engine's only: the weight version it holds as it registers (0: the weights it started with); "
+        "from then on the coordinator records the version of each weight sync that reached it (SyncReport.engines)"))
+
+    @model_validator(mode="after")
+    def _engine_version_only(self) -> "NodeRegistration":
+        if self.weight_version is not None and self.role != "engine":
+            raise ValueError("weight_version is registered by engines only; other nodes report theirs by heartbeat")
+        return self
 
     def url(self) -> str | None:
         """Its base URL (an engine's, a role's status server): its 'https' port (TLS) if it registered one, else
@@ -56,14 +65,22 @@ class NodeInfo(NodeRegistration):
     last_heartbeat: float
     alive: bool
     step: int | None = None
-    weight_version: int | None = None
+    weight_version: int | None = Field(None, description=(
+        "an engine: the version it holds, as it registered and then as each weight sync that reached it reported "
+        "(null: it said none); another node: the version its last heartbeat reported"))
     paused_seq: int = 0
     error: str | None = None
+
+    @model_validator(mode="after")
+    def _engine_version_only(self) -> "NodeInfo":  # replaces the registration's check: any node has a version here
+        return self
 
 
 class Heartbeat(Strict):
     step: int | None = Field(None, ge=0, le=MAX_VERSION)
-    weight_version: int | None = Field(None, ge=0, le=MAX_VERSION)
+    weight_version: int | None = Field(None, ge=0, le=MAX_VERSION, description=(
+        "the version the node holds (a forward role's receiver); not an engine's, which the coordinator records "
+        "from its registration and the weight syncs (409)"))
     paused_seq: int = Field(0, ge=0, le=MAX_VERSION, description="the pause request it has reached a safe point for (0 = none)")
     error: str | None = Field(None, max_length=4096)
 
@@ -123,7 +140,8 @@ class EngineEntry(Strict):
     rank: int = Field(description="its place in the run's engine list (stable while it stays in it)")
     node_id: str | None = Field(None, description="its registration, once made")
     alive: bool = Field(False, description="its registration is alive (heartbeats within the lease)")
-    weight_version: int | None = Field(None, description="the weight version it last reported")
+    weight_version: int | None = Field(None, description=(
+        "the weight version it holds: said at its registration, then recorded from each weight sync that reached it"))
 
 
 class EngineList(Strict):

@@ -3,6 +3,8 @@ restarted coordinator see one truth. Timestamps come from Redis's clock, not the
 
 Key layout (K = --key-prefix, R = run id):
   K:nodes, K:beats          HASH  node id -> registration / last heartbeat (each names its run)
+  K:held                    HASH  engine node id -> the weight version it holds: said at its registration, then
+                                  set by each ok sync report that names it (the one record of engine versions)
   K:runs                    HASH  run id -> Run (config, desired state, pause_seq, lifecycle status, failure)
   K:group_generation        STRING counter shared by every run's sync groups (names stay unique)
   K:run:R:weights:latest    STRING the run's newest published version
@@ -53,12 +55,28 @@ return -1
 """
 
 
-# A heartbeat of a registered node only: one that was unregistered meanwhile leaves no orphan beat.
+# A heartbeat of a registered node only: one that was unregistered meanwhile leaves no orphan beat. An engine's
+# heartbeat says no version (ARGV[3] = '1' when this one does): its version is K:held's, nobody else's.
 _HEARTBEAT = """
 local record = redis.call('HGET', KEYS[1], ARGV[1])
 if not record then return false end
+if ARGV[3] == '1' and cjson.decode(record)['role'] == 'engine' then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return record
+"""
+
+# A sync report, and the version each engine it names now holds: only engines registered for the report's run
+# (a report landing after an engine left, or re-registered under a new id, changes nothing).
+_REPORT_SYNC = """
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], 0, 999)
+for i = 4, #ARGV do
+  local record = redis.call('HGET', KEYS[2], ARGV[i])
+  if record then
+    local node = cjson.decode(record)
+    if node['role'] == 'engine' and node['run_id'] == ARGV[3] then redis.call('HSET', KEYS[3], ARGV[i], ARGV[2]) end
+  end
+end
 """
 
 # Move a role's cursor forward and collect the metadata every role is past, in one step: no replica can
@@ -91,6 +109,7 @@ class RedisState:
         self.events_channel = f"{prefix}:events"
         self._publish = self.redis.register_script(_PUBLISH)
         self._heartbeat = self.redis.register_script(_HEARTBEAT)
+        self._report_sync = self.redis.register_script(_REPORT_SYNC)
         self._set_cursor = self.redis.register_script(_SET_CURSOR)
 
     async def close(self) -> None:
@@ -108,41 +127,51 @@ class RedisState:
     async def register(self, reg: NodeRegistration) -> NodeInfo:
         node_id = uuid.uuid4().hex[:16]
         now = await self.now()
-        record = {**reg.model_dump(), "node_id": node_id, "registered_at": now}
+        record = {**reg.model_dump(exclude={"weight_version"}), "node_id": node_id, "registered_at": now}
         beat = {"ts": now, "step": None, "weight_version": None, "paused_seq": 0, "error": None}
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(f"{self.k}:nodes", node_id, json.dumps(record))
             pipe.hset(f"{self.k}:beats", node_id, json.dumps(beat))
+            if reg.weight_version is not None:  # an engine (models.py): what it holds as it joins
+                pipe.hset(f"{self.k}:held", node_id, reg.weight_version)
             pipe.publish(self.events_channel, "topology")
             await pipe.execute()
-        return self._node(record, beat, now)
+        return self._node(record, beat, now, reg.weight_version)
 
-    def _node(self, record: dict, beat: dict, now: float) -> NodeInfo:
+    def _node(self, record: dict, beat: dict, now: float, held: int | str | bytes | None) -> NodeInfo:
+        """An engine's version is the record's (K:held); any other node's, its last heartbeat's."""
+        version = (None if held is None else int(held)) if record["role"] == "engine" else beat.get("weight_version")
         return NodeInfo(**record, last_heartbeat=beat["ts"], alive=now - beat["ts"] <= self.node_lease_s,
-                        step=beat.get("step"), weight_version=beat.get("weight_version"),
+                        step=beat.get("step"), weight_version=version,
                         paused_seq=beat.get("paused_seq") or 0, error=beat.get("error"))
 
     async def heartbeat(self, node_id: str, hb: Heartbeat) -> NodeInfo:
         now = await self.now()
         beat = {"ts": now, **hb.model_dump()}
-        record = await self._heartbeat(keys=[f"{self.k}:nodes", f"{self.k}:beats"], args=[node_id, json.dumps(beat)])
+        record = await self._heartbeat(keys=[f"{self.k}:nodes", f"{self.k}:beats"],
+                                       args=[node_id, json.dumps(beat), "1" if hb.weight_version is not None else ""])
         if record is None:
             raise Missing(f"node {node_id} is not registered (re-register after a coordinator reset)")
-        return self._node(json.loads(record), beat, now)
+        if record == 0:
+            raise Conflict(f"node {node_id} is an engine: its weight version is recorded from its registration and "
+                           "the weight syncs that reach it, not from heartbeats (send the heartbeat without it)")
+        return self._node(json.loads(record), beat, now, await self.redis.hget(f"{self.k}:held", node_id))
 
     async def unregister(self, node_id: str) -> bool:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hdel(f"{self.k}:nodes", node_id)
             pipe.hdel(f"{self.k}:beats", node_id)
+            pipe.hdel(f"{self.k}:held", node_id)
             pipe.publish(self.events_channel, "topology")
-            removed, _, _ = await pipe.execute()
+            removed, *_ = await pipe.execute()
         return bool(removed)
 
     async def nodes(self) -> list[NodeInfo]:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(f"{self.k}:nodes")
             pipe.hgetall(f"{self.k}:beats")
-            records, beats = await pipe.execute()
+            pipe.hgetall(f"{self.k}:held")
+            records, beats, held = await pipe.execute()
         now = await self.now()
         out, expired = [], []
         for node_id, text in records.items():
@@ -150,10 +179,10 @@ class RedisState:
             if now - beat["ts"] > self.dead_node_ttl_s:
                 expired.append(node_id)  # dead long ago: forgotten, so topology does not grow without bound
                 continue
-            out.append(self._node(json.loads(text), beat, now))
+            out.append(self._node(json.loads(text), beat, now, held.get(node_id)))
         if expired:
-            await self.redis.hdel(f"{self.k}:nodes", *expired)
-            await self.redis.hdel(f"{self.k}:beats", *expired)
+            for key in ("nodes", "beats", "held"):
+                await self.redis.hdel(f"{self.k}:{key}", *expired)
         return sorted(out, key=lambda n: (n.role, n.rank, n.node_id))
 
     async def node(self, node_id: str) -> NodeInfo:
@@ -269,11 +298,11 @@ class RedisState:
         return SyncGroup(**json.loads(text)["group"])
 
     async def report_sync(self, run_id: str, report: SyncReport) -> None:
-        key = f"{self.run_key(run_id)}:syncs"
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.lpush(key, report.model_dump_json())
-            pipe.ltrim(key, 0, 999)
-            await pipe.execute()
+        """Keep the report (the newest 1000) and, for an ok one, record `report.version` as the version each
+        engine it names holds (K:held): the publisher heard each load it. One script."""
+        engines = report.engines if report.ok else []
+        await self._report_sync(keys=[f"{self.run_key(run_id)}:syncs", f"{self.k}:nodes", f"{self.k}:held"],
+                                args=[report.model_dump_json(), report.version, run_id, *engines])
 
     async def sync_reports(self, run_id: str, limit: int) -> list[SyncReport]:
         texts = await self.redis.lrange(f"{self.run_key(run_id)}:syncs", 0, limit - 1)

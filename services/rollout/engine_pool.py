@@ -84,7 +84,9 @@ class Engines(Protocol):
 
     def drain(self, url: str) -> None: ...
 
-    def version_of(self, url: str) -> tuple[int, bool]: ...
+    def version_of(self, url: str) -> tuple[int | None, bool]: ...
+
+    async def held_version(self, url: str) -> int | None: ...
 
     def describe(self) -> list[dict]: ...
 
@@ -161,10 +163,18 @@ class EnginePool:
         """The version new requests begin under: only engines at the newest version get them (_pick)."""
         return self.newest
 
-    def version_of(self, url: str) -> tuple[int, bool]:
-        """(the version `url` reports, whether it is reachable)."""
+    def version_of(self, url: str) -> tuple[int | None, bool]:
+        """(the version `url` reported last, None before its first answer; whether it is reachable)."""
         engine = self.engines[url]
-        return engine.version, engine.reachable
+        return engine.version if engine.known else None, engine.reachable
+
+    async def held_version(self, url: str) -> int | None:
+        """The version `url` holds, asked of it now (its registration says it); None when it does not answer."""
+        try:
+            return parse_version(await self.engines[url].client.wait_weight_version(None, 0))
+        except (httpx.HTTPError, SGLangError) as exc:
+            log.info("engine not answering: registered once it does", extra={"engine": url, "error": str(exc)})
+            return None
 
     def describe(self) -> list[dict]:
         """Each engine's state, for the rollout's /status and the live view."""

@@ -1,5 +1,10 @@
 """The actor trainer's weight versions: numbering and retries, one publish in flight while the trainer waits for
-its next step's data, and re-sending to engines that fell behind."""
+its next step's data, and re-sending to engines that fell behind.
+
+Which version an engine holds is read from one record, the coordinator's (GET /v1/runs/{run_id}/engines): an
+engine says it as it registers, and every weight sync that reaches it sets it from the publisher's report of the
+engines that loaded it (services/dcs/state.py K:held). Before reading it the trainer waits for the reports of its
+own syncs to land (WeightPublisher.reported), so the record includes every sync it made: no settling time."""
 
 from __future__ import annotations
 
@@ -18,8 +23,8 @@ from services.runtime.spans import span
 from services.trainer.lora import adapter_scaling, trainable
 
 log = logging.getLogger(__name__)
-HEARTBEAT_SETTLE_S = 2.5  # an engine's new version reaches the coordinator within a heartbeat or two
 MAX_ENGINE_ERRORS = 5  # resends in a row that an engine answered with an error before the run fails
+RESEND_BACKOFF_S = 1.0  # after a failed resend at the run's end, before the next: no tight loop of failing syncs
 
 
 class WeightsRefused(RuntimeError):
@@ -51,14 +56,13 @@ class WeightVersions:
         size = sum(p.numel() * p.element_size() for _, p in trainable(model))
         self.snapshot_fits = size <= snapshot_max_bytes  # a copy of the weights is affordable
         self.republish_check_s = republish_check_s
-        self._last_lag_check = self._published_at = time.monotonic()
+        self._last_lag_check = time.monotonic()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
         self._pending: Future | None = None
         self._pending_reads_model = False  # the publish in flight reads the live parameters (no snapshot)
         self.in_flight_version: int | None = None  # the version being published, until settled
         self.last_publish_s = 0.0  # how long the last publish's sync took (tracked with its step)
         self.last_publish_bytes = 0  # what it sent (the adapter alone with LoRA)
-        self._loaded: tuple[int, set[str]] = (0, set())  # the newest version sent, and the engines that loaded it
         self._engine_errors = 0  # resends in a row that failed with an engine's error answer
         self.skipped: set[int] = set()  # numbers announced by a failed sync: their weights are the next number's
 
@@ -86,7 +90,6 @@ class WeightVersions:
             self.sender.receiver_roles = self.receiver_roles(version)
             try:
                 result = self.sender.publish(weights if weights is not None else self._weights(), version)
-                self._note_loaded(version, result)
                 self.last_publish_s = result.seconds.get("total", 0.0)
                 self.last_publish_bytes = getattr(result, "bytes", 0)
                 log.info("weights published", extra={"version": version, "seconds": result.seconds})
@@ -157,86 +160,81 @@ class WeightVersions:
             self.settle()
 
     def resend_if_lagging(self, version: int) -> None:
-        """Every republish_check_s (and not within 5 s of a publish: engine versions reach the coordinator on
-        heartbeats), send `version` again to the engines that serve an older one. An engine that restarted
-        (or missed a publish while its rollout was down) holds back admission of the very samples the
-        trainer waits for; only a new publish brings it up to date."""
+        """Every republish_check_s, while no publish is in flight, send `version` again to the engines the
+        coordinator records as holding an older one. An engine that restarted (or missed a publish while its
+        rollout was down) holds back admission of the very samples the trainer waits for; only a new publish
+        brings it up to date."""
         now = time.monotonic()
-        if (now - self._last_lag_check < self.republish_check_s or now - self._published_at < 5.0
-                or (self._pending is not None and not self._pending.done())):
+        if now - self._last_lag_check < self.republish_check_s or (self._pending is not None
+                                                                   and not self._pending.done()):
             return
         self._last_lag_check = now
-        lagging = self._behind(self._run_engines(), version)
-        if not lagging:
-            return
-        self._send_engines(version, lagging)
+        lagging = self._behind(self._recorded_engines(), version)
+        if lagging:
+            self._send_engines(version, lagging)
 
-    def _run_engines(self) -> list:
-        """The run's engines to keep current (the coordinator's engine set, services/dcs/engine_set.py), less the
-        ones that registered themselves and are gone (a scaled-down pod: nothing brings that registration back).
-        An added engine that is down is kept: its rollout keeps it, and a restart brings it back."""
+    def _recorded_engines(self) -> list:
+        """The run's engines with the versions the coordinator records for them (its engine set,
+        services/dcs/engine_set.py), read once the reports of this trainer's syncs have reached it; less the ones
+        that registered themselves and are gone (a scaled-down pod: nothing brings that registration back). An
+        added engine that is down is kept: its rollout keeps it, and a restart brings it back."""
+        self.sender.reported()
         return [e for e in self.dcs.engines(self.run_id).engines if e.alive or e.source == "added"]
 
     def _behind(self, engines: list, version: int) -> list[str]:
-        """Node ids of the live engines that report an older version than `version`. Not the ones the publisher
-        leaves out as unresponsive (a resend now would reach only engines that are current): asking for them
-        has the publisher probe them again, and one that answers is behind at a later check."""
+        """Node ids of the live engines recorded with an older version than `version`, or with none (registered
+        without saying one: only the weights make it known). Not the ones the publisher leaves out as
+        unresponsive (a resend now would reach only engines that are current): asking for them has the publisher
+        probe them again, and one that answers is behind at a later check."""
+        if version < 1:  # nothing published yet: every engine holds the run's initial weights
+            return []
         left_out = set(self.sender.left_out())
-        return [n.node_id for n in engines if n.alive and n.weight_version is not None
-                and n.weight_version < version and n.node_id not in left_out]
-
-    def _note_loaded(self, version: int, result) -> None:
-        self._published_at = time.monotonic()
-        done = set(getattr(result, "engines", ()))
-        self._loaded = (version, done | self._loaded[1] if version == self._loaded[0] else done)
+        return [n.node_id for n in engines if n.alive and (n.weight_version is None or n.weight_version < version)
+                and n.node_id not in left_out]
 
     def catch_up_engines(self, version: int, wait_s: float, stop: threading.Event | None = None,
                          poll_s: float = 0.25) -> bool:
         """After the run's last step is published, before it is recorded (so the rollout still keeps its engines
         registered): every engine of the run serves `version` before the run ends. An engine that restarted
         near the end comes back with its initial weights, and no later publish would reach it (the resend of
-        `resend_if_lagging` runs only while the trainer waits for data). Engines that report an older version
-        get `version` again; an added engine that is down (its registration not alive) is waited for (one that registered itself and is gone is
-        not: services/trainer/publishing.py _run_engines); both up to `wait_s`.
-        Versions reach the coordinator on heartbeats (~1 s): until HEARTBEAT_SETTLE_S passed since the last
-        send, an engine that loaded `version` in that sync counts as current (the common end of a run returns at
-        once) and none is taken as behind; after it, what each engine reports decides. Returns whether every
-        engine caught up."""
+        `resend_if_lagging` runs only while the trainer waits for data). Engines recorded with an older version
+        get `version` again; an added engine that is down (its registration not alive) is waited for (one that
+        registered itself and is gone is not: `_recorded_engines`); both up to `wait_s`. The common end of a
+        run, every engine loaded the last publish, returns at once. Returns whether every engine caught up."""
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                engines = self._run_engines()
+                engines = self._recorded_engines()
             except Exception as exc:  # the coordinator restarting: the run's last record must not fail on it
                 log.warning("could not read the run's engines", extra={"error": repr(exc)})
                 if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
                     return False
                 time.sleep(poll_s)
                 continue
-            settled = time.monotonic() - self._published_at >= HEARTBEAT_SETTLE_S
-            loaded = self._loaded[1] if self._loaded[0] == version and not settled else set()
-            current = [n for n in engines if n.alive and (n.node_id in loaded or (
-                n.weight_version is not None and n.weight_version >= version))]
+            current = [n for n in engines if n.alive and n.weight_version is not None and n.weight_version >= version]
             if len(current) == len(engines):
                 return True
-            behind = self._behind(engines, version) if settled else []
-            if behind:
-                self._send_engines(version, behind)
-            elif time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+            if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
                 log.warning("the run ends with engines that do not serve its last weights",
                             extra={"version": version, "engines": [(n.node_id, n.alive, n.weight_version)
                                                                    for n in engines if n not in current]})
                 return False
-            else:
-                time.sleep(poll_s)
+            behind = self._behind(engines, version)
+            if not behind:
+                time.sleep(poll_s)  # an added engine that is down, or one left out: waited for
+            elif not self._send_engines(version, behind):
+                time.sleep(RESEND_BACKOFF_S)
 
-    def _send_engines(self, version: int, node_ids: list[str]) -> None:
-        """`version` again, to the engines only: no renumbering, so no sample gets staler."""
+    def _send_engines(self, version: int, node_ids: list[str]) -> bool:
+        """`version` again, to the engines only: no renumbering, so no sample gets staler. Returns whether the
+        sync succeeded (its report then records the engines it reached)."""
         log.warning("engines lag behind the published weights; sending them again",
                     extra={"engines": node_ids, "version": version})
         self.sender.receiver_roles = ["engine"]
         try:
-            self._note_loaded(version, self.sender.publish(self._weights(), version, announce=False))
+            self.sender.publish(self._weights(), version, announce=False)
             self._engine_errors = 0
+            return True
         except SyncFailed as exc:
             if exc.result.refused:
                 raise WeightsRefused(exc.result.error) from exc
@@ -246,10 +244,9 @@ class WeightVersions:
                 raise RuntimeError(f"resending the weights failed {self._engine_errors} times in a row with an "
                                    f"engine's error: {exc.result.error}") from exc
             log.warning("resending weights to engines failed", extra={"error": repr(exc)})
-            self._published_at = time.monotonic()
         except Exception as exc:  # a failed sync, or the coordinator unreachable: tried again at the next check
             log.warning("resending weights to engines failed", extra={"error": repr(exc)})
-            self._published_at = time.monotonic()
+        return False
 
     def close(self) -> None:
         """Let a publish in flight finish (a half-sent version would leave engines waiting), then stop."""

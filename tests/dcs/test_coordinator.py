@@ -42,7 +42,7 @@ def _heartbeat_keeps_one_alive(client: DCSClient, run: str) -> None:
     assert a.node_id in [n.node_id for n in roles["engine"]] and roles["engine"][0].parallel == {"tp": 2}
     deadline = time.monotonic() + 4
     while time.monotonic() < deadline:  # keep a alive, let b's 2 s lease lapse
-        client.heartbeat(a.node_id, Heartbeat(step=3, weight_version=2))
+        client.heartbeat(a.node_id, Heartbeat(step=3))
         time.sleep(0.2)
     nodes = {n.node_id: n for ns in client.topology().roles.values() for n in ns}
     assert nodes[a.node_id].alive and nodes[a.node_id].step == 3

@@ -31,8 +31,8 @@ def test_added_engines_are_listed_once_in_order_and_removal_keeps_them_out(clien
     assert client.add_engine(run, "http://localhost:31001").rank == first.rank  # adding again changes nothing
     second = client.add_engine(run, "https://127.0.0.1")
     assert second.url == "https://127.0.0.1:443" and second.rank > first.rank
-    own = _engine(client, run, 31003, weights_dtype="bfloat16")  # one that registers itself
-    client.heartbeat(own.node_id, Heartbeat(weight_version=4))
+    own = _engine(client, run, 31003, weights_dtype="bfloat16", weight_version=4)  # one that registers itself
+    client.heartbeat(own.node_id, Heartbeat())
     listing = client.engines(run)
     assert [(e.url, e.source) for e in listing.engines] == [
         ("http://localhost:31001", "added"), ("https://127.0.0.1:443", "added"), ("http://127.0.0.1:31003", "self")]

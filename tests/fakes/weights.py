@@ -120,6 +120,9 @@ class FakeWeightPublisher:
     def left_out(self) -> list[str]:
         return []
 
+    def reported(self, timeout_s: float | None = None) -> None:
+        """Each publish's engines are in the coordinator's record as it returns (InMemoryCoordinator.publish)."""
+
     def close(self) -> None:
         self.closed = True
 

@@ -1,8 +1,9 @@
 """Engines joining and leaving the rollout's real EnginePool and EngineFleet, against in-memory engines
 (tests/fakes/engines.py) and an in-memory engine directory (the coordinator's engine set): a joining engine gets
 requests only once it serves the newest weights; a drained one gives up the requests it holds, which finish on
-the others; the fleet follows the directory, keeps registrations for added engines only, and leaves alone the
-engines it started with until the directory has listed them."""
+the others; the fleet follows the directory, keeps registrations for added engines only (each saying the version its
+engine holds, and made again when the engine restarted), and leaves alone the engines it started with until the
+directory has listed them."""
 
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def test_the_fleet_follows_the_run_s_engine_set():
         pool = EnginePool(config.engine_urls, client=fleet_engines.client)
         fleet = EngineFleet(config, pool, directory, join)
         await fleet.start()
-        after_start = (pool.urls, [m.registration.host for m in memberships])
+        after_start = (pool.urls, [(m.registration.host, m.registration.weight_version) for m in memberships])
         directory.add_engine("r", B)  # added over REST
         directory.entries.append(EngineEntry(url="http://engine-d:1", source="self", rank=0, alive=True))
         await fleet.reconcile()
@@ -129,7 +130,55 @@ def test_the_fleet_follows_the_run_s_engine_set():
         return after_start, after_add, after_remove
 
     after_start, after_add, after_remove = asyncio.run(scenario())
-    assert after_start == ([A], ["engine-a"])  # C drained: it was listed nowhere but removed
+    assert after_start == ([A], [("engine-a", 0)])  # C drained: it was listed nowhere but removed
     assert after_add == ([A, B, "http://engine-d:1"], [A, B])  # one registering itself needs no membership
     assert after_remove == ([B], [B], [True, False])  # A's registration closed, B's kept
     assert all(m.closed for m in memberships)  # and every one when the rollout stops
+
+
+def test_an_added_engine_registers_saying_the_version_it_holds_and_again_when_it_restarts():
+    memberships: list[FakeMembership] = []
+
+    def join(dcs, registration):
+        memberships.append(FakeMembership(dcs, registration))
+        return memberships[-1]
+
+    def registrations() -> list[tuple[int | None, bool]]:
+        return [(m.registration.weight_version, m.closed) for m in memberships]
+
+    async def settle(fleet: EngineFleet) -> None:
+        await asyncio.sleep(0.1)  # the pool's watch sees the version
+        fleet.report()
+        await fleet.reconcile()
+
+    async def scenario():
+        engines = FakeEngines()
+        engines.set_version(4)  # the engine holds version 4 as the rollout starts (a restarted rollout)
+        directory = Directory()
+        config = RolloutConfig(run_id="r", engine_url=f"{A},{B}")
+        engines.stop(B)  # does not answer: not registered until it does
+        pool = EnginePool(config.engine_urls, client=engines.client)
+        fleet = EngineFleet(config, pool, directory, join)
+        await fleet.start()
+        watcher = asyncio.create_task(pool.watch_versions(wait_s=0.2, poll_s=0.02, on_change=lambda: None))
+        at_start = registrations()
+        engines.set_version(5)  # a sync reached it: its record moves by the sync's report, not by the rollout
+        await settle(fleet)
+        after_sync = registrations()
+        engines.lag(A, 0)  # restarted: back with its initial weights
+        engines.set_version(5)  # its long poll answers
+        await settle(fleet)
+        after_restart = registrations()
+        engines.stopped.discard(B)  # answers now
+        await settle(fleet)
+        b_answers = registrations()
+        watcher.cancel()
+        await fleet.close()
+        await pool.aclose()
+        return at_start, after_sync, after_restart, b_answers
+
+    at_start, after_sync, after_restart, b_answers = asyncio.run(scenario())
+    assert at_start == [(4, False)]  # A, with the version it holds; B not yet
+    assert after_sync == [(4, False)]  # the same registration
+    assert after_restart == [(4, True), (0, False)]  # the old one closed, a new one saying its initial weights
+    assert b_answers == [(4, True), (0, False), (5, False)]

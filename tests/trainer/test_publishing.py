@@ -84,9 +84,9 @@ def test_weights_larger_than_the_snapshot_limit_are_published_live():
 
 
 class EngineTopology(InMemoryCoordinator):
-    """A coordinator whose engine set is scripted: `scripted` (alive, weight_version) per node, changed by the test,
-    each added to the run (kept by its rollout) unless named in `registered_themselves`; an engine in `loads` takes
-    each non-announced resend it is alive for as its version (the engine loading it)."""
+    """A coordinator whose engine set is scripted: `scripted` (alive, recorded weight_version) per node, changed by
+    the test, each added to the run (kept by its rollout) unless named in `registered_themselves`; an engine in
+    `loads` takes each publish it is alive for, and the record says so as the publish returns (its sync report)."""
 
     def __init__(self, engines: dict[str, tuple[bool, int | None]]):
         super().__init__()
@@ -111,7 +111,6 @@ class EngineTopology(InMemoryCoordinator):
 
 
 def _caught_up(monkeypatch, engines: dict, wait_s: float, during=None) -> tuple[bool, EngineTopology, float]:
-    monkeypatch.setattr(publishing, "HEARTBEAT_SETTLE_S", 0.05)
     coordinator = EngineTopology(engines)
     coordinator.loads = set(engines)
     run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
@@ -147,16 +146,59 @@ def test_an_engine_that_is_down_is_waited_for_and_caught_up_when_it_returns(monk
     assert coordinator.scripted["e1"] == (True, 3) and [p.version for p in coordinator.published] == [3]
 
 
-def test_engines_that_loaded_the_last_publish_end_the_run_before_their_heartbeats_say_so():
-    coordinator = EngineTopology({"e0": (True, 2), "e1": (True, 2)})  # heartbeats still carry the version before
-    coordinator.loads = {"e0", "e1"}
+class LateReports(FakeWeightPublisher):
+    """Its sync reports reach the coordinator's record a while after each publish returned, on a thread of their
+    own (as WeightPublisher's reporter sends them); `reported` waits for the ones sent so far."""
+
+    def __init__(self, coordinator: EngineTopology, late_s: float):
+        super().__init__(coordinator)
+        self.topology, self.late_s = coordinator, late_s
+        self.reporter = ThreadPoolExecutor(1)
+
+    def publish(self, named, version: int, announce: bool = True):
+        loading = [n for n, (alive, _) in self.topology.scripted.items() if alive]
+        result = super().publish(named, version, announce)
+        self.reporter.submit(self._report, version, loading)
+        return result
+
+    def _report(self, version: int, engines: list[str]) -> None:
+        time.sleep(self.late_s)
+        for node in engines:
+            self.topology.scripted[node] = (True, version)
+
+    def reported(self, timeout_s: float | None = None) -> None:
+        self.reporter.submit(lambda: None).result(timeout_s)
+
+
+def test_the_trainer_reads_the_engines_record_only_once_its_own_sync_reports_are_in_it():
+    coordinator = EngineTopology({"e0": (True, 2), "e1": (True, 2)})  # no `loads`: only the reports set the record
     run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
                     micro_batch_size=2, num_steps=2)
-    versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
+    sender = LateReports(coordinator, late_s=0.5)
+    versions = WeightVersions(sender, torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
     assert versions.publish(3) == 3
-    coordinator.scripted = {"e0": (True, 2), "e1": (True, 2)}
+    assert coordinator.scripted == {"e0": (True, 2), "e1": (True, 2)}  # the report is not in yet
+    began = time.monotonic()
     assert versions.catch_up_engines(3, wait_s=30, poll_s=0.01)
-    assert len(coordinator.published) == 1  # had it waited for the heartbeats to settle, it would have resent
+    assert len(coordinator.published) == 1 and time.monotonic() - began < 5  # read after the report: no resend
+    assert coordinator.scripted == {"e0": (True, 3), "e1": (True, 3)}
+    sender.reporter.shutdown()
+
+
+def test_an_engine_that_joined_during_a_publish_or_said_no_version_is_sent_the_weights_at_the_next_check():
+    coordinator = EngineTopology({"e0": (True, 3), "joined": (True, 0), "unsaid": (True, None)})
+    coordinator.loads = {"e0", "joined", "unsaid"}
+    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
+                    micro_batch_size=2, num_steps=2)
+    versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r",
+                              republish_check_s=0.0)
+    versions.resend_if_lagging(0)  # nothing published yet: every engine holds the run's initial weights
+    assert coordinator.published == []
+    versions.resend_if_lagging(3)  # no settling time after a publish: the record is read as it stands
+    assert [(p.version, p.announced, p.receiver_roles) for p in coordinator.published] == [(3, False, ["engine"])]
+    assert {n: v for n, (_, v) in coordinator.scripted.items()} == {"e0": 3, "joined": 3, "unsaid": 3}
+    versions.resend_if_lagging(3)  # all current now: nothing more is sent
+    assert len(coordinator.published) == 1
 
 
 def test_an_engine_that_registered_itself_and_is_gone_is_not_waited_for(monkeypatch):
@@ -189,8 +231,7 @@ class FlakyTopology(EngineTopology):
         return super().engines(run_id)
 
 
-def test_a_coordinator_restarting_at_the_end_is_waited_out_not_raised(monkeypatch):
-    monkeypatch.setattr(publishing, "HEARTBEAT_SETTLE_S", 0.05)
+def test_a_coordinator_restarting_at_the_end_is_waited_out_not_raised():
     run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
                     micro_batch_size=2, num_steps=2)
     coordinator = FlakyTopology({"e0": (True, 0)}, failures=3)
@@ -230,7 +271,6 @@ def test_an_engine_left_out_while_down_gets_the_weights_again_once_it_answers_wi
         run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
                         micro_batch_size=2, num_steps=2)
         versions = WeightVersions(sender, torch.nn.Linear(2, 2), run, coordinator, "r", republish_check_s=0.0)
-        versions._published_at -= 10  # the last publish was a while ago
         versions.resend_if_lagging(3)
         time.sleep(0.1)
         versions.resend_if_lagging(3)  # its probe heard nothing: still left out, nothing sent

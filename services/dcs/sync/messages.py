@@ -98,3 +98,7 @@ class SyncReport(Strict):
     seconds: dict[Literal["metadata", "open_group", "pack", "broadcast", "engines", "engine_load", "load", "total"],
                   Annotated[float, Field(ge=0, le=1e9)]] = Field(default_factory=dict)
     bytes: int = Field(0, ge=0, le=MAX_BYTES)
+    engines: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list, max_length=1024, description=(
+            "a publisher's ok report: the node ids of the engines that loaded `version` in this sync; the "
+            "coordinator records it as the version each of them holds (GET /v1/runs/{run_id}/engines)"))

@@ -53,7 +53,7 @@ class SyncResult:
     seconds: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     announced: bool = False  # the coordinator recorded the version (receivers may have started on it)
-    engines: list[str] = field(default_factory=list)  # node ids of the engines that loaded it (when ok)
+    engines: list[str] = field(default_factory=list)  # node ids of the engines that loaded it (when ok): reported
     refused: bool = False  # an engine refused the weights themselves (they do not fit its model): no resend helps
     engine_error: bool = False  # an engine answered with an error (it is up: not a network fault)
     wire_dtype: str = ""  # the dtype floating tensors travelled in (precision.py)
@@ -297,10 +297,18 @@ class WeightPublisher:
         for join in joins:
             join.result(timeout=self.timeout_s)
 
+    def reported(self, timeout_s: float | None = None) -> None:
+        """Return once the reports of every sync so far have reached the coordinator (or failed to): from then on
+        its record of the version each engine holds (GET /v1/runs/{run_id}/engines) includes those syncs."""
+        self._reporter.submit(lambda: None).result(timeout=timeout_s if timeout_s is not None else self.timeout_s)
+
     def _report(self, result: SyncResult) -> None:
+        """The sync's report, naming the engines that loaded its version: the coordinator's one record of what
+        each engine holds (services/dcs/state.py K:held) is set from it."""
         try:
             self.dcs.report_sync(self.run_id, SyncReport(version=result.version, group=result.group or "none",
                                                          node_id=self.node_id, ok=result.ok, error=result.error,
-                                                         seconds=result.seconds, bytes=result.bytes))
+                                                         seconds=result.seconds, bytes=result.bytes,
+                                                         engines=result.engines))
         except Exception as exc:  # reporting must not turn a good sync into a failure
             log.warning("could not report sync: %s", exc, extra={"error": str(exc)})
