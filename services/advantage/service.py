@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Callable
 
 import torch
 from prometheus_client import Counter, Gauge
@@ -23,15 +22,13 @@ from prometheus_client import Counter, Gauge
 from services.algorithms.advantages import compute_advantages
 from services.algorithms.policy_loss import kl_estimate
 from services.advantage.config import AdvantageConfig
-from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.run_contract.partitions import task_name
 from services.run_contract.run_config import RunConfig
 from services.run_contract.sample_fields import advantage_inputs, kl_in_reward, policy_log_probs
-from services.role.connections import RunConnections
 from services.run_state.consumer import Consumer, consume_partition, each_step
-from services.run_state.seams import Membership
 from services.role.role_service import RoleStatus, serve_role
+from services.role.session import RunSession
 from services.transferqueue.codec import Batch
 
 log = logging.getLogger(__name__)
@@ -66,25 +63,17 @@ def advantages_of(batch: Batch, run: RunConfig) -> tuple[torch.Tensor, torch.Ten
 
 
 class AdvantageService:
-    """`connect` and `join` are the seams (services/run_state/seams.py): the run's connections and this
-    service's membership in it; tests pass in-memory fakes."""
+    """Run by the role host (services/role/role_service.py) with the run's session; tests pass a fake one."""
 
-    def __init__(self, config: AdvantageConfig, status: RoleStatus,
-                 connect: Callable[..., RunConnections | None] = RunConnections.open,
-                 join: Callable[..., Membership] = RunMembership):
+    def __init__(self, config: AdvantageConfig, status: RoleStatus):
         self.config = config
         self.status = status
-        self.connect = connect
-        self.join = join
 
-    def run_loop(self, halt: threading.Event) -> None:
+    def run_loop(self, session: RunSession, halt: threading.Event) -> None:
         c = self.config
-        conn = self.connect(c, halt)
-        if conn is None:
-            return
-        run, tq = conn.run, conn.tq
-        membership = self.join(conn.dcs, NodeRegistration(role="advantage", host=c.advertise_host,
-                                                              ports={"http": c.port}, run_id=c.run_id))
+        run, tq = session.run, session.tq
+        membership = session.join(NodeRegistration(role="advantage", host=c.advertise_host, ports={"http": c.port},
+                                                   run_id=c.run_id))
         n = run.group_rows
         tq.register_task(task_name(run.name, TASK), advantage_inputs(run), group_size=n)
         # min_rows: answer once a global batch is ready (the trainer claims no less at a time, so waiting for
@@ -102,10 +91,9 @@ class AdvantageService:
             consume_partition(tq, partition, consumer, c.lease_s, n, safe_point, halt, idle=behind)
             membership.progress(step=step)
         try:
-            each_step(conn.steps, run.num_steps, halt, safe_point, work, consumer.task)
+            each_step(session.steps, run.num_steps, halt, safe_point, work, consumer.task)
         finally:
             membership.close()
-            conn.close()
 
     def compute(self, batch: Batch, run: RunConfig) -> dict:
         advantages, returns = advantages_of(batch, run)

@@ -202,7 +202,7 @@ class AsyncDCSClient:
 
 
 @blocking_methods(AsyncDCSClient)
-class DCSClient(BlockingFacade):
+class DCSClient(BlockingFacade[AsyncDCSClient]):
     """The blocking client: AsyncDCSClient's calls, run on a private event-loop thread."""
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0):

@@ -20,7 +20,6 @@ from typing import Any, Callable
 import torch
 from prometheus_client import Counter, Gauge
 
-from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.dcs.sync.backend_choice import gpu_uuid
 from services.dcs.sync.receiver import WeightReceiver
@@ -32,10 +31,10 @@ from services.model.response_batch import response_log_probs
 from services.model.shared_prompt_batch import build_response_batch
 from services.run_contract.partitions import task_name
 from services.run_contract.sample_fields import MODEL_INPUTS, writes
-from services.role.connections import RunConnections
 from services.run_state.consumer import Consumer, consume_partition, each_step
 from services.run_state.seams import Membership, WeightFollower
 from services.role.role_service import RoleStatus, serve_role
+from services.role.session import RunSession
 from services.transferqueue.codec import Batch
 
 log = logging.getLogger(__name__)
@@ -45,33 +44,25 @@ VERSION = Gauge("sluice_forward_weight_version", "weight version held")
 
 
 class ForwardService:
-    """`connect`, `join` and `receiver` are the seams (services/run_state/seams.py): the run's connections,
-    this service's membership in it, the weight broadcast's receiving end; tests pass in-memory fakes."""
+    """Run by the role host (services/role/role_service.py) with the run's session; `receiver` is the weight
+    broadcast's receiving end (services/run_state/seams.py). Tests pass in-memory fakes of both."""
 
     def __init__(self, config: ForwardConfig, status: RoleStatus,
-                 connect: Callable[..., RunConnections | None] = RunConnections.open,
-                 join: Callable[..., Membership] = RunMembership,
                  receiver: Callable[..., WeightFollower] = WeightReceiver):
         self.config = config
         self.status = status
-        self.connect = connect
-        self.join = join
         self.make_receiver = receiver
         self.role = config.role
         (self.field,) = writes(config.role)  # log_probs | ref_log_probs
 
-    def run_loop(self, halt: threading.Event) -> None:
+    def run_loop(self, session: RunSession, halt: threading.Event) -> None:
         c = self.config
-        conn = self.connect(c, halt)
-        if conn is None:
-            return
-        self.run = run = conn.run
-        tq, steps = conn.tq, conn.steps
+        self.run = run = session.run
+        tq, steps, dcs = session.tq, session.steps, session.dcs
         if not (run.uses_actor_fwd if self.role == "actor_fwd" else run.uses_reference):
             # claiming rows nobody reads would only race the trainer's clearing of each partition
             self.status.idle(f"run {run.name} does not use {self.role}")
             log.info("this run does not use this role; idle", extra={"role": self.role})
-            conn.close()
             halt.wait()
             return
         torch.manual_seed(run.optim.seed)
@@ -80,11 +71,11 @@ class ForwardService:
         self.weights = ProximalWeights(model, 0, keep_previous=self.role == "actor_fwd"
                                        and run.algorithm.proximal_policy == "previous")
         self.scoring_version = 0  # actor_fwd: the version the step being consumed is scored with
-        membership = self.join(conn.dcs, NodeRegistration(role=self.role, host=c.advertise_host,
-                                                              ports={"http": c.port}, device=c.device, run_id=c.run_id,
-                                                              weights_dtype=c.dtype, gpu=gpu_uuid(c.device)))
+        membership = session.join(NodeRegistration(role=self.role, host=c.advertise_host, ports={"http": c.port},
+                                                   device=c.device, run_id=c.run_id, weights_dtype=c.dtype,
+                                                   gpu=gpu_uuid(c.device)))
         receives = self.role == "actor_fwd" or run.ref_update_interval > 0
-        receiver = self.make_receiver(conn.dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device,
+        receiver = self.make_receiver(dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device,
                                       run_id=c.run_id)
         pause = self._pause_point(membership, receiver if receives else None, halt)
 
@@ -94,7 +85,7 @@ class ForwardService:
                 self.weights.follow(receiver, wait_s=0.2)
         if receives:
             receiver.declare()
-            receiver.version = conn.dcs.cursors_of(c.run_id, self.role)  # a restarted node waits for the next
+            receiver.version = dcs.cursors_of(c.run_id, self.role)  # a restarted node waits for the next
             if receiver.version > 0:
                 self._catch_up(receiver.version)
         micro = c.micro_batch_size or run.micro_batch_size
@@ -119,7 +110,6 @@ class ForwardService:
         finally:
             receiver.close()
             membership.close()
-            conn.close()
 
     def _await_proximal(self, step: int, steps, receiver, pause, halt: threading.Event) -> None:
         """actor_fwd: take weight versions until it holds step N's proximal version (algorithm.proximal_policy:

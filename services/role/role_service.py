@@ -1,7 +1,13 @@
-"""What every role service (rollout, forward, advantage, trainer) shares around its step loop:
-the connection settings, an HTTP endpoint with /healthz, /readyz, /status and /metrics, the preflight
-of what it reads of the run, the bridge from SIGTERM and from the run's end (failed, stopped) to the
-loop's stop flag, and the report of its own fatal error. The loop itself lives in the role's package."""
+"""The host every role service (rollout, forward, advantage, trainer) runs in:
+
+    serve the status endpoint (/healthz, /readyz, /status, /metrics)
+    wait for the run (one coordinator client: the run's lifecycle watch, run_watch.py, and the role's own calls)
+    preflight what the role reads of the run
+    open the role's session with the run (session.py) and run the role's loop with it, until it returns, SIGTERM,
+        or the run failing or being stopped (the loop's stop flag); the role's fatal error is the run's failure
+
+The loop itself lives in the role's package: `loop(session, halt)` on a thread, or `aloop(session, stop)` on
+the service's event loop."""
 
 from __future__ import annotations
 
@@ -25,7 +31,9 @@ from services.runtime.http_service import serve_http
 from services.runtime.processes import free_port
 from services.runtime.metrics import observability_router
 from services.runtime.dependency_errors import dependency_unavailable
+from services.dcs.client import DCSClient
 from services.role.run_watch import RunWatch, failure_message
+from services.role.session import LiveRunSession, RunSession
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +113,13 @@ class PreflightFailed(RuntimeError):
     """The run's config fails this role's preflight checks (services/run_contract/preflight.py)."""
 
 
-async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStatus,
-                     loop: Callable[[threading.Event], None] | None = None,
-                     aloop: Callable[[asyncio.Event], Coroutine[Any, Any, None]] | None = None,
-                     watch_poll_s: float = 1.0, routers: Sequence[APIRouter] = ()) -> None:
+ThreadLoop = Callable[[RunSession, threading.Event], None]
+AsyncLoop = Callable[[RunSession, asyncio.Event], Coroutine[Any, Any, None]]
+
+
+async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStatus, loop: ThreadLoop | None = None,
+                     aloop: AsyncLoop | None = None, watch_poll_s: float = 1.0,
+                     routers: Sequence[APIRouter] = ()) -> None:
     """Serve the status endpoint; wait for the run and check what this role reads of it (preflight); then
     run the step loop. SIGTERM, or the run failing or being stopped, sets the loop's stop flag and the loop
     returns at its next safe point; the process then exits 0 (a finished loop whose run goes on, or whose
@@ -120,7 +131,8 @@ async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStat
         config.port = free_port()
     app = build_status_app(status, config.auth_token, routers)
     http = asyncio.create_task(serve_http(app, config.host, config.port, http_stop, tls=config))
-    watch = RunWatch(config.dcs_url, config.auth_token or None, config.run_id, status.role, watch_poll_s)
+    dcs = DCSClient(config.dcs_url, token=config.auth_token or None)
+    watch = RunWatch(dcs, config.run_id, status.role, watch_poll_s)
     try:
         run = await watch.wait_for_run(stop)
         if run is None or watch.ended:
@@ -133,22 +145,21 @@ async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStat
             status.update(state="failed", error=message)
             await watch.report_failure(message, config.advertise_host, config.port)
             raise PreflightFailed(message)
-        await _run_loop(config, stop, status, watch, loop, aloop)
+        await _run_loop(config, stop, status, watch, LiveRunSession(config, run.config, dcs), loop, aloop)
     finally:
-        await watch.close()
+        await asyncio.to_thread(dcs.close)
         http_stop.set()
         await asyncio.gather(http, return_exceptions=True)
 
 
 async def _run_loop(config: RoleSettings, stop: asyncio.Event, status: RoleStatus, watch: RunWatch,
-                    loop: Callable[[threading.Event], None] | None,
-                    aloop: Callable[[asyncio.Event], Coroutine[Any, Any, None]] | None) -> None:
+                    session: LiveRunSession, loop: ThreadLoop | None, aloop: AsyncLoop | None) -> None:
     """The step loop until it returns, halted by SIGTERM or the run ending; its error reported."""
     halt = threading.Event()  # a thread loop's stop flag
     loop_stop = asyncio.Event()  # an asyncio loop's
     # serve_role is given a loop or an aloop
-    worker = asyncio.create_task(aloop(loop_stop) if aloop is not None
-                                 else asyncio.to_thread(loop, halt))  # type: ignore[arg-type]
+    worker = asyncio.create_task(aloop(session, loop_stop) if aloop is not None
+                                 else asyncio.to_thread(loop, session, halt))  # type: ignore[arg-type]
     waiter = asyncio.create_task(stop.wait())
     follower = asyncio.create_task(watch.until_ended())
     try:
@@ -158,7 +169,10 @@ async def _run_loop(config: RoleSettings, stop: asyncio.Event, status: RoleStatu
             halt.set()
             loop_stop.set()
         try:
-            await worker  # re-raises the loop's error
+            try:
+                await worker  # re-raises the loop's error
+            finally:
+                await session.aclose()
         except Exception as exc:
             message = failure_message(exc)
             if dependency_unavailable(exc):  # not the run's fault: exit, be restarted, carry on

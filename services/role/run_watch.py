@@ -1,7 +1,8 @@
 """A role process's view of its run's lifecycle on the coordinator (docs/dcs.md, "Run lifecycle"): it waits
 for the run to exist, notices when the run fails or is stopped (so the role exits instead of waiting for
 rows, versions or a resume that will never come), and reports the role's own fatal error as the run's
-failure. serve_role (role_service.py) drives it; the role's loop never sees it."""
+failure. serve_role (role_service.py) drives it, over the coordinator client the role's session shares
+(session.py), awaited on the host's event loop (DCSClient.aio); the role's loop never sees it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 import logging
 import traceback
 
-from services.dcs.client import AsyncDCSClient, DCSError
+from services.dcs.client import DCSClient, DCSError
 from services.dcs.models import Run
 from services.runtime.poll_backoff import poll_intervals
 
@@ -18,8 +19,8 @@ EXITS = frozenset({"failed", "stopped"})  # a role exits when its run is in one 
 
 
 class RunWatch:
-    def __init__(self, dcs_url: str, token: str | None, run_id: str, role: str, poll_s: float = 1.0):
-        self.dcs = AsyncDCSClient(dcs_url, token, timeout_s=10.0)
+    def __init__(self, dcs: DCSClient, run_id: str, role: str, poll_s: float = 1.0):
+        self.dcs = dcs.aio
         self.run_id, self.role, self.poll_s = run_id, role, poll_s
         self.status: str | None = None  # the run's lifecycle status when last seen
         self._unreachable_logged = False
@@ -89,9 +90,6 @@ class RunWatch:
             if node.run_id == self.run_id and node.host == host and node.ports.get("http") == port:
                 return node.node_id
         return None
-
-    async def close(self) -> None:
-        await self.dcs.close()
 
 
 def failure_message(exc: BaseException) -> str:

@@ -13,23 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Protocol
+from typing import Callable
 
 from services.rollout.engine_pool import Engines
 from services.run_contract.prompt_source import PromptRecord, open_eval_source
 from services.rollout.rewards import RewardError, RewardFunction
 from services.run_contract.run_config import RunConfig
 from services.run_state.evaluations import Evaluation
+from services.run_state.seams import Evaluations
 
 log = logging.getLogger(__name__)
-
-
-class Evaluations(Protocol):
-    """Where evaluations are kept (services/run_state/evaluations.py: EvaluationStore)."""
-
-    async def record(self, evaluation: Evaluation) -> None: ...
-
-    async def all(self) -> list[Evaluation]: ...
 
 
 def eval_seed(seed: int, prompt: int, k: int) -> int:

@@ -20,16 +20,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from typing import Callable
 
 import torch
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.dcs.membership import RunMembership
 from services.model.chat_format import render_chat
 from services.rollout.admission import may_admit, version_offset
 from services.rollout.config import RolloutConfig
-from services.rollout.connections import RolloutConnections, RolloutMembership, engine_pool, registration
+from services.rollout.connections import engine_pool, registration
 from services.rollout.engine_fleet import EngineFleet
 from services.rollout.engine_pool import Engines
 from services.rollout.evaluation import Evaluator
@@ -47,6 +46,8 @@ from services.rollout.scoring import GroupScorer
 from services.run_contract.partitions import partition_name, task_name
 from services.run_contract.sample_fields import RECOVERY_INPUTS
 from services.role.role_service import RoleStatus, serve_role
+from services.role.session import RunSession
+from services.run_state.seams import Membership
 from services.runtime.spans import span
 from services.sglang_protocol.client import SGLangClient
 
@@ -62,31 +63,27 @@ RECOVER_TASK = "rollout_recover"
 
 
 class RolloutService:
-    """`connect`, `join` and `engines` are the seams (services/rollout/connections.py): the run's connections,
-    a membership in it, the engines; tests pass in-memory fakes."""
+    """Run by the role host (services/role/role_service.py) with the run's session; `engines` (the engine pool:
+    services/rollout/connections.py) and `judge_client` are its own seams. Tests pass in-memory fakes."""
 
     def __init__(self, config: RolloutConfig, status: RoleStatus,
-                 connect: Callable[..., Awaitable[RolloutConnections | None]] = RolloutConnections.open,
-                 join: Callable[..., RolloutMembership] = RunMembership,
                  engines: Callable[[RolloutConfig], Engines] = engine_pool,
                  judge_client: Callable[..., JudgeClient] = SGLangClient):
         self.config = config
         self.judge_client = judge_client  # a model:... reward's client to its engine
         self.status = status
-        self.connect = connect
-        self.join = join
         self.engines = engines
-        self.memberships: list[RolloutMembership] = []
+        self.memberships: list[Membership] = []
         self.episodes = Episodes()  # agent episodes' endpoints (served by the role's HTTP server)
 
     # ------------------------------------------------------------------ setup
 
-    def _setup(self, conn: RolloutConnections) -> None:
+    def _setup(self, session: RunSession) -> None:
         from services.model.loading import load_tokenizer  # an error naming the model directory and file
 
-        self.conn = conn
-        self.dcs, self.tq, self.ledger, self.progress = conn.dcs, conn.tq, conn.ledger, conn.progress
-        self.run = run = conn.run
+        self.session = session
+        self.dcs, self.tq, self.ledger, self.progress = session.dcs, session.atq, session.ledger, session.progress
+        self.run = run = session.run
         r = run.rollout
         self.tokenizer = load_tokenizer(run.model)
         self.source = open_prompt_source(r.prompts, r.prompt_field, r.shuffle_seed)
@@ -101,17 +98,18 @@ class RolloutService:
         self.scorer = GroupScorer(self.reward, r.reward_fallback)
         self.filtering = GroupFiltering(r.filter_groups, r.max_filter_ratio, run.rollout_batch_size)
         self.pool = self.engines(self.config)
-        self.fleet = EngineFleet(self.config, self.pool, conn.dcs, self.join, conn.dcs)
+        self.fleet = EngineFleet(self.config, self.pool, session.dcs,
+                                 lambda dcs, registration: session.join(registration), session.dcs)
         self.writes = PutCoalescer(self.tq.put, linger_s=self.config.put_linger_s)
         self.lost = LostGroups(self.tq, self.ledger, run.name, run.rollout_batch_size, self.progress)
         self.evaluator = None
         if run.eval.prompts is not None:
-            if conn.evaluations is None:
+            if session.evaluations is None:
                 raise ValueError("the run has eval.prompts but the rollout was given nowhere to record evaluations")
-            self.evaluator = Evaluator(run, self.pool, self.reward, conn.evaluations, self.encode,
+            self.evaluator = Evaluator(run, self.pool, self.reward, session.evaluations, self.encode,
                                        lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
                                        lambda: bool(self.memberships and self.memberships[0].paused))
-        self.source_rewards = conn.source_rewards  # reward per data source and step, for tracking
+        self.source_rewards = session.source_rewards  # reward per data source and step, for tracking
         self.groups_per_step = run.rollout_batch_size
         self.total_groups = run.num_steps * run.rollout_batch_size
         self.cap = r.max_groups_in_flight or 2 * run.rollout_batch_size
@@ -131,13 +129,10 @@ class RolloutService:
 
     # ------------------------------------------------------------------ the loop
 
-    async def run_loop(self, stop: asyncio.Event) -> None:
-        conn = await self.connect(self.config, stop)
-        if conn is None:
-            return
-        self._setup(conn)
-        run = conn.run
-        self.memberships.append(await asyncio.to_thread(self.join, self.dcs, registration(self.config)))
+    async def run_loop(self, session: RunSession, stop: asyncio.Event) -> None:
+        self._setup(session)
+        run = session.run
+        self.memberships.append(await asyncio.to_thread(session.join, registration(self.config)))
         try:
             await self.fleet.start()
             await self.tq.register_task(task_name(run.name, RECOVER_TASK), RECOVERY_INPUTS,
@@ -372,20 +367,17 @@ class RolloutService:
         return await recover_positions(self.tq, self.ledger, self.run, self.replaced, RECOVER_TASK)
 
     async def _close(self) -> None:
+        """What the rollout opened itself (the session's clients are the host's to close)."""
         for m in self.memberships:
             await asyncio.to_thread(m.close)
         await self.fleet.close()
-        closers = [self.pool.aclose(), self.tq.close()] + ([self.reward.aclose()] if self.reward else []) + \
+        closers = [self.pool.aclose()] + ([self.reward.aclose()] if self.reward else []) + \
             ([self.agents.play.aclose()] if self.agents else [])
-        if self.conn.redis is not None:  # a role test gives no Redis
-            closers.append(self.conn.redis.aclose())
         for closer in closers:
             try:
                 await closer
             except Exception as exc:
                 log.warning("close failed", extra={"error": str(exc)})
-        if self.dcs is not None:
-            self.dcs.close()
 
 
 async def serve(config: RolloutConfig, stop: asyncio.Event) -> None:

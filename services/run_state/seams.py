@@ -1,7 +1,8 @@
 """The seams a role is given rather than building itself, as `Protocol`s: the data plane (blocking, and the
-rollout's asyncio one), its membership in the run, the prompt ledger, and the two ends of the weight broadcast.
-The services pass the real ones (TransferQueue, AsyncTransferQueue, RunMembership, PromptLedger,
-WeightPublisher, WeightReceiver); a role's unit test passes the in-memory fakes of tests/fakes/ and runs the
+rollout's asyncio one), its membership in the run, the prompt ledger, the eval results, and the two ends of the
+weight broadcast. A role finds the first ones in its run session (services/role/session.py: TransferQueue,
+AsyncTransferQueue, RunMembership, PromptLedger, EvaluationStore) and is given the weight broadcast's ends
+(WeightPublisher, WeightReceiver); a role's unit test passes the in-memory fakes of tests/fakes/ and runs the
 role in milliseconds, without Redis, gRPC or processes. (The rollout's engines are its own seam:
 services/rollout/engine_pool.py.)"""
 
@@ -12,6 +13,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import torch
 
+from services.run_state.evaluations import Evaluation
 from services.transferqueue.codec import Batch
 
 
@@ -93,6 +95,14 @@ class Ledger(Protocol):
     async def filtered(self, step: int) -> int: ...
 
 
+class Evaluations(Protocol):
+    """Where the rollout keeps its evaluations (services/run_state/evaluations.py: EvaluationStore)."""
+
+    async def record(self, evaluation: Evaluation) -> None: ...
+
+    async def all(self) -> list[Evaluation]: ...
+
+
 class WeightSender(Protocol):
     """The trainer's end of the weight broadcast (services/dcs/sync/publisher.py: WeightPublisher)."""
 
@@ -129,15 +139,20 @@ class WeightFollower(Protocol):
 
 
 class Membership(Protocol):
-    """A service's membership in a run (services/dcs/membership.py): pause at safe points, report progress."""
+    """A service's membership in a run (services/dcs/membership.py): pause at safe points, report progress. The
+    rollout also acknowledges a pause without blocking, and marks an engine it keeps registered `suspended`
+    while that engine is unreachable."""
 
     node_id: str
+    suspended: bool
 
     @property
     def paused(self) -> bool: ...
 
     def safe_point(self, stop: threading.Event | None = None,
                    while_paused: Callable[[], None] | None = None) -> None: ...
+
+    def acknowledge_pause(self) -> None: ...
 
     def progress(self, step: int | None = None, weight_version: int | None = None) -> None: ...
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Generic, Iterable, TypeVar, cast
 
 try:
     import uvloop
@@ -41,13 +41,23 @@ class LoopThread:
             self.loop.close()
 
 
-class BlockingFacade:
-    """Base of a blocking client: its asyncio `core` runs on a private `loop_thread`. Subclasses get their
-    methods from `blocking_methods`."""
+Core = TypeVar("Core")
 
-    def __init__(self, core: Any, thread_name: str):
+
+class BlockingFacade(Generic[Core]):
+    """Base of a blocking client: its asyncio `core` runs on a private `loop_thread`. Subclasses get their
+    methods from `blocking_methods`; `aio` awaits the same calls from another event loop."""
+
+    def __init__(self, core: Core, thread_name: str):
         self.loop_thread = LoopThread(thread_name)
-        self.core = core
+        self.core: Any = core  # its calls are typed through the facade's methods and `aio`
+
+    @property
+    def aio(self) -> Core:
+        """The core's coroutine methods, awaited from another event loop (a service's own): each runs on this
+        client's loop thread, where its connections live, so one client serves a role's threads and its asyncio
+        code alike, and no worker thread is held waiting for a reply. Only coroutine methods are reachable."""
+        return cast(Core, _Awaited(self.core, self.loop_thread.loop))
 
     if TYPE_CHECKING:  # the methods blocking_methods adds at import, which a type checker cannot see
         def __getattr__(self, name: str) -> Any: ...
@@ -62,6 +72,19 @@ class BlockingFacade:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _Awaited:
+    def __init__(self, core: Any, loop: asyncio.AbstractEventLoop):
+        self._core, self._loop = core, loop
+
+    def __getattr__(self, name: str) -> Callable[..., Coroutine]:
+        method = getattr(self._core, name)
+
+        async def call(*args, **kwargs):
+            # a cancelled await cancels the call on the client's loop too (asyncio chains the two futures)
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(method(*args, **kwargs), self._loop))
+        return call
 
 
 def blocking_methods(async_cls: type, names: Iterable[str] | None = None) -> Callable[[type], type]:

@@ -8,18 +8,17 @@ import threading
 from typing import Callable
 
 import torch
-from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.run_contract.run_config import RunConfig
 from services.model.response_batch import ResponseBatch
-from services.role.connections import RunConnections
 from services.run_contract.partitions import partition_name, task_name
 from services.run_contract.sample_fields import CRITIC_TRAIN_INPUTS, MODEL_INPUTS
 from services.run_state.consumer import Consumer, consume_partition
 from services.run_state.step_partitions import claim_or_done
-from services.run_state.seams import DataPlane, Membership
+from services.run_state.seams import DataPlane
 from services.runtime.metrics import gauges
 from services.role.role_service import RoleStatus
+from services.role.session import RunSession
 from services.runtime.spans import span
 from services.run_contract.checkpoint import latest_checkpoint, load_optimizer_state, save_checkpoint
 from services.trainer.optimizer import adamw, set_lr
@@ -32,30 +31,22 @@ log = logging.getLogger(__name__)
 
 
 class CriticTrainer:
-    """`connect` and `join` are the seams (services/run_state/seams.py); tests pass in-memory fakes."""
+    """Run by the role host (services/role/role_service.py) with the run's session; tests pass a fake one."""
 
-    def __init__(self, config: TrainerConfig, status: RoleStatus,
-                 connect: Callable[..., RunConnections | None] = RunConnections.open,
-                 join: Callable[..., Membership] = RunMembership):
+    def __init__(self, config: TrainerConfig, status: RoleStatus):
         self.config = config
         self.status = status
-        self.connect = connect
-        self.join = join
         self.gauges = gauges("sluice_critic", {"value_loss": "value loss of the last optimizer step",
                                                 "value_clip_fraction": "fraction of tokens whose value was clipped",
                                                 "grad_norm": "gradient norm before clipping",
                                                 "step": "last step trained"})
 
-    def run_loop(self, halt: threading.Event) -> None:
+    def run_loop(self, session: RunSession, halt: threading.Event) -> None:
         c = self.config
-        conn = self.connect(c, halt)
-        if conn is None:
-            return
-        run, tq, steps = conn.run, conn.tq, conn.steps
+        run, tq, steps = session.run, session.tq, session.steps
         if not run.uses_critic:
             self.status.idle(f"run {run.name} does not use a critic (estimator {run.algorithm.estimator})")
             log.info("this run does not use a critic; idle")
-            conn.close()
             halt.wait()
             return
         torch.manual_seed(run.optim.seed)
@@ -65,8 +56,8 @@ class CriticTrainer:
                           c.device)
         if ckpt:
             load_optimizer_state(ckpt.path, optimizer)
-        membership = self.join(conn.dcs, NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
-                                                         device=c.device, run_id=c.run_id))
+        membership = session.join(NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
+                                                   device=c.device, run_id=c.run_id))
         n = run.group_rows
         assert run.num_iters_per_train_update is not None  # RunConfig's validation sets it
         tq.register_task(task_name(run.name, CRITIC_VALUES_TASK), MODEL_INPUTS, group_size=n)
@@ -105,7 +96,6 @@ class CriticTrainer:
                 step += 1
         finally:
             membership.close()
-            conn.close()
 
     def claimed_batch(self, tq: DataPlane, partition: str, step: int, run: RunConfig, halt,
                       idle: Callable[[], None]):

@@ -34,16 +34,15 @@ from typing import Callable
 import torch
 
 from services.dcs.client import DCSError
-from services.dcs.membership import RunMembership
 from services.dcs.models import NodeRegistration
 from services.dcs.sync.publisher import WeightPublisher
 from services.run_contract.partitions import partition_name, sample_id, task_name
 from services.run_contract.sample_fields import STEP_RECORD_INPUTS, actor_inputs
-from services.role.connections import RunConnections
-from services.run_state.seams import Membership, WeightSender
+from services.run_state.seams import WeightSender
 from services.run_state.trainer_progress import TrainerProgress, finish_step
 from services.runtime.metrics import gauges
 from services.role.role_service import RoleStatus, serve_role
+from services.role.session import RunSession
 from services.runtime.spans import span
 from services.trainer.actor_update import StepMetrics, loss_totals
 from services.run_contract.checkpoint import latest_checkpoint, save_checkpoint
@@ -73,15 +72,13 @@ ACTOR_GAUGES = {
 
 
 class ActorTrainer:
-    """`connect`, `join` and `publisher` are the seams (services/run_state/seams.py): the run's connections,
-    this service's membership in it, the weight broadcast's sending end; tests pass in-memory fakes."""
+    """Run by the role host (services/role/role_service.py) with the run's session; `publisher` is the weight
+    broadcast's sending end (services/run_state/seams.py). Tests pass in-memory fakes of both."""
 
     def __init__(self, config: TrainerConfig, status: RoleStatus,
-                 connect: Callable[..., RunConnections | None] = RunConnections.open,
-                 join: Callable[..., Membership] = RunMembership,
                  publisher: Callable[..., WeightSender] = WeightPublisher):
         self.config, self.status = config, status
-        self.connect, self.join, self.make_publisher = connect, join, publisher
+        self.make_publisher = publisher
         self.version, self.weights = 0, None  # the weights: WeightVersions, on the leader once it runs
         self.gauges = gauges("sluice_trainer", ACTOR_GAUGES)
         self.staleness = staleness_histogram()
@@ -89,12 +86,10 @@ class ActorTrainer:
         self.checkpointed = 0  # next_step of the newest checkpoint, or where this process resumed
         self.halted_mid_step = False  # an unfinished step's optimizer steps moved the weights
 
-    def run_loop(self, halt: threading.Event) -> None:
+    def run_loop(self, session: RunSession, halt: threading.Event) -> None:
         c = self.config
-        conn = self.connect(c, halt)
-        if conn is None:
-            return
-        self.dcs, self.run, self.tq, self.redis, self.steps = conn.dcs, conn.run, conn.tq, conn.redis, conn.steps
+        self.dcs, self.run, self.tq, self.redis = session.dcs, session.run, session.tq, session.redis
+        self.steps = session.steps
         run = self.run
         self.clearing = PartitionClearing(self.tq, self.steps, run, c.clear_wait_s)
         torch.manual_seed(run.optim.seed)
@@ -110,7 +105,7 @@ class ActorTrainer:
             self.backend.load_optimizer(ckpt.path)
         self.membership = None
         if self.dp.is_leader:  # the other ranks follow it through the group, not the coordinator
-            self.membership = self.join(self.dcs, NodeRegistration(
+            self.membership = session.join(NodeRegistration(
                 role="trainer", host=c.advertise_host, ports={"http": c.port}, device=c.device, run_id=c.run_id,
                 parallel={"dp": c.dp_size}))
             sender = self.make_publisher(self.dcs, self.membership.node_id, c.master_address,
@@ -136,7 +131,6 @@ class ActorTrainer:
             if self.membership is not None:
                 self.membership.close()
             self.dp.close()
-            conn.close()
 
     def pause_point(self, halt: threading.Event) -> None:
         """A pause is acknowledged with nothing in flight: the last step's publish and record land first (the

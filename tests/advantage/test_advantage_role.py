@@ -1,4 +1,4 @@
-"""The advantage role against in-memory fakes of its seams (tests/fakes.py): no Redis, gRPC or processes.
+"""The advantage role against in-memory fakes of its seams (tests/fakes/): no Redis, gRPC or processes.
 The multi-process end-to-end tests run it for real."""
 
 from __future__ import annotations
@@ -10,28 +10,18 @@ import torch
 from services.advantage.config import AdvantageConfig
 from services.advantage.service import AdvantageService
 from services.run_contract.run_config import RunConfig
-from services.role.connections import RunConnections
-from services.run_state.step_partitions import StepPartitions
-from services.run_state.trainer_progress import TrainerProgress
 from services.role.role_service import RoleStatus
-from tests.fakes import FakeMembership, InMemoryDataPlane
+from tests.fakes import FakeMembership, FakeRunSession, InMemoryDataPlane
 
 
 def _run_role(run: RunConfig, plane: InMemoryDataPlane) -> FakeMembership:
-    conn = RunConnections(dcs=None, run=run, tq=plane, redis=None,
-                          steps=StepPartitions(plane, lambda: TrainerProgress(next_step=0, version=0), run, poll_s=0))
-    memberships = []
-
-    def join(dcs, registration):
-        memberships.append(FakeMembership())
-        return memberships[0]
-    service = AdvantageService(AdvantageConfig(), RoleStatus("advantage"), connect=lambda config, halt: conn,
-                               join=join)
-    worker = threading.Thread(target=service.run_loop, args=(threading.Event(),), daemon=True)
+    session = FakeRunSession(run, plane)
+    service = AdvantageService(AdvantageConfig(), RoleStatus("advantage"))
+    worker = threading.Thread(target=service.run_loop, args=(session, threading.Event()), daemon=True)
     worker.start()
     worker.join(10)
     assert not worker.is_alive(), "the role did not finish the run's steps"
-    return memberships[0]
+    return session.membership
 
 
 def test_grpo_advantages_per_group_on_every_response_token():

@@ -10,8 +10,8 @@ from services.run_state.trainer_progress import TrainerProgress
 
 
 class FakeMembership:
-    """Always running; records the registration it was made with and the progress reported. Made the way a
-    role makes its membership, `join(dcs, registration)`, so `join=FakeMembership` works."""
+    """Always running; records the registration it was made with and the progress reported. Made as
+    RunMembership is, `FakeMembership(dcs, registration)` (FakeRunSession.join makes one so)."""
 
     node_id = "fake-node"
     paused = False

@@ -17,11 +17,9 @@ from services.model.loading import load_causal_lm
 from services.model.response_batch import ResponseBatch, response_log_probs
 from services.run_contract.partitions import partition_name
 from services.run_contract.run_config import RunConfig
-from services.role.connections import RunConnections
-from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import TrainerProgress
 from services.role.role_service import RoleStatus
-from tests.fakes import FakeMembership, InMemoryCoordinator, InMemoryDataPlane, ProgressBox
+from tests.fakes import FakeRunSession, InMemoryCoordinator, InMemoryDataPlane, ProgressBox
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +42,9 @@ def test_reference_writes_teacher_forced_log_probs_of_every_response(model_dir):
     prompts, responses = [[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]], [[1, 2], [3], [4, 5, 6], [8]]
     _sample_rows(plane, "r/train_0", prompts, responses)
     plane.seal_partition("r/train_0")
-    conn = RunConnections(dcs=None, run=run, tq=plane, redis=None,
-                          steps=StepPartitions(plane, lambda: TrainerProgress(next_step=0, version=0), run, poll_s=0))
-    membership = FakeMembership()
-    service = ForwardService(ForwardConfig(role="reference"), RoleStatus("reference"),
-                             connect=lambda config, halt: conn, join=lambda dcs, registration: membership)
-    worker = threading.Thread(target=service.run_loop, args=(threading.Event(),), daemon=True)
+    session = FakeRunSession(run, plane)
+    service = ForwardService(ForwardConfig(role="reference"), RoleStatus("reference"))
+    worker = threading.Thread(target=service.run_loop, args=(session, threading.Event()), daemon=True)
     worker.start()
     worker.join(30)
     assert not worker.is_alive(), "the role did not finish the run's step"
@@ -63,7 +58,7 @@ def test_reference_writes_teacher_forced_log_probs_of_every_response(model_dir):
         assert written[row].shape == (len(response),)
         torch.testing.assert_close(written[row], expected[row, :len(response)], atol=1e-5, rtol=0)
     assert plane.partitions["r/train_0"].consumed["r/reference"] == {0, 1, 2, 3}
-    assert membership.closed
+    assert session.membership.closed
 
 
 def _expected(model, prompts, responses, temperature: float) -> list[torch.Tensor]:
@@ -93,12 +88,9 @@ def test_actor_fwd_writes_each_step_under_the_weights_that_step_is_trained_with(
         plane.create_partition(partition_name("r", step), group_size=2)
         _sample_rows(plane, partition_name("r", step), prompts, responses)
         plane.seal_partition(partition_name("r", step))
-    conn = RunConnections(dcs=coordinator, run=run, tq=plane, redis=None,
-                          steps=StepPartitions(plane, progress.read, run, poll_s=0))
-    membership = FakeMembership()
-    service = ForwardService(ForwardConfig(role="actor_fwd"), RoleStatus("actor_fwd"), connect=lambda c, h: conn,
-                             join=lambda dcs, registration: membership, receiver=coordinator.receiver)
-    worker = threading.Thread(target=service.run_loop, args=(threading.Event(),), daemon=True)
+    session = FakeRunSession(run, plane, coordinator=coordinator, progress=progress)
+    service = ForwardService(ForwardConfig(role="actor_fwd"), RoleStatus("actor_fwd"), receiver=coordinator.receiver)
+    worker = threading.Thread(target=service.run_loop, args=(session, threading.Event()), daemon=True)
     worker.start()
 
     _wait(lambda: all(v is not None for v in plane.column("r/train_0", "log_probs")))
@@ -120,6 +112,7 @@ def test_actor_fwd_writes_each_step_under_the_weights_that_step_is_trained_with(
     assert all(not torch.allclose(a, b, atol=1e-3) for a, b in zip(other, plane.column("r/train_1", "log_probs")))
     receiver = coordinator.receivers[0]
     assert receiver.declared and receiver.loads == [1] and coordinator.cursors["actor_fwd"] == 1
+    membership = session.membership
     assert max(membership.versions) == 1 and membership.closed and receiver.closed
 
 
@@ -139,11 +132,9 @@ def test_actor_fwd_scores_each_step_with_the_version_before_the_one_it_trains_wi
         plane.seal_partition(partition_name("r", step))
     newer, _ = load_causal_lm(init_model(str(tmp_path / "v1"), preset="tiny", arch="qwen2", seed=11), "float32")
     coordinator.publish(newer.named_parameters(), 1, ["engine", "actor_fwd"])
-    conn = RunConnections(dcs=coordinator, run=run, tq=plane, redis=None,
-                          steps=StepPartitions(plane, progress.read, run, poll_s=0))
-    service = ForwardService(ForwardConfig(role="actor_fwd"), RoleStatus("actor_fwd"), connect=lambda c, h: conn,
-                             join=lambda dcs, registration: FakeMembership(), receiver=coordinator.receiver)
-    worker = threading.Thread(target=service.run_loop, args=(threading.Event(),), daemon=True)
+    session = FakeRunSession(run, plane, coordinator=coordinator, progress=progress)
+    service = ForwardService(ForwardConfig(role="actor_fwd"), RoleStatus("actor_fwd"), receiver=coordinator.receiver)
+    worker = threading.Thread(target=service.run_loop, args=(session, threading.Event()), daemon=True)
     worker.start()
     _wait(lambda: all(v is not None for v in plane.column("r/train_2", "log_probs")))
     progress.value = TrainerProgress(next_step=3, version=3)

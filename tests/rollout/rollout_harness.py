@@ -10,15 +10,13 @@ import asyncio
 from dataclasses import dataclass, field
 
 from services.rollout.config import RolloutConfig
-from services.rollout.connections import RolloutConnections
 from services.rollout.engine_pool import EnginePool
 from services.rollout.service import RolloutService
 from services.run_contract.partitions import partition_name
 from services.run_contract.run_config import RunConfig
 from services.run_state.trainer_progress import TrainerProgress
 from services.role.role_service import RoleStatus
-from tests.fakes import (AsyncInMemoryDataPlane, FakeEngines, FakeMembership, InMemoryDataPlane, InMemoryLedger,
-                         ProgressBox)
+from tests.fakes import FakeEngines, FakeMembership, FakeRunSession, InMemoryDataPlane, InMemoryLedger, ProgressBox
 from tests.fakes.engines import sample_length, token
 
 PROMPTS = ["What is 1 + 1?", "Name a colour.", "What is 2 + 5?"]  # row i has label i
@@ -65,14 +63,9 @@ class Rollout:
 
     def go(self) -> "Rollout":
         """Run the role until the run's steps are generated and trained."""
-        async def connect(config, stop):
-            return RolloutConnections(None, self.run, AsyncInMemoryDataPlane(self.plane), self.ledger,
-                                      self.progress.aread, evaluations=self.evaluations,
-                                      source_rewards=self.source_rewards)
-
-        def join(dcs, registration):
-            self.memberships.append(FakeMembership(dcs, registration))
-            return self.memberships[-1]
+        session = FakeRunSession(self.run, self.plane, progress=self.progress, ledger=self.ledger,
+                                 evaluations=self.evaluations, source_rewards=self.source_rewards, run_id=RUN_ID)
+        self.memberships = session.memberships  # the rollout's own first, then its engines'
 
         def pool(config):
             self.pools.append(EnginePool(config.engine_urls, client=self.engines.client))
@@ -80,11 +73,10 @@ class Rollout:
         config = RolloutConfig(run_id=RUN_ID, engine_url="http://engine-0:1,http://engine-1:1",
                                register_engines=False, version_poll_s=0.01, lost_check_s=0.01)
         seams = {"judge_client": self.judge_client} if self.judge_client is not None else {}
-        self.service = service = RolloutService(config, RoleStatus("rollout"), connect=connect, join=join,
-                                                engines=pool, **seams)
+        self.service = service = RolloutService(config, RoleStatus("rollout"), engines=pool, **seams)
 
         async def both():
-            await asyncio.wait_for(asyncio.gather(service.run_loop(asyncio.Event()), self.play_trainer()), 60)
+            await asyncio.wait_for(asyncio.gather(service.run_loop(session, asyncio.Event()), self.play_trainer()), 60)
         asyncio.run(both())
         return self
 

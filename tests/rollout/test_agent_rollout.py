@@ -19,7 +19,6 @@ import torch
 from services.model.chat_format import render_chat
 from services.model.loading import load_causal_lm
 from services.rollout.config import RolloutConfig
-from services.rollout.connections import RolloutConnections
 from services.rollout.service import RolloutService
 from services.run_contract.partitions import partition_name
 from services.run_contract.run_config import RunConfig
@@ -28,7 +27,7 @@ from services.runtime.http_service import serve_http
 from services.runtime.processes import free_port
 from services.role.role_service import RoleStatus, build_status_app
 from tests.engine.conftest import QUESTION, start_engine
-from tests.fakes import AsyncInMemoryDataPlane, FakeMembership, InMemoryDataPlane, InMemoryLedger, ProgressBox
+from tests.fakes import FakeRunSession, InMemoryDataPlane, InMemoryLedger, ProgressBox
 from tests.rollout import scripted_agent
 
 pytestmark = pytest.mark.timeout(300)
@@ -71,13 +70,12 @@ def run_rollout(model_dir: str, prompts: str, engine_url: str, agent: str, num_s
                              "agent_chains": chains})
     plane, ledger, progress = InMemoryDataPlane(), InMemoryLedger(), ProgressBox()
 
-    async def connect(config, stop):
-        return RolloutConnections(None, run, AsyncInMemoryDataPlane(plane), ledger, progress.aread)
+    session = FakeRunSession(run, plane, progress=progress, ledger=ledger)
     config = RolloutConfig(run_id="default", engine_url=engine_url, register_engines=False, version_poll_s=0.01,
                            host="127.0.0.1", port=free_port())
     config._auth_token = TOKEN  # the stack's token, as SLUICE_AUTH_TOKEN would give it
     status = RoleStatus("rollout")
-    service = RolloutService(config, status, connect=connect, join=FakeMembership)
+    service = RolloutService(config, status)
 
     async def trainer():
         for step in range(run.num_steps):
@@ -90,7 +88,7 @@ def run_rollout(model_dir: str, prompts: str, engine_url: str, agent: str, num_s
         app = build_status_app(status, TOKEN, [service.episodes.router()])
         http = asyncio.create_task(serve_http(app, "127.0.0.1", config.port, http_stop))
         try:
-            await asyncio.wait_for(asyncio.gather(service.run_loop(asyncio.Event()), trainer()), 240)
+            await asyncio.wait_for(asyncio.gather(service.run_loop(session, asyncio.Event()), trainer()), 240)
         finally:
             http_stop.set()
             await http

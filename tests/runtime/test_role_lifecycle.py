@@ -33,8 +33,24 @@ async def serve(dcs, run_id: str, role: str, loop=None, aloop=None, stop: asynci
     return status
 
 
+async def test_the_loop_is_given_the_run_session_the_host_opened(dcs, client, run_id):
+    """One coordinator client (the host's, which also watches the run) and the run's config as the host read it;
+    each client is made once, whichever thread asks first."""
+    seen = {}
+
+    def loop(session, halt: threading.Event) -> None:
+        seen["run"] = session.run.name
+        seen["steps_on_its_tq"] = session.steps.tq is session.tq  # the step walker is made over the same client
+        seen["made_once"] = session.redis is session.redis and session.tq is session.tq
+        seen["status"] = session.dcs.run(run_id).status  # the host's client, called from the loop's thread
+        client.stop_run(run_id)  # the loop is done; the host then exits with the run
+    status = await asyncio.wait_for(serve(dcs, run_id, "advantage", loop=loop), 60)
+    assert seen == {"run": run_id, "steps_on_its_tq": True, "made_once": True, "status": "running"}
+    assert status.snapshot()["state"] == "stopped"
+
+
 async def test_a_loop_that_raises_fails_the_run_and_the_process(dcs, client, run_id):
-    def loop(halt: threading.Event) -> None:
+    def loop(session, halt: threading.Event) -> None:
         raise ValueError("advantage of a group with no rewards")
     with pytest.raises(ValueError):
         await serve(dcs, run_id, "advantage", loop=loop)
@@ -49,7 +65,7 @@ async def test_a_loop_that_raises_fails_the_run_and_the_process(dcs, client, run
                                    DCSError(503, "state store unreachable")], ids=type)
 async def test_a_loop_that_loses_a_dependency_exits_without_failing_the_run(dcs, client, run_id, error):
     """A service it needs is restarting: the role goes down to be restarted, the run goes on."""
-    def loop(halt: threading.Event) -> None:
+    def loop(session, halt: threading.Event) -> None:
         raise RuntimeError("the step failed") from error
     with pytest.raises(RuntimeError):
         await serve(dcs, run_id, "advantage", loop=loop)
@@ -69,7 +85,7 @@ async def test_a_failed_preflight_fails_the_run_before_the_loop_starts(dcs, clie
 async def test_a_waiting_thread_loop_exits_cleanly_when_the_run_ends(dcs, client, run_id, end):
     waiting = threading.Event()
 
-    def loop(halt: threading.Event) -> None:  # a role waiting for rows that will never come
+    def loop(session, halt: threading.Event) -> None:  # a role waiting for rows that will never come
         waiting.set()
         halt.wait()
     serving = asyncio.create_task(serve(dcs, run_id, "advantage", loop=loop))
@@ -86,7 +102,7 @@ async def test_a_waiting_thread_loop_exits_cleanly_when_the_run_ends(dcs, client
 
 
 async def test_an_async_loop_is_stopped_too(dcs, client, run_id):
-    async def aloop(stop: asyncio.Event) -> None:
+    async def aloop(session, stop: asyncio.Event) -> None:
         await asyncio.to_thread(client.stop_run, run_id)
         await stop.wait()
     status = await asyncio.wait_for(serve(dcs, run_id, "advantage", aloop=aloop), 60)
@@ -102,7 +118,7 @@ async def test_a_role_started_after_the_run_ended_does_not_start_its_loop(dcs, c
 
 async def test_a_finished_loop_keeps_serving_until_sigterm(dcs, client, run_id):
     stop = asyncio.Event()
-    serving = asyncio.create_task(serve(dcs, run_id, "advantage", loop=lambda halt: None, stop=stop))
+    serving = asyncio.create_task(serve(dcs, run_id, "advantage", loop=lambda session, halt: None, stop=stop))
     await asyncio.to_thread(client.finish_run, run_id)
     await asyncio.sleep(0.5)  # several polls of the run: finished is not a reason to exit
     assert not serving.done()
@@ -125,7 +141,7 @@ async def test_a_run_outside_the_operators_policy_fails_before_its_reward_is_imp
         config = RoleSettings(run_id=name, dcs_url=dcs.url, host="127.0.0.1", port=0,
                               allow_reward_modules="trusted_rewards")
         with pytest.raises(PreflightFailed, match="allowed reward modules"):
-            await serve_role(config, asyncio.Event(), RoleStatus("rollout"), loop=lambda halt: None, watch_poll_s=0.1)
+            await serve_role(config, asyncio.Event(), RoleStatus("rollout"), loop=lambda session, halt: None, watch_poll_s=0.1)
     finally:
         sys.path.remove(str(tmp_path))
     assert not marker.exists()

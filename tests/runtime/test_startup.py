@@ -4,6 +4,7 @@ its run looks again soon, then less often; `sluice run`'s own checks import neit
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import itertools
 import json
@@ -17,7 +18,7 @@ import pytest
 from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
 from services.dcs.models import RunConfig
-from services.role import run_config_wait
+from services.role import run_watch
 from services.runtime.poll_backoff import poll_intervals
 from services.runtime.startup import imports_uncollected
 
@@ -47,14 +48,16 @@ def test_a_role_waiting_for_its_run_looks_again_soon_then_less_often(dcs, client
     name = uniq("late")
     waited: list[float] = []
 
-    def sleep(seconds: float) -> None:  # the run is submitted after the role's fourth look
-        waited.append(seconds)
-        if len(waited) == 4:
-            client.create_run(RunConfig(name=name, model="/nowhere/model"))
-    monkeypatch.setattr(run_config_wait.time, "sleep", sleep)
+    def intervals(poll_s: float):  # the run is submitted after the role's fourth look
+        for seconds in poll_intervals(poll_s):
+            waited.append(seconds)
+            if len(waited) == 4:
+                client.create_run(RunConfig(name=name, model="/nowhere/model"))
+            yield seconds
+    monkeypatch.setattr(run_watch, "poll_intervals", intervals)
     with DCSClient(dcs.url) as role_client:
-        config = run_config_wait.wait_for_run(role_client, name, poll_s=1.0)
-    assert config.name == name
+        run = asyncio.run(run_watch.RunWatch(role_client, name, "advantage", poll_s=1.0).wait_for_run(asyncio.Event()))
+    assert run.config.name == name
     assert waited == pytest.approx([0.05, 0.075, 0.1125, 0.16875])
 
 

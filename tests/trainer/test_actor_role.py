@@ -16,8 +16,6 @@ from services.model.response_batch import ResponseBatch, response_log_probs
 from services.run_contract.partitions import partition_name
 from services.run_contract.run_config import RunConfig
 from services.run_contract.sample_fields import actor_inputs
-from services.role.connections import RunConnections
-from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import TrainerProgress, read_progress, trained_steps
 from services.role.role_service import RoleStatus
 from services.trainer.optimizer import adamw, set_lr
@@ -25,7 +23,7 @@ from services.trainer.actor_update import actor_step
 from services.trainer.config import TrainerConfig
 from services.trainer.service import ActorTrainer
 from services.trainer.tasks import ACTOR_TASK
-from tests.fakes import FakeMembership, InMemoryCoordinator, InMemoryDataPlane, InMemoryRedis
+from tests.fakes import FakeMembership, FakeRunSession, InMemoryCoordinator, InMemoryDataPlane, InMemoryRedis
 
 RUN_ID = "actor-test"
 PROMPTS = [[5, 6, 7], [9, 10]]
@@ -73,12 +71,10 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
     for step in range(2):
         write_step(plane, step, initial, run.rollout.temperature)
     batches = [plane.get(partition_name("r", step), [0, 1, 2, 3], actor_inputs(run)) for step in range(2)]
-    conn = RunConnections(dcs=coordinator, run=run, tq=plane, redis=redis,
-                          steps=StepPartitions(plane, lambda: read_progress(redis, RUN_ID), run, poll_s=0))
-    membership, status = FakeMembership(), RoleStatus("trainer")
-    trainer = ActorTrainer(TrainerConfig(run_id=RUN_ID), status, connect=lambda config, halt: conn,
-                           join=lambda dcs, registration: membership, publisher=coordinator.publisher)
-    worker = threading.Thread(target=trainer.run_loop, args=(threading.Event(),), daemon=True)
+    session = FakeRunSession(run, plane, coordinator=coordinator, redis=redis, run_id=RUN_ID)
+    status = RoleStatus("trainer")
+    trainer = ActorTrainer(TrainerConfig(run_id=RUN_ID), status, publisher=coordinator.publisher)
+    worker = threading.Thread(target=trainer.run_loop, args=(session, threading.Event()), daemon=True)
     worker.start()
     worker.join(60)
     assert not worker.is_alive(), "the trainer did not finish the run's steps"
@@ -108,6 +104,7 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
     assert record[0]["metrics"]["staleness"] == {"0": 4} and record[1]["metrics"]["staleness"] == {"1": 4}
     assert [record[k]["metrics"]["lr"] for k in (0, 1)] == [1e-2, 5e-3]  # the schedule's, step by step
     assert record[1]["metrics"]["version_trained"] == 1 and record[1]["metrics"]["weight_version"] == 2
+    membership = session.membership
     assert (membership.steps, membership.versions) == ([0, 1], [1, 2])
     assert status.snapshot()["weight_version"] == 2 and status.snapshot()["last_metrics"]["loss"] == \
         record[1]["metrics"]["loss"]

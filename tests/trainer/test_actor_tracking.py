@@ -17,16 +17,13 @@ from transformers import AutoTokenizer
 from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
 from services.run_contract.run_config import RunConfig
-from services.role.connections import RunConnections
 from services.run_state.evaluations import Evaluation, EvaluationStore
-from services.run_state.step_partitions import StepPartitions
-from services.run_state.trainer_progress import read_progress
 from services.role.role_service import RoleStatus
 from services.tracking.report import write_report
 from services.trainer.config import TrainerConfig
 from services.trainer.service import ActorTrainer
 from services.trainer.tracking_hook import TrainingTracker
-from tests.fakes import FakeMembership, InMemoryCoordinator, InMemoryDataPlane, InMemoryRedis
+from tests.fakes import FakeRunSession, InMemoryCoordinator, InMemoryDataPlane, InMemoryRedis
 from tests.trainer.test_actor_role import RESPONSES, RUN_ID, write_step
 
 
@@ -66,12 +63,10 @@ def test_the_trainer_tracks_each_recorded_step_and_its_completions(model_dir, tm
     evaluation = Evaluation(version=0, mean_reward=0.25, pass_at_k=0.5, k=1, n_prompts=4, newest_token_version=0,
                             wall_s=1.0, finished_at=1.0)
     asyncio.run(EvaluationStore(AsyncRedisFacade(redis), RUN_ID).record(evaluation))  # what the rollout writes
-    conn = RunConnections(dcs=coordinator, run=run, tq=plane, redis=redis,
-                          steps=StepPartitions(plane, lambda: read_progress(redis, RUN_ID), run, poll_s=0))
+    session = FakeRunSession(run, plane, coordinator=coordinator, redis=redis, run_id=RUN_ID)
     trainer = ActorTrainer(TrainerConfig(run_id=RUN_ID, output_dir=str(tmp_path)), RoleStatus("trainer"),
-                           connect=lambda config, halt: conn, join=lambda dcs, registration: FakeMembership(),
                            publisher=coordinator.publisher)
-    worker = threading.Thread(target=trainer.run_loop, args=(threading.Event(),), daemon=True)
+    worker = threading.Thread(target=trainer.run_loop, args=(session, threading.Event()), daemon=True)
     worker.start()
     worker.join(60)
     assert not worker.is_alive(), "the trainer did not finish the run's steps"

@@ -15,14 +15,12 @@ from services.model.loading import load_causal_lm
 from services.run_contract.checkpoint import checkpoints
 from services.run_contract.partitions import partition_name
 from services.run_contract.run_config import RunConfig
-from services.role.connections import RunConnections
-from services.run_state.step_partitions import StepPartitions
 from services.run_state.trainer_progress import read_progress
 from services.role.role_service import RoleStatus
 from services.trainer.config import TrainerConfig
 from services.trainer.service import ActorTrainer
 from services.trainer.tasks import ACTOR_TASK
-from tests.fakes import FakeMembership, InMemoryCoordinator, InMemoryDataPlane, InMemoryRedis
+from tests.fakes import FakeRunSession, InMemoryCoordinator, InMemoryDataPlane, InMemoryRedis
 
 RUN_ID = "final-ckpt"
 ROWS = [([5, 6, 7], [1, 2]), ([5, 6, 7], [3]), ([9, 10], [4, 5, 6]), ([9, 10], [8])]  # (prompt, response)
@@ -59,13 +57,11 @@ def put_rows(plane: InMemoryDataPlane, step: int, rows: list[int], seal: bool) -
 
 def start(run: RunConfig, plane, checkpoint_dir: str):
     redis, coordinator = InMemoryRedis(), InMemoryCoordinator()
-    conn = RunConnections(dcs=coordinator, run=run, tq=plane, redis=redis,
-                          steps=StepPartitions(plane, lambda: read_progress(redis, RUN_ID), run, poll_s=0.01))
+    session = FakeRunSession(run, plane, coordinator=coordinator, redis=redis, run_id=RUN_ID, poll_s=0.01)
     trainer = ActorTrainer(TrainerConfig(run_id=RUN_ID, checkpoint_dir=checkpoint_dir), RoleStatus("trainer"),
-                           connect=lambda config, halt: conn, join=lambda dcs, registration: FakeMembership(),
                            publisher=coordinator.publisher)
     halt = threading.Event()
-    worker = threading.Thread(target=trainer.run_loop, args=(halt,), daemon=True)
+    worker = threading.Thread(target=trainer.run_loop, args=(session, halt), daemon=True)
     worker.start()
     return worker, halt, redis, coordinator
 

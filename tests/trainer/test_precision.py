@@ -185,12 +185,10 @@ def test_the_actor_trainer_trains_and_publishes_in_its_precision(fresh_trainer_m
     metrics time its compute without a GPU memory figure."""
     import threading
 
-    from services.role.connections import RunConnections
-    from services.run_state.step_partitions import StepPartitions
-    from services.run_state.trainer_progress import read_progress, trained_steps
+    from services.run_state.trainer_progress import trained_steps
     from services.role.role_service import RoleStatus
     from services.trainer.service import ActorTrainer
-    from tests.fakes import FakeMembership, InMemoryCoordinator, InMemoryDataPlane, InMemoryRedis
+    from tests.fakes import FakeRunSession, InMemoryCoordinator, InMemoryDataPlane, InMemoryRedis
     from tests.trainer.test_actor_role import write_step
 
     directory = init_model(str(tmp_path), preset="tiny", arch="qwen2", seed=7)
@@ -199,13 +197,10 @@ def test_the_actor_trainer_trains_and_publishes_in_its_precision(fresh_trainer_m
     initial, _ = load_causal_lm(directory)
     plane, redis, coordinator = InMemoryDataPlane(), InMemoryRedis(), InMemoryCoordinator()
     write_step(plane, 0, initial, run.rollout.temperature)
-    conn = RunConnections(dcs=coordinator, run=run, tq=plane, redis=redis,
-                          steps=StepPartitions(plane, lambda: read_progress(redis, "p"), run, poll_s=0))
-    membership = FakeMembership()
+    session = FakeRunSession(run, plane, coordinator=coordinator, redis=redis, run_id="p")
     trainer = ActorTrainer(TrainerConfig(run_id="p", precision="bf16"), RoleStatus("trainer"),
-                           connect=lambda config, halt: conn, join=lambda dcs, registration: membership,
                            publisher=coordinator.publisher)
-    worker = threading.Thread(target=trainer.run_loop, args=(threading.Event(),), daemon=True)
+    worker = threading.Thread(target=trainer.run_loop, args=(session, threading.Event()), daemon=True)
     worker.start()
     worker.join(60)
     assert not worker.is_alive(), "the trainer did not finish its step"
