@@ -26,10 +26,12 @@ A run's adapter of weight version V is named `<run id>-v<V>` on every server (ad
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+import httpx
 
 if TYPE_CHECKING:
-    from services.sglang_protocol.client import Generation, SGLangClient
+    from services.sglang_protocol.client import Generation
 
 
 @dataclass(frozen=True)
@@ -55,39 +57,59 @@ def run_adapter(run_id: str, version: int) -> NamedAdapter:
     return NamedAdapter(adapter_name(run_id, version), version)
 
 
+class _Client(Protocol):
+    """What these calls use of SGLangClient (the class they are a part of)."""
+
+    _model_info: dict | None
+    _timeout_s: float
+
+    def _server_args(self) -> dict: ...
+
+    def takes_lora_adapter(self) -> bool: ...
+
+    def _post(self, endpoint: str, body: dict | None = None, timeout: float | None = None) -> httpx.Response: ...
+
+    def _check(self, endpoint: str, response: httpx.Response) -> dict: ...
+
+    async def _arequest(self, method: str, endpoint: str, body: dict | None = None, params: dict | None = None,
+                        read_timeout_s: float | None = None) -> dict: ...
+
+
 class LoRAAdapterRoutes:
     """SGLangClient's calls of SGLang's LoRA adapter routes (module docstring)."""
 
-    def serves_lora_adapters(self: SGLangClient) -> bool:
+    _model_info: dict | None  # SGLangClient's: its server's model info, read once
+
+    def serves_lora_adapters(self: _Client) -> bool:
         """Whether the server loads adapters by name (SGLang launched with --enable-lora), asked once."""
         return bool(self._server_args().get("enable_lora")) and not self.takes_lora_adapter()
 
-    def lora_limits(self: SGLangClient) -> tuple[int | None, list[str] | None]:
+    def lora_limits(self: _Client) -> tuple[int | None, list[str] | None]:
         """The server's --max-lora-rank and --lora-target-modules, where its server info says them."""
         args = self._server_args()
         modules = args.get("lora_target_modules")
         return args.get("max_lora_rank"), sorted(modules) if isinstance(modules, (list, tuple)) else None
 
-    def load_lora_adapter(self: SGLangClient, name: str, path: str, timeout: float | None = None) -> dict[str, str]:
+    def load_lora_adapter(self: _Client, name: str, path: str, timeout: float | None = None) -> dict[str, str]:
         """Load the adapter in directory `path` (on the server's filesystem) as `name`: the adapters then
         loaded, name -> path. SGLangError (HTTP 400) with SGLang's reason when it does not."""
         data = self._check("/load_lora_adapter", self._post("/load_lora_adapter", {
             "lora_name": name, "lora_path": path, "pinned": False}, timeout=timeout))
         return dict(data.get("loaded_adapters") or {})
 
-    def unload_lora_adapter(self: SGLangClient, name: str, timeout: float | None = None) -> dict[str, str]:
+    def unload_lora_adapter(self: _Client, name: str, timeout: float | None = None) -> dict[str, str]:
         """Unload adapter `name` once the requests using it finished: the adapters left, name -> path."""
         data = self._check("/unload_lora_adapter", self._post("/unload_lora_adapter", {"lora_name": name},
                                                               timeout=timeout))
         return dict(data.get("loaded_adapters") or {})
 
-    def set_weight_version(self: SGLangClient, version: str) -> None:
+    def set_weight_version(self: _Client, version: str) -> None:
         """Record `version` as the one the server serves (/update_weight_version, SGLang 0.5.6 on), its running
         requests untouched."""
         self._check("/update_weight_version", self._post("/update_weight_version", {
             "new_version": version, "abort_all_requests": False}))
 
-    async def names_adapters(self: SGLangClient) -> bool:
+    async def names_adapters(self: _Client) -> bool:
         """Whether a generate request names its adapter: not on a server that merges them into its weights (the
         built-in engine's model info says lora_adapter_update). Asked once, on the event loop."""
         if self._model_info is None:
