@@ -174,7 +174,7 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
     with local:
         local.supervise()  # a service that fails is started again (services/launch/supervision.py)
         _write_stack_file(dirs, local, config.name, token_file, redis_password_file(run_file))
-        view.note("running", coordinator=local.dcs.url, services=sorted(local.procs))
+        view.note("running", coordinator=local.dcs_url, services=sorted(local.procs))
         with local.dcs_client() as dcs:
             def on_interrupt(progress: RunProgress) -> None:
                 pause(dcs, config.name, view)
@@ -202,12 +202,13 @@ def start_stack(run_file: RunFile, token: str, path: str = "",
     requires a new password, written to <run dir>/redis-password; a Redis of the operator's gets the
     password from this process's environment (env SLUICE_REDIS_PASSWORD_FILE or SLUICE_REDIS_PASSWORD)."""
     dirs, stack = run_file.directories(), run_file.stack
-    if stack.redis_url is None:
+    password_file = redis_password_file(run_file)
+    if password_file is not None:  # a private Redis (no stack.redis_url)
         data_dir = os.path.join(dirs["run"], "redis")
         shutil.rmtree(data_dir, ignore_errors=True)
         os.makedirs(dirs["run"], exist_ok=True)
         password = new_redis_password()
-        write_private_file(redis_password_file(run_file), password + "\n")
+        write_private_file(password_file, password + "\n")
     else:
         data_dir, password = None, resolve_redis_password()
     return LocalRun(run_file.run_config(), log_dir=dirs["logs"], engines=stack.engines, token=token,
@@ -345,7 +346,7 @@ def _write_stack_file(dirs: dict[str, str], local: LocalRun, run_id: str, token_
     (`sluice logs`, other terminals: env SLUICE_REDIS_PASSWORD_FILE=<that file> for Redis)."""
     os.makedirs(dirs["run"], exist_ok=True)
     with open(os.path.join(dirs["run"], "stack.json"), "w", encoding="utf-8") as f:
-        json.dump({"run_id": run_id, "coordinator": local.dcs.url, "redis_url": local.redis_url,
+        json.dump({"run_id": run_id, "coordinator": local.dcs_url, "redis_url": local.redis_url,
                    "log_dir": dirs["logs"], "checkpoint_dir": dirs["checkpoints"], "pid": os.getpid(),
                    **({"judge_url": local.judge_url} if local.judge_url else {}),
                    **({"auth_token_file": token_file} if token_file else {}),
