@@ -21,6 +21,7 @@ import httpx
 
 from services.rollout.admission import parse_version
 from services.sglang_protocol.client import EngineUnreachable, Generation, SGLangClient, SGLangError
+from services.sglang_protocol.lora_adapters import NamedAdapter, run_adapter
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,8 @@ class EngineClient(Protocol):
     async def wait_weight_version(self, newer_than: str | None, wait_s: float) -> str: ...
 
     async def generate_batch(self, inputs: Sequence[Sequence[int]], sampling_params: Sequence[dict],
-                             rids: Sequence[str] | None = None) -> list[Generation]: ...
+                             rids: Sequence[str] | None = None,
+                             adapter: NamedAdapter | None = None) -> list[Generation]: ...
 
     async def aclose(self) -> None: ...
 
@@ -73,6 +75,7 @@ class Engines(Protocol):
 
     requests: int
     resubmits: int
+    adapters: str | None
 
     @property
     def serving_version(self) -> int: ...
@@ -138,6 +141,9 @@ class EnginePool:
         self.max_connect_retries = max_connect_retries
         self.requests = 0
         self.resubmits = 0
+        # a LoRA run's id: each request names the run's adapter of its engine's version (lora_adapters.py), which
+        # an SGLang engine applies and a built-in engine has merged
+        self.adapters: str | None = None
         self._watching: tuple[float, float, Callable[[], None]] | None = None
         for url in urls:
             self.add(url)
@@ -316,7 +322,8 @@ class EnginePool:
         self.requests += 1
         if engine.first_version is None:
             engine.first_version = engine.version
-        call = asyncio.ensure_future(engine.client.generate_batch(inputs, samplings, rids))
+        named = {"adapter": run_adapter(self.adapters, engine.version)} if self.adapters and engine.version else {}
+        call = asyncio.ensure_future(engine.client.generate_batch(inputs, samplings, rids, **named))
         engine.calls.add(call)
         try:
             return await call

@@ -98,6 +98,7 @@ class RolloutService:
         self.scorer = GroupScorer(self.reward, r.reward_fallback)
         self.filtering = GroupFiltering(r.filter_groups, r.max_filter_ratio, run.rollout_batch_size)
         self.pool = self.engines(self.config)
+        self.pool.adapters = run.name if run.trainer.lora is not None else None  # SGLang engines apply it by name
         self.fleet = EngineFleet(self.config, self.pool, session.dcs,
                                  lambda dcs, registration: session.join(registration), session.dcs)
         self.writes = PutCoalescer(self.tq.put, linger_s=self.config.put_linger_s)

@@ -108,6 +108,7 @@ class WeightSender(Protocol):
 
     receiver_roles: list[str]
     adapter_scaling: float | None  # a LoRA trainer's alpha / r: what it publishes is an adapter
+    adapter_config: dict | None  # and its peft adapter_config.json (services/trainer/lora.py adapter_config)
 
     def publish(self, named: Iterable[tuple[str, torch.Tensor]], version: int, announce: bool = True) -> Any: ...
 

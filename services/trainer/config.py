@@ -23,6 +23,10 @@ class TrainerConfig(RoleSettings):
         "the run's files go to <output_dir>/<run_id>: steps.jsonl, completions.jsonl and the tracking backends' "
         "files (tensorboard/, wandb/, mlflow/; the run's tracking.report_to), the input of `sluice report`; "
         "empty = none (actor rank 0 only)"))
+    adapter_dir: str = Field("", description=(
+        "trainer.lora with SGLang engines: where each published adapter is written in peft's files "
+        "(<run_id>-v<version>/) for the engines to load by path (/load_lora_adapter); they read it at the same path, "
+        "so with engines on other hosts it must be on a shared filesystem; empty = <output_dir>/<run_id>/adapters"))
     device: str = Field("cpu", description="cpu or cuda[:N]")
     master_address: str = Field("127.0.0.1", description="address receivers reach this trainer's broadcast group at")
     bucket_mb: int = Field(64, ge=1, description="weight-sync bucket size (MiB)")
@@ -76,6 +80,13 @@ class TrainerConfig(RoleSettings):
         "larger models use the live weights and the next optimizer step waits; 0 = never copy"))
     lease_s: float = Field(300.0, gt=0, description="claim lease: rows return to the queue if this node dies")
     clear_wait_s: float = Field(600.0, gt=0, description="how long to wait for every task to consume a step")
+
+    @property
+    def adapter_files_dir(self) -> str | None:
+        """--adapter-dir, absolute (an engine reads the path as it is given); None with it and --output-dir empty."""
+        directory = self.adapter_dir or (os.path.join(self.output_dir, self.run_id, "adapters") if self.output_dir
+                                         else "")
+        return os.path.abspath(directory) if directory else None
 
     @model_validator(mode="after")
     def _micro_batches_fit_backend(self):

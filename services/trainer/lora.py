@@ -12,6 +12,7 @@ on the wire and in a checkpoint are peft's saved form (`base_model.model.<module
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -93,6 +94,15 @@ def adapter_scaling(model: torch.nn.Module) -> float | None:
         return None
     config = model.peft_config[ADAPTER]
     return config.lora_alpha / config.r
+
+
+def adapter_config(model: torch.nn.Module) -> dict | None:
+    """peft's adapter_config.json of the model's adapter, as save_pretrained writes it (sets as lists, enums as
+    their values); None without LoRA."""
+    if not is_lora(model):
+        return None
+    return json.loads(json.dumps(model.peft_config[ADAPTER].to_dict(),
+                                 default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
 
 
 def write_adapter(stream, model: torch.nn.Module, directory: str) -> None:

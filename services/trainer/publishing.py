@@ -20,7 +20,7 @@ from services.dcs.sync.publisher import SyncFailed
 from services.run_contract.run_config import RunConfig
 from services.run_state.seams import WeightSender
 from services.runtime.spans import span
-from services.trainer.lora import adapter_scaling, trainable
+from services.trainer.lora import adapter_config, adapter_scaling, trainable
 
 log = logging.getLogger(__name__)
 MAX_ENGINE_ERRORS = 5  # resends in a row that an engine answered with an error before the run fails
@@ -53,6 +53,7 @@ class WeightVersions:
         self.sender, self.model, self.run, self.dcs, self.run_id = sender, model, run, dcs, run_id
         self.source = source  # the (name, tensor) list to publish, when not the model's live parameters
         sender.adapter_scaling = adapter_scaling(model)  # with LoRA the source yields only the adapter: lora.py
+        sender.adapter_config = adapter_config(model)  # what SGLang engines read beside it (adapter_publish.py)
         size = sum(p.numel() * p.element_size() for _, p in trainable(model))
         self.snapshot_fits = size <= snapshot_max_bytes  # a copy of the weights is affordable
         self.republish_check_s = republish_check_s

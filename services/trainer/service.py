@@ -111,7 +111,7 @@ class ActorTrainer:
             sender = self.make_publisher(self.dcs, self.membership.node_id, c.master_address,
                                          bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
                                          pause_mode=c.pause_mode, run_id=c.run_id, backend=c.sync_backend,
-                                         device=c.device)
+                                         device=c.device, adapter_dir=c.adapter_files_dir)
             source = self.weight_stream if self.backend.gathers else self.backend.live_weights  # lora.py: adapter
             self.weights = WeightVersions(sender, self.model, run, self.dcs, c.run_id, c.republish_check_s,
                                           snapshot_max_bytes=c.snapshot_publish_mb << 20, source=source)

@@ -15,7 +15,10 @@ every member:
     per_tensor        some engine takes neither (SGLang before 0.5.6): one broadcast per tensor, in order
 
 Sluice's own receivers take every form but cuda_ipc from the published metadata: one broadcast per bucket at the
-published offsets (the coordinator's `flat_buckets`, which flattened_bucket is too), or one per tensor."""
+published offsets (the coordinator's `flat_buckets`, which flattened_bucket is too), or one per tensor.
+
+A LoRA run's adapter reaches built-in engines in these forms (they merge it: lora_scaling); SGLang servers load
+it by name from files instead, with no broadcast (adapter_route; services/dcs/sync/adapter_publish.py)."""
 
 from __future__ import annotations
 
@@ -109,15 +112,23 @@ class SyncEngines:
             except Exception as exc:
                 log.warning("could not resume an engine", extra={"engine": engine.base_url, "error": str(exc)})
 
-    def check_adapters(self) -> None:
-        """A LoRA publish: every engine must merge adapters (the built-in engine); raises ValueError naming the
-        ones that do not (SGLang servers: their LoRA adapter routes are not driven)."""
-        unable = [self.clients[m.node_id].base_url for m in self.members
-                  if not self.clients[m.node_id].takes_lora_adapter()]
+    def adapter_route(self) -> bool:
+        """How a LoRA publish reaches the group's engines: True when every one loads adapters by name through
+        SGLang's LoRA routes (SGLang launched with --enable-lora: adapter_publish.py), False when every one
+        merges them into its weights (the built-in engine: the broadcast). ValueError naming the engines that do
+        neither, or when the group mixes the two."""
+        engines = [self.clients[m.node_id] for m in self.members]
+        merging = [e.base_url for e in engines if e.takes_lora_adapter()]
+        by_name = [e.base_url for e in engines if e.base_url not in merging and e.serves_lora_adapters()]
+        unable = [e.base_url for e in engines if e.base_url not in merging + by_name]
         if unable:
-            raise ValueError(f"a LoRA run (trainer.lora) publishes only its adapter, which these engines do not take "
-                             f"(SGLang servers: Sluice does not drive their LoRA adapter routes): {', '.join(unable)}; "
-                             "use built-in engines, or train every weight")
+            raise ValueError(f"a LoRA run (trainer.lora) publishes only its adapter, which these engines do not take: "
+                             f"{', '.join(unable)}; an SGLang server takes it when launched with --enable-lora, "
+                             "--max-lora-rank and --lora-target-modules (docs/trainer.md)")
+        if merging and by_name:
+            raise ValueError(f"a LoRA run's engines must all merge the adapter (built-in engines: {', '.join(merging)}) "
+                             f"or all load it by name (SGLang servers: {', '.join(by_name)}), not both")
+        return bool(by_name)
 
     def transfer(self, backend: str) -> Transfer:
         """The group's transfer (module docstring): the widest form every engine takes."""

@@ -37,9 +37,10 @@ class WeightMetadata(Strict):
         min_length=1, max_length=1 << 20, description="size of each flat bucket, in order")
     publisher: str | None = None
     sync_group: "SyncGroup | None" = Field(None, description="the group this version is broadcast in")
-    transfer: Literal["flat_buckets", "per_tensor", "cuda_ipc"] = Field(
-        "flat_buckets", description="one broadcast per bucket, one per tensor in list order (SGLang engines), or "
-                                    "buckets by CUDA IPC handle to engines on the trainer's GPU (no broadcast)")
+    transfer: Literal["flat_buckets", "per_tensor", "cuda_ipc", "adapter_files"] = Field(
+        "flat_buckets", description="one broadcast per bucket, one per tensor in list order (SGLang engines), "
+                                    "buckets by CUDA IPC handle to engines on the trainer's GPU (no broadcast), or a "
+                                    "LoRA adapter's files loaded by SGLang engines (no broadcast; only engines)")
 
     @model_validator(mode="after")
     def _layout_fits(self) -> "WeightMetadata":

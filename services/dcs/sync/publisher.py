@@ -14,7 +14,9 @@ one transfer, the widest every engine takes: one broadcast per bucket in Sluice'
 Floating tensors travel in the dtype the receivers serve (services/dcs/sync/precision.py), cast bucket by bucket
 on the trainer's side; an engine that refuses the weights themselves (they do not fit its model) marks the result
 `refused`, which no resend can fix. Every phase has a deadline; a failure closes the group (the next sync asks for
-a new one, without members that died) and is reported to DCS. The result carries per-phase seconds and bytes."""
+a new one, without members that died) and is reported to DCS. The result carries per-phase seconds and bytes.
+A LoRA run's adapter goes to SGLang engines as files they load through SGLang's LoRA routes instead, with no
+broadcast and no pause (services/dcs/sync/adapter_publish.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from typing import Iterable
 
 import torch
 
+from services.dcs.sync.adapter_publish import AdapterFiles, AdapterRefused
 from services.dcs.sync.coordinator import PublishingCoordinator
 from services.dcs.sync.messages import SyncGroupRequest, SyncReport, WeightMetadata
 from services.dcs.sync.groups import BroadcastGroup
@@ -75,7 +78,8 @@ class WeightPublisher:
     def __init__(self, dcs: PublishingCoordinator, node_id: str, master_address: str, bucket_bytes: int = 64 << 20,
                  timeout_s: float = 60.0, receiver_roles: Iterable[str] = ("engine", "actor_fwd", "reference"),
                  backend: str = "gloo", engine_role: str = "engine", pause_mode: str = "abort", *, run_id: str,
-                 device: str = "cpu"):
+                 device: str = "cpu", adapter_dir: str | None = None):
+        """`adapter_dir`: where a LoRA trainer writes its adapters for SGLang engines to load (adapter_publish.py)."""
         self.dcs = dcs
         self.run_id = run_id  # the run whose versions, group and engines these are
         self.node_id = node_id
@@ -84,6 +88,8 @@ class WeightPublisher:
         self.timeout_s = timeout_s
         self.receiver_roles = list(receiver_roles)
         self.adapter_scaling: float | None = None  # set by a LoRA trainer: what it publishes is an adapter
+        self.adapter_config: dict | None = None  # and its peft adapter_config.json (SGLang engines read it)
+        self.adapter_dir = adapter_dir
         self.backend = backend  # as asked: auto, gloo, nccl or ipc (backend_choice.py)
         self.device = device  # the trainer's: where the weights are, and where nccl/ipc buckets are staged
         self._trainer_gpu = gpu_uuid(device)
@@ -140,31 +146,10 @@ class WeightPublisher:
             if not announce and any(m.role != self.engine_role for m in group_spec.members[1:]):
                 raise ValueError("an unannounced publish can only go to engines")
             self.engines.lora_scaling = self.adapter_scaling
-            if self.adapter_scaling is not None:
-                try:
-                    self.engines.check_adapters()
-                except ValueError as exc:
-                    raise UnusableBackend(str(exc)) from exc
-            entries, sizes = self._plan(group_spec, named, result)
-            paused: list = []
-            try:
-                # engines first: one that cannot be paused fails the sync before the version is
-                # announced, so no receiver starts waiting on a broadcast that will not come
-                self.engines.pause(paused)
-                if announce:
-                    self.dcs.publish_weights(self.run_id, WeightMetadata(
-                        version=version, tensors=entries, bucket_bytes=sizes, publisher=self.node_id,
-                        sync_group=group_spec, transfer=PUBLISHED_TRANSFER[result.transfer]))
-                    result.announced = True
-                result.seconds["metadata"] = time.perf_counter() - t0
-                if result.transfer != "cuda_ipc" and (self._group is None or self._group.name != group_spec.name):
-                    self._open_group(group_spec)
-                    result.seconds["open_group"] = time.perf_counter() - t0 - result.seconds["metadata"]
-                self._failed = False
-                self._transfer(entries, sizes, bucket_tensors(entries, len(sizes), named, stream), result,
-                               str(version))
-            finally:
-                self.engines.resume(paused)
+            if self._adapter_by_name():
+                self._publish_adapter(group_spec, named, stream, version, announce, result, t0)
+            else:
+                self._broadcast(group_spec, named, stream, version, announce, result, t0)
             result.ok = True
             result.engines = [m.node_id for m in self.engines.members]
         except Exception as exc:
@@ -174,6 +159,66 @@ class WeightPublisher:
         if not result.ok:
             raise SyncFailed(result)
         return result
+
+    def _broadcast(self, group_spec, named: list, stream: WeightStream | None, version: int, announce: bool,
+                   result: SyncResult, t0: float) -> None:
+        """The weights to every receiver of the group by broadcast, the engines paused as their mode says."""
+        entries, sizes = self._plan(group_spec, named, result)
+        paused: list = []
+        try:
+            # engines first: one that cannot be paused fails the sync before the version is
+            # announced, so no receiver starts waiting on a broadcast that will not come
+            self.engines.pause(paused)
+            if announce:
+                self.dcs.publish_weights(self.run_id, WeightMetadata(
+                    version=version, tensors=entries, bucket_bytes=sizes, publisher=self.node_id,
+                    sync_group=group_spec, transfer=PUBLISHED_TRANSFER[result.transfer]))
+                result.announced = True
+            result.seconds["metadata"] = time.perf_counter() - t0
+            if result.transfer != "cuda_ipc" and (self._group is None or self._group.name != group_spec.name):
+                self._open_group(group_spec)
+                result.seconds["open_group"] = time.perf_counter() - t0 - result.seconds["metadata"]
+            self._failed = False
+            self._transfer(entries, sizes, bucket_tensors(entries, len(sizes), named, stream), result,
+                           str(version))
+        finally:
+            self.engines.resume(paused)
+
+    def _adapter_by_name(self) -> bool:
+        """A LoRA publish whose engines load the adapter by name (SGLang's LoRA routes: adapter_publish.py)
+        rather than merging a broadcast one (the built-in engine); UnusableBackend when they do neither."""
+        if self.adapter_scaling is None:
+            return False
+        try:
+            by_name = self.engines.adapter_route()
+        except ValueError as exc:
+            raise UnusableBackend(str(exc)) from exc
+        if by_name and (self.adapter_dir is None or self.adapter_config is None):
+            raise UnusableBackend("a LoRA run's SGLang engines load the adapter from files, and this trainer has no "
+                                  "directory to write them to (its --adapter-dir, or --output-dir)")
+        return by_name
+
+    def _publish_adapter(self, group_spec, named: list, stream: WeightStream | None, version: int,
+                         announce: bool, result: SyncResult, t0: float) -> None:
+        """The adapter to every engine through SGLang's LoRA routes (adapter_publish.py): its files written,
+        the version announced (nothing is broadcast: transfer adapter_files), then loaded by each engine."""
+        assert self.adapter_dir is not None and self.adapter_config is not None  # _adapter_by_name
+        files = AdapterFiles(self.run_id, self.adapter_dir, self.adapter_config, self.timeout_s)
+        entries, sizes = plan_buckets(named, self.bucket_bytes)
+        result.transfer, result.bytes = "adapter_files", sum(sizes)
+        path = files.write(version, dict(stream.take(len(named)) if stream is not None else named))
+        result.seconds["pack"] = time.perf_counter() - t0
+        if announce:
+            self.dcs.publish_weights(self.run_id, WeightMetadata(
+                version=version, tensors=entries, bucket_bytes=sizes, publisher=self.node_id,
+                sync_group=group_spec, transfer="adapter_files"))
+            result.announced = True
+        loading = time.perf_counter()
+        try:
+            files.load(self.engines, version, path)
+        except AdapterRefused as exc:
+            raise UnusableBackend(str(exc)) from exc
+        result.seconds["engine_load"] = time.perf_counter() - loading
 
     def _plan(self, spec, named: list, result: SyncResult) -> tuple[list, list]:
         """The wire dtype, the group's transfer and the buckets, laid out as that transfer sends them: the
