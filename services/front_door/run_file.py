@@ -123,11 +123,13 @@ class RunFile(RunConfig):
         return tuple(a for name, value in self.stack.judge.engine_flags.items() for a in _flag(name, value))
 
     @model_validator(mode="after")
-    def _lora_needs_builtin_engines(self) -> "RunFile":
+    def _lora_fits_the_engines(self) -> "RunFile":
         if self.trainer.lora is not None and self.stack.engine == "sglang":
-            from services.launch.local_run import LORA_ON_SGLANG  # the launcher's own refusal, named once
+            from services.launch.sglang_flags import lora_problem  # the launcher's own refusal, named once
 
-            raise ValueError(f"stack.engine sglang: {LORA_ON_SGLANG}")
+            problem = lora_problem(self.trainer.lora.target_modules)
+            if problem:
+                raise ValueError(f"stack.engine sglang: {problem}")
         return self
 
     def run_config(self) -> RunConfig:

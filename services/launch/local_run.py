@@ -20,7 +20,7 @@ from services.runtime.auth_token import token_env
 from services.runtime.redis_clients import sync_redis
 from services.runtime.redis_password import redis_password_env
 from services.launch.sglang_engine import START_S as SGLANG_START_S, SGLangProcess
-from services.launch.sglang_flags import sglang_missing, token_problem
+from services.launch.sglang_flags import lora_argv, lora_problem, sglang_missing, token_problem
 from services.launch.supervision import ProcessSupervisor
 from services.runtime.processes import (ChildProcess, StopsOnExit, free_port, http_ok, sluice_argv, start_redis,
                                         stop_together)
@@ -30,10 +30,6 @@ STOP_S = 10.0  # the engines and roles, together: a clean exit, CUDA teardown an
 STACK_STOP_S = 5.0  # then the stack's services, together: no role is left to serve
 ENGINE_START_S = 120.0  # an engine loading its model (and, on a GPU, starting CUDA) until /health answers
 ROLE_START_S = 90.0  # a role service until /healthz answers (all start at once, so they share the cores)
-# a LoRA run publishes only its adapter, which the built-in engine merges; SGLang's LoRA routes are not driven
-LORA_ON_SGLANG = ("trainer.lora publishes only the adapter, which SGLang engines do not take from Sluice (their "
-                  "/load_lora_adapter route is not driven: docs/trainer.md); use built-in engines, or train every "
-                  "weight")
 
 
 class LocalRun(StopsOnExit):
@@ -54,17 +50,21 @@ class LocalRun(StopsOnExit):
         it, or the one `redis_url` names does (every service gets it in its environment, never argv).
         Shards journal under <log_dir>/tq-data.
         `engine`: builtin (`sluice engine`) or sglang (SGLang servers; `engine_args` are then SGLang's flags);
-        SGLang missing from this Python, or a token it cannot take, is refused before anything starts.
+        SGLang missing from this Python, or a token it cannot take, is refused before anything starts; a LoRA
+        run's SGLang servers get --enable-lora, --max-lora-rank and --lora-target-modules (sglang_flags.lora_argv).
         `on_stack_up`: called with this LocalRun once TransferQueue and the coordinator serve, while the
         engines and roles may still be starting (`sluice run` submits its run there); what it raises stops
         everything and is raised here. `judge`: (model directory, engine flags) of a built-in engine started as
         the service `judge`, the rollout's judge engine for reward model:judge: never one of the run's engines
         (the rollout does not register it, so the trainer never updates its weights), and without a token its
         weight-update routes stay closed."""
-        refusal = (LORA_ON_SGLANG if run.trainer.lora else sglang_missing() or token_problem(token)) \
-            if engine == "sglang" else None
+        lora = run.trainer.lora
+        refusal = ((lora_problem(lora.target_modules) if lora else None) or sglang_missing()
+                   or token_problem(token)) if engine == "sglang" else None
         if refusal:
             raise RuntimeError(f"engine sglang: {refusal}")
+        if engine == "sglang" and lora is not None:  # the adapter is loaded by name (adapter_publish.py)
+            engine_args = lora_argv(engine_args, lora.rank, lora.target_modules)
         self.engine = engine
         self.run = run
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-run-")

@@ -20,6 +20,10 @@ INSTALL = f'pip install "sglang[all]=={SGLANG_RELEASE}"'
 # flags the stack sets on every server (a run file may not): where it listens, what it loads, its key
 SET_BY_STACK = ("model_path", "model", "host", "port", "api_key", "admin_api_key", "config")
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
+# what --lora-target-modules takes (sglang/srt/utils/common.py SUPPORTED_LORA_TARGET_MODULES, and "all")
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "kv_a_proj_with_mqa", "q_b_proj",
+                       "kv_b_proj", "wq_b", "wk", "weights_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
+                       "gate_up_proj", "embed_tokens", "lm_head", "qkvr", "wo_ud")
 
 
 def check_sglang_flags(flags: dict[str, Scalar]) -> None:
@@ -84,3 +88,27 @@ def token_problem(token: str) -> str | None:
         return ("the stack's auth token starts with '-', which SGLang's argument parser takes for a flag, "
                 "so an SGLang server cannot use it as its api key: choose a token that does not start with '-'")
     return None
+
+
+def lora_argv(flags: tuple[str, ...], rank: int, target_modules: list[str]) -> tuple[str, ...]:
+    """A LoRA run's server flags: `flags` and, where they do not set them, --enable-lora, --max-lora-rank (the run's
+    rank) and --lora-target-modules (its target modules), which SGLang needs to load adapters by name while it
+    runs (sglang/srt/arg_groups/lora_hook.py; services/dcs/sync/adapter_publish.py)."""
+    extra: list[str] = []
+    if "--enable-lora" not in flags:
+        extra.append("--enable-lora")
+    if "--max-lora-rank" not in flags:
+        extra += ["--max-lora-rank", str(rank)]
+    if "--lora-target-modules" not in flags:
+        extra += ["--lora-target-modules", *target_modules]
+    return (*flags, *extra)
+
+
+def lora_problem(target_modules: list[str]) -> str | None:
+    """Why SGLang cannot serve a LoRA run's adapter (None: it can): target modules it applies no adapter to."""
+    unknown = [m for m in target_modules if m not in LORA_TARGET_MODULES]
+    if not unknown:
+        return None
+    return (f"trainer.lora.target_modules {unknown} are not modules SGLang {SGLANG_RELEASE} applies LoRA adapters to "
+            f"(its --lora-target-modules takes {', '.join(LORA_TARGET_MODULES)}): target those, or use built-in "
+            "engines")

@@ -38,5 +38,5 @@ class TrainerSettings(BaseModel):
 
     lora: LoraSettings | None = Field(None, description=(
         "train a LoRA adapter instead of every weight: only the adapter is trained, held in the optimizer, "
-        "published (the built-in engine merges it into its base weights) and checkpointed (peft's format); "
-        "torch and fsdp backends, built-in engines only; null = full fine-tuning"))
+        "published (the built-in engine merges it into its base weights; SGLang engines load it by name through "
+        "their LoRA routes) and checkpointed (peft's format); torch and fsdp backends; null = full fine-tuning"))

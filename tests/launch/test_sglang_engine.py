@@ -20,7 +20,7 @@ from services.cli import main as sluice
 from services.front_door.run_file import RunFileError, parse_run_file
 from services.launch.local_run import LocalRun
 from services.launch.sglang_engine import SGLangProcess, _write_key
-from services.launch.sglang_flags import gpu_argv
+from services.launch.sglang_flags import gpu_argv, lora_argv
 from services.run_contract.run_config import RunConfig
 from services.runtime.processes import free_port
 
@@ -137,6 +137,24 @@ def test_the_run_files_sglang_flags_are_sglangs_and_the_stacks_own_are_refused()
         parse_run_file("name: r\nmodel: /m\nstack:\n  engine_flags:\n    enable_memory_saver: true\n")
     with pytest.raises(RunFileError, match="stack.engine: Input should be 'builtin' or 'sglang'"):
         parse_run_file("name: r\nmodel: /m\nstack:\n  engine: vllm\n")
+
+
+def test_a_lora_runs_servers_get_sglangs_lora_flags_and_target_modules_sglang_cannot_serve_are_refused(
+        tmp_path, monkeypatch):
+    assert lora_argv(("--dtype", "bfloat16"), 8, ["q_proj", "v_proj"]) == (
+        "--dtype", "bfloat16", "--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj", "v_proj")
+    assert lora_argv(("--enable-lora", "--max-lora-rank", "16"), 8, ["q_proj"]) == (  # the run file's own win
+        "--enable-lora", "--max-lora-rank", "16", "--lora-target-modules", "q_proj")
+    lora = "trainer:\n  lora:\n    rank: 4\n"
+    assert parse_run_file(f"name: r\nmodel: /m\n{lora}stack:\n  engine: sglang\n").trainer.lora.rank == 4
+    with pytest.raises(RunFileError, match=r"stack.engine sglang: trainer.lora.target_modules \['c_attn'\] are not "
+                                           "modules SGLang 0.5.23 applies LoRA adapters to"):
+        parse_run_file(f"name: r\nmodel: /m\n{lora}    target_modules: [q_proj, c_attn]\nstack:\n  engine: sglang\n")
+    monkeypatch.syspath_prepend(str(FAKE))  # SGLang importable: only the target modules are wrong
+    run = RunConfig(name="r", model="/m", trainer={"lora": {"target_modules": ["c_attn"]}})
+    with pytest.raises(RuntimeError, match=r"engine sglang: trainer.lora.target_modules \['c_attn'\]"):
+        LocalRun(run, log_dir=str(tmp_path / "logs"), engine="sglang")
+    assert not (tmp_path / "logs").exists()  # refused before anything started
 
 
 def test_servers_side_by_side_each_take_their_own_gpus():
