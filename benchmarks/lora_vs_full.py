@@ -95,7 +95,7 @@ def main(argv=None) -> int:
                 "lora": ({"optim": {"lr": args.lora_lr}, "trainer": {"lora": lora}}, lora)}
     runs: dict[str, dict[int, dict]] = {name: {} for name in settings}
     for seed in [int(s) for s in args.seeds.split(",")]:
-        demo, model = demo_args(seed, args.steps), None
+        demo, model = demo_args(seed, args.steps, ["--filter-groups", "none"]), None  # as measured: no filtering
         for name, (changes, adapter) in settings.items():
             where = os.path.join(work, f"seed{seed}-{name}")
 

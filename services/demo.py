@@ -3,8 +3,9 @@
 The default task, demo:reverse ("Reverse: d a c b" -> "b c a d", exact-match reward), starts from a new
 random Qwen2 of ~3.4M parameters (`--preset small`), warm-starts it with a few seconds of supervised
 fine-tuning (services/demo_tasks/warm_start.py, stopped once it answers --warm-start-target of 64 training
-prompts; held-out reward ~0.2), then runs fully-async GRPO (the learning rate on a cosine decay to 0.1x)
-as `sluice run` would a run file (services/front_door/supervisor.py: a private Redis, TransferQueue, the
+prompts; held-out reward ~0.2), then runs fully-async GRPO (the learning rate on a cosine decay to 0.1x;
+DAPO's dynamic sampling drops the groups whose 8 rewards are all equal, which would train nothing) as `sluice
+run` would a run file (services/front_door/supervisor.py: a private Redis, TransferQueue, the
 coordinator, a built-in engine, rollout, advantage and trainer). The rollout scores 128 held-out prompts
 greedily every --eval-every versions; the held-out reward (`eval_reward`) climbs past 0.8. Shown as a live
 panel on a terminal, one JSON line per trained step and a JSON summary otherwise; TensorBoard events and the
@@ -44,7 +45,8 @@ def build_run(args, model_dir: str, workdir: str) -> RunFile:
                    checkpoint={"interval": args.checkpoint_interval},
                    algorithm={"estimator": args.estimator, "kl_coef": 0.0},
                    rollout={"prompts": prompts, "max_new_tokens": args.max_new_tokens, "shuffle_seed": args.seed,
-                            "temperature": args.temperature, "agent": DEMO_TASKS[args.task].agent},
+                            "temperature": args.temperature, "agent": DEMO_TASKS[args.task].agent,
+                            "filter_groups": args.filter_groups or DEMO_TASKS[args.task].filter_groups},
                    eval={"prompts": prompts if prompts.startswith("demo:") and args.eval_every
                          and not DEMO_TASKS[args.task].agent else None,  # eval makes plain completions
                          "every_n_versions": max(1, args.eval_every), "max_prompts": args.eval_prompts,
@@ -100,7 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sluice demo", description=__doc__, formatter_class=HelpWithDefaults)
     parser.add_argument("--task", nargs="?", const="", default="reverse",
                         help="the built-in task (demo:<task>); --task alone lists them")
-    parser.add_argument("--steps", type=int, default=300, help="training steps")
+    parser.add_argument("--steps", type=int, default=200, help="training steps")
     parser.add_argument("--mode", choices=["fully_async", "colocate"], default="fully_async",
                         help="fully_async (overlapped) or colocate (synchronous, max_staleness 0)")
     parser.add_argument("--max-staleness", type=int, default=1, help="versions rollout may run ahead (fully_async)")
@@ -111,6 +113,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--n-samples", type=int, default=8, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=12, help="most tokens per sample (and per eval answer)")
     parser.add_argument("--temperature", type=float, default=0.7, help="the rollout's sampling temperature")
+    parser.add_argument("--filter-groups", default="",
+                        help="dynamic sampling (run config rollout.filter_groups): none, zero_variance or "
+                             "std_below:X; default: the task's (zero_variance for reverse, none for the others); "
+                             "a model that never answers right has every group dropped and fails the run")
     parser.add_argument("--lr", type=float, default=1e-4, help="actor learning rate (AdamW)")
     parser.add_argument("--lr-schedule", default="cosine", choices=["constant", "linear", "cosine"],
                         help="the learning rate over the steps (run config optim.lr_schedule)")

@@ -32,11 +32,15 @@ class DemoTask(NamedTuple):
     summary: str                                 # one line for `sluice demo --task`
     label_field: str = "label"
     agent: str | None = None                     # the agent that plays its episodes (rollout.agent), if any
+    # the demo's rollout.filter_groups: dynamic sampling where it was measured to help (docs/algorithms.md); a
+    # task the policy comes to solve outright would have nearly every group dropped and fail at max_filter_ratio
+    filter_groups: str = "none"
 
 
 DEMO_TASKS: dict[str, DemoTask] = {
     "reverse": DemoTask(catalog.reverse_row, "exact_match",
-                        "reverse 3-5 letters; exact match; learnable in minutes after a short warm start"),
+                        "reverse 3-5 letters; exact match; learnable in minutes after a short warm start",
+                        filter_groups="zero_variance"),
     "arith": DemoTask(catalog.arith_row, "arith", "add two numbers below 100; math answer"),
     "letters": DemoTask(catalog.letters_row, "letters",
                         "a word from given letters; continuous reward; for throughput benchmarks"),

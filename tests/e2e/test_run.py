@@ -184,7 +184,8 @@ def test_sluice_demo_warm_starts_trains_and_evaluates(tmp_path):
     import sys
     out = subprocess.run([sys.executable, "-m", "services.cli", "demo", "--steps", "2", "--groups-per-step", "2",
                           "--n-samples", "4", "--preset", "tiny", "--warm-start-steps", "5", "--eval-every", "1",
-                          "--eval-prompts", "4", "--view", "json", "--workdir", str(tmp_path)],
+                          "--eval-prompts", "4", "--view", "json", "--workdir", str(tmp_path),
+                          "--filter-groups", "none"],  # 5 warm-start steps: every reward 0, every group filtered
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
