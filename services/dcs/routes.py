@@ -72,7 +72,8 @@ def node_router(config: DCSConfig, state: RedisState, engines: EngineSets) -> AP
         return node
 
     @router.post("/v1/nodes/{node_id}/heartbeat", response_model=HeartbeatReply, tags=["nodes"],
-              responses={404: {"model": Ok}})
+                 responses={404: {"model": Ok}, 409: {"model": Ok, "description": "an engine's heartbeat with a "
+                                                      "weight_version (the coordinator records engines' versions)"}})
     async def heartbeat(hb: Heartbeat, node_id: str = _name()):
         node = await state.heartbeat(node_id, hb)
         try:
