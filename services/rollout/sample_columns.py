@@ -10,6 +10,7 @@ import torch
 
 from services.algorithms.overlong import overlong_penalty, truncated
 from services.rollout.engine_pool import SampleOutput
+from services.run_contract.prompt_source import PromptRecord
 from services.run_contract.run_config import RewardShaping
 
 
@@ -48,7 +49,7 @@ def group_columns(position: int, prompt_ids: list[int], samples: list[SampleOutp
 class ScoredGroup:
     """A generated and scored group, ready to be written."""
 
-    record: object  # PromptRecord
+    record: PromptRecord
     columns: dict
     rewards: list[float]
     begin_version: int  # the oldest version any of its samples began under

@@ -1,17 +1,22 @@
-"""The rollout role's loop: admit prompt groups up to the staleness bound, generate, score, write.
+"""The rollout role's schedule: admit prompt groups up to the staleness bound, generate, score, write.
 
-    recover()                 the ledger + what open partitions already hold -> positions still to do
-    loop:
-        admit group at `position` while may_admit(...)  (services/rollout/admission.py)
-            generate n samples (engine pool; aborted requests resume under new weights)
-            score them (reward function; a failing reward falls back: services/rollout/scoring.py)
-            put the whole group into train_<step>, mark it written
-            the step's last group seals its partition
-        otherwise wait for a group to finish or the engines' weight version to move
-    beside it: the eval task (services/rollout/evaluation.py) when the run has eval.prompts
+    build its parts from the run (rollout_parts.py: tokenizer, prompts, reward, engines, writer, evaluation)
+    join the run; take in the run's engine set
+    recover()                 the ledger + what open partitions already hold -> slots still to do
+    admit, one decision a turn (Rollout._admit):
+        paused: let what is generating finish, then acknowledge the pause and wait
+        a slot whose rows were lost with a shard: start it first (the trainer waits for it)
+        the next slot, while may_admit(...) (admission.py) and the in-flight cap allow: start its group
+            (group_writing.py: generate n samples, score them, put the group into train_<step>, mark it written;
+            the step's last group seals its partition)
+        otherwise prepare that slot and wait for a group to finish or the engines' weight version to move
+    until training is done: keep the engines registered (they receive the last weights); lost slots again
+    the last version's evaluation
+    beside it all: the engines' versions followed (admission wakes when they move), the watch for lost rows,
+        and the eval task (evaluation.py) when the run has eval.prompts
 
-`position` in the loop is a group slot (the ledger's position): slot g belongs to step g // rollout_batch_size
-and holds prompt g, unless the group was dropped (reward_fallback skip_group) and the slot moved on to a spare
+A slot is a group position in the ledger: slot g belongs to step g // rollout_batch_size and holds prompt g,
+unless the group was dropped (reward_fallback skip_group, dynamic sampling) and the slot moved on to a spare
 prompt (services/run_state/prompt_ledger.py).
 """
 
@@ -23,42 +28,29 @@ import time
 from typing import Callable
 
 import torch
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge
 
-from services.model.chat_format import render_chat
 from services.rollout.admission import may_admit, version_offset
+from services.rollout.agent_endpoint import Episodes
 from services.rollout.config import RolloutConfig
 from services.rollout.connections import engine_pool, registration
-from services.rollout.engine_fleet import EngineFleet
 from services.rollout.engine_pool import Engines
-from services.rollout.evaluation import Evaluator
-from services.rollout.lost_groups import LostGroups
-from services.rollout.put_coalescing import PutCoalescer
+from services.rollout.group_writing import GroupWriter
 from services.rollout.recovery import recover_positions
-from services.rollout.agent_endpoint import Episodes
-from services.rollout.agents import agent_runner
-from services.rollout.sample_columns import ScoredGroup, shaped_rewards
-from services.run_contract.prompt_source import DEMO_TASKS, PromptRecord, open_prompt_source
-from services.rollout.rewards import build_reward
 from services.rollout.rewards.model_judge import JudgeClient
-from services.rollout.group_filtering import GroupFiltering
-from services.rollout.scoring import GroupScorer
-from services.run_contract.partitions import partition_name, task_name
-from services.run_contract.sample_fields import RECOVERY_INPUTS
+from services.rollout.rollout_parts import RolloutParts
 from services.role.role_service import RoleStatus, serve_role
 from services.role.session import RunSession
+from services.run_contract.partitions import task_name
+from services.run_contract.sample_fields import RECOVERY_INPUTS
 from services.run_state.seams import Membership
-from services.runtime.spans import span
+from services.run_state.trainer_progress import TrainerProgress
 from services.sglang_protocol.client import SGLangClient
 
 log = logging.getLogger(__name__)
-GROUPS = Counter("sluice_rollout_groups_total", "prompt groups written to TransferQueue")
-SAMPLES_TOKENS = Counter("sluice_rollout_response_tokens_total", "response tokens generated")
-RESUBMITS = Counter("sluice_rollout_resubmits_total", "requests resumed after a weight update aborted them")
 IN_FLIGHT = Gauge("sluice_rollout_groups_in_flight", "prompt groups generating")
 BLOCKED = Counter("sluice_rollout_admission_blocked_seconds_total",
                   "time admission was held (by the staleness bound or the in-flight cap)")
-REWARD = Histogram("sluice_rollout_reward", "sample rewards", buckets=(-1, 0, 0.25, 0.5, 0.75, 1, 2))
 RECOVER_TASK = "rollout_recover"
 
 
@@ -73,99 +65,90 @@ class RolloutService:
         self.judge_client = judge_client  # a model:... reward's client to its engine
         self.status = status
         self.engines = engines
-        self.memberships: list[Membership] = []
         self.episodes = Episodes()  # agent episodes' endpoints (served by the role's HTTP server)
 
-    # ------------------------------------------------------------------ setup
-
-    def _setup(self, session: RunSession) -> None:
-        from services.model.loading import load_tokenizer  # an error naming the model directory and file
-
-        self.session = session
-        self.dcs, self.tq, self.ledger, self.progress = session.dcs, session.atq, session.ledger, session.progress
-        self.run = run = session.run
-        r = run.rollout
-        self.tokenizer = load_tokenizer(run.model)
-        self.source = open_prompt_source(r.prompts, r.prompt_field, r.shuffle_seed)
-        task = r.prompts.removeprefix("demo:")
-        spec = r.reward or (DEMO_TASKS[task].reward if r.prompts.startswith("demo:") and task in DEMO_TASKS else None)
-        if spec is None and not r.agent:
-            raise ValueError("rollout.reward is required unless prompts is a demo task (or an agent scores them)")
-        self.reward = build_reward(
-            spec, label_field=r.label_field, timeout_s=r.reward_timeout_s, retries=r.reward_retries,
-            token=self.config.reward_token or None, judge=r.judge, judge_urls=self.config.judge_url_map,
-            engine_key=self.config.auth_token or None, judge_client=self.judge_client) if spec else None
-        self.scorer = GroupScorer(self.reward, r.reward_fallback)
-        self.filtering = GroupFiltering(r.filter_groups, r.max_filter_ratio, run.rollout_batch_size)
-        self.pool = self.engines(self.config)
-        self.pool.adapters = run.name if run.trainer.lora is not None else None  # SGLang engines apply it by name
-        self.fleet = EngineFleet(self.config, self.pool, session.dcs,
-                                 lambda dcs, registration: session.join(registration), session.dcs)
-        self.writes = PutCoalescer(self.tq.put, linger_s=self.config.put_linger_s)
-        self.lost = LostGroups(self.tq, self.ledger, run.name, run.rollout_batch_size, self.progress)
-        self.evaluator = None
-        if run.eval.prompts is not None:
-            if session.evaluations is None:
-                raise ValueError("the run has eval.prompts but the rollout was given nowhere to record evaluations")
-            self.evaluator = Evaluator(run, self.pool, self.reward, session.evaluations, self.encode,
-                                       lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-                                       lambda: bool(self.memberships and self.memberships[0].paused))
-        self.source_rewards = session.source_rewards  # reward per data source and step, for tracking
-        self.groups_per_step = run.rollout_batch_size
-        self.total_groups = run.num_steps * run.rollout_batch_size
-        self.cap = r.max_groups_in_flight or 2 * run.rollout_batch_size
-        self.version_moved = asyncio.Event()  # wakes admission the moment the engines' version moves
-        self.sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
-        self.agents = agent_runner(self.config, run, self.episodes, self.pool.generate, self.tokenizer, self.sampling,
-                                   self.reward)
-        self._partitions: set[int] = set()
-        self._prepared: dict[int, tuple[PromptRecord, list[int]]] = {}  # prompt position -> record, its ids
-        self.replaced: dict[int, int] = {}  # slot -> the spare prompt position it holds (skip_group)
-
-    def encode(self, prompt) -> list[int]:
-        if isinstance(prompt, str) and not self.run.rollout.apply_chat_template:
-            return self.tokenizer.encode(prompt, add_special_tokens=False)
-        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        return render_chat(self.tokenizer, messages)
-
-    # ------------------------------------------------------------------ the loop
-
     async def run_loop(self, session: RunSession, stop: asyncio.Event) -> None:
-        self._setup(session)
-        run = session.run
-        self.memberships.append(await asyncio.to_thread(session.join, registration(self.config)))
+        memberships: list[Membership] = []  # the rollout's own (its engines' are the fleet's)
+        parts = RolloutParts(self.config, session, self.engines, self.judge_client, self.episodes,
+                             paused=lambda: bool(memberships and memberships[0].paused))
+        await Rollout(self.config, self.status, session, parts, memberships).schedule(stop)
+
+
+class BlockedClock:
+    """How long admission is held (BLOCKED): from the first turn that could not admit to the next admission."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def began(self) -> bool:
+        """Admission is held; True on the turn the hold began."""
+        if self.since is not None:
+            return False
+        self.since = time.monotonic()
+        return True
+
+    def ended(self) -> None:
+        if self.since is not None:
+            BLOCKED.inc(time.monotonic() - self.since)
+            self.since = None
+
+
+class Rollout:
+    """The rollout on one run (the schedule above)."""
+
+    def __init__(self, config: RolloutConfig, status: RoleStatus, session: RunSession, parts: RolloutParts,
+                 memberships: list[Membership]):
+        self.config, self.status, self.session, self.parts = config, status, session, parts
+        self.run = session.run
+        self.memberships = memberships
+        self.groups = GroupWriter(config, status, session, parts, memberships)
+        self.cap = self.run.rollout.max_groups_in_flight or 2 * self.run.rollout_batch_size
+        self.version_moved = asyncio.Event()  # wakes admission the moment the engines' version moves
+
+    async def schedule(self, stop: asyncio.Event) -> None:
+        run, parts = self.run, self.parts
+        self.memberships.append(await asyncio.to_thread(self.session.join, registration(self.config)))
         try:
-            await self.fleet.start()
-            await self.tq.register_task(task_name(run.name, RECOVER_TASK), RECOVERY_INPUTS,
-                                        group_size=run.group_rows)
+            await parts.fleet.start()
+            await self.session.atq.register_task(task_name(run.name, RECOVER_TASK), RECOVERY_INPUTS,
+                                                 group_size=run.group_rows)
             todo = await self.recover()
             self.status.running()
-            poller = asyncio.create_task(self._poll_versions(stop))
-            lost = asyncio.create_task(self.lost.watch(self.config.lost_check_s, self.version_moved.set))
-            evals = asyncio.create_task(self.evaluator.run_loop(max(self.config.version_poll_s, 0.1))) \
-                if self.evaluator else None
+            beside = [asyncio.create_task(self._poll_versions(stop)),
+                      asyncio.create_task(parts.lost.watch(self.config.lost_check_s, self.version_moved.set))]
+            evaluator = parts.evaluator
+            evals = asyncio.create_task(evaluator.run_loop(max(self.config.version_poll_s, 0.1))) \
+                if evaluator is not None else None
             try:
                 await self.generate(todo, stop)
-                # keep the engines registered (so they receive the last weights) until training is done
-                while not stop.is_set() and (progress := await self.progress()).next_step < run.num_steps:
-                    if self.lost.redo:  # rows lost with a shard: their slots again
-                        await self.generate(iter(()), stop)
-                    self.status.update(state="generated everything; waiting for the trainer")
-                    if self.memberships[0].paused:
-                        await self._paused()
-                    await asyncio.sleep(self.config.version_poll_s)
-                if evals is not None and not stop.is_set():
+                trained = await self.until_trained(stop)
+                if evaluator is not None and evals is not None and trained is not None and not stop.is_set():
                     evals.cancel()  # an eval of an older version in flight is dropped for the last one
                     await asyncio.gather(evals, return_exceptions=True)
                     self.status.update(state="evaluating the last version")
-                    await self.evaluator.finish(progress.version, wait_s=60.0)
+                    await evaluator.finish(trained.version, wait_s=60.0)
             finally:
-                poller.cancel()
-                lost.cancel()
-                if evals is not None:
-                    evals.cancel()
+                for task in beside + ([evals] if evals is not None else []):
+                    task.cancel()
         finally:
-            await self._close()
+            await self.close()
+
+    async def until_trained(self, stop: asyncio.Event) -> TrainerProgress | None:
+        """Keep the engines registered (so they receive the last weights) until training is done, generating
+        slots whose rows were lost with a shard meanwhile. The trainer's progress then; None if stopped first."""
+        while not stop.is_set():
+            progress = await self.session.progress()
+            if progress.next_step >= self.run.num_steps:
+                return progress
+            if self.parts.lost.redo:  # rows lost with a shard: their slots again
+                await self.generate(iter(()), stop)
+            self.status.update(state="generated everything; waiting for the trainer")
+            if self.memberships[0].paused:
+                await self._paused()
+            await asyncio.sleep(self.config.version_poll_s)
+        return None
+
+    # ------------------------------------------------------------------ admission
 
     async def generate(self, todo, stop: asyncio.Event) -> None:
         pending: set[asyncio.Task] = set()
@@ -180,51 +163,67 @@ class RolloutService:
             raise
 
     async def _admit(self, todo, stop: asyncio.Event, pending: set[asyncio.Task]) -> None:
+        """One decision a turn, the first that applies (the schedule above), until every slot of `todo` is
+        written or `stop`; what is generating then finishes, so nothing admitted is lost."""
         position = next(todo, None)
-        blocked_since = None
+        blocked = BlockedClock()
         while not stop.is_set():
-            if self.memberships and self.memberships[0].paused:  # stop admitting; ack once drained
-                if pending:
-                    await asyncio.wait(pending)
-                    self._reap(pending)
-                    continue
-                await self._paused()
-                continue
-            if self.lost.redo and len(pending) < self.cap:  # the trainer waits for these: first
-                pending.add(asyncio.create_task(self.group(self.lost.take())))
-                continue
-            if position is None or position >= self.total_groups:
+            if self.memberships[0].paused:
+                await self._hold_for_pause(pending)
+            elif self.parts.lost.redo and len(pending) < self.cap:  # the trainer waits for these: first
+                self._start(self.parts.lost.take(), pending)
+            elif position is None or position >= self.groups.total_groups:
                 if not pending:
                     break
+                await self._wait_for_change(pending)
             elif len(pending) < self.cap and await self._admissible(position):
-                if blocked_since is not None:
-                    BLOCKED.inc(time.monotonic() - blocked_since)
-                    blocked_since = None
-                pending.add(asyncio.create_task(self.group(position)))
-                IN_FLIGHT.set(len(pending))
+                blocked.ended()
+                self._start(position, pending)
                 position = next(todo, None)
-                continue
-            elif blocked_since is None:
-                blocked_since = time.monotonic()
-                if position is not None and position < self.total_groups:
-                    await self._prepare(position)  # the wait is idle time: the next group starts sooner
-            self.version_moved.clear()
-            moved = asyncio.ensure_future(self.version_moved.wait())
-            await asyncio.wait(pending | {moved}, timeout=self.config.version_poll_s,
-                               return_when=asyncio.FIRST_COMPLETED)
-            moved.cancel()
-            self._reap(pending)
-        if pending:  # stopping: let what is generating finish, so nothing admitted is lost
+            else:
+                if blocked.began():
+                    await self.groups.prepare(position)  # the wait is idle time: the next group starts sooner
+                await self._wait_for_change(pending)
+        await self._finish(pending)
+
+    def _start(self, slot: int, pending: set[asyncio.Task]) -> None:
+        pending.add(asyncio.create_task(self.groups.write(slot)))
+        IN_FLIGHT.set(len(pending))
+
+    async def _admissible(self, position: int) -> bool:
+        progress = await self.session.progress()
+        serving = self.parts.pool.serving_version
+        return may_admit(position, self.run.max_staleness, serving,
+                         version_offset(progress.version, progress.next_step, serving), self.groups.groups_per_step)
+
+    async def _hold_for_pause(self, pending: set[asyncio.Task]) -> None:
+        """Paused: admit nothing; once what is generating has finished, acknowledge the pause and wait."""
+        if pending:
+            await self._finish(pending)
+        else:
+            await self._paused()
+
+    async def _wait_for_change(self, pending: set[asyncio.Task]) -> None:
+        """Until a group finishes, the engines' version moves, or version_poll_s passes."""
+        self.version_moved.clear()
+        moved = asyncio.ensure_future(self.version_moved.wait())
+        await asyncio.wait(pending | {moved}, timeout=self.config.version_poll_s, return_when=asyncio.FIRST_COMPLETED)
+        moved.cancel()
+        self._reap(pending)
+
+    async def _finish(self, pending: set[asyncio.Task]) -> None:
+        if pending:
             await asyncio.wait(pending)
             self._reap(pending)
 
     async def _paused(self) -> None:
         """Nothing is generating: acknowledge the pause for the rollout and its engines and wait until
         the run resumes."""
-        if self.evaluator is not None:
-            await self.evaluator.drained()
+        if self.parts.evaluator is not None:
+            await self.parts.evaluator.drained()
+
         def engines_idle_too() -> None:  # each engine's membership learns of the pause on its own beat
-            self.fleet.acknowledge_pause()
+            self.parts.fleet.acknowledge_pause()
             time.sleep(0.2)
         await asyncio.to_thread(self.memberships[0].safe_point, None, engines_idle_too)
 
@@ -234,11 +233,7 @@ class RolloutService:
             task.result()  # a failed group takes the service down (restart-safe: it is regenerated)
         IN_FLIGHT.set(len(pending))
 
-    async def _admissible(self, position: int) -> bool:
-        progress = await self.progress()
-        serving = self.pool.serving_version
-        return may_admit(position, self.run.max_staleness, serving,
-                         version_offset(progress.version, progress.next_step, serving), self.groups_per_step)
+    # ------------------------------------------------------------------ beside admission
 
     async def _poll_versions(self, stop: asyncio.Event) -> None:
         """Engine versions as they move (admission wakes at once), the run's engine set followed, and this
@@ -246,9 +241,9 @@ class RolloutService:
         def moved() -> None:
             self.version_moved.set()
             self._report_versions()
-        tasks = [asyncio.create_task(self.pool.watch_versions(
+        tasks = [asyncio.create_task(self.parts.pool.watch_versions(
             self.config.version_wait_s, self.config.version_poll_s, moved)),
-            asyncio.create_task(self.fleet.follow(self.config.engine_poll_s))]
+            asyncio.create_task(self.parts.fleet.follow(self.config.engine_poll_s))]
         try:
             while not stop.is_set():
                 for task in tasks:
@@ -261,124 +256,27 @@ class RolloutService:
                 task.cancel()
 
     def _report_versions(self) -> None:
-        version = self.pool.serving_version
+        pool = self.parts.pool
+        version = pool.serving_version
         self.memberships[0].progress(weight_version=version)
-        self.fleet.report()  # each engine its own version; a dead one drops out of the next weight sync
-        self.status.update(engine_version=version, requests=self.pool.requests, resubmits=self.pool.resubmits,
-                           engines=self.pool.describe(), filtered_groups=self.filtering.filtered_groups,
-                           **self.scorer.counts())
+        self.parts.fleet.report()  # each engine its own version; a dead one drops out of the next weight sync
+        self.status.update(engine_version=version, requests=pool.requests, resubmits=pool.resubmits,
+                           engines=pool.describe(), filtered_groups=self.parts.filtering.filtered_groups,
+                           **self.parts.scorer.counts())
 
-    # ------------------------------------------------------------------ one group
-
-    async def _prepare(self, slot: int) -> tuple[PromptRecord, list[int]]:
-        """The slot's prompt, encoded, and its step's partition, made once (ahead of admission when the
-        rollout waits for it)."""
-        position = self.replaced.get(slot, slot)
-        if position not in self._prepared:
-            record = self.source.record(position)
-            self._prepared[position] = (record, self.encode(record.prompt))
-        await self._ensure_partition(slot // self.groups_per_step)
-        return self._prepared[position]
-
-    async def _scored_group(self, slot: int, step: int) -> ScoredGroup:
-        """The slot's prompt, its samples and their rewards; a group the reward (or the agent) fails on is
-        dropped under reward_fallback skip_group (an agent's, always), and so is one dynamic sampling filters
-        (rollout.filter_groups: services/rollout/group_filtering.py); the slot then takes the next spare prompt."""
-        while True:
-            record, prompt_ids = await self._prepare(slot)
-            self._prepared.pop(record.position, None)
-            scored = await self._generate_and_score(record, prompt_ids, step)
-            filtered = scored is not None and not self.filtering.keeps(scored.rewards)
-            if scored is not None and not filtered:
-                return scored
-            why = self.filtering.reason(scored.rewards) if filtered else self.scorer.last_error
-            self.replaced[slot] = await self.ledger.skip(slot, record.position, why, self.total_groups,
-                                                         filtered_step=step if filtered else None)
-            if filtered:
-                self.filtering.counted(step, await self.ledger.filtered(step))
-            log.info("group dropped; its slot takes a spare prompt", extra={
-                "slot": slot, "position": record.position, "spare": self.replaced[slot], "why": why[:200]})
-
-    async def _generate_and_score(self, record: PromptRecord, prompt_ids: list[int], step: int) -> ScoredGroup | None:
-        """The group of `record`: generated (or played by the agent) and scored; None when the reward failed
-        under reward_fallback skip_group (or the agent's episode failed)."""
-        run, n = self.run, self.run.n_samples_per_prompt
-        seed = run.optim.seed * 1_000_003 + record.position * 4099
-        version, rid = self.pool.serving_version, f"{self.config.run_id}-{record.position}"
-        if self.agents is not None:
-            with span("generate", step, version):  # the agent's reward calls included
-                scored = await self.agents.scored_group(record, n, rid, step)
-            if scored is None:
-                self.scorer.last_error = self.agents.last_error
-            return scored
-        with span("generate", step, version):
-            samples = await self.pool.generate_group(  # one request per group: the prompt is prefilled once
-                prompt_ids, [{**self.sampling, "sampling_seed": seed + k} for k in range(n)],
-                run.rollout.max_new_tokens, [f"{rid}-{k}" for k in range(n)])
-        with span("reward", step, version):
-            texts = [self.tokenizer.decode(s.output_ids, skip_special_tokens=True) for s in samples]
-            rewards = await self.scorer.score(record, texts)
-        if rewards is None:
-            return None
-        rewards = shaped_rewards(rewards, samples, run.reward_shaping, run.rollout.max_new_tokens)
-        return ScoredGroup.of_samples(record, prompt_ids, samples, rewards, step, run.reward_shaping.overlong_filter)
-
-    async def group(self, position: int) -> None:
-        """Generate, score and write the group of slot `position`."""
-        run = self.run
-        step = position // self.groups_per_step
-        partition = partition_name(run.name, step)
-        self.writes.expect(partition)  # its put waits a moment for this group (services/rollout/put_coalescing.py)
-        try:
-            scored = await self._scored_group(position, step)
-        except BaseException:
-            self.writes.abandon(partition)
-            raise
-        record, rewards = scored.record, scored.rewards
-        with span("put", step, scored.begin_version):
-            rows = await self.writes.put(partition, scored.columns)  # with the step's groups finishing meanwhile
-        source = record.fields.get(run.rollout.source_field)
-        if self.source_rewards is not None and source is not None:
-            await self.source_rewards.add(step, str(source), rewards)
-        written = await self.ledger.mark_written(position, step, rows or ())
-        self.lost.written(position)
-        if written >= self.groups_per_step:
-            await self.tq.seal_partition(partition)
-            log.info("step written", extra={"step": step})
-        GROUPS.inc()
-        SAMPLES_TOKENS.inc(scored.tokens)
-        RESUBMITS.inc(scored.resubmits)
-        for r in rewards:
-            REWARD.observe(r)
-        self.status.update(last_position=position, step=step, **self.scorer.counts())
-        for m in self.memberships[:1]:
-            m.progress(step=step)
-
-    async def _ensure_partition(self, step: int) -> None:
-        if step not in self._partitions:
-            await self.tq.create_partition(partition_name(self.run.name, step),
-                                           group_size=self.run.group_rows, exist_ok=True)
-            self._partitions.add(step)
-
-    # ------------------------------------------------------------------ restart
+    # ------------------------------------------------------------------ restart, close
 
     async def recover(self):
         """Slots still to generate, in order (services/rollout/recovery.py)."""
-        self.replaced = await self.ledger.replacements()
-        return await recover_positions(self.tq, self.ledger, self.run, self.replaced, RECOVER_TASK)
+        self.groups.replaced = await self.session.ledger.replacements()
+        return await recover_positions(self.session.atq, self.session.ledger, self.run, self.groups.replaced,
+                                       RECOVER_TASK)
 
-    async def _close(self) -> None:
+    async def close(self) -> None:
         """What the rollout opened itself (the session's clients are the host's to close)."""
         for m in self.memberships:
             await asyncio.to_thread(m.close)
-        await self.fleet.close()
-        closers = [self.pool.aclose()] + ([self.reward.aclose()] if self.reward else []) + \
-            ([self.agents.play.aclose()] if self.agents else [])
-        for closer in closers:
-            try:
-                await closer
-            except Exception as exc:
-                log.warning("close failed", extra={"error": str(exc)})
+        await self.parts.aclose()
 
 
 async def serve(config: RolloutConfig, stop: asyncio.Event) -> None:

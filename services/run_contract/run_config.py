@@ -146,6 +146,10 @@ class CheckpointSettings(_Strict):
     on_stop: bool = Field(True, description="when the actor trainer stops (SIGTERM, a stopped run, the last step "
                                             "done), checkpoint its last finished step if it has none yet")
 
+    def due_after(self, step: int) -> bool:
+        """Whether step N's checkpoint is written once it trains: every `interval` steps (N + 1 a multiple)."""
+        return bool(self.interval) and (step + 1) % self.interval == 0
+
 
 class TrackingSettings(_Strict):
     """Experiment tracking by the trainer (docs/tracking.md): every step's metrics go to each backend of

@@ -8,6 +8,7 @@ the whole global batch, so summing the ranks' gradients gives exactly the one-pr
 
 from __future__ import annotations
 
+import enum
 import os
 from datetime import timedelta
 from typing import Sequence
@@ -30,6 +31,15 @@ def init_method(master: str) -> str:
 def process_group_backend(device: str) -> str:
     """gloo for CPU tensors (the control messages, and CPU training); NCCL for CUDA tensors beside it."""
     return "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+
+
+class Order(enum.IntEnum):
+    """What rank 0 tells the other ranks to do next (DataParallel.order), with a step and a version."""
+
+    STOP = 0        # the run is done: return
+    TRAIN = 1       # train step N (at version V) on this rank's share of each global batch
+    CHECKPOINT = 2  # write the sharded model's files of the final checkpoint (N: its next step)
+    GATHER = 3      # gather the weights with the leader, which publishes them (or sends them again)
 
 
 class DataParallel:
@@ -62,6 +72,15 @@ class DataParallel:
         if self.size > 1:
             dist.broadcast(t, 0)
         return t.tolist()
+
+    def order(self, order: Order, step: int = 0, version: int = 0) -> None:
+        """Rank 0: tell the other ranks what to do next."""
+        self.share([order, step, version])
+
+    def next_order(self) -> tuple[Order, int, int]:
+        """A rank other than 0: what rank 0 tells it to do next, (order, step, version)."""
+        order, step, version = self.share([0, 0, 0])
+        return Order(order), step, version
 
     def total(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64)

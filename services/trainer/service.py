@@ -49,7 +49,7 @@ from services.run_contract.checkpoint import latest_checkpoint, save_checkpoint
 from services.trainer.config import TrainerConfig
 from services.trainer.backend import make_backend
 from services.trainer.lora import load_actor
-from services.trainer.data_parallel import DataParallel, process_group_backend
+from services.trainer.data_parallel import DataParallel, Order, process_group_backend
 from services.trainer.device import DeviceClock, MicroBatchSizer, allow_tf32
 from services.trainer.critic_service import CriticTrainer
 from services.trainer.optimizer import set_lr
@@ -149,7 +149,7 @@ class ActorTrainer:
             with span("claim", step, self.version):
                 if not self.steps.wait_for(step, halt, lambda: self.waiting(step, halt)):
                     continue
-            self.dp.share([1, step, self.version])
+            self.dp.order(Order.TRAIN, step, self.version)
             trained = self.train_step(step, halt)
             if trained is None:  # halted mid-step: the rows go back to the queue on restart
                 break
@@ -175,7 +175,7 @@ class ActorTrainer:
         self.clearing.later(None, halt)  # the last partition is cleared (or its failure raised) before the loop ends
         self.final_checkpoint(step, halt)
         if not halt.is_set():
-            self.dp.share([0, step, self.version])  # the other ranks are done too
+            self.dp.order(Order.STOP, step, self.version)  # the other ranks are done too
             try:
                 self.dcs.finish_run(self.config.run_id)  # the run's status: finished
             except DCSError as exc:  # stopped (or failed) meanwhile: it keeps that status
@@ -191,7 +191,7 @@ class ActorTrainer:
     def weight_stream(self):
         """The leader's source of a publish from a sharded backend: the other ranks are told to make the same
         stream (they gather with it and keep nothing)."""
-        self.dp.share([3, 0, self.version])
+        self.dp.order(Order.GATHER, 0, self.version)
         return self.backend.weight_stream()
 
     def scratch(self, next_step: int) -> str:
@@ -223,7 +223,7 @@ class ActorTrainer:
                 log.warning("stopped: the sharded trainer resumes from its last interval checkpoint",
                             extra={"next_step": next_step, "checkpointed": self.checkpointed})
                 return
-            self.dp.share([2, next_step, self.version])
+            self.dp.order(Order.CHECKPOINT, next_step, self.version)
             state = self.backend.write_checkpoint_files(self.scratch(next_step))
         self.write_checkpoint(next_step, self.version, state)
         log.info("final checkpoint", extra={"next_step": next_step, "version": self.version})
@@ -247,20 +247,19 @@ class ActorTrainer:
         self.tracking.step_finished(step, metrics)
 
     def checkpoint_due(self, step: int) -> bool:
-        interval = self.run.checkpoint.interval
-        return bool(self.config.checkpoint_dir and interval and (step + 1) % interval == 0)
+        return bool(self.config.checkpoint_dir) and self.run.checkpoint.due_after(step)
 
     def follow(self, halt: threading.Event) -> None:
         """A data-parallel rank other than 0: train each step the leader starts, on its share."""
         self.status.running()
         while not halt.is_set():
-            more, step, self.version = self.dp.share([0, 0, 0])
-            if not more:
+            order, step, self.version = self.dp.next_order()
+            if order == Order.STOP:
                 return
-            if more == 2:  # the leader's final checkpoint of a sharded model
+            if order == Order.CHECKPOINT:
                 self.backend.write_checkpoint_files(self.scratch(step))
                 continue
-            if more == 3:  # the leader publishes (or sends again) the weights: gather them with it
+            if order == Order.GATHER:
                 self.backend.weight_stream().close()
                 continue
             if self.train_step(step, halt) is None:
@@ -373,7 +372,7 @@ class ActorTrainer:
                                          halt, lambda: self.waiting(step, halt),
                                          claim_key=f"{nonce}-{it}" + (f"-{retry}" if retry else ""))
         if dp.size > 1:
-            dp.share([1 if claimed else 0, nonce])
+            dp.share([int(claimed is not None), nonce])  # found, and the claim key's nonce
         return claimed
 
     def report(self, step: int, metrics: dict) -> None:

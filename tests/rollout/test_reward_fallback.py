@@ -11,7 +11,7 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from services.rollout import service as rollout_service
+from services.rollout import rollout_parts
 from services.rollout.rewards import RewardFunction
 from services.rollout.scoring import FAILED_GROUPS_LIMIT, RewardBroken
 from services.run_contract.partitions import partition_name
@@ -149,7 +149,7 @@ class BuggyReward(RewardFunction):
 
 
 def test_a_bug_in_sluices_own_code_is_not_swallowed(model_dir, prompts, monkeypatch):
-    monkeypatch.setattr(rollout_service, "build_reward", lambda *a, **k: BuggyReward())
+    monkeypatch.setattr(rollout_parts, "build_reward", lambda *a, **k: BuggyReward())
     r = run_with(model_dir, prompts, f"{MODULE}:flaky")
     with pytest.raises(AttributeError, match="NoneType"):
         r.go()
