@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import torch
 
@@ -64,9 +65,24 @@ def is_lora(model: torch.nn.Module) -> bool:
     return hasattr(model, "peft_config")
 
 
+def peft_model(model: torch.nn.Module) -> Any | None:
+    """`model` as peft's PeftModel, None when it carries no adapter. Typed Any, as mypy reads peft: through
+    torch's Module, a PeftModel's own attributes (peft_config, get_base_model) would read as Tensor | Module."""
+    return model if is_lora(model) else None
+
+
+def adapter_settings(model: torch.nn.Module) -> Any:
+    """peft's LoraConfig of a PeftModel's adapter; ValueError for a model without one."""
+    peft = peft_model(model)
+    if peft is None:
+        raise ValueError(f"{type(model).__name__} carries no LoRA adapter")
+    return peft.peft_config[ADAPTER]
+
+
 def base_of(model: torch.nn.Module) -> torch.nn.Module:
     """The Hugging Face model itself (with the adapter's layers in it, for a PeftModel)."""
-    return model.get_base_model() if is_lora(model) else model
+    peft = peft_model(model)
+    return model if peft is None else peft.get_base_model()
 
 
 def saved_name(name: str) -> str:
@@ -92,7 +108,7 @@ def adapter_scaling(model: torch.nn.Module) -> float | None:
     """alpha / r of the model's adapter; None without LoRA."""
     if not is_lora(model):
         return None
-    config = model.peft_config[ADAPTER]
+    config = adapter_settings(model)
     return config.lora_alpha / config.r
 
 
@@ -101,7 +117,7 @@ def adapter_config(model: torch.nn.Module) -> dict | None:
     their values); None without LoRA."""
     if not is_lora(model):
         return None
-    return json.loads(json.dumps(model.peft_config[ADAPTER].to_dict(),
+    return json.loads(json.dumps(adapter_settings(model).to_dict(),
                                  default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
 
 
@@ -117,4 +133,4 @@ def write_adapter(stream, model: torch.nn.Module, directory: str) -> None:
     if tensors:
         os.makedirs(directory, exist_ok=True)
         save_file({n: t.contiguous() for n, t in tensors.items()}, os.path.join(directory, ADAPTER_FILE))
-        model.peft_config[ADAPTER].save_pretrained(directory)
+        adapter_settings(model).save_pretrained(directory)
