@@ -253,7 +253,9 @@ def submit(local: LocalRun, run_id: str, resume: bool) -> None:
     """Create the run; on --resume with a Redis that still holds it, resume it instead. A resumed run on a
     new Redis starts its rollout at the checkpoint's step (the prompts before it were trained)."""
     if resume and local.redis_proc is not None:
-        ckpt = latest_checkpoint(local.checkpoint_dir, "actor")
+        ckpt = latest_checkpoint(local.checkpoint_dir, "actor") if local.checkpoint_dir else None
+        if ckpt is None:  # `sluice run --resume` checked that there is one before anything started
+            raise RuntimeError(f"--resume: no actor checkpoint in {local.checkpoint_dir} to resume from")
         with local.redis_client() as r:
             resume_ledger_at(r, run_id, ckpt.next_step * local.run.rollout_batch_size)
     try:

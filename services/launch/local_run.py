@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, Callable, TypeVar
 
 import redis
 
@@ -32,7 +32,34 @@ ENGINE_START_S = 120.0  # an engine loading its model (and, on a GPU, starting C
 ROLE_START_S = 90.0  # a role service until /healthz answers (all start at once, so they share the cores)
 
 
+T = TypeVar("T")
+
+
+def _started(service: T | None, name: str) -> T:
+    """What restart(name) starts again; RuntimeError when this run never started it (processes() has no such name)."""
+    if service is None:
+        raise RuntimeError(f"cannot restart {name}: this run did not start it")
+    return service
+
+
+class RoleProcess(ChildProcess):
+    """A role service's process, and the base URL it serves /healthz, /status and /metrics at."""
+
+    def __init__(self, name: str, argv: list[str], log_path: str, env: dict[str, str], status_url: str):
+        self.status_url = status_url
+        super().__init__(name, argv, log_path, env=env)
+
+    def healthy(self) -> bool:
+        return http_ok(self.status_url + "/healthz")
+
+
 class LocalRun(StopsOnExit):
+    # set by _start: where the services are (a shared stack's, or the ones it starts)
+    engine_urls: list[str]
+    redis_url: str
+    dcs_url: str
+    tq_controller: str
+
     def __init__(self, run: RunConfig, log_dir: str | None = None, engines: int = 1, token: str = "",
                  checkpoint_dir: str | None = None, engine_args: tuple[str, ...] = (),
                  role_args: dict[str, list[str]] | None = None, trainer_ranks: int = 1,
@@ -77,13 +104,16 @@ class LocalRun(StopsOnExit):
         self.role_args = role_args or {}
         self.trainer_ranks = trainer_ranks
         self.role_ports: dict[str, int] = {}  # a restarted role keeps its port, as under compose or k8s
-        self.redis_proc = self.tq = self.dcs = None
+        self.redis_proc: ChildProcess | None = None
+        self.tq: LocalTransferQueue | None = None
+        self.dcs: LocalDCS | None = None
         self.redis_data_dir = redis_data_dir
-        self.redis_password = stack.redis_password if stack is not None else redis_password
+        self.redis_password: str = stack.redis_password if stack is not None else redis_password
         self.supervisor: ProcessSupervisor | None = None
         self.owns_stack = stack is None
         self.engine_args = engine_args
-        self.judge, self.judge_url = judge, None
+        self.judge = judge
+        self.judge_url: str | None = None
         try:
             self._start(engines, stack, redis_url, dcs_port)
             if submit:
@@ -125,12 +155,14 @@ class LocalRun(StopsOnExit):
                              controller_port=controller_port)
             dcs = pool.submit(LocalDCS, redis_url=self.redis_url, token=self.token, log_dir=self.log_dir,
                               port=dcs_port, redis_password=self.redis_password)
-            wait([tq, dcs])
+            both: list[Future[Any]] = [tq, dcs]
+            wait(both)
         self.tq = tq.result() if tq.exception() is None else None
         self.dcs = dcs.result() if dcs.exception() is None else None
-        for started in (tq, dcs):
-            if started.exception() is not None:
-                raise started.exception()
+        for started in both:
+            error = started.exception()
+            if error is not None:
+                raise error
 
     def _wait_ready(self) -> None:
         """Every engine answers /health and every role /healthz (one exiting fails the start at once)."""
@@ -139,8 +171,8 @@ class LocalRun(StopsOnExit):
         if self.judge_url is not None:
             self._wait_engine(self.procs["judge"], self.judge_url)
         for proc in list(self.procs.values()):
-            if hasattr(proc, "status_url"):
-                proc.wait_until(lambda proc=proc: http_ok(proc.status_url + "/healthz"), ROLE_START_S)
+            if isinstance(proc, RoleProcess):
+                proc.wait_until(proc.healthy, ROLE_START_S)
 
     def submit(self) -> None:
         """Create the run with the coordinator (its roles wait for it)."""
@@ -148,7 +180,7 @@ class LocalRun(StopsOnExit):
             dcs.create_run(self.run)
 
     def dcs_client(self) -> DCSClient:
-        return DCSClient(self.dcs.url, token=self.token or None)
+        return DCSClient(self.dcs_url, token=self.token or None)
 
     def redis_client(self) -> redis.Redis:
         return sync_redis(self.redis_url, password=self.redis_password)
@@ -156,6 +188,7 @@ class LocalRun(StopsOnExit):
     def _start_engine(self, i: int, args, port: int | None = None, wait: bool = True) -> str:
         port = port or free_port()
         url = f"http://127.0.0.1:{port}"
+        proc: ChildProcess
         if self.engine == "sglang":
             self.procs[f"engine-{i}"] = proc = SGLangProcess(
                 f"engine-{i}", self.run.model, port, args, i, self.token,
@@ -173,6 +206,8 @@ class LocalRun(StopsOnExit):
     def _start_judge(self, port: int | None = None) -> str:
         """The judge engine, not waited for: its weights are never updated, so its update routes stay closed."""
         port = port or free_port()
+        if self.judge is None:
+            raise RuntimeError("this run has no judge engine (LocalRun's judge=)")
         model, args = self.judge
         self._builtin_engine("judge", model, port, args)
         return f"http://127.0.0.1:{port}"
@@ -199,14 +234,16 @@ class LocalRun(StopsOnExit):
             self.redis_proc, _ = start_redis(port, log_dir=self.log_dir, data_dir=self.redis_data_dir,
                                              password=self.redis_password)
         elif name == "tq-controller":
-            self.tq.start_controller()
+            _started(self.tq, name).start_controller()
         elif name.startswith("tq-shard"):
-            self.tq.restart_shard([p.name for p in self.tq.shards].index(name))
+            tq = _started(self.tq, name)
+            tq.restart_shard([p.name for p in tq.shards].index(name))
         elif name == "dcs":
-            self.dcs.start()
+            _started(self.dcs, name).start()
         elif name == "judge":
-            self._start_judge(int(self.judge_url.rsplit(":", 1)[1]))
-            self._wait_engine(self.procs[name], self.judge_url)
+            url = _started(self.judge_url, name)
+            self._start_judge(int(url.rsplit(":", 1)[1]))
+            self._wait_engine(self.procs[name], url)
         elif name.startswith("engine-"):
             i = int(name.split("-")[1])
             self._start_engine(i, self.engine_args, int(self.engine_urls[i].rsplit(":", 1)[1]))
@@ -251,16 +288,16 @@ class LocalRun(StopsOnExit):
             self.role_argv[name] = argv + list(self.role_args.get(name, []))
             self.start_role(name, wait=False)
 
-    def start_role(self, name: str, wait: bool = True) -> ChildProcess:
+    def start_role(self, name: str, wait: bool = True) -> RoleProcess:
         port = self.role_ports.setdefault(name, free_port())
         # the roles read Redis: its password in their environment too (an engine never gets it)
-        proc = ChildProcess(name, sluice_argv(*self.role_argv[name], *self._common(), "--port", str(port)),
-                            os.path.join(self.log_dir, f"{name}.log"),
-                            env={**self._env(), **redis_password_env(self.redis_password)})
-        proc.status_url = f"http://127.0.0.1:{port}"
+        proc = RoleProcess(name, sluice_argv(*self.role_argv[name], *self._common(), "--port", str(port)),
+                           os.path.join(self.log_dir, f"{name}.log"),
+                           env={**self._env(), **redis_password_env(self.redis_password)},
+                           status_url=f"http://127.0.0.1:{port}")
         self.procs[name] = proc
         if wait:
-            proc.wait_until(lambda: http_ok(proc.status_url + "/healthz"), ROLE_START_S)
+            proc.wait_until(proc.healthy, ROLE_START_S)
         return proc
 
     def processes(self) -> dict[str, ChildProcess]:
@@ -269,13 +306,14 @@ class LocalRun(StopsOnExit):
 
     def _stack_processes(self) -> dict[str, ChildProcess]:
         """The stack's processes started so far (a stack whose start failed has only some)."""
-        tq = [("tq-controller", self.tq.controller)] + [(p.name, p) for p in self.tq.shards] if self.tq else []
-        dcs = [("dcs", self.dcs.proc)] if self.dcs else []
+        tq: list[tuple[str, ChildProcess | None]] = \
+            [("tq-controller", self.tq.controller)] + [(p.name, p) for p in self.tq.shards] if self.tq else []
+        dcs: list[tuple[str, ChildProcess | None]] = [("dcs", self.dcs.proc)] if self.dcs else []
         return {name: proc for name, proc in [("redis", self.redis_proc), *tq, *dcs] if proc is not None}
 
     def service_urls(self) -> dict[str, str]:
         """HTTP base URL of every role service and engine (each serves /spans, /metrics)."""
-        urls = {name: proc.status_url for name, proc in self.procs.items() if hasattr(proc, "status_url")}
+        urls = {name: proc.status_url for name, proc in self.procs.items() if isinstance(proc, RoleProcess)}
         urls.update({f"engine-{i}": url for i, url in enumerate(self.engine_urls)})
         if self.judge_url is not None:
             urls["judge"] = self.judge_url

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class Restart:
 class ProcessSupervisor:
     """Watches `processes()` (name -> process) on a thread and calls `restart(name)` for each failed one."""
 
-    def __init__(self, processes: Callable[[], dict[str, Supervised]], restart: Callable[[str], None],
+    def __init__(self, processes: Callable[[], Mapping[str, Supervised]], restart: Callable[[str], None],
                  poll_s: float = 0.2, max_restarts: int = 5, window_s: float = 600.0):
         self.processes = processes
         self.restart = restart
