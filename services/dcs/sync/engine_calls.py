@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Literal
+from typing import Callable, Literal, cast, get_args
 
 import torch
 
 from services.dcs.sync.cuda_ipc import share
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.layout import TORCH_DTYPES
-from services.sglang_protocol.client import SGLangClient
+from services.sglang_protocol.client import PauseMode, SGLangClient
 
 log = logging.getLogger(__name__)
 Transfer = Literal["cuda_ipc", "flat_buckets", "flattened_bucket", "per_tensor"]
+# the trainer's pause_mode: SGLang's modes, none, or auto (SyncEngines.mode)
+EnginePause = Literal["auto", "abort", "in_place", "retract", "none"]
 # what the coordinator's metadata says to Sluice's receivers: a flattened bucket is one broadcast per bucket
 PUBLISHED_TRANSFER = {"cuda_ipc": "cuda_ipc", "flat_buckets": "flat_buckets", "flattened_bucket": "flat_buckets",
                       "per_tensor": "per_tensor"}
@@ -45,7 +47,9 @@ class SyncEngines:
                  token: str | None):
         self._http = http
         self.timeout_s = timeout_s
-        self.pause_mode = pause_mode
+        if pause_mode not in get_args(EnginePause):
+            raise ValueError(f"pause_mode {pause_mode!r}: one of {', '.join(get_args(EnginePause))}")
+        self.pause_mode = cast(EnginePause, pause_mode)
         self.engine_role = engine_role
         self._token = token  # the stack's one token (the coordinator's)
         self.clients: dict[str, SGLangClient] = {}  # node id -> client, for the current group
@@ -77,12 +81,12 @@ class SyncEngines:
             engine.close()
         self.clients = {}
 
-    def mode(self, engine: SGLangClient) -> str:
+    def mode(self, engine: SGLangClient) -> PauseMode | Literal["none"]:
         """How this engine is paused for an update: the configured mode; "auto" = none for an engine that
         loads updates between steps while generating (the built-in engine), abort for others (SGLang)."""
-        if self.pause_mode != "auto":
-            return self.pause_mode
-        return "none" if engine.live_weight_update() else "abort"
+        if self.pause_mode == "auto":
+            return "none" if engine.live_weight_update() else "abort"
+        return self.pause_mode
 
     def _flush(self, engine: SGLangClient) -> bool:
         return self.mode(engine) not in ("in_place", "none")  # their requests still hold the old weights' KV
@@ -100,12 +104,17 @@ class SyncEngines:
         except Exception as exc:
             log.warning("an engine did not take the end of a failed update", extra={"error": repr(exc)})
 
-    def pause(self, paused: list) -> None:
+    def pause(self, paused: list[SGLangClient]) -> None:
         """Pause every engine whose mode is not "none", adding each paused one to `paused` as it is."""
-        self.each(lambda m, e: self.mode(e) != "none" and (e.pause(self.mode(e)), paused.append(e)))
+        def pause_one(_: object, engine: SGLangClient) -> None:
+            mode = self.mode(engine)
+            if mode != "none":
+                engine.pause(mode)
+                paused.append(engine)
+        self.each(pause_one)
 
     @staticmethod
-    def resume(paused: list) -> None:
+    def resume(paused: list[SGLangClient]) -> None:
         for engine in paused:  # always resume generation, whatever happened
             try:
                 engine.continue_generation()
@@ -155,6 +164,8 @@ class SyncEngines:
         if transfer == "cuda_ipc":
             self._share_bucket(bucket, flat, version)
             return
+        if group is None:  # every transfer but cuda_ipc broadcasts
+            raise ValueError(f"a {transfer} transfer needs the update group's broadcast; there is none")
         flat_spec = {"offsets": [e.offset for e in bucket], "nbytes": size} if transfer == "flat_buckets" else None
         load_format = "flattened_bucket" if transfer == "flattened_bucket" else None
         # the engines' HTTP calls return only after receiving: send them first, then broadcast
