@@ -72,24 +72,3 @@ def test_checkpoint_round_trip(model_dir, tmp_path):
     load_optimizer_state(ckpt.path, opt2)
     s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
     assert s1.keys() == s2.keys() and all(torch.equal(s1[k]["exp_avg"], s2[k]["exp_avg"]) for k in s1)
-
-
-def test_two_data_parallel_ranks_take_the_one_process_step(model_dir, tmp_path):
-    import sys
-
-    from safetensors.torch import load_file
-
-    from services.runtime.processes import ChildProcess, free_port
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=1, optim={"lr": 1e-3, "grad_clip": 1e9})
-    model, _ = load_causal_lm(model_dir)
-    actor_step(model, torch.optim.SGD(model.parameters(), lr=1e-2), _batch(), run, 4)
-    master = f"127.0.0.1:{free_port()}"
-    out = tmp_path / "dp.safetensors"
-    procs = [ChildProcess(f"dp-{r}", [sys.executable, "-m", "tests.trainer.dp_worker", "--model", model_dir,
-                                      "--rank", str(r), "--size", "2", "--master", master, "--out", str(out)],
-                          str(tmp_path / f"dp-{r}.log")) for r in range(2)]
-    assert [p.proc.wait(120) for p in procs] == [0, 0], [p.log_tail() for p in procs]
-    got = load_file(str(out))
-    for name, param in model.named_parameters():
-        torch.testing.assert_close(got[name], param.detach(), atol=1e-6, rtol=1e-5)
