@@ -40,7 +40,7 @@ from services.dcs.sync.layout import WeightStream, plan_buckets
 from services.dcs.sync.precision import FLOATING, wire_dtype
 from services.dcs.sync.unresponsive import UnresponsiveEngines
 from services.runtime.processes import free_port
-from services.sglang_protocol.client import EngineUnreachable, SGLangError
+from services.sglang_protocol.client import EngineUnreachable, SGLangClient, SGLangError
 
 log = logging.getLogger(__name__)
 GROUP_MAX_AGE_S = 5.0  # a prefetched sync group older than this is asked for again (membership may have moved)
@@ -129,12 +129,12 @@ class WeightPublisher:
         already published version again without recording it with the coordinator: only for engines
         (driven over HTTP, they do not read the coordinator's metadata), e.g. one that restarted. A
         WeightStream is taken bucket by bucket as the buckets are packed, and closed whatever happens."""
-        stream = named if isinstance(named, WeightStream) else None
+        if not isinstance(named, WeightStream):
+            return self._publish(list(named), version, announce, None)
         try:
-            return self._publish(stream.specs() if stream is not None else list(named), version, announce, stream)
+            return self._publish(named.specs(), version, announce, named)
         finally:
-            if stream is not None:
-                stream.close()
+            named.close()
 
     def _publish(self, named: list, version: int, announce: bool, stream: WeightStream | None) -> SyncResult:
         result = SyncResult(version=version, ok=False)
@@ -163,8 +163,8 @@ class WeightPublisher:
     def _broadcast(self, group_spec, named: list, stream: WeightStream | None, version: int, announce: bool,
                    result: SyncResult, t0: float) -> None:
         """The weights to every receiver of the group by broadcast, the engines paused as their mode says."""
-        entries, sizes = self._plan(group_spec, named, result)
-        paused: list = []
+        entries, sizes, transfer = self._plan(group_spec, named, result)
+        paused: list[SGLangClient] = []
         try:
             # engines first: one that cannot be paused fails the sync before the version is
             # announced, so no receiver starts waiting on a broadcast that will not come
@@ -172,14 +172,14 @@ class WeightPublisher:
             if announce:
                 self.dcs.publish_weights(self.run_id, WeightMetadata(
                     version=version, tensors=entries, bucket_bytes=sizes, publisher=self.node_id,
-                    sync_group=group_spec, transfer=PUBLISHED_TRANSFER[result.transfer]))
+                    sync_group=group_spec, transfer=PUBLISHED_TRANSFER[transfer]))
                 result.announced = True
             result.seconds["metadata"] = time.perf_counter() - t0
-            if result.transfer != "cuda_ipc" and (self._group is None or self._group.name != group_spec.name):
+            if transfer != "cuda_ipc" and (self._group is None or self._group.name != group_spec.name):
                 self._open_group(group_spec)
                 result.seconds["open_group"] = time.perf_counter() - t0 - result.seconds["metadata"]
             self._failed = False
-            self._transfer(entries, sizes, bucket_tensors(entries, len(sizes), named, stream), result,
+            self._transfer(entries, sizes, bucket_tensors(entries, len(sizes), named, stream), result, transfer,
                            str(version))
         finally:
             self.engines.resume(paused)
@@ -220,7 +220,7 @@ class WeightPublisher:
             raise UnusableBackend(str(exc)) from exc
         result.seconds["engine_load"] = time.perf_counter() - loading
 
-    def _plan(self, spec, named: list, result: SyncResult) -> tuple[list, list]:
+    def _plan(self, spec, named: list, result: SyncResult) -> tuple[list, list, Transfer]:
         """The wire dtype, the group's transfer and the buckets, laid out as that transfer sends them: the
         entries and bucket sizes."""
         wire = self._wire_dtype(spec, named)
@@ -229,7 +229,7 @@ class WeightPublisher:
         result.transfer = transfer
         entries, sizes = plan_buckets(named, self.bucket_bytes, wire, packed=transfer == "flattened_bucket")
         result.bytes = sum(sizes)
-        return entries, sizes
+        return entries, sizes, transfer
 
     def _failed_with(self, exc: Exception, result: SyncResult) -> None:
         result.refused = isinstance(exc, UnusableBackend) or (isinstance(exc, SGLangError) and exc.refused)
@@ -299,7 +299,7 @@ class WeightPublisher:
                     pass
         return self.dcs.sync_group(self.run_id, self._group_request(self.receiver_roles))
 
-    def _transfer(self, entries, sizes, tensors, result: SyncResult, version: str) -> None:
+    def _transfer(self, entries, sizes, tensors, result: SyncResult, transfer: Transfer, version: str) -> None:
         """The buckets to every receiver, bracketed by /begin ... /end_weight_update for engines that need it:
         a live-update engine loads a single bucket when its call ends (two HTTP round trips fewer); SGLang
         0.5.23, and any engine receiving several buckets, get the bracket, and every begin gets its end, also
@@ -307,22 +307,36 @@ class WeightPublisher:
         one it loaded (SGLang 0.5.6 records none for an update made while paused) is told the version."""
         began = time.perf_counter()
         bracket = len(sizes) > 1
-        brackets = lambda e: bracket or not e.live_weight_update()  # noqa: E731
         engines = self.engines
+
+        def brackets(e: SGLangClient) -> bool:
+            return bracket or not e.live_weight_update()
+
+        def begin(_: object, e: SGLangClient) -> None:
+            if brackets(e):
+                e.begin_weight_update()
+
+        def end(e: SGLangClient) -> None:
+            if brackets(e):
+                e.end_weight_update()
+
+        def tell_version(_: object, e: SGLangClient) -> None:
+            if engines.mode(e) != "none":
+                e.ensure_weight_version(version)
         try:
-            engines.each(lambda m, e: brackets(e) and e.begin_weight_update())
+            engines.each(begin)
             # measured, not derived: packing overlaps the broadcast, so wall - pack - broadcast can be negative
             result.seconds["engines"] = time.perf_counter() - began
             device = self.device if result.backend in ("nccl", "ipc") else "cpu"  # gloo reads host memory
             result.seconds.update(self._packing.send_all(
                 entries, sizes, tensors, device, lambda k, bucket, flat: engines.send_bucket(
-                    self._group, bucket, flat, sizes[k], result.transfer, version)))
+                    self._group, bucket, flat, sizes[k], transfer, version)))
         except BaseException:
-            engines.each_quietly(lambda e: brackets(e) and e.end_weight_update())
+            engines.each_quietly(end)
             raise
         loading = time.perf_counter()
-        engines.each(lambda m, e: brackets(e) and e.end_weight_update())
-        engines.each(lambda m, e: engines.mode(e) != "none" and e.ensure_weight_version(version))
+        engines.each(lambda _, e: end(e))
+        engines.each(tell_version)
         result.seconds["engine_load"] = time.perf_counter() - loading
 
     def resume_engines(self) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 log = logging.getLogger(__name__)
 HEALTH_WAIT_S = 30.0  # the longest a failed sync waits for the /health answers it asks for
@@ -48,7 +48,7 @@ class UnresponsiveEngines:
         self.readmit()
         return self.excluded()
 
-    def after_failure(self, engines: dict[str, HealthChecked]) -> None:
+    def after_failure(self, engines: Mapping[str, HealthChecked]) -> None:
         """A sync with these engines (node id -> client) failed: leave out the ones that do not answer now."""
         answers = {node: self._pool.submit(client.health) for node, client in engines.items()}
         for node, answer in answers.items():
