@@ -95,6 +95,9 @@ class Engines(Protocol):
 
     async def watch_versions(self, wait_s: float, poll_s: float, on_change: Callable[[], None]) -> None: ...
 
+    async def generate(self, prompt_ids: Sequence[int], sampling: dict, max_new_tokens: int,
+                       rid: str) -> SampleOutput: ...
+
     async def generate_group(self, prompt_ids: Sequence[int], samplings: Sequence[dict], max_new_tokens: int,
                              rids: Sequence[str]) -> list[SampleOutput]: ...
 

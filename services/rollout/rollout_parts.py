@@ -51,6 +51,9 @@ class RolloutParts:
         if run.eval.prompts is not None:
             if session.evaluations is None:
                 raise ValueError("the run has eval.prompts but the rollout was given nowhere to record evaluations")
+            if self.reward is None:
+                raise ValueError("eval.prompts are scored by rollout.reward, and the run has none (its agent scores "
+                                 "only its own episodes)")
             self.evaluator = Evaluator(run, self.pool, self.reward, session.evaluations, self.encode, self.decode,
                                        paused)
         self.sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}

@@ -50,7 +50,8 @@ def excerpt(error: BaseException) -> str:
 class GroupScorer:
     """Scores whole groups; keeps the counts the rollout reports on /status."""
 
-    def __init__(self, reward: RewardFunction, fallback: Literal["zero", "skip_group"]):
+    def __init__(self, reward: RewardFunction | None, fallback: Literal["zero", "skip_group"]):
+        """`reward`: None when the run's agent scores its groups (this keeps the counts and last error only)."""
         self.reward = reward
         self.fallback = fallback
         self.failures = {"exception": 0, "timeout": 0}
@@ -59,9 +60,15 @@ class GroupScorer:
         self.failed_groups_in_a_row = 0
         self.last_error = ""
 
+    def _function(self) -> RewardFunction:
+        if self.reward is None:
+            raise RuntimeError("this rollout has no reward function to score with: its agent scores the groups")
+        return self.reward
+
     async def score_one(self, record: PromptRecord, text: str) -> float | RewardError:
+        reward = self._function()
         try:
-            return await self.reward.score(record, text)
+            return await reward.score(record, text)
         except RewardError as e:
             return e
 
@@ -93,11 +100,11 @@ class GroupScorer:
             REWARD_FAILURES.labels(reason=e.kind).inc()
         self.last_error = excerpt(errors[0])
         log.warning("reward failed; falling back", extra={
-            "reward": self.reward.name, "position": record.position, "failed": len(errors), "samples": n,
+            "reward": self._function().name, "position": record.position, "failed": len(errors), "samples": n,
             "reasons": sorted({e.kind for e in errors}), "fallback": self.fallback, "error": self.last_error})
         self.failed_groups_in_a_row = self.failed_groups_in_a_row + 1 if len(errors) == n else 0
         if self.failed_groups_in_a_row >= FAILED_GROUPS_LIMIT:
-            raise RewardBroken(f"the reward {self.reward.name} failed on every sample of {FAILED_GROUPS_LIMIT} "
+            raise RewardBroken(f"the reward {self._function().name} failed on every sample of {FAILED_GROUPS_LIMIT} "
                                f"groups in a row; last error: {self.last_error}")
 
     def counts(self) -> dict:
