@@ -312,6 +312,13 @@ class RunConfig(_Strict):
         return self.n_samples_per_prompt * self.chains_per_episode
 
     @property
+    def iters_per_step(self) -> int:
+        """num_iters_per_train_update, which validation sets when the run leaves it None."""
+        if self.num_iters_per_train_update is None:
+            raise ValueError("num_iters_per_train_update is unset: the run config was not validated")
+        return self.num_iters_per_train_update
+
+    @property
     def rows_per_step(self) -> int:
         return self.rollout_batch_size * self.group_rows
 

@@ -12,7 +12,7 @@ under either).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import os
 
@@ -96,6 +96,13 @@ class TorchBackend:
                                "read: resume it with --backend megatron and the same TP x PP")
         names = [n for n, _ in trainable(self.policy.hf)]
         self.optimizer.load_state_dict(torch_format_optimizer(sharded, names))
+
+
+def live_weights_of(backend: TrainerBackend) -> Callable[[], list]:
+    """What a backend that does not gather publishes (TrainerBackend.weight_stream): its live weights."""
+    if not isinstance(backend, TorchBackend):
+        raise TypeError(f"the {backend.name} backend gathers its weights: it publishes their stream")
+    return backend.live_weights
 
 
 def make_backend(name: str, hf_model, run, device: str, dp: DataParallel, param_dtype: str = "",

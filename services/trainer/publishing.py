@@ -155,6 +155,16 @@ class WeightVersions:
         if pending is not None:
             pending.result()
 
+    def training_version(self, version: int, last_iteration: bool) -> int:
+        """The version an optimizer step's samples are trained at (the one in flight, if a publish is; else
+        `version`), once the weights it moves may change; the step's last iteration also asks for the sync group
+        its step will publish in."""
+        self.settle_live()  # the last step's weights are published before they change
+        version = self.in_flight_version or version
+        if last_iteration:
+            self.prefetch_group(version + 1)  # asked for now, not on the publish's way to the engines
+        return version
+
     def settle_live(self) -> None:
         """Before the optimizer moves the weights: wait for a publish in flight that reads them."""
         if self._pending_reads_model:

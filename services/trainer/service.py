@@ -38,7 +38,7 @@ from services.dcs.models import NodeRegistration
 from services.dcs.sync.publisher import WeightPublisher
 from services.run_contract.partitions import partition_name, sample_id, task_name
 from services.run_contract.sample_fields import STEP_RECORD_INPUTS, actor_inputs
-from services.run_state.seams import WeightSender
+from services.run_state.seams import Membership, WeightSender
 from services.run_state.trainer_progress import TrainerProgress, finish_step
 from services.runtime.metrics import gauges
 from services.role.role_service import RoleStatus, serve_role
@@ -47,7 +47,7 @@ from services.runtime.spans import span
 from services.trainer.actor_update import StepMetrics, loss_totals
 from services.run_contract.checkpoint import latest_checkpoint, save_checkpoint
 from services.trainer.config import TrainerConfig
-from services.trainer.backend import make_backend
+from services.trainer.backend import live_weights_of, make_backend
 from services.trainer.lora import load_actor
 from services.trainer.data_parallel import DataParallel, Order, process_group_backend
 from services.trainer.device import DeviceClock, MicroBatchSizer, allow_tf32
@@ -60,7 +60,7 @@ from services.trainer.publishing import WeightVersions
 from services.trainer.resumption import resume_position
 from services.trainer.staleness import staleness_histogram, staleness_metrics
 from services.trainer.tasks import ACTOR_TASK, claim_global_batch, read_or_give_back
-from services.trainer.tracking_hook import NO_TRACKING, open_training_tracker, sample_stats
+from services.trainer.tracking_hook import NO_TRACKING, Tracker, open_training_tracker, sample_stats
 
 log = logging.getLogger(__name__)
 ACTOR_GAUGES = {
@@ -79,10 +79,11 @@ class ActorTrainer:
                  publisher: Callable[..., WeightSender] = WeightPublisher):
         self.config, self.status = config, status
         self.make_publisher = publisher
-        self.version, self.weights = 0, None  # the weights: WeightVersions, on the leader once it runs
+        self.version = 0
+        self.weights: WeightVersions | None = None  # on the leader once it runs
         self.gauges = gauges("sluice_trainer", ACTOR_GAUGES)
         self.staleness = staleness_histogram()
-        self.tracking = NO_TRACKING  # rank 0's experiment tracking (services/trainer/tracking_hook.py)
+        self.tracking: Tracker = NO_TRACKING  # rank 0's experiment tracking (services/trainer/tracking_hook.py)
         self.checkpointed = 0  # next_step of the newest checkpoint, or where this process resumed
         self.halted_mid_step = False  # an unfinished step's optimizer steps moved the weights
 
@@ -94,7 +95,7 @@ class ActorTrainer:
         self.clearing = PartitionClearing(self.tq, self.steps, run, c.clear_wait_s)
         torch.manual_seed(run.optim.seed)
         ckpt = latest_checkpoint(c.checkpoint_dir, "actor") if c.checkpoint_dir else None
-        self.model = load_actor(run, ckpt and ckpt.path, weights_dtype(c.precision), c.device)
+        self.model = load_actor(run, ckpt.path if ckpt else None, weights_dtype(c.precision), c.device)
         self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master, backend=process_group_backend(c.device))
         self.backend = make_backend(c.backend, self.model, run, c.device, self.dp, param_dtype=c.fsdp_param_dtype,
                                     cpu_offload=c.fsdp_cpu_offload, tp=c.tp_size, pp=c.pp_size,
@@ -103,7 +104,7 @@ class ActorTrainer:
         self.sizer = MicroBatchSizer(c.device, c.auto_micro_batch, self.model)
         if ckpt:
             self.backend.load_optimizer(ckpt.path)
-        self.membership = None
+        self.membership: Membership | None = None
         if self.dp.is_leader:  # the other ranks follow it through the group, not the coordinator
             self.membership = session.join(NodeRegistration(
                 role="trainer", host=c.advertise_host, ports={"http": c.port}, device=c.device, run_id=c.run_id,
@@ -112,7 +113,7 @@ class ActorTrainer:
                                          bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
                                          pause_mode=c.pause_mode, run_id=c.run_id, backend=c.sync_backend,
                                          device=c.device, adapter_dir=c.adapter_files_dir)
-            source = self.weight_stream if self.backend.gathers else self.backend.live_weights  # lora.py: adapter
+            source = self.weight_stream if self.backend.gathers else live_weights_of(self.backend)  # lora: adapter
             self.weights = WeightVersions(sender, self.model, run, self.dcs, c.run_id, c.republish_check_s,
                                           snapshot_max_bytes=c.snapshot_publish_mb << 20, source=source)
             self.tracking = open_training_tracker(run, c.output_dir, c.run_id, self.redis, self.dcs)
@@ -135,12 +136,19 @@ class ActorTrainer:
     def pause_point(self, halt: threading.Event) -> None:
         """A pause is acknowledged with nothing in flight: the last step's publish and record land first (the
         engines keep taking part in syncs while paused), so a paused run's progress stands still."""
-        if self.membership.paused:
-            self.weights.settle()
-        self.membership.safe_point(halt)
+        weights, membership = self.leader()
+        if membership.paused:
+            weights.settle()
+        membership.safe_point(halt)
+
+    def leader(self) -> tuple[WeightVersions, Membership]:
+        """Rank 0's weight versions and membership in the run: the other ranks neither publish nor report."""
+        if self.weights is None or self.membership is None:
+            raise RuntimeError(f"data-parallel rank {self.dp.rank} is not the leader: it neither publishes nor reports")
+        return self.weights, self.membership
 
     def lead(self, ckpt, halt: threading.Event) -> None:
-        run = self.run
+        run, weights = self.run, self.leader()[0]
         step, self.version = resume_position(self, ckpt)
         self.checkpointed = step
         self.status.running()
@@ -159,19 +167,19 @@ class ActorTrainer:
                 copied = copy_if_affordable(self.model, self.optimizer, self.config.snapshot_publish_mb << 20)
             then = functools.partial(self.finish, step, ids=ids, metrics=metrics, state=state, copied=copied,
                                      halt=halt)
-            self.weights.settle()  # the last publish: its version numbers this one
+            weights.settle()  # the last publish: its version numbers this one
             if self.backend.gathers:  # streamed from every rank's shards, here, with the other ranks
-                self.weights.publish_now(step, self.version + 1, then)
+                weights.publish_now(step, self.version + 1, then)
             else:
                 # published and recorded on a worker thread while the next step's rows are claimed and trained
                 # (from a copy of the weights; with the optimizer state when checkpointed: checkpoint_copy.py); a
                 # checkpoint too large to copy is written from the live weights, which train_step lets settle
                 # before the optimizer moves them again
-                self.weights.publish_later(step, self.version + 1, then, weights=copied and copied.weights,
-                                           snapshot=self.weights.snapshot_fits and not self.checkpoint_due(step))
-            self.clearing.later(step, halt, recorded=self.weights.pending)
+                weights.publish_later(step, self.version + 1, then, weights=copied.weights if copied else None,
+                                      snapshot=weights.snapshot_fits and not self.checkpoint_due(step))
+            self.clearing.later(step, halt, recorded=weights.pending)
             step += 1
-        self.weights.settle()
+        weights.settle()
         self.clearing.later(None, halt)  # the last partition is cleared (or its failure raised) before the loop ends
         self.final_checkpoint(step, halt)
         if not halt.is_set():
@@ -234,12 +242,12 @@ class ActorTrainer:
         its report. The checkpoint follows the record: a process killed between the two resumes past the recorded
         step with the older weights (resumption.py); no trained step goes unrecorded. The last step first waits
         for the run's engines to serve its weights (WeightVersions.catch_up_engines)."""
-        c = self.config
+        c, weights = self.config, self.leader()[0]
         self.version = version
         if step == self.run.num_steps - 1:  # before the record, while the rollout keeps its engines registered
-            self.weights.catch_up_engines(version, c.final_sync_wait_s, halt)
-        metrics.update(weight_version=version, publish_s=self.weights.last_publish_s,
-                       publish_bytes=self.weights.last_publish_bytes)
+            weights.catch_up_engines(version, c.final_sync_wait_s, halt)
+        metrics.update(weight_version=version, publish_s=weights.last_publish_s,
+                       publish_bytes=weights.last_publish_bytes)
         finish_step(self.redis, c.run_id, step, ids, metrics, TrainerProgress(next_step=step + 1, version=version))
         if self.checkpoint_due(step):
             self.write_checkpoint(step + 1, version, state, copied)
@@ -259,8 +267,10 @@ class ActorTrainer:
             if order == Order.CHECKPOINT:
                 self.backend.write_checkpoint_files(self.scratch(step))
                 continue
-            if order == Order.GATHER:
-                self.backend.weight_stream().close()
+            if order == Order.GATHER:  # only a gathering backend is told to: its stream is made, then closed
+                stream = self.backend.weight_stream()
+                if stream is not None:
+                    stream.close()
                 continue
             if self.train_step(step, halt) is None:
                 return
@@ -273,7 +283,7 @@ class ActorTrainer:
         """Runs while the trainer waits for data: a pause safe point, and the check for engines serving
         older weights than the published version (WeightVersions.resend_if_lagging)."""
         self.pause_point(halt)
-        self.weights.resend_if_lagging(self.version)
+        self.leader()[0].resend_if_lagging(self.version)
 
     def train_step(self, step: int, halt: threading.Event):
         """Train step N: num_iters_per_train_update global batches, each split across the ranks.
@@ -283,14 +293,14 @@ class ActorTrainer:
         n = run.group_rows
         ids: list[str] = []
         totals = StepMetrics()
-        staleness = collections.Counter()
+        staleness: collections.Counter[int] = collections.Counter()
         rewards: list[float] = []
         lengths: list[int] = []
         wait_s = compute_s = 0.0
         clock = DeviceClock(c.device)  # compute_s waits for the GPU's kernels; the step's peak GPU memory
         iteration_metrics = []
         nonce = secrets.randbits(62) if dp.is_leader else 0  # claim keys: the ranks claim the same rows
-        for it in range(run.num_iters_per_train_update):
+        for it in range(run.iters_per_step):
             t0 = time.perf_counter()
             claimed, batch = self._claimed_batch(step, nonce, it, halt)
             wait_s += time.perf_counter() - t0
@@ -317,7 +327,8 @@ class ActorTrainer:
             if not dp.is_leader:
                 continue
             self.tq.ack(claimed.lease_id)
-            for s in (self.weights.lag(version, int(g)) for g in info["weight_version"].tolist()):
+            lag = self.leader()[0].lag
+            for s in (lag(version, int(g)) for g in info["weight_version"].tolist()):
                 staleness[int(s)] += 1
                 self.staleness.observe(s)
             rewards.extend(info["reward"].tolist())
@@ -340,11 +351,7 @@ class ActorTrainer:
         weights it moves may change; the last iteration also asks for the sync group its step will publish in."""
         if not self.dp.is_leader:
             return self.version
-        self.weights.settle_live()  # the last step's weights are published before they change
-        version = self.weights.in_flight_version or self.version
-        if it == self.run.num_iters_per_train_update - 1:
-            self.weights.prefetch_group(version + 1)  # asked for now, not on the publish's way to the engines
-        return version
+        return self.leader()[0].training_version(self.version, it == self.run.iters_per_step - 1)
 
     def _claimed_batch(self, step: int, nonce: int, it: int, halt: threading.Event):
         """(claimed, batch) of global batch `it`; the batch is read here with one rank (None with several);
@@ -380,7 +387,7 @@ class ActorTrainer:
             value = step if name == "step" else metrics.get(name)
             if isinstance(value, (int, float)):
                 gauge.set(value)
-        self.membership.progress(step=step, weight_version=metrics["weight_version"])
+        self.leader()[1].progress(step=step, weight_version=metrics["weight_version"])
         self.status.update(step=step, weight_version=metrics["weight_version"], last_metrics=metrics)
         log.info("step finished", extra={"step": step, "metrics": metrics})
 

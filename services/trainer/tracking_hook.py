@@ -199,6 +199,7 @@ class NoTracking:
 
 
 NO_TRACKING = NoTracking()
+Tracker = TrainingTracker | NoTracking  # what the trainer holds: rank 0's tracker, or NO_TRACKING
 
 
 def eval_reader(redis, run_id: str) -> Callable[[], dict | None] | None:

@@ -124,7 +124,7 @@ def test_a_pause_is_acknowledged_only_after_the_publish_in_flight_lands():
 
     weights = SimpleNamespace(settle=lambda: calls.append("settle"))
     membership = Membership()
-    trainer = SimpleNamespace(membership=membership, weights=weights)
+    trainer = SimpleNamespace(leader=lambda: (weights, membership))  # rank 0's (ActorTrainer.leader)
     ActorTrainer.pause_point(trainer, threading.Event())
     assert calls == ["safe_point"]  # running: the publish goes on beside the next step
     calls.clear()
