@@ -91,14 +91,24 @@ def _sigterm(signum, frame):
 def build_run(args, model_dir: str, mode: str) -> RunConfig:
     rows = args.groups_per_step * args.n_samples
     micro = args.micro_batch_size or (min(rows, 8) if rows % min(rows, 8) == 0 else rows)
-    return RunConfig(name=RUN_ID, model=model_dir, mode=mode,
-                     max_staleness=0 if mode == "colocate" else args.max_staleness,
-                     n_samples_per_prompt=args.n_samples, rollout_batch_size=args.groups_per_step,
-                     global_batch_size=rows, micro_batch_size=micro, num_steps=args.steps,
-                     algorithm={"estimator": args.estimator},
-                     rollout={"prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
-                              "max_groups_in_flight": args.max_groups_in_flight},
-                     optim={"lr": args.lr})
+    return RunConfig(
+        name=RUN_ID,
+        model=model_dir,
+        mode=mode,
+        max_staleness=0 if mode == "colocate" else args.max_staleness,
+        n_samples_per_prompt=args.n_samples,
+        rollout_batch_size=args.groups_per_step,
+        global_batch_size=rows,
+        micro_batch_size=micro,
+        num_steps=args.steps,
+        algorithm={"estimator": args.estimator},
+        rollout={
+            "prompts": args.prompts,
+            "max_new_tokens": args.max_new_tokens,
+            "max_groups_in_flight": args.max_groups_in_flight,
+        },
+        optim={"lr": args.lr},
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -167,8 +177,9 @@ def measure_run(args, model_dir: str, mode: str, log_dir: str) -> dict:
             while seen < run.num_steps:
                 now = time.monotonic()
                 if now > deadline:
-                    raise TimeoutError(f"{mode}: trainer at step {seen} of {run.num_steps} after {args.timeout_s}s; "
-                                       f"logs in {log_dir}")
+                    raise TimeoutError(
+                        f"{mode}: trainer at step {seen} of {run.num_steps} after {args.timeout_s}s; logs in {log_dir}"
+                    )
                 next_step = read_progress(r, run.name).next_step
                 if next_step > seen:
                     now = time.monotonic()
@@ -200,8 +211,15 @@ def measure_run(args, model_dir: str, mode: str, log_dir: str) -> dict:
         m = steps[s]["metrics"]
         compute = m["tokens"] / m["tokens_per_s"] if m.get("tokens_per_s") else 0.0
         pub = publish.get(int(m.get("weight_version", s + 1)), 0.0)
-        per_step.append({"interval_s": interval, "wait_s": m["wait_s"], "compute_s": compute, "publish_s": pub,
-                         "other_s": interval - m["wait_s"] - compute - pub})
+        per_step.append(
+            {
+                "interval_s": interval,
+                "wait_s": m["wait_s"],
+                "compute_s": compute,
+                "publish_s": pub,
+                "other_s": interval - m["wait_s"] - compute - pub,
+            }
+        )
     staleness = collections.Counter()
     for s in measured:
         for k, n in steps[s]["metrics"]["staleness"].items():
@@ -214,23 +232,34 @@ def measure_run(args, model_dir: str, mode: str, log_dir: str) -> dict:
     stack = sum(cpu_cores.values())
     all_steps = range(args.warmup, run.num_steps)
     return {
-        "mode": mode, "max_staleness": run.max_staleness, "cooldown": args.cooldown,
-        "samples_per_s": samples / window, "tokens_per_s": tokens / window,
+        "mode": mode,
+        "max_staleness": run.max_staleness,
+        "cooldown": args.cooldown,
+        "samples_per_s": samples / window,
+        "tokens_per_s": tokens / window,
         "samples_per_s_to_end": len(all_steps) * run.rows_per_step / to_end,
         "tokens_per_s_to_end": sum(steps[s]["metrics"]["tokens"] for s in all_steps) / to_end,
         "all_step_interval_s": [finished_at[s] - finished_at[s - 1] for s in range(1, run.num_steps)],
-        "window_s": window, "measured_steps": len(measured), "samples": samples, "tokens": tokens,
+        "window_s": window,
+        "measured_steps": len(measured),
+        "samples": samples,
+        "tokens": tokens,
         "step_interval_s": intervals,
         "trainer_per_step_mean": {k: statistics.fmean(p[k] for p in per_step) for k in per_step[0]},
-        "cpu_cores": cpu_cores, "cpu_cores_total": stack,
-        "machine_cpu_cores": machine, "foreign_cpu_cores": max(0.0, machine - stack),
+        "cpu_cores": cpu_cores,
+        "cpu_cores_total": stack,
+        "machine_cpu_cores": machine,
+        "foreign_cpu_cores": max(0.0, machine - stack),
         "staleness": {str(k): v for k, v in sorted(staleness.items())},
         "staleness_mean": sum(k * n for k, n in staleness.items()) / max(1, sum(staleness.values())),
         "reward_mean": statistics.fmean(steps[s]["metrics"]["reward_mean"] for s in measured),
         "tokens_per_sample": tokens / samples,
-        "startup_s": ready - started, "first_step_s": finished_at[0] - ready, "stop_s": stopped - stopping,
+        "startup_s": ready - started,
+        "first_step_s": finished_at[0] - ready,
+        "stop_s": stopped - stopping,
         "every_sample_once": len(all_ids) == len(set(all_ids)) == run.num_steps * run.rows_per_step,
-        "max_staleness_seen": max_seen, "within_bound": max_seen <= run.max_staleness,
+        "max_staleness_seen": max_seen,
+        "within_bound": max_seen <= run.max_staleness,
         "log_dir": log_dir,
         "overlap": overlap_summary(spans, wall_at[first], wall_at[last]),
     }
@@ -253,11 +282,15 @@ def summarize_overlap(overlaps: list[dict]) -> dict:
     med = statistics.median
     lanes = sorted({k for o in overlaps for k in o["busy_s"]})
     stages = sorted({k for o in overlaps for k in o["stage_busy_s"]})
-    return {"busy_s": {k: _r(med(o["busy_s"].get(k, 0.0) for o in overlaps)) for k in lanes},
-            "stage_busy_s": {k: _r(med(o["stage_busy_s"].get(k, 0.0) for o in overlaps)) for k in stages},
-            "busy_fraction": {k: _r(med(o["busy_fraction"].get(k, 0.0) for o in overlaps)) for k in lanes},
-            **{k: _r(med(o[k] for o in overlaps)) for k in ("ideal_overlap_bound", "achieved_overlap",
-                                                              "overlap_efficiency")}}
+    return {
+        "busy_s": {k: _r(med(o["busy_s"].get(k, 0.0) for o in overlaps)) for k in lanes},
+        "stage_busy_s": {k: _r(med(o["stage_busy_s"].get(k, 0.0) for o in overlaps)) for k in stages},
+        "busy_fraction": {k: _r(med(o["busy_fraction"].get(k, 0.0) for o in overlaps)) for k in lanes},
+        **{
+            k: _r(med(o[k] for o in overlaps))
+            for k in ("ideal_overlap_bound", "achieved_overlap", "overlap_efficiency")
+        },
+    }
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -272,15 +305,18 @@ def summarize(runs: list[dict]) -> dict:
         "step_s": _r(med(statistics.fmean(r["step_interval_s"]) for r in runs)),
         "runs_samples_per_s": [_r(r["samples_per_s"], 2) for r in runs],
         "runs_tokens_per_s": [_r(r["tokens_per_s"], 1) for r in runs],
-        "trainer_per_step_s": {k: _r(med(r["trainer_per_step_mean"][k] for r in runs))
-                               for k in runs[0]["trainer_per_step_mean"]},
+        "trainer_per_step_s": {
+            k: _r(med(r["trainer_per_step_mean"][k] for r in runs)) for k in runs[0]["trainer_per_step_mean"]
+        },
         "cpu_cores": {n: _r(med(r["cpu_cores"].get(n, 0.0) for r in runs), 2) for n in names},
         "cpu_cores_total": _r(med(r["cpu_cores_total"] for r in runs), 2),
         "foreign_cpu_cores": _r(med(r["foreign_cpu_cores"] for r in runs), 2),
-        "staleness": {"median": sample_median(dict(hist)),
-                      "mean": _r(med(r["staleness_mean"] for r in runs)),
-                      "max": max(r["max_staleness_seen"] for r in runs),
-                      "samples_by_staleness": {k: v for k, v in sorted(hist.items(), key=lambda kv: int(kv[0]))}},
+        "staleness": {
+            "median": sample_median(dict(hist)),
+            "mean": _r(med(r["staleness_mean"] for r in runs)),
+            "max": max(r["max_staleness_seen"] for r in runs),
+            "samples_by_staleness": {k: v for k, v in sorted(hist.items(), key=lambda kv: int(kv[0]))},
+        },
         "tokens_per_sample": _r(med(r["tokens_per_sample"] for r in runs), 2),
         "reward_mean": _r(med(r["reward_mean"] for r in runs)),
         "startup_s": _r(med(r["startup_s"] for r in runs), 1),
@@ -294,16 +330,25 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def rep_record(rep: int, r: dict) -> dict:
-    return {"rep": rep, "mode": r["mode"], "samples_per_s": _r(r["samples_per_s"], 2),
-            "tokens_per_s": _r(r["tokens_per_s"], 1), "window_s": _r(r["window_s"]),
-            **({"samples_per_s_to_end": _r(r["samples_per_s_to_end"], 2)} if r["cooldown"] else {}),
-            "all_step_interval_s": [_r(x) for x in r["all_step_interval_s"]],
-            "trainer_per_step_s": {k: _r(v) for k, v in r["trainer_per_step_mean"].items()},
-            "cpu_cores_total": _r(r["cpu_cores_total"], 2), "foreign_cpu_cores": _r(r["foreign_cpu_cores"], 2),
-            "staleness": r["staleness"],
-            "tokens_per_sample": _r(r["tokens_per_sample"], 2), "startup_s": _r(r["startup_s"], 1),
-            "first_step_s": _r(r["first_step_s"], 2), "stop_s": _r(r["stop_s"], 1),
-            "every_sample_once": r["every_sample_once"], "within_bound": r["within_bound"]}
+    return {
+        "rep": rep,
+        "mode": r["mode"],
+        "samples_per_s": _r(r["samples_per_s"], 2),
+        "tokens_per_s": _r(r["tokens_per_s"], 1),
+        "window_s": _r(r["window_s"]),
+        **({"samples_per_s_to_end": _r(r["samples_per_s_to_end"], 2)} if r["cooldown"] else {}),
+        "all_step_interval_s": [_r(x) for x in r["all_step_interval_s"]],
+        "trainer_per_step_s": {k: _r(v) for k, v in r["trainer_per_step_mean"].items()},
+        "cpu_cores_total": _r(r["cpu_cores_total"], 2),
+        "foreign_cpu_cores": _r(r["foreign_cpu_cores"], 2),
+        "staleness": r["staleness"],
+        "tokens_per_sample": _r(r["tokens_per_sample"], 2),
+        "startup_s": _r(r["startup_s"], 1),
+        "first_step_s": _r(r["first_step_s"], 2),
+        "stop_s": _r(r["stop_s"], 1),
+        "every_sample_once": r["every_sample_once"],
+        "within_bound": r["within_bound"],
+    }
 
 
 # ---------------------------------------------------------------------------------- main
@@ -319,8 +364,10 @@ def run_benchmark(args) -> dict:
     os.makedirs(workdir, exist_ok=True)
     model_dir = args.model or init_model(os.path.join(workdir, "model"), preset=args.preset, seed=0)
     probe = build_run(args, model_dir, "fully_async")  # validates the batch sizes before anything starts
-    log(f"model {model_dir}; {args.reps} reps x {MODES}; {args.steps} steps ({args.warmup} warm-up) of "
-        f"{probe.rows_per_step} samples; work dir {workdir}")
+    log(
+        f"model {model_dir}; {args.reps} reps x {MODES}; {args.steps} steps ({args.warmup} warm-up) of "
+        f"{probe.rows_per_step} samples; work dir {workdir}"
+    )
     results: dict[str, list[dict]] = {m: [] for m in MODES}
     reps: list[dict] = []
     for rep in range(args.reps):
@@ -330,12 +377,14 @@ def run_benchmark(args) -> dict:
             results[mode].append(r)
             reps.append(rep_record(rep, r))
             t = r["trainer_per_step_mean"]
-            log(f"rep {rep + 1}/{args.reps}: {mode} {r['samples_per_s']:.2f} samples/s, "
+            log(
+                f"rep {rep + 1}/{args.reps}: {mode} {r['samples_per_s']:.2f} samples/s, "
                 f"{r['tokens_per_s']:.0f} tokens/s, step {statistics.fmean(r['step_interval_s']):.2f}s "
                 f"(wait {t['wait_s']:.2f}, compute {t['compute_s']:.2f}, publish {t['publish_s']:.2f}, "
                 f"other {t['other_s']:.2f}), cpu {r['cpu_cores_total']:.2f} cores "
                 f"(+{r['foreign_cpu_cores']:.2f} foreign), "
-                f"staleness {r['staleness']}; step intervals {[round(x, 2) for x in r['all_step_interval_s']]}")
+                f"staleness {r['staleness']}; step intervals {[round(x, 2) for x in r['all_step_interval_s']]}"
+            )
 
     summary = {m: summarize(results[m]) for m in MODES}
     a, c = summary["fully_async"], summary["colocate"]
@@ -347,25 +396,46 @@ def run_benchmark(args) -> dict:
     every = [r for m in MODES for r in results[m]]
     return {
         "benchmark": "async_vs_colocate",
-        "config": {"reps": args.reps, "steps": args.steps, "warmup": args.warmup, "cooldown": args.cooldown,
-                   "measured_steps": args.steps - args.warmup - args.cooldown,
-                   "preset": args.preset if not args.model else None,
-                   "model": args.model or "random qwen2 (sluice init-model)", "params": params,
-                   "prompts": args.prompts, "estimator": args.estimator, "n_samples": args.n_samples,
-                   "groups_per_step": args.groups_per_step, "rows_per_step": probe.rows_per_step,
-                   "micro_batch_size": probe.micro_batch_size, "max_new_tokens": args.max_new_tokens,
-                   "max_staleness_async": args.max_staleness, "lr": args.lr, "engines": args.engines,
-                   "poll_ms": args.poll_ms, "order": "alternating per rep: " + ", ".join(MODES),
-                   "cpus": os.cpu_count(), "torch_threads_per_process": 1, "python": platform.python_version(),
-                   "torch": torch.__version__, "transformers": transformers.__version__, "workdir": workdir},
+        "config": {
+            "reps": args.reps,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "cooldown": args.cooldown,
+            "measured_steps": args.steps - args.warmup - args.cooldown,
+            "preset": args.preset if not args.model else None,
+            "model": args.model or "random qwen2 (sluice init-model)",
+            "params": params,
+            "prompts": args.prompts,
+            "estimator": args.estimator,
+            "n_samples": args.n_samples,
+            "groups_per_step": args.groups_per_step,
+            "rows_per_step": probe.rows_per_step,
+            "micro_batch_size": probe.micro_batch_size,
+            "max_new_tokens": args.max_new_tokens,
+            "max_staleness_async": args.max_staleness,
+            "lr": args.lr,
+            "engines": args.engines,
+            "poll_ms": args.poll_ms,
+            "order": "alternating per rep: " + ", ".join(MODES),
+            "cpus": os.cpu_count(),
+            "torch_threads_per_process": 1,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "workdir": workdir,
+        },
         "fully_async": a,
         "colocate": c,
-        "ratio_async_over_colocate": {"samples_per_s": _r(a["samples_per_s"] / c["samples_per_s"]),
-                                      "tokens_per_s": _r(a["tokens_per_s"] / c["tokens_per_s"]),
-                                      "step_s_colocate_over_async": _r(c["step_s"] / a["step_s"])},
+        "ratio_async_over_colocate": {
+            "samples_per_s": _r(a["samples_per_s"] / c["samples_per_s"]),
+            "tokens_per_s": _r(a["tokens_per_s"] / c["tokens_per_s"]),
+            "step_s_colocate_over_async": _r(c["step_s"] / a["step_s"]),
+        },
         "targets": overlap_targets(a["overlap"]),
-        "checks": {"every_sample_once": all(r["every_sample_once"] for r in every),
-                   "within_staleness_bound": all(r["within_bound"] for r in every)},
+        "checks": {
+            "every_sample_once": all(r["every_sample_once"] for r in every),
+            "within_staleness_bound": all(r["within_bound"] for r in every),
+        },
         "reps_detail": reps,
         "runtime_s": round(time.perf_counter() - _T0, 1),
     }
@@ -375,9 +445,13 @@ def overlap_targets(overlap: dict) -> dict:
     """Fully-async reaches >= 90% of the ideal-overlap bound and keeps the engines >= 90% busy."""
     engines = [v for k, v in overlap["busy_fraction"].items() if k.startswith("engine")]
     engine_busy = min(engines) if engines else 0.0
-    return {"overlap_efficiency": overlap["overlap_efficiency"], "overlap_efficiency_min": 0.9,
-            "engine_busy_fraction": engine_busy, "engine_busy_fraction_min": 0.9,
-            "met": overlap["overlap_efficiency"] >= 0.9 and engine_busy >= 0.9}
+    return {
+        "overlap_efficiency": overlap["overlap_efficiency"],
+        "overlap_efficiency_min": 0.9,
+        "engine_busy_fraction": engine_busy,
+        "engine_busy_fraction_min": 0.9,
+        "met": overlap["overlap_efficiency"] >= 0.9 and engine_busy >= 0.9,
+    }
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -387,14 +461,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=4, help="first steps not counted (default 4)")
     p.add_argument("--cooldown", type=int, default=0, help="last steps not counted (default 0)")
     p.add_argument("--max-staleness", type=int, default=2, help="fully_async's staleness bound (default 2)")
-    p.add_argument("--estimator", default="grpo",
-                   choices=ESTIMATORS)
+    p.add_argument("--estimator", default="grpo", choices=ESTIMATORS)
     p.add_argument("--prompts", default="demo:letters", help="demo:<task>, a .jsonl or a .parquet file")
     p.add_argument("--n-samples", type=int, default=4, help="samples per prompt (default 4)")
     p.add_argument("--groups-per-step", type=int, default=4, help="prompt groups per step (default 4)")
     p.add_argument("--micro-batch-size", type=int, default=0, help="0 = min(rows per step, 8) if it divides them")
-    p.add_argument("--max-groups-in-flight", type=int, default=0,
-                   help="rollout.max_groups_in_flight (0 = the run default, 2 steps' worth)")
+    p.add_argument(
+        "--max-groups-in-flight",
+        type=int,
+        default=0,
+        help="rollout.max_groups_in_flight (0 = the run default, 2 steps' worth)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=96, help="(default 96)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--engines", type=int, default=1, help="built-in engine processes (default 1)")

@@ -83,8 +83,15 @@ def demo_config(args, model_dir: str, workdir: str, changes: dict) -> RunConfig:
     """The demo's run config with `changes` ({section: {field: value}}) merged in, validated again."""
     data = build_run(args, model_dir, workdir).run_config().model_dump(mode="json")
     rows = data["global_batch_size"]
-    changes = {**changes, "tracking": {"report_to": ["none"], "completions_every": 1, "completions_rows": rows,
-                                       **changes.get("tracking", {})}}
+    changes = {
+        **changes,
+        "tracking": {
+            "report_to": ["none"],
+            "completions_every": 1,
+            "completions_rows": rows,
+            **changes.get("tracking", {}),
+        },
+    }
     for section, fields in changes.items():
         data[section] = {**(data.get(section) or {}), **fields}
     return RunConfig.model_validate(data)
@@ -133,8 +140,10 @@ def zero_variance_per_step(completions_path: str) -> dict[int, dict]:
         for line in f:
             row = json.loads(line)
             groups[row["step"]][row["prompt"]].append(row["reward"])
-    return {step: {"zero_variance": sum(len(set(r)) == 1 for r in by_prompt.values()), "groups": len(by_prompt)}
-            for step, by_prompt in sorted(groups.items())}
+    return {
+        step: {"zero_variance": sum(len(set(r)) == 1 for r in by_prompt.values()), "groups": len(by_prompt)}
+        for step, by_prompt in sorted(groups.items())
+    }
 
 
 def step_rows(done: dict[int, dict], ended: dict[int, float]) -> list[dict]:
@@ -142,9 +151,17 @@ def step_rows(done: dict[int, dict], ended: dict[int, float]) -> list[dict]:
     rows = []
     for s in sorted(done):
         m = done[s]["metrics"]
-        rows.append({"step": s, "end_s": round(ended.get(s, t0) - t0, 3), "reward_mean": round(m["reward_mean"], 4),
-                     "filtered_groups": m.get("filtered_groups", 0), "publish_bytes": m.get("publish_bytes"),
-                     "publish_s": m.get("publish_s"), "staleness_max": max(int(k) for k in m["staleness"])})
+        rows.append(
+            {
+                "step": s,
+                "end_s": round(ended.get(s, t0) - t0, 3),
+                "reward_mean": round(m["reward_mean"], 4),
+                "filtered_groups": m.get("filtered_groups", 0),
+                "publish_bytes": m.get("publish_bytes"),
+                "publish_s": m.get("publish_s"),
+                "staleness_max": max(int(k) for k in m["staleness"]),
+            }
+        )
     return rows
 
 
@@ -168,10 +185,16 @@ def demo_run(run: RunConfig, workdir: str, threshold: float = 0.8, timeout_s: fl
     # read once the trainer has stopped: its tracking thread writes every queued step before it exits
     zero = zero_variance_per_step(os.path.join(log_dir, run.name, "completions.jsonl"))
     samples = [s for rec in done.values() for s in rec["samples"]]
-    return {"steps": step_rows(done, ended), "zero_variance": zero,
-            "evals": [(e.version, round(e.mean_reward, 4)) for e in evals],
-            "first_at": first_at(evals, ended[0], threshold), "wall_s": round(wall_s, 1),
-            "spans": {"trainer_publish_s": median_span(spans, "trainer", "publish"),
-                      "engine_weight_load_s": median_span(spans, "engine-0", "weight_load")},
-            "trainer_peak_rss_mb": round(peak, 1) if peak else None,
-            "exactly_once": len(samples) == len(set(samples)) == run.num_steps * run.rows_per_step}
+    return {
+        "steps": step_rows(done, ended),
+        "zero_variance": zero,
+        "evals": [(e.version, round(e.mean_reward, 4)) for e in evals],
+        "first_at": first_at(evals, ended[0], threshold),
+        "wall_s": round(wall_s, 1),
+        "spans": {
+            "trainer_publish_s": median_span(spans, "trainer", "publish"),
+            "engine_weight_load_s": median_span(spans, "engine-0", "weight_load"),
+        },
+        "trainer_peak_rss_mb": round(peak, 1) if peak else None,
+        "exactly_once": len(samples) == len(set(samples)) == run.num_steps * run.rows_per_step,
+    }

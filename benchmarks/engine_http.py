@@ -21,9 +21,14 @@ def proc_cpu_seconds(pid: int) -> float:
 
 def start_engine(model_dir: str, log_dir: str, *extra: str) -> tuple[ChildProcess, str]:
     port = free_port()
-    proc = ChildProcess("engine", sluice_argv("engine", "--model", model_dir, "--host", "127.0.0.1",
-                                              "--port", str(port), "--log-level", "warning", *extra),
-                        os.path.join(log_dir, f"engine-{port}.log"), env={"HF_HUB_OFFLINE": "1"})
+    proc = ChildProcess(
+        "engine",
+        sluice_argv(
+            "engine", "--model", model_dir, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra
+        ),
+        os.path.join(log_dir, f"engine-{port}.log"),
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/health"), 120)
     return proc, url
@@ -34,10 +39,12 @@ async def _engine_round(url: str, workload: list[dict]) -> tuple[float, list[flo
     # machine (aiohttp: 0.02 s), so an httpx client measured itself rather than the engine
     connector = aiohttp.TCPConnector(limit=len(workload) + 4)
     async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as client:
+
         async def one(req: dict) -> tuple[float, list[int]]:
-            body = {"input_ids": req["prompt"],
-                    "sampling_params": {"max_new_tokens": req["max_new_tokens"], "temperature": 0,
-                                        "ignore_eos": True}}
+            body = {
+                "input_ids": req["prompt"],
+                "sampling_params": {"max_new_tokens": req["max_new_tokens"], "temperature": 0, "ignore_eos": True},
+            }
             start = time.perf_counter()
             async with client.post("/generate", json=body) as r:
                 if r.status != 200:
@@ -45,8 +52,9 @@ async def _engine_round(url: str, workload: list[dict]) -> tuple[float, list[flo
                 out = await r.json()
             seconds = time.perf_counter() - start
             if out["meta_info"]["completion_tokens"] != req["max_new_tokens"]:
-                raise RuntimeError(f"engine generated {out['meta_info']['completion_tokens']} tokens, "
-                                   f"asked {req['max_new_tokens']}")
+                raise RuntimeError(
+                    f"engine generated {out['meta_info']['completion_tokens']} tokens, asked {req['max_new_tokens']}"
+                )
             return seconds, out["output_ids"]
 
         async def health() -> None:
@@ -71,16 +79,22 @@ def engine_counters(url: str) -> dict:
 
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         text = r.read().decode()
-    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-              if line.startswith("sluice_engine_") and " " in line}
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("sluice_engine_") and " " in line
+    }
     drafted = values.get("sluice_engine_draft_tokens", 0.0)
     accepted = values.get("sluice_engine_accepted_draft_tokens", 0.0)
-    return {"steps": int(values.get("sluice_engine_steps", 0)), "draft_tokens": int(drafted),
-            "accepted_draft_tokens": int(accepted), "acceptance": round(accepted / drafted, 3) if drafted else None}
+    return {
+        "steps": int(values.get("sluice_engine_steps", 0)),
+        "draft_tokens": int(drafted),
+        "accepted_draft_tokens": int(accepted),
+        "acceptance": round(accepted / drafted, 3) if drafted else None,
+    }
 
 
 def engine_round(url: str, pid: int, workload: list[dict]) -> dict:
     cpu0 = proc_cpu_seconds(pid)
     wall, latencies, outputs = asyncio.run(_engine_round(url, workload))
-    return {"wall_s": wall, "latencies_s": latencies, "outputs": outputs,
-            "engine_cpu_s": proc_cpu_seconds(pid) - cpu0}
+    return {"wall_s": wall, "latencies_s": latencies, "outputs": outputs, "engine_cpu_s": proc_cpu_seconds(pid) - cpu0}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+
 def _in_process_engine(model, tokenizer):
     """The engine's KV pool, decoder and scheduler factory, built as `sluice engine` builds them (server.py)."""
     from services.engine.batched_decoder import BatchedDecoder
@@ -24,9 +25,15 @@ def _scheduler_run(new_scheduler, workload: list[dict]) -> tuple[float, int]:
     from services.engine.sampling import SamplingParams
 
     sched = new_scheduler()
-    gens = [Generation(rid=f"p{i}", prompt=list(r["prompt"]), on_update=lambda g: None,
-                       params=SamplingParams(max_new_tokens=r["max_new_tokens"], temperature=0, ignore_eos=True))
-            for i, r in enumerate(workload)]
+    gens = [
+        Generation(
+            rid=f"p{i}",
+            prompt=list(r["prompt"]),
+            on_update=lambda g: None,
+            params=SamplingParams(max_new_tokens=r["max_new_tokens"], temperature=0, ignore_eos=True),
+        )
+        for i, r in enumerate(workload)
+    ]
     start = time.perf_counter()
     for group in share_prompts(gens):
         sched.submit(group)
@@ -49,8 +56,14 @@ def _top_functions(profiler, sort: str, top: int) -> list[dict]:
     for func in stats.fcn_list[:top]:
         _, calls, own, cum, _ = stats.stats[func]
         where = os.path.relpath(func[0]) if func[0].startswith("/") else func[0]
-        rows.append({"function": f"{where}:{func[1]}({func[2]})", "calls": calls, "own_s": round(own, 3),
-                     "cum_s": round(cum, 3)})
+        rows.append(
+            {
+                "function": f"{where}:{func[1]}({func[2]})",
+                "calls": calls,
+                "own_s": round(own, 3),
+                "cum_s": round(cum, 3),
+            }
+        )
     return rows
 
 
@@ -66,10 +79,15 @@ def profile_engine(model, tokenizer, workload: list[dict], top: int = 25) -> dic
     profiled_s, _ = _scheduler_run(new_scheduler, workload)
     profiler.disable()
     useful = sum(r["max_new_tokens"] for r in workload)
-    return {"in_process_wall_s": round(plain_s, 3), "in_process_tokens_per_s": round(useful / plain_s, 1),
-            "steps": steps, "ms_per_step": round(plain_s / steps * 1e3, 2), "profiled_wall_s": round(profiled_s, 3),
-            "top_cumulative": _top_functions(profiler, "cumulative", top),
-            "top_own": _top_functions(profiler, "tottime", top)}
+    return {
+        "in_process_wall_s": round(plain_s, 3),
+        "in_process_tokens_per_s": round(useful / plain_s, 1),
+        "steps": steps,
+        "ms_per_step": round(plain_s / steps * 1e3, 2),
+        "profiled_wall_s": round(profiled_s, 3),
+        "top_cumulative": _top_functions(profiler, "cumulative", top),
+        "top_own": _top_functions(profiler, "tottime", top),
+    }
 
 
 # ---------------------------------------------------------------------------------- main

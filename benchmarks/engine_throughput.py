@@ -78,8 +78,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling hf
 
 from engine_http import engine_counters, engine_round, start_engine  # noqa: E402
 from engine_profile import profile_engine  # noqa: E402
-from hf_baselines import (SHORT_MAX, bucketed_computed_tokens, hf_batched_round, hf_bucketed_round,  # noqa: E402
-                          hf_per_request_reference, start_continuous_batching)
+from hf_baselines import (
+    SHORT_MAX,
+    bucketed_computed_tokens,
+    hf_batched_round,
+    hf_bucketed_round,  # noqa: E402
+    hf_per_request_reference,
+    start_continuous_batching,
+)
 from services.model.init_model import init_model  # noqa: E402
 from services.model.loading import load_causal_lm  # noqa: E402
 from services.model.presets import PRESETS  # noqa: E402
@@ -106,14 +112,18 @@ def make_workload(n: int, vocab: int, special: set[int], long_factor: int, seed:
     long_lengths = [longest // 2 + round((longest // 2) * (k + 1) / n_long) for k in range(n_long)]
     out_lengths = [rng.randint(16, SHORT_MAX) for _ in range(n - n_long)] + long_lengths
     rng.shuffle(out_lengths)
-    return [{"prompt": [rng.choice(allowed) for _ in range(rng.randint(16, 64))], "max_new_tokens": m}
-            for m in out_lengths]
+    return [
+        {"prompt": [rng.choice(allowed) for _ in range(rng.randint(16, 64))], "max_new_tokens": m} for m in out_lengths
+    ]
 
 
 def percentiles(seconds: list[float]) -> dict:
     ms = np.asarray(seconds) * 1e3
-    return {"p50_ms": round(float(np.percentile(ms, 50)), 1), "p99_ms": round(float(np.percentile(ms, 99)), 1),
-            "max_ms": round(float(ms.max()), 1)}
+    return {
+        "p50_ms": round(float(np.percentile(ms, 50)), 1),
+        "p99_ms": round(float(np.percentile(ms, 99)), 1),
+        "max_ms": round(float(ms.max()), 1),
+    }
 
 
 def with_threads(threads: int, fn, *args):
@@ -138,8 +148,12 @@ def summarize(runs: list[dict], useful_tokens: int, computed_tokens: int | None 
     walls = [r["wall_s"] for r in runs]
     median = statistics.median(walls)
     mid = median_run(runs)  # latency percentiles are those of the repetition with the median wall time
-    out = {"wall_s": round(median, 3), "useful_tokens_per_s": round(useful_tokens / median, 1),
-           "latency": percentiles(mid["latencies_s"]), "runs_wall_s": [round(w, 3) for w in walls]}
+    out = {
+        "wall_s": round(median, 3),
+        "useful_tokens_per_s": round(useful_tokens / median, 1),
+        "latency": percentiles(mid["latencies_s"]),
+        "runs_wall_s": [round(w, 3) for w in walls],
+    }
     if computed_tokens is not None:
         out["computed_tokens"] = computed_tokens
         out["computed_tokens_per_s"] = round(computed_tokens / median, 1)
@@ -155,8 +169,11 @@ def greedy_agreement(a: list[list[int]], b: list[list[int]]) -> dict:
     pairs = list(zip(a, b))
     same = sum(x == y for x, y in pairs)
     prefix = [len(os.path.commonprefix([x, y])) / max(1, len(x)) for x, y in pairs]
-    return {"identical_requests": same, "of": len(pairs),
-            "mean_common_prefix_fraction": round(float(np.mean(prefix)), 3)}
+    return {
+        "identical_requests": same,
+        "of": len(pairs),
+        "mean_common_prefix_fraction": round(float(np.mean(prefix)), 3),
+    }
 
 
 def prepare(args) -> dict:
@@ -173,10 +190,18 @@ def prepare(args) -> dict:
     special = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
     special |= set(tokenizer.all_special_ids)
     workload = make_workload(n, model.config.vocab_size, special, 4 if args.quick else 8, seed=args.seed)
-    return {"n": n, "preset": preset, "reps": args.reps or (2 if args.quick else 5), "log_dir": log_dir,
-            "model_dir": model_dir, "model": model, "tokenizer": tokenizer, "workload": workload,
-            "useful": sum(r["max_new_tokens"] for r in workload),
-            "pad_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0}
+    return {
+        "n": n,
+        "preset": preset,
+        "reps": args.reps or (2 if args.quick else 5),
+        "log_dir": log_dir,
+        "model_dir": model_dir,
+        "model": model,
+        "tokenizer": tokenizer,
+        "workload": workload,
+        "useful": sum(r["max_new_tokens"] for r in workload),
+        "pad_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+    }
 
 
 OPTIONAL = ("hf_continuous_batching", "hf_bucketed_static")  # systems whose failure is recorded, not raised
@@ -185,21 +210,34 @@ OPTIONAL = ("hf_continuous_batching", "hf_bucketed_static")  # systems whose fai
 def system_rounds(ctx: dict, url: str, pid: int, cb) -> dict:
     """name -> a function running one round of the workload on that system (None: not measured)."""
     model, workload, pad_id = ctx["model"], ctx["workload"], ctx["pad_id"]
-    rounds = {"engine": lambda: engine_round(url, pid, workload),
-              "hf_batched": lambda: hf_batched_round(model, workload, pad_id),
-              "hf_bucketed": lambda: hf_bucketed_round(model, workload, pad_id),
-              "hf_continuous_batching": (lambda: cb.round(workload)) if cb else None}
+    rounds = {
+        "engine": lambda: engine_round(url, pid, workload),
+        "hf_batched": lambda: hf_batched_round(model, workload, pad_id),
+        "hf_bucketed": lambda: hf_bucketed_round(model, workload, pad_id),
+        "hf_continuous_batching": (lambda: cb.round(workload)) if cb else None,
+    }
     if ctx["static_cache"]:
         rounds["hf_bucketed_static"] = lambda: hf_bucketed_round(model, workload, pad_id, "static")
     if ctx["cores"] > 1:
-        rounds[f"hf_bucketed_{ctx['cores']}t"] = lambda: with_threads(ctx["cores"], hf_bucketed_round, model,
-                                                                       workload, pad_id)
+        rounds[f"hf_bucketed_{ctx['cores']}t"] = lambda: with_threads(
+            ctx["cores"], hf_bucketed_round, model, workload, pad_id
+        )
     return rounds
 
 
 def start_engine_for(ctx: dict):
-    flags = ["--speculative-algorithm", ctx["speculative"], "--torch-threads", str(ctx["threads"]),
-             "--forward-workers", str(ctx["cores"]), "--device", ctx["device"], "--dtype", ctx["dtype"]]
+    flags = [
+        "--speculative-algorithm",
+        ctx["speculative"],
+        "--torch-threads",
+        str(ctx["threads"]),
+        "--forward-workers",
+        str(ctx["cores"]),
+        "--device",
+        ctx["device"],
+        "--dtype",
+        ctx["dtype"],
+    ]
     if ctx["max_running"]:
         flags += ["--max-running", str(ctx["max_running"])]
     proc, url = start_engine(ctx["model_dir"], ctx["log_dir"], *flags)
@@ -262,26 +300,48 @@ def describe(ctx: dict) -> dict:
     workload, model = ctx["workload"], ctx["model"]
     lengths = [r["max_new_tokens"] for r in workload]
     prompts = [len(r["prompt"]) for r in workload]
-    return {"quick": ctx["quick"], "prompts": ctx["n"], "preset": ctx["preset"], "arch": "qwen2",
-            "params": sum(p.numel() for p in model.parameters()), "dtype": ctx["dtype"], "device": ctx["device"],
-            "device_name": device_name(ctx["device"]),
-            "reps": ctx["reps"],
-            "seed": ctx["seed"], "prompt_tokens": {"min": min(prompts), "max": max(prompts), "total": sum(prompts)},
-            "output_tokens": {"min": min(lengths), "p50": int(statistics.median(lengths)), "max": max(lengths),
-                              "total": ctx["useful"], "long_requests": sum(m > SHORT_MAX for m in lengths)},
-            "torch_threads": torch.get_num_threads(), "engine_forward_workers": ctx["cores"], "cpus": os.cpu_count(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": __import__("transformers").__version__}
+    return {
+        "quick": ctx["quick"],
+        "prompts": ctx["n"],
+        "preset": ctx["preset"],
+        "arch": "qwen2",
+        "params": sum(p.numel() for p in model.parameters()),
+        "dtype": ctx["dtype"],
+        "device": ctx["device"],
+        "device_name": device_name(ctx["device"]),
+        "reps": ctx["reps"],
+        "seed": ctx["seed"],
+        "prompt_tokens": {"min": min(prompts), "max": max(prompts), "total": sum(prompts)},
+        "output_tokens": {
+            "min": min(lengths),
+            "p50": int(statistics.median(lengths)),
+            "max": max(lengths),
+            "total": ctx["useful"],
+            "long_requests": sum(m > SHORT_MAX for m in lengths),
+        },
+        "torch_threads": torch.get_num_threads(),
+        "engine_forward_workers": ctx["cores"],
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+    }
 
 
 def systems(ctx: dict, runs: dict) -> dict:
     """The per-system summaries and the engine's ratios over each baseline."""
     workload, useful = ctx["workload"], ctx["useful"]
-    out = {"engine": {**summarize(runs["engine"], useful), "speculative_algorithm": ctx["speculative"],
-                      "counters_all_rounds": ctx["engine_counters"]},
-           "hf_bucketed": summarize(runs["hf_bucketed"], useful, computed_tokens=bucketed_computed_tokens(workload)),
-           "hf_batched": summarize(runs["hf_batched"], useful,
-                                   computed_tokens=len(workload) * max(r["max_new_tokens"] for r in workload))}
+    out = {
+        "engine": {
+            **summarize(runs["engine"], useful),
+            "speculative_algorithm": ctx["speculative"],
+            "counters_all_rounds": ctx["engine_counters"],
+        },
+        "hf_bucketed": summarize(runs["hf_bucketed"], useful, computed_tokens=bucketed_computed_tokens(workload)),
+        "hf_batched": summarize(
+            runs["hf_batched"], useful, computed_tokens=len(workload) * max(r["max_new_tokens"] for r in workload)
+        ),
+    }
     cb_error = ctx["errors"].get("hf_continuous_batching")
     if runs["hf_continuous_batching"] and cb_error is None:
         out["hf_continuous_batching"] = {**ctx["cb_config"], **summarize(runs["hf_continuous_batching"], useful)}
@@ -297,14 +357,18 @@ def systems(ctx: dict, runs: dict) -> dict:
     if static in out:
         out[static]["cache_implementation"] = "static"
     engine_tps = out["engine"]["useful_tokens_per_s"]
-    ratios = {f"ratio_vs_{name}": round(engine_tps / out[name]["useful_tokens_per_s"], 3)
-              for name in ("hf_bucketed", wide, static, "hf_batched", "hf_continuous_batching")
-              if "useful_tokens_per_s" in out.get(name, {})}
+    ratios = {
+        f"ratio_vs_{name}": round(engine_tps / out[name]["useful_tokens_per_s"], 3)
+        for name in ("hf_bucketed", wide, static, "hf_batched", "hf_continuous_batching")
+        if "useful_tokens_per_s" in out.get(name, {})
+    }
     ratios.setdefault("ratio_vs_hf_continuous_batching", None)
     # the target's baseline: the fastest per-bucket generate (thread count, cache) measured: more threads can
     # make it slower, a static cache faster
-    best = min((name for name in ("hf_bucketed", wide, static) if "wall_s" in out.get(name, {})),
-               key=lambda name: out[name]["wall_s"])
+    best = min(
+        (name for name in ("hf_bucketed", wide, static) if "wall_s" in out.get(name, {})),
+        key=lambda name: out[name]["wall_s"],
+    )
     return {**out, **ratios, "target_baseline": best, "ratio_vs_target_baseline": ratios[f"ratio_vs_{best}"]}
 
 
@@ -318,26 +382,42 @@ def bucket_walls(runs: list[dict]) -> list[float]:
 def greedy(ctx: dict, runs: dict, reference: list[list[int]]) -> dict:
     engine_out = runs["engine"][-1]["outputs"]
     same = sum(a == b for a, b in zip(engine_out, reference))
-    out = {"greedy_all_equal": same == len(reference),
-           "greedy_equal_to_hf_per_request": {"identical_requests": same, "of": len(reference),
-                                              "engine_same_on_every_rep": all(r["outputs"] == engine_out
-                                                                              for r in runs["engine"])},
-           "greedy_agreement_engine_vs_hf_batched": greedy_agreement(engine_out, runs["hf_batched"][-1]["outputs"])}
+    out = {
+        "greedy_all_equal": same == len(reference),
+        "greedy_equal_to_hf_per_request": {
+            "identical_requests": same,
+            "of": len(reference),
+            "engine_same_on_every_rep": all(r["outputs"] == engine_out for r in runs["engine"]),
+        },
+        "greedy_agreement_engine_vs_hf_batched": greedy_agreement(engine_out, runs["hf_batched"][-1]["outputs"]),
+    }
     if runs["hf_continuous_batching"] and ctx["errors"].get("hf_continuous_batching") is None:
         out["greedy_agreement_hf_continuous_batching_vs_hf_per_request"] = greedy_agreement(
-            runs["hf_continuous_batching"][-1]["outputs"], reference)
+            runs["hf_continuous_batching"][-1]["outputs"], reference
+        )
     return out
 
 
 def run_benchmark(args) -> dict:
     ctx = prepare(args)
-    ctx.update(quick=args.quick, seed=args.seed, speculative=args.speculative_algorithm, threads=args.threads,
-               cores=args.cores if args.device == "cpu" else 1, device=args.device, dtype=args.dtype,
-               static_cache=args.static_cache, max_running=args.max_running, errors={})
+    ctx.update(
+        quick=args.quick,
+        seed=args.seed,
+        speculative=args.speculative_algorithm,
+        threads=args.threads,
+        cores=args.cores if args.device == "cpu" else 1,
+        device=args.device,
+        dtype=args.dtype,
+        static_cache=args.static_cache,
+        max_running=args.max_running,
+        errors={},
+    )
     config = describe(ctx)
-    log(f"{ctx['n']} requests, {ctx['useful']} output tokens (max {config['output_tokens']['max']}), "
-        f"{config['params'] / 1e6:.2f}M params; {ctx['reps']} reps + 1 warm-up; logs in {ctx['log_dir']}")
-    checked = ctx["workload"][:args.reference_requests]  # None: all of them
+    log(
+        f"{ctx['n']} requests, {ctx['useful']} output tokens (max {config['output_tokens']['max']}), "
+        f"{config['params'] / 1e6:.2f}M params; {ctx['reps']} reps + 1 warm-up; logs in {ctx['log_dir']}"
+    )
+    checked = ctx["workload"][: args.reference_requests]  # None: all of them
     reference = hf_per_request_reference(ctx["model"], checked, ctx["pad_id"])
     log(f"computed the per-request greedy reference of {len(checked)} requests")
     runs = run_reps(ctx)
@@ -345,10 +425,18 @@ def run_benchmark(args) -> dict:
     # the targets are the CPU float32 ones of the small and tiny presets; elsewhere the ratios are information
     ratio_min = TARGET_RATIO.get(ctx["preset"]) if (args.device, args.dtype) == ("cpu", "float32") else None
     headline = summaries["ratio_vs_target_baseline"]
-    result = {"benchmark": "engine_throughput", "config": config, "ratio_vs_hf_bucketed": headline,
-              "target": {"baseline": summaries["target_baseline"], "ratio_min": ratio_min,
-                         "met": headline >= ratio_min if ratio_min is not None else None},
-              **greedy(ctx, runs, reference), **summaries}
+    result = {
+        "benchmark": "engine_throughput",
+        "config": config,
+        "ratio_vs_hf_bucketed": headline,
+        "target": {
+            "baseline": summaries["target_baseline"],
+            "ratio_min": ratio_min,
+            "met": headline >= ratio_min if ratio_min is not None else None,
+        },
+        **greedy(ctx, runs, reference),
+        **summaries,
+    }
     if args.profile:
         log("profiling the engine's scheduler in-process")
         result["engine_in_process_profile"] = profile_engine(ctx["model"], ctx["tokenizer"], ctx["workload"])
@@ -361,30 +449,72 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smoke run: 16 prompts, tiny preset, outputs up to 128")
     p.add_argument("--reps", type=int, default=None, help="timed repetitions (default 5; 2 with --quick)")
     p.add_argument("--prompts", type=int, default=None, help="number of requests (default 64; 16 with --quick)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="model preset, which also sets the target (default small, target 3x; tiny with --quick, 2x; "
-                   "medium, ~0.1B parameters for a GPU, has none)")
-    p.add_argument("--model-dir", default=None, help="use this model directory (of --preset's shape) instead of "
-                   "writing a fresh one")
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="model preset, which also sets the target (default small, target 3x; tiny with --quick, 2x; "
+        "medium, ~0.1B parameters for a GPU, has none)",
+    )
+    p.add_argument(
+        "--model-dir",
+        default=None,
+        help="use this model directory (of --preset's shape) instead of writing a fresh one",
+    )
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--profile", action="store_true", help="also cProfile the engine's scheduler in-process")
-    p.add_argument("--speculative-algorithm", choices=["ngram", "none"], default="ngram",
-                   help="the engine's --speculative-algorithm (its default: ngram)")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the engine (--torch-threads) "
-                   "and of the transformers baselines alike (default 1)")
-    p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores the engine may use: its "
-                   "--forward-workers; the per-bucket baseline is then also measured with that many intra-op threads "
-                   "and the faster of the two is the target's baseline (default: every core, %(default)s here)")
-    p.add_argument("--device", default="cpu", help="where the engine and the transformers baselines run: cpu or "
-                   "cuda[:N] (on a GPU --cores is 1: the engine's --forward-workers split CPU steps only)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-                   help="weights dtype of the engine and the baselines alike (the targets are float32 on CPU)")
-    p.add_argument("--static-cache", action="store_true", help="also measure hf_bucketed_static: per-bucket "
-                   "generate with cache_implementation='static' (which transformers compiles on a GPU)")
-    p.add_argument("--max-running", type=int, default=None, help="the engine's --max-running (its KV slots; "
-                   "default: the engine's own, 64)")
-    p.add_argument("--reference-requests", type=int, default=None, help="compute the per-request greedy "
-                   "reference (not timed, one generate per request) of the first N requests only (default: all)")
+    p.add_argument(
+        "--speculative-algorithm",
+        choices=["ngram", "none"],
+        default="ngram",
+        help="the engine's --speculative-algorithm (its default: ngram)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads of the engine (--torch-threads) "
+        "and of the transformers baselines alike (default 1)",
+    )
+    p.add_argument(
+        "--cores",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="cores the engine may use: its "
+        "--forward-workers; the per-bucket baseline is then also measured with that many intra-op threads "
+        "and the faster of the two is the target's baseline (default: every core, %(default)s here)",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the engine and the transformers baselines run: cpu or "
+        "cuda[:N] (on a GPU --cores is 1: the engine's --forward-workers split CPU steps only)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default="float32",
+        help="weights dtype of the engine and the baselines alike (the targets are float32 on CPU)",
+    )
+    p.add_argument(
+        "--static-cache",
+        action="store_true",
+        help="also measure hf_bucketed_static: per-bucket "
+        "generate with cache_implementation='static' (which transformers compiles on a GPU)",
+    )
+    p.add_argument(
+        "--max-running",
+        type=int,
+        default=None,
+        help="the engine's --max-running (its KV slots; default: the engine's own, 64)",
+    )
+    p.add_argument(
+        "--reference-requests",
+        type=int,
+        default=None,
+        help="compute the per-request greedy "
+        "reference (not timed, one generate per request) of the first N requests only (default: all)",
+    )
     return p.parse_args(argv)
 
 

@@ -55,10 +55,42 @@ from gpu_check_run import ROOT, log, run_child, run_one_gpu, stderr_tail  # noqa
 PARTS = ("run", "engine", "cuda_tests")
 # (b): the 256 requests of the engine figure; the reference (one generate per request, not timed) of
 # a few only, so the GPU's minutes go to the timed systems
-ENGINE_ARGS = {"cuda": ["--device", "cuda", "--dtype", "bfloat16", "--preset", "medium", "--prompts", "256",
-                        "--max-running", "256", "--static-cache", "--reps", "2", "--reference-requests", "8"],
-               "cpu": ["--device", "cpu", "--preset", "tiny", "--prompts", "8", "--max-running", "8",
-                       "--static-cache", "--reps", "1", "--cores", "1", "--reference-requests", "4"]}
+ENGINE_ARGS = {
+    "cuda": [
+        "--device",
+        "cuda",
+        "--dtype",
+        "bfloat16",
+        "--preset",
+        "medium",
+        "--prompts",
+        "256",
+        "--max-running",
+        "256",
+        "--static-cache",
+        "--reps",
+        "2",
+        "--reference-requests",
+        "8",
+    ],
+    "cpu": [
+        "--device",
+        "cpu",
+        "--preset",
+        "tiny",
+        "--prompts",
+        "8",
+        "--max-running",
+        "8",
+        "--static-cache",
+        "--reps",
+        "1",
+        "--cores",
+        "1",
+        "--reference-requests",
+        "4",
+    ],
+}
 ENGINE_SYSTEMS = ("engine", "hf_bucketed", "hf_bucketed_static", "hf_batched", "hf_continuous_batching")
 
 
@@ -70,8 +102,13 @@ def version(package: str) -> str | None:
 
 
 def machine(cuda: bool) -> dict:
-    out = {"cuda": cuda, "python": platform.python_version(), "torch": version("torch"),
-           "transformers": version("transformers"), "cpus": os.cpu_count()}
+    out = {
+        "cuda": cuda,
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "transformers": version("transformers"),
+        "cpus": os.cpu_count(),
+    }
     if cuda:  # the name from NVML: no CUDA context in this process, whose children use the GPU
         try:
             import pynvml
@@ -93,8 +130,13 @@ def engine_part(device: str, budget_s: float) -> dict:
     argv = [sys.executable, os.path.join(ROOT, "benchmarks", "engine_throughput.py"), *ENGINE_ARGS[device]]
     log(f"engine_throughput.py {' '.join(ENGINE_ARGS[device])} (logs in {work})")
     child = run_child(argv, budget_s, os.path.join(work, "engine_throughput.stderr"))
-    base = {"command": " ".join(["python benchmarks/engine_throughput.py", *ENGINE_ARGS[device]]),
-            "rc": child["rc"], "timed_out": child["timed_out"], "seconds": child["seconds"], "budget_s": budget_s}
+    base = {
+        "command": " ".join(["python benchmarks/engine_throughput.py", *ENGINE_ARGS[device]]),
+        "rc": child["rc"],
+        "timed_out": child["timed_out"],
+        "seconds": child["seconds"],
+        "budget_s": budget_s,
+    }
     try:
         result = json.loads("\n".join(text for _, text in child["lines"]))
     except ValueError:  # no JSON (stopped past its budget, or broken): the rounds it logged, and its end
@@ -103,16 +145,27 @@ def engine_part(device: str, budget_s: float) -> dict:
     systems = {}
     for name in ENGINE_SYSTEMS:
         figures = result.get(name) or {}
-        systems[name] = {k: figures[k] for k in ("useful_tokens_per_s", "wall_s", "runs_wall_s", "error",
-                                                 "attn_implementation") if k in figures}
+        systems[name] = {
+            k: figures[k]
+            for k in ("useful_tokens_per_s", "wall_s", "runs_wall_s", "error", "attn_implementation")
+            if k in figures
+        }
     config = result.get("config", {})
-    return {"status": "ok" if child["rc"] == 0 else "failed", **base, "systems": systems,
-            "ratios": {k: v for k, v in result.items() if k.startswith("ratio_vs_")},
-            "target_baseline": result.get("target_baseline"),
-            "greedy_equal_to_hf_per_request": result.get("greedy_equal_to_hf_per_request"),
-            "engine_counters": result.get("engine", {}).get("counters_all_rounds"),
-            "workload": {"prompts": config.get("prompts"), "output_tokens": config.get("output_tokens"),
-                         "params": config.get("params"), "device_name": config.get("device_name")}}
+    return {
+        "status": "ok" if child["rc"] == 0 else "failed",
+        **base,
+        "systems": systems,
+        "ratios": {k: v for k, v in result.items() if k.startswith("ratio_vs_")},
+        "target_baseline": result.get("target_baseline"),
+        "greedy_equal_to_hf_per_request": result.get("greedy_equal_to_hf_per_request"),
+        "engine_counters": result.get("engine", {}).get("counters_all_rounds"),
+        "workload": {
+            "prompts": config.get("prompts"),
+            "output_tokens": config.get("output_tokens"),
+            "params": config.get("params"),
+            "device_name": config.get("device_name"),
+        },
+    }
 
 
 ROUND = re.compile(r"\] (warm-up|rep \d+/\d+): (\S+) ([\d.]+)s \((\d+) useful tok/s")
@@ -151,11 +204,19 @@ def junit_counts(path: str) -> dict:
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
-    failed = [f"{case.get('classname')}::{case.get('name')}" for s in suites for case in s.iter("testcase")
-              if case.find("failure") is not None or case.find("error") is not None]
-    return {"passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
-            "failed": counts["failures"], "errors": counts["errors"], "skipped": counts["skipped"],
-            "failed_tests": failed}
+    failed = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for s in suites
+        for case in s.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    return {
+        "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+        "failed": counts["failures"],
+        "errors": counts["errors"],
+        "skipped": counts["skipped"],
+        "failed_tests": failed,
+    }
 
 
 def tests_part(device: str, budget_s: float) -> dict:
@@ -167,8 +228,14 @@ def tests_part(device: str, budget_s: float) -> dict:
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *files]
     log(f"pytest {' '.join(files)} (logs in {work})")
     child = run_child(argv, budget_s, os.path.join(work, "pytest.stderr"))
-    out = {"files": files, "rc": child["rc"], "timed_out": child["timed_out"], "seconds": child["seconds"],
-           "budget_s": budget_s, "output_tail": "\n".join(text for _, text in child["lines"][-15:])}
+    out = {
+        "files": files,
+        "rc": child["rc"],
+        "timed_out": child["timed_out"],
+        "seconds": child["seconds"],
+        "budget_s": budget_s,
+        "output_tail": "\n".join(text for _, text in child["lines"][-15:]),
+    }
     if not os.path.exists(junit):
         return {"status": "failed", **out, "stderr_tail": stderr_tail(os.path.join(work, "pytest.stderr"))}
     counts = junit_counts(junit)
@@ -186,8 +253,11 @@ def guarded(name: str, fn, *args) -> dict:
     try:
         result = fn(*args)
     except Exception as exc:
-        result = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
-                  "traceback": traceback.format_exc()[-2000:]}
+        result = {
+            "status": "error",
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc()[-2000:],
+        }
     result["part_s"] = round(time.time() - started, 1)
     log(f"part {name}: {result['status']} in {result['part_s']} s")
     return result
@@ -199,29 +269,43 @@ def check(args) -> dict:
     cuda = torch.cuda.is_available()
     device = "cpu" if args.cpu_smoke else "cuda"
     budgets = {"run": args.budget_run, "engine": args.budget_engine, "cuda_tests": args.budget_tests}
-    functions = {"run": lambda: run_one_gpu(device, budgets["run"], args.steps),
-                 "engine": lambda: engine_part(device, budgets["engine"]),
-                 "cuda_tests": lambda: tests_part(device, budgets["cuda_tests"])}
+    functions = {
+        "run": lambda: run_one_gpu(device, budgets["run"], args.steps),
+        "engine": lambda: engine_part(device, budgets["engine"]),
+        "cuda_tests": lambda: tests_part(device, budgets["cuda_tests"]),
+    }
     parts = {}
     for name in PARTS:
         if name not in args.parts:
             parts[name] = {"status": "skipped", "reason": "not asked for (--parts)"}
         elif device == "cuda" and not cuda:
-            parts[name] = {"status": "skipped", "reason": "no GPU: torch sees no CUDA device (--cpu-smoke runs "
-                                                          "every part on the CPU at smoke size)"}
+            parts[name] = {
+                "status": "skipped",
+                "reason": "no GPU: torch sees no CUDA device (--cpu-smoke runs every part on the CPU at smoke size)",
+            }
         else:
             parts[name] = guarded(name, functions[name])
-    return {"benchmark": "gpu_check", "mode": "cpu-smoke" if args.cpu_smoke else "gpu", "machine": machine(cuda),
-            "ok": all(p["status"] in ("ok", "skipped") for p in parts.values()), "parts": parts}
+    return {
+        "benchmark": "gpu_check",
+        "mode": "cpu-smoke" if args.cpu_smoke else "gpu",
+        "machine": machine(cuda),
+        "ok": all(p["status"] in ("ok", "skipped") for p in parts.values()),
+        "parts": parts,
+    }
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cpu-smoke", action="store_true", help="every part on the CPU at smoke size (the plumbing)")
-    p.add_argument("--parts", type=lambda s: [x.strip() for x in s.split(",") if x.strip()], default=list(PARTS),
-                   help=f"which parts to run, comma-separated (default: {','.join(PARTS)})")
-    p.add_argument("--steps", type=int, default=None, help="the run's num_steps (default: the run file's; "
-                   "3 with --cpu-smoke)")
+    p.add_argument(
+        "--parts",
+        type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+        default=list(PARTS),
+        help=f"which parts to run, comma-separated (default: {','.join(PARTS)})",
+    )
+    p.add_argument(
+        "--steps", type=int, default=None, help="the run's num_steps (default: the run file's; 3 with --cpu-smoke)"
+    )
     p.add_argument("--budget-run", type=float, default=160.0, help="seconds for part (a), model writing included")
     p.add_argument("--budget-engine", type=float, default=110.0, help="seconds for part (b)")
     p.add_argument("--budget-tests", type=float, default=75.0, help="seconds for part (c)")

@@ -54,8 +54,16 @@ def run_child(argv: list[str], budget_s: float, log_path: str, on_line=None) -> 
     start = time.time()
     reaper = Reaper.get()
     with open(log_path, "w") as err:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=err,
-                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
         reaper.register(proc.pid)
 
         def read() -> None:
@@ -81,8 +89,13 @@ def run_child(argv: list[str], budget_s: float, log_path: str, on_line=None) -> 
         exited_at = time.time()
         reaper.forget(proc.pid)
         reader.join(timeout=5)
-    return {"rc": proc.returncode, "timed_out": timed_out, "seconds": round(exited_at - start, 2), "lines": lines,
-            "exited_at": exited_at}
+    return {
+        "rc": proc.returncode,
+        "timed_out": timed_out,
+        "seconds": round(exited_at - start, 2),
+        "lines": lines,
+        "exited_at": exited_at,
+    }
 
 
 def stderr_tail(path: str, chars: int = 1500) -> str:
@@ -118,9 +131,19 @@ class GpuSampler:
         except Exception:  # no pynvml (or no driver for it): nvidia-smi, where there is one
             try:
                 self._smi = subprocess.Popen(
-                    ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
-                     "-lms", str(int(self.period_s * 1000)), "-i", str(self.index)],
-                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                    [
+                        "nvidia-smi",
+                        "--query-gpu=utilization.gpu,memory.used",
+                        "--format=csv,noheader,nounits",
+                        "-lms",
+                        str(int(self.period_s * 1000)),
+                        "-i",
+                        str(self.index),
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
             except OSError:
                 return self
             self.source, target = "nvidia-smi", self._read_smi
@@ -154,8 +177,11 @@ class GpuSampler:
         window = [s for s in self.samples if t0 is not None and t1 is not None and t0 <= s[0] <= t1]
         if not window:
             return {"busy_fraction": None, "samples": 0}
-        return {"busy_fraction": round(sum(s[1] for s in window) / len(window) / 100, 3), "samples": len(window),
-                "memory_used_max_mib": round(max(s[2] for s in window))}
+        return {
+            "busy_fraction": round(sum(s[1] for s in window) / len(window) / 100, 3),
+            "samples": len(window),
+            "memory_used_max_mib": round(max(s[2] for s in window)),
+        }
 
 
 def gpu_index() -> int:
@@ -176,8 +202,14 @@ def write_run_file(work: str, model_dir: str, device: str, steps: int | None) ->
     data.update(name="gpu-check", model=model_dir)
     stack.update(output_dir=os.path.join(work, "runs"), coordinator_port=0)
     if device == "cpu":
-        data.update(num_steps=3, n_samples_per_prompt=4, rollout_batch_size=4, global_batch_size=16,
-                    micro_batch_size=8, tracking={"report_to": []})
+        data.update(
+            num_steps=3,
+            n_samples_per_prompt=4,
+            rollout_batch_size=4,
+            global_batch_size=16,
+            micro_batch_size=8,
+            tracking={"report_to": []},
+        )
         data["rollout"]["max_new_tokens"] = 16
         stack["engine_flags"].update(device="cpu", dtype="float32")
         stack["role_flags"].setdefault("trainer", {})["device"] = "cpu"
@@ -215,17 +247,21 @@ def step_figures(steps: list[dict]) -> dict:
     span = steps[-1]["wall_time"] - steps[0]["wall_time"] if len(steps) > 1 else 0.0
     step_s = sum(s.get("step_s", 0.0) for s in later)
     publish = [round(s.get("publish_s", 0.0), 3) for s in steps]
-    out = {"samples_per_s": round(sum(s.get("samples", 0) for s in later) / span, 2) if span > 0 else None,
-           "trained_tokens_per_s": round(sum(s.get("tokens", 0) for s in later) / span, 1) if span > 0 else None,
-           "wait_fraction": round(sum(s.get("wait_s", 0.0) for s in later) / step_s, 3) if step_s > 0 else None,
-           "wait_fraction_all_steps": round(sum(s.get("wait_s", 0.0) for s in steps)
-                                            / max(1e-9, sum(s.get("step_s", 0.0) for s in steps)), 3),
-           "step_s_mean": _mean([s.get("step_s", 0.0) for s in later]),
-           "wait_s_mean": _mean([s.get("wait_s", 0.0) for s in later]),
-           "compute_s_mean": _mean([s.get("compute_s", 0.0) for s in later]),
-           "wait_share_of_wait_and_compute": _share(later),
-           "publish_s": publish, "publish_s_mean": _mean(publish[1:] or publish),
-           "staleness_max": max((s.get("staleness_max", 0) for s in steps), default=None)}
+    out = {
+        "samples_per_s": round(sum(s.get("samples", 0) for s in later) / span, 2) if span > 0 else None,
+        "trained_tokens_per_s": round(sum(s.get("tokens", 0) for s in later) / span, 1) if span > 0 else None,
+        "wait_fraction": round(sum(s.get("wait_s", 0.0) for s in later) / step_s, 3) if step_s > 0 else None,
+        "wait_fraction_all_steps": round(
+            sum(s.get("wait_s", 0.0) for s in steps) / max(1e-9, sum(s.get("step_s", 0.0) for s in steps)), 3
+        ),
+        "step_s_mean": _mean([s.get("step_s", 0.0) for s in later]),
+        "wait_s_mean": _mean([s.get("wait_s", 0.0) for s in later]),
+        "compute_s_mean": _mean([s.get("compute_s", 0.0) for s in later]),
+        "wait_share_of_wait_and_compute": _share(later),
+        "publish_s": publish,
+        "publish_s_mean": _mean(publish[1:] or publish),
+        "staleness_max": max((s.get("staleness_max", 0) for s in steps), default=None),
+    }
     if out["publish_s_mean"] is not None and out["step_s_mean"]:
         out["publish_fraction"] = round(out["publish_s_mean"] / out["step_s_mean"], 3)
     return out
@@ -246,8 +282,11 @@ def events(lines: list[tuple[float, str]]) -> dict[str, tuple[float, dict]]:
 
 def make_model(work: str, preset: str, budget_s: float) -> str:
     model_dir = os.path.join(work, "model")
-    child = run_child([sys.executable, "-m", "services.cli", "init-model", model_dir, "--preset", preset],
-                      budget_s, os.path.join(work, "init-model.log"))
+    child = run_child(
+        [sys.executable, "-m", "services.cli", "init-model", model_dir, "--preset", preset],
+        budget_s,
+        os.path.join(work, "init-model.log"),
+    )
     if child["rc"] != 0:
         raise RuntimeError(f"sluice init-model failed: {stderr_tail(os.path.join(work, 'init-model.log'))}")
     return model_dir
@@ -262,31 +301,47 @@ def run_one_gpu(device: str, budget_s: float, steps: int | None = None) -> dict:
     sampler = GpuSampler(gpu_index()).start() if device != "cpu" else None
     log(f"sluice run {path} ({data['num_steps']} steps; logs in {work})")
     launched = time.time()
-    child = run_child([sys.executable, "-m", "services.cli", "run", path, "--view", "json"],
-                      budget_s - (launched - started), os.path.join(work, "sluice-run.stderr"))
+    child = run_child(
+        [sys.executable, "-m", "services.cli", "run", path, "--view", "json"],
+        budget_s - (launched - started),
+        os.path.join(work, "sluice-run.stderr"),
+    )
     if sampler is not None:
         sampler.stop()
     steps_seen = read_steps(os.path.join(work, "runs", data["name"], "steps.jsonl"))
     seen = events(child["lines"])
     end_at, end = next((seen[e] for e in ("finished", "failed", "stopped") if e in seen), (None, {}))
-    out = {"status": "ok" if child["rc"] == 0 and len(steps_seen) == data["num_steps"] else "failed",
-           "steps_finished": len(steps_seen), "num_steps": data["num_steps"], "rc": child["rc"],
-           "timed_out": child["timed_out"], "budget_s": round(budget_s), "model_s": round(launched - started, 1),
-           "end_event": end.get("event"), "failure": end.get("failure"),
-           "samples_per_s_sluice_run": end.get("samples_per_s"),
-           "services_up_s": round(seen["running"][0] - launched, 2) if "running" in seen else None,
-           "startup_s": round(steps_seen[0]["wall_time"] - launched, 2) if steps_seen else None,
-           "exit_s": round(child["exited_at"] - end_at, 2) if end_at is not None else None,
-           "sluice_run_s": child["seconds"], "run_file": {k: data[k] for k in (
-               "max_staleness", "n_samples_per_prompt", "rollout_batch_size", "micro_batch_size")},
-           "engine_flags": data["stack"]["engine_flags"], "trainer_flags": data["stack"]["role_flags"].get("trainer")}
+    out = {
+        "status": "ok" if child["rc"] == 0 and len(steps_seen) == data["num_steps"] else "failed",
+        "steps_finished": len(steps_seen),
+        "num_steps": data["num_steps"],
+        "rc": child["rc"],
+        "timed_out": child["timed_out"],
+        "budget_s": round(budget_s),
+        "model_s": round(launched - started, 1),
+        "end_event": end.get("event"),
+        "failure": end.get("failure"),
+        "samples_per_s_sluice_run": end.get("samples_per_s"),
+        "services_up_s": round(seen["running"][0] - launched, 2) if "running" in seen else None,
+        "startup_s": round(steps_seen[0]["wall_time"] - launched, 2) if steps_seen else None,
+        "exit_s": round(child["exited_at"] - end_at, 2) if end_at is not None else None,
+        "sluice_run_s": child["seconds"],
+        "run_file": {
+            k: data[k] for k in ("max_staleness", "n_samples_per_prompt", "rollout_batch_size", "micro_batch_size")
+        },
+        "engine_flags": data["stack"]["engine_flags"],
+        "trainer_flags": data["stack"]["role_flags"].get("trainer"),
+    }
     out["run_file"]["max_new_tokens"] = data["rollout"]["max_new_tokens"]
     if steps_seen:
         out.update(step_figures(steps_seen))
     if sampler is not None:
         first, last = (steps_seen[0]["wall_time"], steps_seen[-1]["wall_time"]) if steps_seen else (None, None)
-        out["gpu"] = {"source": sampler.source, "first_to_last_step": sampler.busy(first, last),
-                      "launch_to_end": sampler.busy(launched, end_at or child["exited_at"])}
+        out["gpu"] = {
+            "source": sampler.source,
+            "first_to_last_step": sampler.busy(first, last),
+            "launch_to_end": sampler.busy(launched, end_at or child["exited_at"]),
+        }
     if out["status"] != "ok":
         out["stderr_tail"] = stderr_tail(os.path.join(work, "sluice-run.stderr"))
         out["service_log_tails"] = service_log_tails(os.path.join(work, "runs", data["name"], "logs"))
@@ -298,5 +353,6 @@ def run_one_gpu(device: str, budget_s: float, steps: int | None = None) -> dict:
 
 def service_log_tails(directory: str, chars: int = 800) -> dict[str, str]:
     """The end of every service's log of a run that went wrong (where its error is)."""
-    return {os.path.basename(path): stderr_tail(path, chars)
-            for path in sorted(glob.glob(os.path.join(directory, "*.log")))}
+    return {
+        os.path.basename(path): stderr_tail(path, chars) for path in sorted(glob.glob(os.path.join(directory, "*.log")))
+    }

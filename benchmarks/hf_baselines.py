@@ -38,21 +38,28 @@ def hf_generate(model, requests: list[dict], pad_id: int, cache: str | None = No
     ids = torch.full((len(requests), longest_prompt), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, r in enumerate(requests):
-        ids[i, longest_prompt - len(r["prompt"]):] = torch.tensor(r["prompt"])
-        mask[i, longest_prompt - len(r["prompt"]):] = 1
+        ids[i, longest_prompt - len(r["prompt"]) :] = torch.tensor(r["prompt"])
+        mask[i, longest_prompt - len(r["prompt"]) :] = 1
     ids, mask = ids.to(model.device), mask.to(model.device)
     synchronize(model.device)
     start = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
-                             do_sample=False, eos_token_id=None, pad_token_id=pad_id,
-                             **({"cache_implementation": cache} if cache else {}))
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new,
+            min_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=pad_id,
+            **({"cache_implementation": cache} if cache else {}),
+        )
     synchronize(model.device)
     seconds = time.perf_counter() - start
     generated = out[:, longest_prompt:]
     if generated.shape[1] != max_new:
         raise RuntimeError(f"generate produced {generated.shape[1]} new tokens, asked {max_new}")
-    return seconds, [generated[i, :r["max_new_tokens"]].tolist() for i, r in enumerate(requests)]
+    return seconds, [generated[i, : r["max_new_tokens"]].tolist() for i, r in enumerate(requests)]
 
 
 def hf_batched_round(model, workload: list[dict], pad_id: int) -> dict:
@@ -62,8 +69,10 @@ def hf_batched_round(model, workload: list[dict], pad_id: int) -> dict:
 
 def length_buckets(workload: list[dict]) -> list[list[int]]:
     """Request indices per output-length bucket: short (<= SHORT_MAX) first, then long."""
-    return [[i for i, r in enumerate(workload) if r["max_new_tokens"] <= SHORT_MAX],
-            [i for i, r in enumerate(workload) if r["max_new_tokens"] > SHORT_MAX]]
+    return [
+        [i for i, r in enumerate(workload) if r["max_new_tokens"] <= SHORT_MAX],
+        [i for i, r in enumerate(workload) if r["max_new_tokens"] > SHORT_MAX],
+    ]
 
 
 def bucketed_computed_tokens(workload: list[dict]) -> int:
@@ -91,9 +100,16 @@ def hf_per_request_reference(model, workload: list[dict], pad_id: int) -> list[l
         for r in workload:
             m = r["max_new_tokens"]
             ids = torch.tensor([r["prompt"]], device=model.device)
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=m,
-                                 min_new_tokens=m, do_sample=False, eos_token_id=None, pad_token_id=pad_id)
-            generated = out[0, ids.shape[1]:].tolist()
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=m,
+                min_new_tokens=m,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=pad_id,
+            )
+            generated = out[0, ids.shape[1] :].tolist()
             if len(generated) != m:
                 raise RuntimeError(f"per-request generate produced {len(generated)} tokens, asked {m}")
             outputs.append(generated)
@@ -123,16 +139,24 @@ class HFContinuousBatching:
         options = {"num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens, "auto_switch_to_flash": False}
         accepted = inspect.signature(ContinuousBatchingConfig).parameters  # 5.17 has no auto_switch_to_flash
         cb_config = ContinuousBatchingConfig(**{k: v for k, v in options.items() if k in accepted})
-        hints = WorkloadHints(max_prompt_length=max(len(r["prompt"]) for r in workload),
-                              max_generated_length=max(r["max_new_tokens"] for r in workload),
-                              num_requests=len(workload))
-        gen_config = GenerationConfig(do_sample=False, eos_token_id=-1,
-                                      pad_token_id=model.generation_config.pad_token_id)
+        hints = WorkloadHints(
+            max_prompt_length=max(len(r["prompt"]) for r in workload),
+            max_generated_length=max(r["max_new_tokens"] for r in workload),
+            num_requests=len(workload),
+        )
+        gen_config = GenerationConfig(
+            do_sample=False, eos_token_id=-1, pad_token_id=model.generation_config.pad_token_id
+        )
         self.model = copy.deepcopy(model)  # transformers switches this copy's attention, never the shared model's
-        self.manager = self.model.init_continuous_batching(generation_config=gen_config,
-                                                           continuous_batching_config=cb_config, workload_hints=hints)
-        self.config = {"attn_implementation": self.model.config._attn_implementation, "page_size": page,
-                       "num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens}
+        self.manager = self.model.init_continuous_batching(
+            generation_config=gen_config, continuous_batching_config=cb_config, workload_hints=hints
+        )
+        self.config = {
+            "attn_implementation": self.model.config._attn_implementation,
+            "page_size": page,
+            "num_blocks": num_blocks,
+            "max_batch_tokens": max_batch_tokens,
+        }
         self.rounds = 0
         self.manager.warmup()
         self.manager.start()

@@ -55,10 +55,21 @@ def hf_samples(model, tokenizer, prompts: list[list[int]], run: RunConfig) -> li
     ids, mask = left_padded(prompts, pad)
     width = ids.shape[1]
     model.eval()
-    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=r.temperature,
-                         top_p=r.top_p, top_k=0 if r.top_k < 0 else r.top_k, max_new_tokens=r.max_new_tokens,
-                         num_return_sequences=n, eos_token_id=eos, pad_token_id=pad, use_cache=True,
-                         return_dict_in_generate=True, output_logits=True)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=0 if r.top_k < 0 else r.top_k,
+        max_new_tokens=r.max_new_tokens,
+        num_return_sequences=n,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        use_cache=True,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
     model.train()
     generated = out.sequences[:, width:]
     logits = torch.stack(out.logits, dim=1).float() / r.temperature  # [B*n, steps, V], raw before processors
@@ -91,14 +102,22 @@ class EngineGenerator:
         from services.engine.sampling import SamplingParams
 
         r, n = run.rollout, run.n_samples_per_prompt
-        params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                top_k=r.top_k)
+        params = SamplingParams(
+            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k
+        )
         gens = []
         for prompt, position in zip(prompts, positions):
             seed = run.optim.seed * 1_000_003 + position * 4099  # the rollout role's per-sample seeds
-            gens += [Generation(rid=f"{position}-{k}", prompt=list(prompt), params=params,
-                                on_update=lambda g: None, generator=torch.Generator().manual_seed(seed + k))
-                     for k in range(n)]
+            gens += [
+                Generation(
+                    rid=f"{position}-{k}",
+                    prompt=list(prompt),
+                    params=params,
+                    on_update=lambda g: None,
+                    generator=torch.Generator().manual_seed(seed + k),
+                )
+                for k in range(n)
+            ]
         sched = self.scheduler
         for group in share_prompts(gens):
             sched.submit(group)
@@ -111,22 +130,32 @@ def step_batch(prompts: list[list[int]], samples: list[Sample], rewards: list[fl
     """The rows actor_step reads, as the trainer claims them (the rollout's and advantage role's columns)."""
     advantages = grpo_advantages(torch.tensor(rewards, dtype=torch.float32), n)
     prompt_of = [prompts[i // n] for i in range(len(samples))]
-    return Batch(partition="inprocess", rows=list(range(len(samples))), columns={
-        "tokens": [torch.tensor(p + ids, dtype=torch.int64) for p, (ids, _) in zip(prompt_of, samples)],
-        "prompt_length": torch.tensor([len(p) for p in prompt_of], dtype=torch.int64),
-        "response_length": torch.tensor([len(ids) for ids, _ in samples], dtype=torch.int64),
-        "loss_mask": [torch.ones(len(ids)) for ids, _ in samples],
-        "rollout_log_probs": [torch.tensor(lps, dtype=torch.float32) for _, lps in samples],
-        "advantages": [torch.full((len(ids),), float(a)) for (ids, _), a in zip(samples, advantages)],
-    })
+    return Batch(
+        partition="inprocess",
+        rows=list(range(len(samples))),
+        columns={
+            "tokens": [torch.tensor(p + ids, dtype=torch.int64) for p, (ids, _) in zip(prompt_of, samples)],
+            "prompt_length": torch.tensor([len(p) for p in prompt_of], dtype=torch.int64),
+            "response_length": torch.tensor([len(ids) for ids, _ in samples], dtype=torch.int64),
+            "loss_mask": [torch.ones(len(ids)) for ids, _ in samples],
+            "rollout_log_probs": [torch.tensor(lps, dtype=torch.float32) for _, lps in samples],
+            "advantages": [torch.full((len(ids),), float(a)) for (ids, _), a in zip(samples, advantages)],
+        },
+    )
 
 
-def train_loop(model, optimizer, gen, tokenizer, source, run: RunConfig, ckpt_dir: str, t: dict,
-               score: Score) -> dict:
+def train_loop(model, optimizer, gen, tokenizer, source, run: RunConfig, ckpt_dir: str, t: dict, score: Score) -> dict:
     """The timed loop (see the module docstring); t["t0"] is set at step 1's generation."""
     n, groups = run.n_samples_per_prompt, run.rollout_batch_size
-    rec = {"step_end": {}, "train_reward": {}, "gen_s": [], "train_s": [], "sync_s": [], "response_tokens": [],
-           "on_policy": []}
+    rec = {
+        "step_end": {},
+        "train_reward": {},
+        "gen_s": [],
+        "train_s": [],
+        "sync_s": [],
+        "response_tokens": [],
+        "on_policy": [],
+    }
     t["t0"] = time.monotonic()
     for step in range(1, run.num_steps + 1):
         began = time.monotonic()
@@ -150,15 +179,17 @@ def train_loop(model, optimizer, gen, tokenizer, source, run: RunConfig, ckpt_di
         rec["train_reward"][step] = sum(rewards) / len(rewards)
         rec["response_tokens"].append(sum(len(ids) for ids, _ in samples) / len(samples))
         m = metrics.means()
-        rec["on_policy"].append({k: m.get(k, 0.0) for k in
-                                 ("clip_fraction", "ratio_max", "rollout_logprob_abs_diff", "approx_kl")})
+        rec["on_policy"].append(
+            {k: m.get(k, 0.0) for k in ("clip_fraction", "ratio_max", "rollout_logprob_abs_diff", "approx_kl")}
+        )
         if step % run.checkpoint_interval == 0:  # as the Sluice trainer: after the step is recorded
             save_checkpoint(ckpt_dir, "actor", model, optimizer, run.model, step, step, keep=1 << 30)
     return rec
 
 
-def run_inprocess(run: RunConfig, generator: str, threads: int, eval_rows: list[dict], workdir: str, tokenizer,
-                  log, score: Score) -> dict:
+def run_inprocess(
+    run: RunConfig, generator: str, threads: int, eval_rows: list[dict], workdir: str, tokenizer, log, score: Score
+) -> dict:
     """One run of the in-process loop: the raw dict time_to_reward.one_rep summarises."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -175,15 +206,27 @@ def run_inprocess(run: RunConfig, generator: str, threads: int, eval_rows: list[
     finally:
         torch.set_num_threads(previous)
     snaps = {c.next_step: c.path for c in checkpoints(ckpt_dir, "actor")}
-    log(f"inprocess_{generator}: {run.num_steps} steps in {rec['step_end'][run.num_steps]:.1f}s "
+    log(
+        f"inprocess_{generator}: {run.num_steps} steps in {rec['step_end'][run.num_steps]:.1f}s "
         f"(median per step: generate {statistics.median(rec['gen_s']):.3f}s, "
-        f"train {statistics.median(rec['train_s']):.3f}s); evaluating {len(snaps)} checkpoints")
+        f"train {statistics.median(rec['train_s']):.3f}s); evaluating {len(snaps)} checkpoints"
+    )
     evals = evaluate(snaps, tokenizer, eval_rows, run.rollout.max_new_tokens, score)
-    med = {f"median_{k}": round(statistics.median(rec[k]), 4)
-           for k in ("gen_s", "train_s", "sync_s", "response_tokens")}
-    on_policy = {"first_step": {k: round(v, 6) for k, v in rec["on_policy"][0].items()},
-                 "max_clip_fraction": round(max(m["clip_fraction"] for m in rec["on_policy"]), 6),
-                 "max_ratio": round(max(m["ratio_max"] for m in rec["on_policy"]), 6)}
-    return {"step_end": rec["step_end"], "train_reward": rec["train_reward"], "eval_reward": evals,
-            "startup_s": t["t0"] - started, "generator": generator, "torch_threads": in_effect,
-            "per_step": med, "on_policy": on_policy}
+    med = {
+        f"median_{k}": round(statistics.median(rec[k]), 4) for k in ("gen_s", "train_s", "sync_s", "response_tokens")
+    }
+    on_policy = {
+        "first_step": {k: round(v, 6) for k, v in rec["on_policy"][0].items()},
+        "max_clip_fraction": round(max(m["clip_fraction"] for m in rec["on_policy"]), 6),
+        "max_ratio": round(max(m["ratio_max"] for m in rec["on_policy"]), 6),
+    }
+    return {
+        "step_end": rec["step_end"],
+        "train_reward": rec["train_reward"],
+        "eval_reward": evals,
+        "startup_s": t["t0"] - started,
+        "generator": generator,
+        "torch_threads": in_effect,
+        "per_step": med,
+        "on_policy": on_policy,
+    }

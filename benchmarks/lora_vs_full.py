@@ -52,23 +52,34 @@ def summarize_run(result: dict, params: int) -> dict:
     steps = result["steps"][1:]  # step 0's metrics carry no publish yet (its publish overlaps step 1)
     evals = [e for _, e in result["evals"]]
     first = result["first_at"]
-    return {"publish_bytes": med([s["publish_bytes"] for s in steps]),
-            "publish_s": round(med([s["publish_s"] for s in steps]), 4),
-            "trainer_publish_span_s": result["spans"]["trainer_publish_s"],
-            "engine_weight_load_s": result["spans"]["engine_weight_load_s"],
-            "trainer_peak_rss_mb": result["trainer_peak_rss_mb"], "trainable_params": params,
-            "steps_per_s": round(len(result["steps"]) / max(result["steps"][-1]["end_s"], 1e-9), 3),
-            "first_eval": evals[0], "best_eval": max(evals), "final_eval": evals[-1],
-            "steps_to_threshold": first["version"] if first else None, "exactly_once": result["exactly_once"],
-            "wall_s": result["wall_s"], "evals": result["evals"]}
+    return {
+        "publish_bytes": med([s["publish_bytes"] for s in steps]),
+        "publish_s": round(med([s["publish_s"] for s in steps]), 4),
+        "trainer_publish_span_s": result["spans"]["trainer_publish_s"],
+        "engine_weight_load_s": result["spans"]["engine_weight_load_s"],
+        "trainer_peak_rss_mb": result["trainer_peak_rss_mb"],
+        "trainable_params": params,
+        "steps_per_s": round(len(result["steps"]) / max(result["steps"][-1]["end_s"], 1e-9), 3),
+        "first_eval": evals[0],
+        "best_eval": max(evals),
+        "final_eval": evals[-1],
+        "steps_to_threshold": first["version"] if first else None,
+        "exactly_once": result["exactly_once"],
+        "wall_s": result["wall_s"],
+        "evals": result["evals"],
+    }
 
 
 def over_seeds(per_seed: dict[int, dict]) -> dict:
     runs = list(per_seed.values())
     keys = [k for k in runs[0] if k not in ("evals", "exactly_once", "steps_to_threshold")]
     out = {k: med([r[k] for r in runs]) for k in keys}
-    out.update(reached=sum(r["steps_to_threshold"] is not None for r in runs), seeds=len(runs),
-               exactly_once=all(r["exactly_once"] for r in runs), per_seed=per_seed)
+    out.update(
+        reached=sum(r["steps_to_threshold"] is not None for r in runs),
+        seeds=len(runs),
+        exactly_once=all(r["exactly_once"] for r in runs),
+        per_seed=per_seed,
+    )
     return out
 
 
@@ -82,8 +93,12 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--lora-lr", type=float, default=5e-4, help="the LoRA run's learning rate")
     p.add_argument("--threshold", type=float, default=0.8, help="the held-out mean reward to reach")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="most seconds a run may take")
-    p.add_argument("--workdir", default="", help="where models, logs and each run's result go (default: a temp "
-                                                 "dir); a run whose result is there already is not run again")
+    p.add_argument(
+        "--workdir",
+        default="",
+        help="where models, logs and each run's result go (default: a temp "
+        "dir); a run whose result is there already is not run again",
+    )
     return p.parse_args(argv)
 
 
@@ -91,8 +106,10 @@ def main(argv=None) -> int:
     args = parse(argv)
     work = args.workdir or tempfile.mkdtemp(prefix="sluice-lora-")
     lora = {"rank": args.rank, "alpha": args.alpha}
-    settings = {"full": ({"optim": {"lr": args.lr}}, None),
-                "lora": ({"optim": {"lr": args.lora_lr}, "trainer": {"lora": lora}}, lora)}
+    settings = {
+        "full": ({"optim": {"lr": args.lr}}, None),
+        "lora": ({"optim": {"lr": args.lora_lr}, "trainer": {"lora": lora}}, lora),
+    }
     runs: dict[str, dict[int, dict]] = {name: {} for name in settings}
     for seed in [int(s) for s in args.seeds.split(",")]:
         demo, model = demo_args(seed, args.steps, ["--filter-groups", "none"]), None  # as measured: no filtering
@@ -104,18 +121,28 @@ def main(argv=None) -> int:
                 model = model or warm_model(demo, os.path.join(work, f"seed{seed}"))
                 run = demo_config(demo, model, where, changes)
                 log(f"seed {seed}, {name}: {run.num_steps} steps, lr {run.optim.lr}")
-                return summarize_run(demo_run(run, where, args.threshold, args.timeout_s),
-                                     trainable_params(model, adapter))
+                return summarize_run(
+                    demo_run(run, where, args.threshold, args.timeout_s), trainable_params(model, adapter)
+                )
 
             runs[name][seed] = result = recorded(where + ".json", measure)
-            log(f"seed {seed}, {name}: publish {result['publish_bytes']} B in {result['publish_s']} s, trainer "
-                f"peak {result['trainer_peak_rss_mb']} MiB, held-out {result['first_eval']} -> {result['best_eval']}")
-    out = {"benchmark": "lora_vs_full", "task": "demo:reverse", "config": vars(args), "cpus": os.cpu_count(),
-           "settings": {name: over_seeds(runs[name]) for name in settings}}
+            log(
+                f"seed {seed}, {name}: publish {result['publish_bytes']} B in {result['publish_s']} s, trainer "
+                f"peak {result['trainer_peak_rss_mb']} MiB, held-out {result['first_eval']} -> {result['best_eval']}"
+            )
+    out = {
+        "benchmark": "lora_vs_full",
+        "task": "demo:reverse",
+        "config": vars(args),
+        "cpus": os.cpu_count(),
+        "settings": {name: over_seeds(runs[name]) for name in settings},
+    }
     full, adapter = out["settings"]["full"], out["settings"]["lora"]
-    out["lora_over_full"] = {k: round(adapter[k] / full[k], 4) for k in
-                             ("publish_bytes", "publish_s", "trainer_peak_rss_mb", "trainable_params")
-                             if adapter[k] and full[k]}
+    out["lora_over_full"] = {
+        k: round(adapter[k] / full[k], 4)
+        for k in ("publish_bytes", "publish_s", "trainer_peak_rss_mb", "trainable_params")
+        if adapter[k] and full[k]
+    }
     print(json.dumps(out, indent=1))
     return 0
 

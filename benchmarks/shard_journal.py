@@ -92,12 +92,22 @@ def main() -> None:
         memory = _measure("memory only", (), None, args)
         journal = _measure("journal", (), os.path.join(root, "a"), args)
         fsync = _measure("journal+fsync", ("--journal-fsync",), os.path.join(root, "b"), args)
-    print(json.dumps({
-        "rows": args.rows, "rows_per_put": args.per_put, "row_bytes": ROW_BYTES, "reps": args.reps,
-        "memory_only": memory, "journal": journal, "journal_fsync": fsync,
-        "journal_put_ratio": round(journal["put_mb_s"] / memory["put_mb_s"], 3),
-        "journal_fsync_put_ratio": round(fsync["put_mb_s"] / memory["put_mb_s"], 3),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "rows": args.rows,
+                "rows_per_put": args.per_put,
+                "row_bytes": ROW_BYTES,
+                "reps": args.reps,
+                "memory_only": memory,
+                "journal": journal,
+                "journal_fsync": fsync,
+                "journal_put_ratio": round(journal["put_mb_s"] / memory["put_mb_s"], 3),
+                "journal_fsync_put_ratio": round(fsync["put_mb_s"] / memory["put_mb_s"], 3),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -56,9 +56,16 @@ import yaml  # noqa: E402
 _T0 = time.perf_counter()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this tree: its services/ are measured
 # a service's JSON log line that says it serves
-READY = {"dcs": "Uvicorn running on", "tq-controller": "controller serving", "tq-shard": "shard serving",
-         "engine": "Uvicorn running on", "rollout": "Uvicorn running on", "trainer": "Uvicorn running on",
-         "advantage": "Uvicorn running on", "forward": "Uvicorn running on"}
+READY = {
+    "dcs": "Uvicorn running on",
+    "tq-controller": "controller serving",
+    "tq-shard": "shard serving",
+    "engine": "Uvicorn running on",
+    "rollout": "Uvicorn running on",
+    "trainer": "Uvicorn running on",
+    "advantage": "Uvicorn running on",
+    "forward": "Uvicorn running on",
+}
 
 
 def log(message: str) -> None:
@@ -68,8 +75,12 @@ def log(message: str) -> None:
 def write_run_file(directory: str, model: str, steps: int) -> str:
     """`sluice run --print-defaults`'s run, written as the keys it changes only (so that a --baseline-tree of
     another version, which may lack some of this version's keys, reads the same run)."""
-    run = {"name": "stack-start", "model": model, "num_steps": steps,
-           "stack": {"coordinator_port": 0, "output_dir": os.path.join(directory, "runs")}}
+    run = {
+        "name": "stack-start",
+        "model": model,
+        "num_steps": steps,
+        "stack": {"coordinator_port": 0, "output_dir": os.path.join(directory, "runs")},
+    }
     path = os.path.join(directory, "run.yaml")
     with open(path, "w") as f:
         yaml.safe_dump(run, f, sort_keys=False)
@@ -111,7 +122,6 @@ class CpuSampler(threading.Thread):
             return None
         return before[-1][1] - self.samples[0][1], before[-1][2] - self.samples[0][2]
 
-
     def by_service_at(self, t: float) -> dict[str, float]:
         """CPU seconds each process (by command) had used at time t."""
         before = [per_name for when, per_name in self.by_name if when <= t]
@@ -145,16 +155,23 @@ def children_of(parent: int) -> list[int]:
     return found
 
 
-def start_once(directory: str, model: str, steps: int, timeout_s: float,
-               tree: str) -> tuple[float, dict[str, float], CpuSampler]:
+def start_once(
+    directory: str, model: str, steps: int, timeout_s: float, tree: str
+) -> tuple[float, dict[str, float], CpuSampler]:
     """Run `sluice run` (of source tree `tree`) to its end -> (t0, when each of its stdout events arrived, its
     CPU samples)."""
     path = write_run_file(directory, model, steps)
     events: dict[str, float] = {}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))}
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "run", path, "--view", "json"], cwd=directory,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "run", path, "--view", "json"],
+        cwd=directory,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     sampler = CpuSampler(proc.pid)
     sampler.start()
     try:
@@ -225,9 +242,14 @@ def read_start(run_dir: str, t0: float, events: dict[str, float]) -> dict:
         rollout = json.load(f)["rollout"]
     puts = [s["end"] for s in rollout if s["name"] == "put"]
     generates = [s["start"] for s in rollout if s["name"] == "generate"]
-    return {"first_group_s": min(puts) - t0, "first_generate_s": min(generates) - t0,
-            "first_step_s": first_step, "front_door_s": events.get("starting", t0) - t0,
-            "running_s": events.get("running", t0) - t0, "services": services}
+    return {
+        "first_group_s": min(puts) - t0,
+        "first_generate_s": min(generates) - t0,
+        "first_step_s": first_step,
+        "front_door_s": events.get("starting", t0) - t0,
+        "running_s": events.get("running", t0) - t0,
+        "services": services,
+    }
 
 
 def median_of(values: list) -> float | None:
@@ -236,18 +258,27 @@ def median_of(values: list) -> float | None:
 
 
 def summarize(starts: list[dict]) -> dict:
-    phases = ("first_group_s", "first_generate_s", "first_step_s", "front_door_s", "running_s", "stack_cpu_s",
-              "machine_busy_cpu_s")
+    phases = (
+        "first_group_s",
+        "first_generate_s",
+        "first_step_s",
+        "front_door_s",
+        "running_s",
+        "stack_cpu_s",
+        "machine_busy_cpu_s",
+    )
     result = {k: median_of([s[k] for s in starts]) for k in phases}
     result["first_group_all_s"] = [round(s["first_group_s"], 3) for s in starts]
     names = sorted({name for s in starts for name in s["services"]})
     keys = ("started", "import_s", "import_cpu_s", "imported", "ready", "running")
     processes = sorted({name for s in starts for name in s.get("cpu_s_by_process", {})})
-    result["cpu_s_by_process"] = {name: median_of([s.get("cpu_s_by_process", {}).get(name) for s in starts])
-                                  for name in processes}
-    result["services"] = {name: {k: m for k in keys if (m := median_of([s["services"].get(name, {}).get(k)
-                                                                         for s in starts])) is not None}
-                          for name in names}
+    result["cpu_s_by_process"] = {
+        name: median_of([s.get("cpu_s_by_process", {}).get(name) for s in starts]) for name in processes
+    }
+    result["services"] = {
+        name: {k: m for k in keys if (m := median_of([s["services"].get(name, {}).get(k) for s in starts])) is not None}
+        for name in names
+    }
     return result
 
 
@@ -258,8 +289,11 @@ def measure(tree: str, work: str, model: str, rep: int, args) -> dict:
     t0, events, sampler = start_once(directory, model, args.steps, args.timeout_s, tree)
     start = read_start(os.path.join(directory, "runs", "stack-start"), t0, events)
     if (cpu := sampler.at(t0 + start["first_group_s"])) is not None:
-        start.update(stack_cpu_s=cpu[0], machine_busy_cpu_s=cpu[1],
-                     cpu_s_by_process=sampler.by_service_at(t0 + start["first_group_s"]))
+        start.update(
+            stack_cpu_s=cpu[0],
+            machine_busy_cpu_s=cpu[1],
+            cpu_s_by_process=sampler.by_service_at(t0 + start["first_group_s"]),
+        )
     log(f"start {rep} ({tree}): first group at {start['first_group_s']:.2f} s, load {os.getloadavg()[0]:.2f}")
     return start
 
@@ -269,17 +303,24 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5, help="starts; every time reported is their median")
     p.add_argument("--steps", type=int, default=1, help="num_steps of the run (each start runs it to its end)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="longest one start may take, run included")
-    p.add_argument("--baseline-tree", default=None,
-                   help="a directory holding another version's services/ (e.g. `git archive COMMIT services | tar "
-                        "-x -C DIR`): its starts alternate with this tree's, and both are reported")
+    p.add_argument(
+        "--baseline-tree",
+        default=None,
+        help="a directory holding another version's services/ (e.g. `git archive COMMIT services | tar "
+        "-x -C DIR`): its starts alternate with this tree's, and both are reported",
+    )
     p.add_argument("--out", default=None, help="directory for stack_start.json (default: a temp dir)")
     args = p.parse_args(argv)
     work = tempfile.mkdtemp(prefix="sluice-stack-start-")
     out = args.out or work
     os.makedirs(out, exist_ok=True)
     model = os.path.join(work, "model")
-    subprocess.run([sys.executable, "-m", "services.cli", "init-model", model, "--preset", "tiny"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "services.cli", "init-model", model, "--preset", "tiny"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     trees = [ROOT] + ([os.path.abspath(args.baseline_tree)] if args.baseline_tree else [])
     load_before = os.getloadavg()
     starts: dict[str, list[dict]] = {tree: [] for tree in trees}
@@ -289,10 +330,15 @@ def main(argv=None) -> int:
     result = {"benchmark": "stack_start", **summarize(starts[ROOT])}
     if args.baseline_tree:
         baseline = summarize(starts[trees[1]])
-        result.update(baseline=baseline, first_group_vs_baseline=round(result["first_group_s"] /
-                                                                         baseline["first_group_s"], 3))
-    result.update(load_avg_before=[round(x, 2) for x in load_before],
-                  load_avg_after=[round(x, 2) for x in os.getloadavg()], cpus=os.cpu_count(), config=vars(args))
+        result.update(
+            baseline=baseline, first_group_vs_baseline=round(result["first_group_s"] / baseline["first_group_s"], 3)
+        )
+    result.update(
+        load_avg_before=[round(x, 2) for x in load_before],
+        load_avg_after=[round(x, 2) for x in os.getloadavg()],
+        cpus=os.cpu_count(),
+        config=vars(args),
+    )
     with open(os.path.join(out, "stack_start.json"), "w") as f:
         json.dump({**result, "starts": starts}, f, indent=1)
     print(json.dumps(result, indent=2))

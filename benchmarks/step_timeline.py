@@ -50,13 +50,24 @@ def log(message: str) -> None:
 
 def build_run(args, model_dir: str) -> RunConfig:
     rows = args.groups_per_step * args.n_samples
-    return RunConfig(name="step-timeline", model=model_dir, mode="fully_async", max_staleness=args.max_staleness,
-                     n_samples_per_prompt=args.n_samples, rollout_batch_size=args.groups_per_step,
-                     global_batch_size=rows, micro_batch_size=args.micro_batch_size or min(rows, 8), num_steps=args.steps,
-                     algorithm={"estimator": "grpo"},
-                     rollout={"prompts": "demo:letters", "max_new_tokens": args.max_new_tokens,
-                              "max_groups_in_flight": args.max_groups_in_flight},
-                     optim={"lr": args.lr})
+    return RunConfig(
+        name="step-timeline",
+        model=model_dir,
+        mode="fully_async",
+        max_staleness=args.max_staleness,
+        n_samples_per_prompt=args.n_samples,
+        rollout_batch_size=args.groups_per_step,
+        global_batch_size=rows,
+        micro_batch_size=args.micro_batch_size or min(rows, 8),
+        num_steps=args.steps,
+        algorithm={"estimator": "grpo"},
+        rollout={
+            "prompts": "demo:letters",
+            "max_new_tokens": args.max_new_tokens,
+            "max_groups_in_flight": args.max_groups_in_flight,
+        },
+        optim={"lr": args.lr},
+    )
 
 
 def run_once(args, work: str) -> dict[str, list[dict]]:
@@ -81,10 +92,14 @@ def summarize(args, spans: dict[str, list[dict]]) -> dict:
     for s in measured:
         for k, v in s["trainer_s"].items():
             trainer_phases[k] = trainer_phases.get(k, 0.0) + v / len(measured)
-    return {"benchmark": "step_timeline", "mean_step_s": round(mean_wall, 3),
-            "trainer_mean_s": {k: round(v, 3) for k, v in sorted(trainer_phases.items())},
-            "overlap": overlap, "steps": [{k: v for k, v in s.items() if k != "start"} for s in steps],
-            "window": [start, end]}
+    return {
+        "benchmark": "step_timeline",
+        "mean_step_s": round(mean_wall, 3),
+        "trainer_mean_s": {k: round(v, 3) for k, v in sorted(trainer_phases.items())},
+        "overlap": overlap,
+        "steps": [{k: v for k, v in s.items() if k != "start"} for s in steps],
+        "window": [start, end],
+    }
 
 
 def main(argv=None) -> int:
@@ -93,8 +108,12 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the summary (start-up)")
     p.add_argument("--groups-per-step", type=int, default=4)
     p.add_argument("--n-samples", type=int, default=4)
-    p.add_argument("--max-groups-in-flight", type=int, default=0,
-                   help="rollout.max_groups_in_flight (0 = the run default, 2 steps' worth)")
+    p.add_argument(
+        "--max-groups-in-flight",
+        type=int,
+        default=0,
+        help="rollout.max_groups_in_flight (0 = the run default, 2 steps' worth)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--engines", type=int, default=1)
@@ -110,8 +129,13 @@ def main(argv=None) -> int:
     result = summarize(args, spans)
     result["config"] = vars(args)
     start, end = result.pop("window")
-    draw_gantt(spans, os.path.join(out, "timeline.png"), start, end,
-               title=f"fully-async, steps {args.warmup}-{args.steps - 1}: mean step {result['mean_step_s']} s")
+    draw_gantt(
+        spans,
+        os.path.join(out, "timeline.png"),
+        start,
+        end,
+        title=f"fully-async, steps {args.warmup}-{args.steps - 1}: mean step {result['mean_step_s']} s",
+    )
     result["png"] = os.path.join(out, "timeline.png")
     with open(os.path.join(out, "timeline.json"), "w") as f:
         json.dump({**result, "spans": spans}, f)

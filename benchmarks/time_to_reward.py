@@ -118,23 +118,51 @@ def prepare(args, workdir: str) -> dict:
     with open(prompts_path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in train_rows)
     warm_dir = os.path.join(workdir, "warm")
-    sft = warm_start(base, warm_dir, train_rows, args.sft_steps, args.sft_batch_size, args.sft_lr, args.seed,
-                     args.sft_target, train_rows[:64], shape.score, max_new_tokens=args.max_new_tokens)
+    sft = warm_start(
+        base,
+        warm_dir,
+        train_rows,
+        args.sft_steps,
+        args.sft_batch_size,
+        args.sft_lr,
+        args.seed,
+        args.sft_target,
+        train_rows[:64],
+        shape.score,
+        max_new_tokens=args.max_new_tokens,
+    )
     tokenizer = AutoTokenizer.from_pretrained(warm_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(warm_dir, local_files_only=True, dtype=torch.float32)
     sft["eval_reward"] = greedy_eval(model, tokenizer, eval_rows, args.max_new_tokens, shape.score)
     sft["params"] = sum(p.numel() for p in model.parameters())
     sft["setup_s"] = round(time.monotonic() - started, 2)
     log(f"{args.task}: warm start {sft}")
-    return {"warm_dir": warm_dir, "eval_rows": eval_rows, "prompts_path": prompts_path, "tokenizer": tokenizer,
-            "sft": sft}
+    return {
+        "warm_dir": warm_dir,
+        "eval_rows": eval_rows,
+        "prompts_path": prompts_path,
+        "tokenizer": tokenizer,
+        "sft": sft,
+    }
 
 
 def trl_spec(args, prep: dict, workdir: str) -> TrlSpec:
-    return TrlSpec(task=args.task, warm_dir=prep["warm_dir"], prompts_path=prep["prompts_path"], workdir=workdir,
-                   threads=args.trl_threads, steps=args.steps, groups=args.groups, n_samples=args.n_samples,
-                   micro_batch_size=args.micro_batch_size, max_new_tokens=args.max_new_tokens,
-                   temperature=args.temperature, lr=args.lr, eval_every=args.eval_every, seed=args.seed)
+    return TrlSpec(
+        task=args.task,
+        warm_dir=prep["warm_dir"],
+        prompts_path=prep["prompts_path"],
+        workdir=workdir,
+        threads=args.trl_threads,
+        steps=args.steps,
+        groups=args.groups,
+        n_samples=args.n_samples,
+        micro_batch_size=args.micro_batch_size,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        lr=args.lr,
+        eval_every=args.eval_every,
+        seed=args.seed,
+    )
 
 
 def run_system(args, system: str, prep: dict, workdir: str) -> dict:
@@ -145,10 +173,10 @@ def run_system(args, system: str, prep: dict, workdir: str) -> dict:
         colocate = argparse.Namespace(**{**vars(args), "mode": "colocate", "off_policy": "plain"})
         run = sluice_config(colocate, prep["warm_dir"], prep["prompts_path"])
         generator, threads = system.removeprefix("inprocess_").split("_")
-        return run_inprocess(run, generator, int(threads.removesuffix("t")), prep["eval_rows"], workdir,
-                             prep["tokenizer"], log, score)
-    return run_sluice(args, prep["warm_dir"], prep["prompts_path"], prep["eval_rows"], workdir, prep["tokenizer"],
-                      log)
+        return run_inprocess(
+            run, generator, int(threads.removesuffix("t")), prep["eval_rows"], workdir, prep["tokenizer"], log, score
+        )
+    return run_sluice(args, prep["warm_dir"], prep["prompts_path"], prep["eval_rows"], workdir, prep["tokenizer"], log)
 
 
 def one_rep(args, system: str, prep: dict, workdir: str) -> dict:
@@ -157,11 +185,19 @@ def one_rep(args, system: str, prep: dict, workdir: str) -> dict:
     for scored in ("checkpoints", "snapshots"):  # scored by now; logs stay
         shutil.rmtree(os.path.join(workdir, scored), ignore_errors=True)
     keep = ("max_staleness_seen", "generator", "torch_threads", "threads", "env_threads", "per_step", "on_policy")
-    result = system_result({0: 0.0, **raw["step_end"]}, raw["train_reward"],
-                           {0: prep["sft"]["eval_reward"], **raw["eval_reward"]}, raw["startup_s"], args.thresholds,
-                           seed=args.seed, **{k: raw[k] for k in keep if k in raw})
-    log(f"{args.task}/{system}: {result['time_to_reward_s']} (steps/s {result['steps_per_s']}, "
-        f"final eval {result['final_eval_reward']})")
+    result = system_result(
+        {0: 0.0, **raw["step_end"]},
+        raw["train_reward"],
+        {0: prep["sft"]["eval_reward"], **raw["eval_reward"]},
+        raw["startup_s"],
+        args.thresholds,
+        seed=args.seed,
+        **{k: raw[k] for k in keep if k in raw},
+    )
+    log(
+        f"{args.task}/{system}: {result['time_to_reward_s']} (steps/s {result['steps_per_s']}, "
+        f"final eval {result['final_eval_reward']})"
+    )
     return result
 
 
@@ -184,11 +220,13 @@ def systems_to_run(args, notes: list[str]) -> list[str]:
 
 def task_ratios(summary: dict[str, dict], thresholds: list[float]) -> dict:
     baselines = {s: b for s, b in summary.items() if s != "sluice"}
-    return {"ratio_vs_trl": ratio(summary.get("trl"), summary.get("sluice"), thresholds),
-            "ratio_vs_inprocess": ratio_vs_strongest({s: b for s, b in baselines.items()
-                                                      if s.startswith("inprocess_")}, summary.get("sluice"),
-                                                     thresholds),
-            "ratio_vs_strongest": ratio_vs_strongest(baselines, summary.get("sluice"), thresholds)}
+    return {
+        "ratio_vs_trl": ratio(summary.get("trl"), summary.get("sluice"), thresholds),
+        "ratio_vs_inprocess": ratio_vs_strongest(
+            {s: b for s, b in baselines.items() if s.startswith("inprocess_")}, summary.get("sluice"), thresholds
+        ),
+        "ratio_vs_strongest": ratio_vs_strongest(baselines, summary.get("sluice"), thresholds),
+    }
 
 
 def run_task(args, systems: list[str], workdir: str) -> dict:
@@ -197,16 +235,39 @@ def run_task(args, systems: list[str], workdir: str) -> dict:
     results: dict[str, list[dict]] = {s: [] for s in systems}
     for rep in range(args.reps):  # every system is deterministic for a seed: each rep is its own RL seed
         rep_args = argparse.Namespace(**{**vars(args), "seed": args.seed + rep})
-        for system in (systems if rep % 2 == 0 else systems[::-1]):
+        for system in systems if rep % 2 == 0 else systems[::-1]:
             results[system].append(one_rep(rep_args, system, prep, os.path.join(workdir, f"rep{rep}-{system}")))
     summary = {s: median_result(results[s]) for s in results}
     shape = TASKS[args.task]
-    config = {"summary": shape.summary, "reward": shape.reward_spec, "params": prep["sft"]["params"],
-              **{k: getattr(args, k) for k in ("preset", "steps", "eval_every", "thresholds", "max_new_tokens", "lr",
-                                               "n_train", "n_eval", "sft_target", "sft_steps", "sft_lr")}}
+    config = {
+        "summary": shape.summary,
+        "reward": shape.reward_spec,
+        "params": prep["sft"]["params"],
+        **{
+            k: getattr(args, k)
+            for k in (
+                "preset",
+                "steps",
+                "eval_every",
+                "thresholds",
+                "max_new_tokens",
+                "lr",
+                "n_train",
+                "n_eval",
+                "sft_target",
+                "sft_steps",
+                "sft_lr",
+            )
+        },
+    }
     threads = {s: summary[s].get("torch_threads") for s in summary}
-    return {"config": config, "warm_start": prep["sft"], "torch_threads": threads, **summary,
-            **task_ratios(summary, args.thresholds)}
+    return {
+        "config": config,
+        "warm_start": prep["sft"],
+        "torch_threads": threads,
+        **summary,
+        **task_ratios(summary, args.thresholds),
+    }
 
 
 def versions() -> dict:
@@ -225,13 +286,22 @@ def run_benchmark(args) -> dict:
     shared = {k: v for k, v in vars(args).items() if k not in tasks[args.tasks[0]]["config"]}
     return {
         "benchmark": "time_to_reward",
-        "config": {**shared, "arch": "qwen2", "rows_per_step": args.groups * args.n_samples,
-                   "max_staleness": 0 if args.mode == "colocate" else args.max_staleness, "cpus": os.cpu_count(),
-                   "python": platform.python_version(), **versions(), "workdir": workdir},
+        "config": {
+            **shared,
+            "arch": "qwen2",
+            "rows_per_step": args.groups * args.n_samples,
+            "max_staleness": 0 if args.mode == "colocate" else args.max_staleness,
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            **versions(),
+            "workdir": workdir,
+        },
         "notes": notes,
         "tasks": tasks,
-        "ratios": {task: {k: block[k] for k in ("ratio_vs_trl", "ratio_vs_inprocess", "ratio_vs_strongest")}
-                   for task, block in tasks.items()},
+        "ratios": {
+            task: {k: block[k] for k in ("ratio_vs_trl", "ratio_vs_inprocess", "ratio_vs_strongest")}
+            for task, block in tasks.items()
+        },
         "runtime_s": round(time.perf_counter() - _T0, 1),
     }
 

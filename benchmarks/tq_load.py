@@ -106,9 +106,23 @@ def start_workers(n_clients: int, args, controller: str, sync_dir: str) -> list[
     # at least 2 clients per process: each process's stream needs a producer and a consumer
     for wid, n in enumerate(split(n_clients, max(1, min(args.procs, n_clients // 2)))):
         producers = (n + 1) // 2
-        argv = [sys.executable, CLIENT, controller, "--worker-id", str(wid),
-                "--producers", str(producers), "--consumers", str(n - producers),
-                "--duration-s", str(args.duration_s), "--epoch-s", str(args.epoch_s), "--sync-dir", sync_dir]
+        argv = [
+            sys.executable,
+            CLIENT,
+            controller,
+            "--worker-id",
+            str(wid),
+            "--producers",
+            str(producers),
+            "--consumers",
+            str(n - producers),
+            "--duration-s",
+            str(args.duration_s),
+            "--epoch-s",
+            str(args.epoch_s),
+            "--sync-dir",
+            sync_dir,
+        ]
         workers.append(ChildProcess(f"client process {wid}", argv, os.path.join(sync_dir, f"worker-{wid}.log")))
     return workers
 
@@ -136,8 +150,12 @@ def percentiles_ms(seconds: list[float]) -> dict:
     if not seconds:
         return {"n": 0}
     ms = np.asarray(seconds) * 1e3
-    return {"n": int(len(ms)), "p50": round(float(np.percentile(ms, 50)), 3),
-            "p99": round(float(np.percentile(ms, 99)), 3), "max": round(float(ms.max()), 3)}
+    return {
+        "n": int(len(ms)),
+        "p50": round(float(np.percentile(ms, 50)), 3),
+        "p99": round(float(np.percentile(ms, 99)), 3),
+        "max": round(float(ms.max()), 3),
+    }
 
 
 def merge(n_clients: int, results: list[dict], duration_s: float) -> dict:
@@ -148,17 +166,25 @@ def merge(n_clients: int, results: list[dict], duration_s: float) -> dict:
     window_s = max(r["window_s"] for r in results)
     rows_put = sum(r["rows_put"] for r in results)
     rows_acked = sum(r["rows_acked"] for r in results)
-    return {"clients": n_clients, "client_procs": len(results),
-            "producers": sum(r["producers"] for r in results), "consumers": sum(r["consumers"] for r in results),
-            "duration_s": duration_s, "window_s": round(window_s, 2),
-            "claims": counts["claims"], "empty_claims": counts["empty_claims"], "puts": counts["puts"],
-            "rows_put": rows_put, "rows_moved": rows_acked,
-            "rows_per_s": round(counts["rows_acked_in_window"] / duration_s, 1),
-            "claim_latency_ms": percentiles_ms([s for r in results for s in r["claim_s"]]),
-            "claim_read_ms": percentiles_ms([s for r in results for s in r["read_s"]]),
-            "put_latency_ms": percentiles_ms([s for r in results for s in r["put_s"]]),
-            "errors": {"count": sum(errors.values()), "by_kind": dict(sorted(errors.items()))},
-            "error_samples": [s for r in results for s in r["error_samples"]][:10]}
+    return {
+        "clients": n_clients,
+        "client_procs": len(results),
+        "producers": sum(r["producers"] for r in results),
+        "consumers": sum(r["consumers"] for r in results),
+        "duration_s": duration_s,
+        "window_s": round(window_s, 2),
+        "claims": counts["claims"],
+        "empty_claims": counts["empty_claims"],
+        "puts": counts["puts"],
+        "rows_put": rows_put,
+        "rows_moved": rows_acked,
+        "rows_per_s": round(counts["rows_acked_in_window"] / duration_s, 1),
+        "claim_latency_ms": percentiles_ms([s for r in results for s in r["claim_s"]]),
+        "claim_read_ms": percentiles_ms([s for r in results for s in r["read_s"]]),
+        "put_latency_ms": percentiles_ms([s for r in results for s in r["put_s"]]),
+        "errors": {"count": sum(errors.values()), "by_kind": dict(sorted(errors.items()))},
+        "error_samples": [s for r in results for s in r["error_samples"]][:10],
+    }
 
 
 def run_level(n_clients: int, args, log_dir: str) -> dict:
@@ -191,18 +217,31 @@ def run_level(n_clients: int, args, log_dir: str) -> dict:
         out["peak_rss_mib"] = {k: max(v, default=None) for k, v in rss.items()}
         out["peak_rss_mib_shards"] = rss["shard"]
         # after the drain every partition is cleared: what a server still holds then is not data
-        out["end_rss_mib"] = {k: max((status_mib(p.proc.pid, "VmRSS") for p in procs if p.alive()), default=None)
-                              for k, procs in servers.items()}
+        out["end_rss_mib"] = {
+            k: max((status_mib(p.proc.pid, "VmRSS") for p in procs if p.alive()), default=None)
+            for k, procs in servers.items()
+        }
         out["logs"] = level_dir
     return out
 
 
 def config(args) -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    return {"clients": args.clients, "duration_s": args.duration_s, "client_procs": args.procs,
-            "shards": args.shards, "epoch_s": args.epoch_s, "put_rows": PUT_ROWS, "claim_rows": CLAIM_ROWS,
-            "claim_wait_s": CLAIM_WAIT_S, "row": f"{FIELD} int64[{ROW_LEN}]", "quick": args.quick,
-            "cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version()}
+    return {
+        "clients": args.clients,
+        "duration_s": args.duration_s,
+        "client_procs": args.procs,
+        "shards": args.shards,
+        "epoch_s": args.epoch_s,
+        "put_rows": PUT_ROWS,
+        "claim_rows": CLAIM_ROWS,
+        "claim_wait_s": CLAIM_WAIT_S,
+        "row": f"{FIELD} int64[{ROW_LEN}]",
+        "quick": args.quick,
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+    }
 
 
 def run_benchmark(args) -> dict:
@@ -212,13 +251,20 @@ def run_benchmark(args) -> dict:
     for n in args.clients:
         log(f"{n} clients for {args.duration_s}s ...")
         level = run_level(n, args, log_dir)
-        log(f"{n} clients: {level['rows_per_s']} rows/s, claim p50/p99 {level['claim_latency_ms'].get('p50')}/"
+        log(
+            f"{n} clients: {level['rows_per_s']} rows/s, claim p50/p99 {level['claim_latency_ms'].get('p50')}/"
             f"{level['claim_latency_ms'].get('p99')} ms, errors {level['errors']['count']}, "
-            f"peak RSS MiB {level['peak_rss_mib']}")
+            f"peak RSS MiB {level['peak_rss_mib']}"
+        )
         levels.append(level)
     errors_total = sum(level["errors"]["count"] for level in levels)
-    return {"config": config(args), "levels": levels, "errors_total": errors_total, "ok": errors_total == 0,
-            "elapsed_s": round(time.perf_counter() - _T0, 1)}
+    return {
+        "config": config(args),
+        "levels": levels,
+        "errors_total": errors_total,
+        "ok": errors_total == 0,
+        "elapsed_s": round(time.perf_counter() - _T0, 1),
+    }
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -64,8 +64,8 @@ class Stream:
         self.prefix = prefix
         self.epoch = 0
         self.current = self.name(0)
-        self.open = [self.current]          # created, not yet cleared
-        self.done: set[str] = set()         # a claim said: sealed and fully acked
+        self.open = [self.current]  # created, not yet cleared
+        self.done: set[str] = set()  # a claim said: sealed and fully acked
         self.producing = True
         self.puts_in_flight = collections.Counter()
         self.claims_in_flight = collections.Counter()
@@ -230,9 +230,8 @@ async def run_worker(args) -> dict:
     start_wall = await wait_for_go(args.sync_dir, args.worker_id)
     stop_at = time.perf_counter() + (start_wall + args.duration_s - time.time())
     ids = [(args.worker_id << 12) + i for i in range(args.producers)]
-    producers = [asyncio.create_task(producer(tq, cid, stream, stop_at, tally))
-                 for tq, cid in zip(clients, ids)]
-    consumers = [asyncio.create_task(consumer(tq, stream, stop_at, tally)) for tq in clients[args.producers:]]
+    producers = [asyncio.create_task(producer(tq, cid, stream, stop_at, tally)) for tq, cid in zip(clients, ids)]
+    consumers = [asyncio.create_task(consumer(tq, stream, stop_at, tally)) for tq in clients[args.producers :]]
     rotation = asyncio.create_task(rotate(admin, stream, stop_at, args.epoch_s, tally))
     await asyncio.gather(*producers, rotation)
     window_s = time.perf_counter() - stop_at + args.duration_s
@@ -247,10 +246,18 @@ def worker_result(tally: Tally, window_s: float) -> dict:
     tally.errors["lost_rows"] += sum((put - acked).values())
     tally.errors["duplicate_rows"] += sum(n - 1 for n in acked.values() if n > 1)
     tally.errors["unexpected_rows"] += sum((acked - put).values())  # acked, never put: a failed put landed
-    return {"window_s": window_s, "cpu_s": time.process_time(), "counts": dict(tally.counts),
-            "rows_put": len(tally.put_values), "rows_acked": len(tally.acked_values),
-            "errors": {k: v for k, v in tally.errors.items() if v}, "error_samples": tally.error_samples,
-            "claim_s": tally.claim_s, "read_s": tally.read_s, "put_s": tally.put_s}
+    return {
+        "window_s": window_s,
+        "cpu_s": time.process_time(),
+        "counts": dict(tally.counts),
+        "rows_put": len(tally.put_values),
+        "rows_acked": len(tally.acked_values),
+        "errors": {k: v for k, v in tally.errors.items() if v},
+        "error_samples": tally.error_samples,
+        "claim_s": tally.claim_s,
+        "read_s": tally.read_s,
+        "put_s": tally.put_s,
+    }
 
 
 def main(argv=None) -> int:

@@ -71,10 +71,18 @@ RAW_SERVICE = "sluice.bench.RawBytes"
 # as SERVING from the moment the server starts, i.e. before a shard has registered with the controller.
 CONTROLLER_HEALTH = "sluice.transferqueue.v1.Controller"
 SHARD_HEALTH = "sluice.transferqueue.v1.StorageShard"
-SERVER_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
-                  ("grpc.so_reuseport", 0)]
-TARGETS = {"put_mb_per_s_min": 650.0, "get_mb_per_s_min": 450.0, "claim_p50_ms_max": 0.5,
-           "claim_p99_ms_max": 2.0, "ready_s_max": 2.0}
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.so_reuseport", 0),
+]
+TARGETS = {
+    "put_mb_per_s_min": 650.0,
+    "get_mb_per_s_min": 450.0,
+    "claim_p50_ms_max": 0.5,
+    "claim_p99_ms_max": 2.0,
+    "ready_s_max": 2.0,
+}
 
 _T0 = time.perf_counter()
 
@@ -88,15 +96,24 @@ def log(message: str) -> None:
 
 def throughput(seconds: list[float], nbytes: int, rows: int) -> dict:
     median = statistics.median(seconds)
-    return {"median_s": round(median, 5), "mb_per_s": round(nbytes / median / 1e6, 1),
-            "samples_per_s": round(rows / median, 1), "runs_s": [round(s, 5) for s in seconds]}
+    return {
+        "median_s": round(median, 5),
+        "mb_per_s": round(nbytes / median / 1e6, 1),
+        "samples_per_s": round(rows / median, 1),
+        "runs_s": [round(s, 5) for s in seconds],
+    }
 
 
 def latency_summary(seconds: np.ndarray) -> dict:
     ms = seconds * 1e3
-    return {"iters": int(len(ms)), "p50_ms": round(float(np.percentile(ms, 50)), 4),
-            "p90_ms": round(float(np.percentile(ms, 90)), 4), "p99_ms": round(float(np.percentile(ms, 99)), 4),
-            "mean_ms": round(float(ms.mean()), 4), "max_ms": round(float(ms.max()), 4)}
+    return {
+        "iters": int(len(ms)),
+        "p50_ms": round(float(np.percentile(ms, 50)), 4),
+        "p90_ms": round(float(np.percentile(ms, 90)), 4),
+        "p99_ms": round(float(np.percentile(ms, 99)), 4),
+        "mean_ms": round(float(ms.mean()), 4),
+        "max_ms": round(float(ms.max()), 4),
+    }
 
 
 def median_summary(seconds: list[float]) -> dict:
@@ -113,8 +130,10 @@ def timed_runs(run, reps: int) -> list[float]:
 
 def make_payload(rows: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return {"input_ids": torch.randint(0, 151_000, (rows, ROW_LEN), dtype=torch.int64, generator=g),
-            "log_probs": -torch.rand((rows, ROW_LEN), dtype=torch.float32, generator=g)}
+    return {
+        "input_ids": torch.randint(0, 151_000, (rows, ROW_LEN), dtype=torch.int64, generator=g),
+        "log_probs": -torch.rand((rows, ROW_LEN), dtype=torch.float32, generator=g),
+    }
 
 
 def payload_nbytes(payload: dict[str, torch.Tensor]) -> int:
@@ -229,8 +248,9 @@ def waiting_claims(metrics_url: str) -> float:
 
 def start_blocker(controller: str, metrics_url: str, log_dir: str) -> ChildProcess:
     """A second client process parked in a claim that never gets data; returns once it is parked."""
-    proc = ChildProcess("blocker", [sys.executable, SELF, "--blocker", controller],
-                        os.path.join(log_dir, "blocker.log"))
+    proc = ChildProcess(
+        "blocker", [sys.executable, SELF, "--blocker", controller], os.path.join(log_dir, "blocker.log")
+    )
     try:
         proc.wait_until(lambda: waiting_claims(metrics_url) >= 1, 60)
     except BaseException:
@@ -239,8 +259,7 @@ def start_blocker(controller: str, metrics_url: str, log_dir: str) -> ChildProce
     return proc
 
 
-def bench_latency(tq: TransferQueue, controller: str, metrics_url: str, warmup: int, iters: int,
-                  log_dir: str) -> dict:
+def bench_latency(tq: TransferQueue, controller: str, metrics_url: str, warmup: int, iters: int, log_dir: str) -> dict:
     out = {"idle": latency_run(tq, "bench-latency-idle", warmup, iters)}
     log(f"claim latency, no other client: {out['idle']}")
     tq.create_partition(BLOCK_PARTITION, exist_ok=True)
@@ -283,8 +302,19 @@ def controller_argv(port: int, redis_url: str) -> list[str]:
 
 
 def shard_argv(port: int, shard_id: str, controller: str) -> list[str]:
-    return sluice_argv("tq-shard", "--host", "127.0.0.1", "--port", str(port), "--advertise-host", "127.0.0.1",
-                       "--shard-id", shard_id, "--controller", controller)
+    return sluice_argv(
+        "tq-shard",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--advertise-host",
+        "127.0.0.1",
+        "--shard-id",
+        shard_id,
+        "--controller",
+        controller,
+    )
 
 
 def bench_ready(reps: int, log_dir: str) -> dict:
@@ -294,19 +324,33 @@ def bench_ready(reps: int, log_dir: str) -> dict:
         controller_s = []
         for i in range(reps):
             port = free_port()
-            controller_s.append(time_to_serving("tq-controller", controller_argv(port, redis_url), f"127.0.0.1:{port}",
-                                                CONTROLLER_HEALTH, os.path.join(log_dir, f"ready-controller-{i}.log")))
+            controller_s.append(
+                time_to_serving(
+                    "tq-controller",
+                    controller_argv(port, redis_url),
+                    f"127.0.0.1:{port}",
+                    CONTROLLER_HEALTH,
+                    os.path.join(log_dir, f"ready-controller-{i}.log"),
+                )
+            )
         port = free_port()
         address = f"127.0.0.1:{port}"
-        controller = ChildProcess("tq-controller", controller_argv(port, redis_url),
-                                  os.path.join(log_dir, "ready-controller.log"))
+        controller = ChildProcess(
+            "tq-controller", controller_argv(port, redis_url), os.path.join(log_dir, "ready-controller.log")
+        )
         controller.wait_until(lambda: grpc_serving(address, CONTROLLER_HEALTH), 30)
         shard_s = []
         for i in range(reps):
             shard_port = free_port()
-            shard_s.append(time_to_serving(f"tq-shard {i}", shard_argv(shard_port, f"ready-{i}", address),
-                                           f"127.0.0.1:{shard_port}", SHARD_HEALTH,
-                                           os.path.join(log_dir, f"ready-shard-{i}.log")))
+            shard_s.append(
+                time_to_serving(
+                    f"tq-shard {i}",
+                    shard_argv(shard_port, f"ready-{i}", address),
+                    f"127.0.0.1:{shard_port}",
+                    SHARD_HEALTH,
+                    os.path.join(log_dir, f"ready-shard-{i}.log"),
+                )
+            )
         return {"controller": median_summary(controller_s), "shard": median_summary(shard_s)}
     finally:
         if controller:
@@ -319,7 +363,7 @@ def bench_ready(reps: int, log_dir: str) -> dict:
 
 def chunked(data: memoryview):
     for start in range(0, len(data), CHUNK_BYTES):
-        yield data[start:start + CHUNK_BYTES].tobytes()
+        yield data[start : start + CHUNK_BYTES].tobytes()
 
 
 async def _serve_raw(port: int) -> None:
@@ -336,10 +380,14 @@ async def _serve_raw(port: int) -> None:
             yield chunk
 
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(RAW_SERVICE, {
-        "Put": grpc.stream_unary_rpc_method_handler(put),
-        "Get": grpc.unary_stream_rpc_method_handler(get),
-    }),))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                RAW_SERVICE,
+                {"Put": grpc.stream_unary_rpc_method_handler(put), "Get": grpc.unary_stream_rpc_method_handler(get)},
+            ),
+        )
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
@@ -356,8 +404,9 @@ def bench_raw(payload: dict, reps: int, log_dir: str) -> dict:
     data = memoryview(b"".join(t.numpy().tobytes() for t in payload.values()))
     port = free_port()
     address = f"127.0.0.1:{port}"
-    server = ChildProcess("raw-grpc-server", [sys.executable, SELF, "--raw-server", str(port)],
-                          os.path.join(log_dir, "raw-server.log"))
+    server = ChildProcess(
+        "raw-grpc-server", [sys.executable, SELF, "--raw-server", str(port)], os.path.join(log_dir, "raw-server.log")
+    )
     try:
         server.wait_until(lambda: grpc_serving(address), 60)
         with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
@@ -381,9 +430,12 @@ def bench_raw(payload: dict, reps: int, log_dir: str) -> dict:
                 return seconds
 
             rows = len(payload["input_ids"])
-            return {"bytes": len(data), "chunk_bytes": CHUNK_BYTES,
-                    "put": throughput(timed_runs(run_put, reps), len(data), rows),
-                    "get": throughput(timed_runs(run_get, reps), len(data), rows)}
+            return {
+                "bytes": len(data),
+                "chunk_bytes": CHUNK_BYTES,
+                "put": throughput(timed_runs(run_put, reps), len(data), rows),
+                "get": throughput(timed_runs(run_get, reps), len(data), rows),
+            }
     finally:
         server.stop()
 
@@ -408,16 +460,31 @@ def verdicts(result: dict) -> dict:
 
 def ratios(result: dict) -> dict:
     raw = result["raw_grpc"]
-    return {"put_tq_over_raw": round(result["put"]["single_call"]["mb_per_s"] / raw["put"]["mb_per_s"], 3),
-            "get_tq_over_raw": round(result["claim_get"]["single_claim"]["mb_per_s"] / raw["get"]["mb_per_s"], 3)}
+    return {
+        "put_tq_over_raw": round(result["put"]["single_call"]["mb_per_s"] / raw["put"]["mb_per_s"], 3),
+        "get_tq_over_raw": round(result["claim_get"]["single_claim"]["mb_per_s"] / raw["get"]["mb_per_s"], 3),
+    }
 
 
 def config(args, rows: int, nbytes: int) -> dict:
-    return {"rows": rows, "row_len": ROW_LEN, "fields": {"input_ids": "int64", "log_probs": "float32"},
-            "payload_bytes": nbytes, "payload_mb": round(nbytes / 1e6, 2), "small_batch_rows": SMALL_BATCH,
-            "shards": 1, "chunk_bytes": CHUNK_BYTES, "reps": args.reps, "latency_iters": args.latency_iters,
-            "latency_warmup": args.latency_warmup, "quick": args.quick, "cpus": os.cpu_count(),
-            "python": platform.python_version(), "grpc": grpc.__version__, "torch": torch.__version__}
+    return {
+        "rows": rows,
+        "row_len": ROW_LEN,
+        "fields": {"input_ids": "int64", "log_probs": "float32"},
+        "payload_bytes": nbytes,
+        "payload_mb": round(nbytes / 1e6, 2),
+        "small_batch_rows": SMALL_BATCH,
+        "shards": 1,
+        "chunk_bytes": CHUNK_BYTES,
+        "reps": args.reps,
+        "latency_iters": args.latency_iters,
+        "latency_warmup": args.latency_warmup,
+        "quick": args.quick,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "grpc": grpc.__version__,
+        "torch": torch.__version__,
+    }
 
 
 def bench_stack(payload: dict, args, log_dir: str) -> dict:
@@ -426,8 +493,10 @@ def bench_stack(payload: dict, args, log_dir: str) -> dict:
     metrics_port = free_port()
     controller_args = ("--metrics-port", str(metrics_port))  # for the sluice_tq_waiting_claims gauge
     out: dict = {}
-    with LocalTransferQueue(shards=1, log_dir=log_dir, controller_args=controller_args) as stack, \
-            TransferQueue(stack.controller_address) as tq:
+    with (
+        LocalTransferQueue(shards=1, log_dir=log_dir, controller_args=controller_args) as stack,
+        TransferQueue(stack.controller_address) as tq,
+    ):
         wait_registered(stack)
         tq.register_task(TASK, FIELDS)
         tq.register_task(LAT_TASK, [LAT_FIELD])
@@ -435,15 +504,22 @@ def bench_stack(payload: dict, args, log_dir: str) -> dict:
         verify_roundtrip(tq, payload)
         out["put"] = {
             "single_call": throughput(bench_put(tq, payload, rows, args.reps), nbytes, rows),
-            f"batches_of_{SMALL_BATCH}": throughput(bench_put(tq, payload, SMALL_BATCH, args.reps), nbytes, rows)}
+            f"batches_of_{SMALL_BATCH}": throughput(bench_put(tq, payload, SMALL_BATCH, args.reps), nbytes, rows),
+        }
         log(f"put: {out['put']}")
         out["claim_get"] = {
             "single_claim": throughput(bench_claim_get(tq, payload, rows, args.reps), nbytes, rows),
-            f"claims_of_{SMALL_BATCH}": throughput(bench_claim_get(tq, payload, SMALL_BATCH, args.reps), nbytes, rows)}
+            f"claims_of_{SMALL_BATCH}": throughput(bench_claim_get(tq, payload, SMALL_BATCH, args.reps), nbytes, rows),
+        }
         log(f"claim+get: {out['claim_get']}")
-        out["claim_latency_ms"] = bench_latency(tq, stack.controller_address,
-                                                f"http://127.0.0.1:{metrics_port}/metrics",
-                                                args.latency_warmup, args.latency_iters, log_dir)
+        out["claim_latency_ms"] = bench_latency(
+            tq,
+            stack.controller_address,
+            f"http://127.0.0.1:{metrics_port}/metrics",
+            args.latency_warmup,
+            args.latency_iters,
+            log_dir,
+        )
     return out
 
 

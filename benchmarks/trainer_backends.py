@@ -47,12 +47,18 @@ def synthetic_batch(samples: int, prompt: int, response: int, vocab: int):
     from services.transferqueue.codec import Batch
 
     g = torch.Generator().manual_seed(0)
-    return Batch(partition="train_0", rows=list(range(samples)), columns={
-        "tokens": [torch.randint(3, vocab, (prompt + response,), generator=g) for _ in range(samples)],
-        "prompt_length": torch.full((samples,), prompt), "response_length": torch.full((samples,), response),
-        "loss_mask": [torch.ones(response) for _ in range(samples)],
-        "rollout_log_probs": [-5.0 + 0.1 * torch.randn(response, generator=g) for _ in range(samples)],
-        "advantages": [torch.full((response,), 1.0 if i % 2 else -1.0) for i in range(samples)]})
+    return Batch(
+        partition="train_0",
+        rows=list(range(samples)),
+        columns={
+            "tokens": [torch.randint(3, vocab, (prompt + response,), generator=g) for _ in range(samples)],
+            "prompt_length": torch.full((samples,), prompt),
+            "response_length": torch.full((samples,), response),
+            "loss_mask": [torch.ones(response) for _ in range(samples)],
+            "rollout_log_probs": [-5.0 + 0.1 * torch.randn(response, generator=g) for _ in range(samples)],
+            "advantages": [torch.full((response,), 1.0 if i % 2 else -1.0) for i in range(samples)],
+        },
+    )
 
 
 def state_bytes(backend) -> int:
@@ -63,11 +69,15 @@ def state_bytes(backend) -> int:
 
     def local(t):
         return t.to_local() if hasattr(t, "to_local") else t
+
     if backend.name == "megatron":
         params = list(backend.model.module.parameters())
         total = sum(p.numel() * p.element_size() * 2 for p in params)
-        inner = backend.optimizer.chained_optimizers[0].optimizer if hasattr(
-            backend.optimizer, "chained_optimizers") else backend.optimizer.optimizer
+        inner = (
+            backend.optimizer.chained_optimizers[0].optimizer
+            if hasattr(backend.optimizer, "chained_optimizers")
+            else backend.optimizer.optimizer
+        )
         states = inner.state.values()
     else:
         total = sum(2 * local(p).numel() * p.element_size() for p in backend.policy.parameters())
@@ -88,14 +98,24 @@ def worker(a) -> None:
 
     torch.set_num_threads(1)
     dp = DataParallel(a.rank, a.size, a.master, timeout_s=600)
-    run = RunConfig(name="bench", model=a.model, n_samples_per_prompt=2, rollout_batch_size=a.samples // 2,
-                    global_batch_size=a.samples, micro_batch_size=a.micro, optim={"lr": 1e-5})
+    run = RunConfig(
+        name="bench",
+        model=a.model,
+        n_samples_per_prompt=2,
+        rollout_batch_size=a.samples // 2,
+        global_batch_size=a.samples,
+        micro_batch_size=a.micro,
+        optim={"lr": 1e-5},
+    )
     model, _ = load_causal_lm(a.model)
     backend = make_backend(a.backend, model, run, "cpu", dp, tp=a.tp, pp=a.pp)
     full = synthetic_batch(a.samples, a.prompt, a.response, model.config.vocab_size)
     mine = dp.my_rows(full.rows, full["response_length"].tolist(), 2, backend.data_rank, backend.data_size)
-    share = Batch(partition="train_0", rows=mine, columns={
-        k: ([v[i] for i in mine] if isinstance(v, list) else v[mine]) for k, v in full.columns.items()})
+    share = Batch(
+        partition="train_0",
+        rows=mine,
+        columns={k: ([v[i] for i in mine] if isinstance(v, list) else v[mine]) for k, v in full.columns.items()},
+    )
     tokens = dp.total(float(sum(float(m.sum()) for m in share["loss_mask"]))) / (dp.size // backend.data_size)
     times = []
     for step in range(a.warmup + a.steps):
@@ -109,8 +129,15 @@ def worker(a) -> None:
     rss = dp.total(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0) / dp.size
     if dp.is_leader:
         with open(a.out, "w") as f:
-            json.dump({"step_s": statistics.median(times), "steps_s": times, "state_bytes_per_rank": state,
-                       "max_rss_bytes_per_rank": rss}, f)
+            json.dump(
+                {
+                    "step_s": statistics.median(times),
+                    "steps_s": times,
+                    "state_bytes_per_rank": state,
+                    "max_rss_bytes_per_rank": rss,
+                },
+                f,
+            )
     dp.close()
 
 
@@ -120,10 +147,37 @@ def run_config(a, backend: str, size: int, tp: int, pp: int, workdir: str) -> di
     out = os.path.join(workdir, f"{backend}-{size}-{tp}-{pp}.json")
     master = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    argv = [sys.executable, os.path.abspath(__file__), "--worker", "--backend", backend, "--size", str(size),
-            "--master", master, "--out", out, "--model", a.model, "--steps", str(a.steps), "--warmup",
-            str(a.warmup), "--samples", str(a.samples), "--micro", str(a.micro), "--prompt", str(a.prompt),
-            "--response", str(a.response), "--tp", str(tp), "--pp", str(pp)]
+    argv = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        "--backend",
+        backend,
+        "--size",
+        str(size),
+        "--master",
+        master,
+        "--out",
+        out,
+        "--model",
+        a.model,
+        "--steps",
+        str(a.steps),
+        "--warmup",
+        str(a.warmup),
+        "--samples",
+        str(a.samples),
+        "--micro",
+        str(a.micro),
+        "--prompt",
+        str(a.prompt),
+        "--response",
+        str(a.response),
+        "--tp",
+        str(tp),
+        "--pp",
+        str(pp),
+    ]
     procs = [subprocess.Popen(argv + ["--rank", str(r)], env=env) for r in range(size)]
     codes = [p.wait(1800) for p in procs]
     if any(codes):
@@ -163,14 +217,26 @@ def main(argv=None) -> int:
         results[name] = run_config(a, backend, size, tp, pp, workdir)
         log(f"{name}: step {results[name]['step_s']:.3f} s")
     ratio = results["fsdp_x2"]["state_bytes_per_rank"] / results["torch_x1"]["state_bytes_per_rank"]
-    print(json.dumps({
-        "benchmark": "trainer_backends",
-        "config": {"preset": a.preset, "steps": a.steps, "warmup": a.warmup, "global_batch": a.samples,
-                   "micro_batch": a.micro, "tokens_per_sample": a.prompt + a.response, "torch_threads": 1},
-        "results": results,
-        "fsdp_x2_state_per_rank_vs_torch": round(ratio, 3),
-        "target": {"fsdp_x2_state_per_rank_vs_torch_max": 0.6, "met": ratio <= 0.6},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "trainer_backends",
+                "config": {
+                    "preset": a.preset,
+                    "steps": a.steps,
+                    "warmup": a.warmup,
+                    "global_batch": a.samples,
+                    "micro_batch": a.micro,
+                    "tokens_per_sample": a.prompt + a.response,
+                    "torch_threads": 1,
+                },
+                "results": results,
+                "fsdp_x2_state_per_rank_vs_torch": round(ratio, 3),
+                "target": {"fsdp_x2_state_per_rank_vs_torch_max": 0.6, "met": ratio <= 0.6},
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

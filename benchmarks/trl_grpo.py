@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 class TrlSpec(BaseModel):
     """One TRL run, as the benchmark's process hands it to the TRL process."""
+
     task: str
     warm_dir: str
     prompts_path: str  # the training rows, JSONL {"prompt", "label"}: the file the Sluice rollout reads
@@ -44,17 +45,23 @@ class TrlSpec(BaseModel):
 
 
 class TrlResult(BaseModel):
-    step_end: dict[int, float]       # step -> seconds from the first step's start to its end
-    train_reward: dict[int, float]   # step -> TRL's logged mean reward
-    startup_s: float                 # construction until the first step
-    torch_threads: int               # torch.get_num_threads() inside the first step
-    env_threads: dict[str, str]      # OMP_NUM_THREADS and MKL_NUM_THREADS as this process saw them
+    step_end: dict[int, float]  # step -> seconds from the first step's start to its end
+    train_reward: dict[int, float]  # step -> TRL's logged mean reward
+    startup_s: float  # construction until the first step
+    torch_threads: int  # torch.get_num_threads() inside the first step
+    env_threads: dict[str, str]  # OMP_NUM_THREADS and MKL_NUM_THREADS as this process saw them
 
 
 def trl_env(threads: int) -> dict[str, str]:
     """The TRL process's environment: OpenMP and MKL on `threads` threads (this process may pin its own)."""
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def run_trl(spec: TrlSpec, eval_rows: list[dict], tokenizer, score, log) -> dict:
@@ -67,8 +74,12 @@ def run_trl(spec: TrlSpec, eval_rows: list[dict], tokenizer, score, log) -> dict
     spec_path, out_path = os.path.join(spec.workdir, "trl_spec.json"), os.path.join(spec.workdir, "trl_result.json")
     with open(spec_path, "w") as f:
         f.write(spec.model_dump_json())
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "trl_grpo.py"), spec_path, out_path],
-                            env=trl_env(spec.threads), stdout=sys.stderr, stderr=sys.stderr)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "trl_grpo.py"), spec_path, out_path],
+        env=trl_env(spec.threads),
+        stdout=sys.stderr,
+        stderr=sys.stderr,
+    )
     try:
         rc = proc.wait()
     finally:
@@ -80,11 +91,19 @@ def run_trl(spec: TrlSpec, eval_rows: list[dict], tokenizer, score, log) -> dict
     with open(out_path) as f:
         result = TrlResult.model_validate_json(f.read())
     snaps = {c.next_step: c.path for c in checkpoints(os.path.join(spec.workdir, "checkpoints"), "actor")}
-    log(f"trl: {spec.steps} steps in {max(result.step_end.values()):.1f}s on {result.torch_threads} torch threads; "
-        f"evaluating {len(snaps)} checkpoints")
+    log(
+        f"trl: {spec.steps} steps in {max(result.step_end.values()):.1f}s on {result.torch_threads} torch threads; "
+        f"evaluating {len(snaps)} checkpoints"
+    )
     evals = evaluate(snaps, tokenizer, eval_rows, spec.max_new_tokens, score)
-    return {"step_end": result.step_end, "train_reward": result.train_reward, "eval_reward": evals,
-            "startup_s": result.startup_s, "torch_threads": result.torch_threads, "env_threads": result.env_threads}
+    return {
+        "step_end": result.step_end,
+        "train_reward": result.train_reward,
+        "eval_reward": evals,
+        "startup_s": result.startup_s,
+        "torch_threads": result.torch_threads,
+        "env_threads": result.env_threads,
+    }
 
 
 # ---------------------------------------------------------------------------------- the TRL process
@@ -95,14 +114,39 @@ def grpo_config(spec: TrlSpec):
 
     rows = spec.groups * spec.n_samples
     return GRPOConfig(
-        output_dir=os.path.join(spec.workdir, "trl"), per_device_train_batch_size=spec.micro_batch_size,
-        gradient_accumulation_steps=rows // spec.micro_batch_size, num_generations=spec.n_samples,
-        max_completion_length=spec.max_new_tokens, temperature=spec.temperature, top_p=1.0, top_k=0,
-        learning_rate=spec.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, beta=0.0, epsilon=0.2, num_iterations=1,
-        loss_type="dapo", scale_rewards="group", max_steps=spec.steps, logging_steps=1, save_strategy="no",
-        report_to="none", use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, seed=spec.seed,
-        disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False)
+        output_dir=os.path.join(spec.workdir, "trl"),
+        per_device_train_batch_size=spec.micro_batch_size,
+        gradient_accumulation_steps=rows // spec.micro_batch_size,
+        num_generations=spec.n_samples,
+        max_completion_length=spec.max_new_tokens,
+        temperature=spec.temperature,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=spec.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        num_iterations=1,
+        loss_type="dapo",
+        scale_rewards="group",
+        max_steps=spec.steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        seed=spec.seed,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
 
 
 def recorder(spec: TrlSpec, rec: dict):
@@ -155,13 +199,23 @@ def train(spec: TrlSpec) -> TrlResult:
     tokenizer = AutoTokenizer.from_pretrained(spec.warm_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(spec.warm_dir, local_files_only=True, dtype=torch.float32)
     data = Dataset.from_list([{"prompt": chat_messages(r["prompt"]), "label": r["label"]} for r in train_rows])
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=grpo_config(spec), train_dataset=data,
-                          processing_class=tokenizer, callbacks=[recorder(spec, rec)])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=grpo_config(spec),
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[recorder(spec, rec)],
+    )
     check_same_prompt_ids(trainer, tokenizer, train_rows[0]["prompt"])
     trainer.train()
-    return TrlResult(step_end=rec["step_end"], train_reward=rec["reward"], startup_s=rec["t0"] - started,
-                     torch_threads=rec["torch_threads"],
-                     env_threads={k: os.environ.get(k, "") for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")})
+    return TrlResult(
+        step_end=rec["step_end"],
+        train_reward=rec["reward"],
+        startup_s=rec["t0"] - started,
+        torch_threads=rec["torch_threads"],
+        env_threads={k: os.environ.get(k, "") for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
+    )
 
 
 def check_same_prompt_ids(trainer, tokenizer, prompt: str) -> None:

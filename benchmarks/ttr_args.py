@@ -9,8 +9,18 @@ import os
 from ttr_tasks import TASKS
 
 # flags whose default is the task's own (TaskShape field of the same name)
-PER_TASK = ("preset", "steps", "eval_every", "thresholds", "max_new_tokens", "lr", "n_train", "sft_target",
-            "sft_steps", "sft_lr")
+PER_TASK = (
+    "preset",
+    "steps",
+    "eval_every",
+    "thresholds",
+    "max_new_tokens",
+    "lr",
+    "n_train",
+    "sft_target",
+    "sft_steps",
+    "sft_lr",
+)
 
 
 def _names(s: str) -> list[str]:
@@ -54,42 +64,73 @@ def task_flags(p: argparse.ArgumentParser) -> None:
     t = {name: TASKS[name] for name in TASKS}
     both = lambda field: " / ".join(f"{name} {getattr(shape, field)}" for name, shape in t.items())  # noqa: E731
     p.add_argument("--preset", choices=["tiny", "mini", "small"], help=f"model shape (default: {both('preset')})")
-    p.add_argument("--steps", type=int, help=f"RL steps per run (default: {both('steps')}; --quick: "
-                   f"{both('quick_steps')})")
+    p.add_argument(
+        "--steps", type=int, help=f"RL steps per run (default: {both('steps')}; --quick: {both('quick_steps')})"
+    )
     p.add_argument("--eval-every", type=int, help=f"checkpoint + held-out eval every K steps ({both('eval_every')})")
-    p.add_argument("--thresholds", type=lambda s: [float(x) for x in _names(s)],
-                   help=f"held-out greedy rewards to time, comma-separated ({both('thresholds')})")
+    p.add_argument(
+        "--thresholds",
+        type=lambda s: [float(x) for x in _names(s)],
+        help=f"held-out greedy rewards to time, comma-separated ({both('thresholds')})",
+    )
     p.add_argument("--max-new-tokens", type=int, help=f"({both('max_new_tokens')})")
     p.add_argument("--lr", type=float, help=f"RL learning rate ({both('lr')})")
     p.add_argument("--n-train", type=int, help=f"training prompts ({both('n_train')})")
-    p.add_argument("--sft-target", type=float, help="the warm start stops at this greedy score on 64 training "
-                   f"prompts ({both('sft_target')})")
+    p.add_argument(
+        "--sft-target",
+        type=float,
+        help=f"the warm start stops at this greedy score on 64 training prompts ({both('sft_target')})",
+    )
     p.add_argument("--sft-steps", type=int, help=f"most warm-start steps ({both('sft_steps')})")
     p.add_argument("--sft-lr", type=float, help=f"warm-start learning rate ({both('sft_lr')})")
 
 
 def system_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--systems", type=_names, default=["trl", "sluice", "inprocess"],
-                   help="comma-separated: trl, sluice, inprocess (default all)")
-    p.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1,
-                   help="TRL's torch/OpenMP/MKL threads (default: every core, os.cpu_count())")
-    p.add_argument("--inprocess-generator", choices=["both", "hf", "engine"], default="engine",
-                   help="the in-process loop's generator: transformers generate, the built-in engine, or both runs")
-    p.add_argument("--inprocess-threads", type=_ints, default=default_inprocess_threads(),
-                   help="torch threads of the in-process loop, a run per count (default 1, 2 and every core)")
+    p.add_argument(
+        "--systems",
+        type=_names,
+        default=["trl", "sluice", "inprocess"],
+        help="comma-separated: trl, sluice, inprocess (default all)",
+    )
+    p.add_argument(
+        "--trl-threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="TRL's torch/OpenMP/MKL threads (default: every core, os.cpu_count())",
+    )
+    p.add_argument(
+        "--inprocess-generator",
+        choices=["both", "hf", "engine"],
+        default="engine",
+        help="the in-process loop's generator: transformers generate, the built-in engine, or both runs",
+    )
+    p.add_argument(
+        "--inprocess-threads",
+        type=_ints,
+        default=default_inprocess_threads(),
+        help="torch threads of the in-process loop, a run per count (default 1, 2 and every core)",
+    )
     p.add_argument("--mode", choices=["fully_async", "colocate"], default="fully_async", help="Sluice's mode")
     p.add_argument("--max-staleness", type=int, default=1, help="fully_async's staleness bound (default 1)")
-    p.add_argument("--off-policy", default="plain", type=off_policy,
-                   help="Sluice's off-policy correction: plain (PPO clip around the rollout's log-probs), "
-                   "decoupled (the trainer's proximal policy, behaviour weights capped at algorithm.behav_weight_cap),"
-                   " decoupled-uncapped, or tis:X (truncated importance sampling at X) (default plain)")
+    p.add_argument(
+        "--off-policy",
+        default="plain",
+        type=off_policy,
+        help="Sluice's off-policy correction: plain (PPO clip around the rollout's log-probs), "
+        "decoupled (the trainer's proximal policy, behaviour weights capped at algorithm.behav_weight_cap),"
+        " decoupled-uncapped, or tis:X (truncated importance sampling at X) (default plain)",
+    )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="time_to_reward.py", description="Time to reward: Sluice against TRL on "
-                                "every core and an in-process GRPO loop, per task (see the module docstring)")
-    p.add_argument("--tasks", type=_names, default=list(TASKS), help=f"comma-separated: {', '.join(TASKS)} "
-                   "(default both)")
+    p = argparse.ArgumentParser(
+        prog="time_to_reward.py",
+        description="Time to reward: Sluice against TRL on "
+        "every core and an in-process GRPO loop, per task (see the module docstring)",
+    )
+    p.add_argument(
+        "--tasks", type=_names, default=list(TASKS), help=f"comma-separated: {', '.join(TASKS)} (default both)"
+    )
     p.add_argument("--reps", type=int, help="runs per system, one RL seed each; medians (default 3; --quick: 1)")
     p.add_argument("--quick", action="store_true", help="smoke setting: one rep, few steps (same warm start)")
     system_flags(p)

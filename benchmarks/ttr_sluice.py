@@ -48,17 +48,35 @@ class TimedRun(LocalRun):
 
 def sluice_config(args, warm_dir: str, prompts_path: str) -> RunConfig:
     rows = args.groups * args.n_samples
-    return RunConfig(name=RUN_ID, model=warm_dir, mode=args.mode,
-                     max_staleness=0 if args.mode == "colocate" else args.max_staleness,
-                     n_samples_per_prompt=args.n_samples, rollout_batch_size=args.groups, global_batch_size=rows,
-                     micro_batch_size=args.micro_batch_size, num_steps=args.steps,
-                     checkpoint_interval=args.eval_every,
-                     algorithm={"estimator": "grpo", "kl_coef": 0.0, "eps_clip": 0.2, "loss_agg": "token_mean",
-                                **off_policy_settings(getattr(args, "off_policy", "plain"))},
-                     rollout={"prompts": prompts_path, "reward": TASKS[args.task].reward_spec,
-                              "label_field": "label", "apply_chat_template": True, "shuffle_seed": args.seed,
-                              "max_new_tokens": args.max_new_tokens, "temperature": args.temperature},
-                     optim={"lr": args.lr, "weight_decay": 0.0, "grad_clip": 1.0, "seed": args.seed})
+    return RunConfig(
+        name=RUN_ID,
+        model=warm_dir,
+        mode=args.mode,
+        max_staleness=0 if args.mode == "colocate" else args.max_staleness,
+        n_samples_per_prompt=args.n_samples,
+        rollout_batch_size=args.groups,
+        global_batch_size=rows,
+        micro_batch_size=args.micro_batch_size,
+        num_steps=args.steps,
+        checkpoint_interval=args.eval_every,
+        algorithm={
+            "estimator": "grpo",
+            "kl_coef": 0.0,
+            "eps_clip": 0.2,
+            "loss_agg": "token_mean",
+            **off_policy_settings(getattr(args, "off_policy", "plain")),
+        },
+        rollout={
+            "prompts": prompts_path,
+            "reward": TASKS[args.task].reward_spec,
+            "label_field": "label",
+            "apply_chat_template": True,
+            "shuffle_seed": args.seed,
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
+        },
+        optim={"lr": args.lr, "weight_decay": 0.0, "grad_clip": 1.0, "seed": args.seed},
+    )
 
 
 def capture(ckpt_dir: str, snap_dir: str, snaps: dict[int, str], log) -> None:
@@ -84,8 +102,9 @@ def follow_steps(local: TimedRun, run: RunConfig, args, ckpt_dir: str, snap_dir:
     with local.redis_client() as r:
         while len(step_end) < run.num_steps:
             if time.monotonic() - t0 > args.timeout_s:
-                raise TimeoutError(f"sluice: {len(step_end)} of {run.num_steps} steps after {args.timeout_s}s; "
-                                   f"logs in {local.log_dir}")
+                raise TimeoutError(
+                    f"sluice: {len(step_end)} of {run.num_steps} steps after {args.timeout_s}s; logs in {local.log_dir}"
+                )
             next_step = read_progress(r, run.name).next_step
             now = time.monotonic() - t0
             for s in range(len(step_end) + 1, next_step + 1):
@@ -110,8 +129,9 @@ def run_sluice(args, warm_dir: str, prompts_path: str, eval_rows: list[dict], wo
     ckpt_dir, snap_dir = os.path.join(workdir, "checkpoints"), os.path.join(workdir, "snapshots")
     started = time.monotonic()
     # python_path: the short task's `import:ttr_tasks:position_credit` reward is imported by the rollout
-    with TimedRun(run, log_dir=os.path.join(workdir, "logs"), checkpoint_dir=ckpt_dir,
-                  python_path=(HERE, os.path.dirname(HERE))) as local:
+    with TimedRun(
+        run, log_dir=os.path.join(workdir, "logs"), checkpoint_dir=ckpt_dir, python_path=(HERE, os.path.dirname(HERE))
+    ) as local:
         t0 = local.rollout_ready_at
         processes = sorted(local.processes())
         log(f"sluice: stack ready after {t0 - started:.1f}s ({', '.join(processes)})")
@@ -123,8 +143,19 @@ def run_sluice(args, warm_dir: str, prompts_path: str, eval_rows: list[dict], wo
     log(f"sluice: {run.num_steps} steps in {max(step_end.values()):.1f}s; evaluating {len(snaps)} checkpoints")
     evals = evaluate(snaps, tokenizer, eval_rows, args.max_new_tokens, TASKS[args.task].score)
     engine = EngineConfig.model_fields
-    threads = {"per_role_process": 1, "engine_torch_threads": engine["torch_threads"].default,
-               "engine_forward_workers": engine["forward_workers"].default, "processes": processes,
-               "cpus": os.cpu_count()}
-    return {"step_end": step_end, "train_reward": train_reward, "eval_reward": evals, "startup_s": t0 - started,
-            "max_staleness_seen": staleness, "torch_threads": 1, "threads": threads}
+    threads = {
+        "per_role_process": 1,
+        "engine_torch_threads": engine["torch_threads"].default,
+        "engine_forward_workers": engine["forward_workers"].default,
+        "processes": processes,
+        "cpus": os.cpu_count(),
+    }
+    return {
+        "step_end": step_end,
+        "train_reward": train_reward,
+        "eval_reward": evals,
+        "startup_s": t0 - started,
+        "max_staleness_seen": staleness,
+        "torch_threads": 1,
+        "threads": threads,
+    }

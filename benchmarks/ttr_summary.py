@@ -11,8 +11,9 @@ import torch
 from warm_start import Score, greedy_eval
 
 
-def evaluate(snapshots: dict[int, str], tokenizer, eval_rows: list[dict], max_new_tokens: int,
-             score: Score) -> dict[int, float]:
+def evaluate(
+    snapshots: dict[int, str], tokenizer, eval_rows: list[dict], max_new_tokens: int, score: Score
+) -> dict[int, float]:
     """step -> greedy held-out reward (the task's `score`) of the checkpoint written after that step."""
     from transformers import AutoModelForCausalLM
 
@@ -23,19 +24,37 @@ def evaluate(snapshots: dict[int, str], tokenizer, eval_rows: list[dict], max_ne
     return out
 
 
-def system_result(step_end: dict[int, float], train_reward: dict[int, float], eval_reward: dict[int, float],
-                  startup_s: float, thresholds: list[float], **extra) -> dict:
+def system_result(
+    step_end: dict[int, float],
+    train_reward: dict[int, float],
+    eval_reward: dict[int, float],
+    startup_s: float,
+    thresholds: list[float],
+    **extra,
+) -> dict:
     """step_end and eval_reward include step 0 (the warm start, at 0 s)."""
     steps = max(step_end)
     first = {str(t): next((s for s in sorted(eval_reward) if eval_reward[s] >= t), None) for t in thresholds}
-    curve = [{"step": s, "wall_s": round(step_end.get(s, 0.0), 2),
-              "train_reward": None if s not in train_reward else round(train_reward[s], 4),
-              "eval_reward": None if s not in eval_reward else round(eval_reward[s], 4)}
-             for s in range(0, steps + 1)]
-    return {"startup_s": round(startup_s, 2), "steps": steps, "wall_s": round(step_end[steps], 2),
-            "steps_per_s": round(steps / step_end[steps], 4),
-            "time_to_reward_s": {t: None if s is None else round(step_end[s], 2) for t, s in first.items()},
-            "steps_to_reward": first, "final_eval_reward": eval_reward[max(eval_reward)], "curve": curve, **extra}
+    curve = [
+        {
+            "step": s,
+            "wall_s": round(step_end.get(s, 0.0), 2),
+            "train_reward": None if s not in train_reward else round(train_reward[s], 4),
+            "eval_reward": None if s not in eval_reward else round(eval_reward[s], 4),
+        }
+        for s in range(0, steps + 1)
+    ]
+    return {
+        "startup_s": round(startup_s, 2),
+        "steps": steps,
+        "wall_s": round(step_end[steps], 2),
+        "steps_per_s": round(steps / step_end[steps], 4),
+        "time_to_reward_s": {t: None if s is None else round(step_end[s], 2) for t, s in first.items()},
+        "steps_to_reward": first,
+        "final_eval_reward": eval_reward[max(eval_reward)],
+        "curve": curve,
+        **extra,
+    }
 
 
 def median_result(reps: list[dict]) -> dict:
@@ -56,14 +75,21 @@ def ratio(base: dict | None, sluice: dict | None, thresholds: list[float]) -> di
     if base is None or sluice is None:
         return None
     # thresholds the warm start already meets (time 0 for both) say nothing
-    both = [t for t in thresholds if (base["time_to_reward_s"][str(t)] or 0) > 0
-            and (sluice["time_to_reward_s"][str(t)] or 0) > 0]
+    both = [
+        t
+        for t in thresholds
+        if (base["time_to_reward_s"][str(t)] or 0) > 0 and (sluice["time_to_reward_s"][str(t)] or 0) > 0
+    ]
     if not both:
         return None
     t = max(both)
     sluice_s, base_s = sluice["time_to_reward_s"][str(t)], base["time_to_reward_s"][str(t)]
-    return {"threshold": t, "sluice_s": sluice_s, "baseline_s": base_s,
-            "sluice_over_baseline": round(sluice_s / base_s, 3)}
+    return {
+        "threshold": t,
+        "sluice_s": sluice_s,
+        "baseline_s": base_s,
+        "sluice_over_baseline": round(sluice_s / base_s, 3),
+    }
 
 
 def ratio_vs_strongest(baselines: dict[str, dict], sluice: dict | None, thresholds: list[float]) -> dict | None:

@@ -51,11 +51,11 @@ def position_credit(response: str, fields: dict, prompt=None) -> float:
 
 
 class TaskShape(NamedTuple):
-    row: Callable[[random.Random], dict]       # rng -> {"prompt", "label"}
-    score: Callable[..., float]                # (response, fields[, prompt]) -> reward, the same for every system
-    reward_spec: str                           # the Sluice rollout's rollout.reward for the same reward
+    row: Callable[[random.Random], dict]  # rng -> {"prompt", "label"}
+    score: Callable[..., float]  # (response, fields[, prompt]) -> reward, the same for every system
+    reward_spec: str  # the Sluice rollout's rollout.reward for the same reward
     summary: str
-    distinct_train: bool                       # training prompts all distinct (else drawn with repeats)
+    distinct_train: bool  # training prompts all distinct (else drawn with repeats)
     preset: str
     steps: int
     quick_steps: int
@@ -70,16 +70,43 @@ class TaskShape(NamedTuple):
 
 
 TASKS: dict[str, TaskShape] = {
-    "reverse": TaskShape(reverse_row, exact_label, "exact_match",
-                         "reverse 3-5 letters, exact_match reward (binary), small preset", True,
-                         preset="small", steps=80, quick_steps=20, eval_every=5, thresholds=(0.6, 0.7, 0.8, 0.9),
-                         max_new_tokens=12, lr=1e-4, n_train=4000, sft_target=0.4, sft_steps=300, sft_lr=5e-4),
+    "reverse": TaskShape(
+        reverse_row,
+        exact_label,
+        "exact_match",
+        "reverse 3-5 letters, exact_match reward (binary), small preset",
+        True,
+        preset="small",
+        steps=80,
+        quick_steps=20,
+        eval_every=5,
+        thresholds=(0.6, 0.7, 0.8, 0.9),
+        max_new_tokens=12,
+        lr=1e-4,
+        n_train=4000,
+        sft_target=0.4,
+        sft_steps=300,
+        sft_lr=5e-4,
+    ),
     # the warm start leaves ~0.49 held-out; one seed of the in-process loop (not timed) reached 0.6 at step ~100
-    "short": TaskShape(short_row, position_credit, "import:ttr_tasks:position_credit",
-                       "reverse 2-4 letters, partial-credit reward (position_credit), mini preset", False,
-                       preset="mini", steps=300, quick_steps=30, eval_every=10,
-                       thresholds=(0.55, 0.6, 0.65, 0.7, 0.8), max_new_tokens=6, lr=1e-3, n_train=4000,
-                       sft_target=0.5, sft_steps=300, sft_lr=2e-3),
+    "short": TaskShape(
+        short_row,
+        position_credit,
+        "import:ttr_tasks:position_credit",
+        "reverse 2-4 letters, partial-credit reward (position_credit), mini preset",
+        False,
+        preset="mini",
+        steps=300,
+        quick_steps=30,
+        eval_every=10,
+        thresholds=(0.55, 0.6, 0.65, 0.7, 0.8),
+        max_new_tokens=6,
+        lr=1e-3,
+        n_train=4000,
+        sft_target=0.5,
+        sft_steps=300,
+        sft_lr=2e-3,
+    ),
 }
 
 

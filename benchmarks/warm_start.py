@@ -24,15 +24,36 @@ def _pairs(rows: list[dict]) -> list[tuple[str, dict]]:
     return [(r["prompt"], {"label": r["label"]}) for r in rows]
 
 
-def warm_start(base_dir: str, out_dir: str, rows: list[dict], max_steps: int, batch_size: int, lr: float,
-               seed: int, target: float, check_rows: list[dict], score: Score, check_every: int = 5,
-               max_new_tokens: int = 12) -> dict:
-    return project_warm_start.warm_start(base_dir, out_dir, _pairs(rows), max_steps, batch_size, lr, seed, target,
-                                         _pairs(check_rows), check_every, max_new_tokens, score=score)
+def warm_start(
+    base_dir: str,
+    out_dir: str,
+    rows: list[dict],
+    max_steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    target: float,
+    check_rows: list[dict],
+    score: Score,
+    check_every: int = 5,
+    max_new_tokens: int = 12,
+) -> dict:
+    return project_warm_start.warm_start(
+        base_dir,
+        out_dir,
+        _pairs(rows),
+        max_steps,
+        batch_size,
+        lr,
+        seed,
+        target,
+        _pairs(check_rows),
+        check_every,
+        max_new_tokens,
+        score=score,
+    )
 
 
-def greedy_eval(model, tokenizer, rows: list[dict], max_new_tokens: int, score: Score,
-                batch_size: int = 64) -> float:
+def greedy_eval(model, tokenizer, rows: list[dict], max_new_tokens: int, score: Score, batch_size: int = 64) -> float:
     """Mean reward of greedy answers to rows (the held-out set)."""
-    return project_warm_start.greedy_eval(model, tokenizer, _pairs(rows), max_new_tokens, score,
-                                          batch_size=batch_size)
+    return project_warm_start.greedy_eval(model, tokenizer, _pairs(rows), max_new_tokens, score, batch_size=batch_size)

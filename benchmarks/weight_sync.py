@@ -95,16 +95,29 @@ def model_shapes(params: float) -> tuple[list[tuple[str, list[int]]], dict]:
     shapes: list[tuple[str, list[int]]] = [("model.embed_tokens.weight", [vocab, hidden])]
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes += [(p + "input_layernorm.weight", [hidden]),
-                   (p + "self_attn.q_proj.weight", [hidden, hidden]), (p + "self_attn.k_proj.weight", [hidden, hidden]),
-                   (p + "self_attn.v_proj.weight", [hidden, hidden]), (p + "self_attn.o_proj.weight", [hidden, hidden]),
-                   (p + "post_attention_layernorm.weight", [hidden]),
-                   (p + "mlp.gate_proj.weight", [inter, hidden]), (p + "mlp.up_proj.weight", [inter, hidden]),
-                   (p + "mlp.down_proj.weight", [hidden, inter])]
+        shapes += [
+            (p + "input_layernorm.weight", [hidden]),
+            (p + "self_attn.q_proj.weight", [hidden, hidden]),
+            (p + "self_attn.k_proj.weight", [hidden, hidden]),
+            (p + "self_attn.v_proj.weight", [hidden, hidden]),
+            (p + "self_attn.o_proj.weight", [hidden, hidden]),
+            (p + "post_attention_layernorm.weight", [hidden]),
+            (p + "mlp.gate_proj.weight", [inter, hidden]),
+            (p + "mlp.up_proj.weight", [inter, hidden]),
+            (p + "mlp.down_proj.weight", [hidden, inter]),
+        ]
     shapes += [(STAMP, [hidden]), ("lm_head.weight", [vocab, hidden])]
     numel = sum(_numel(s) for _, s in shapes)
-    return shapes, {"hidden": hidden, "intermediate": inter, "vocab": vocab, "layers": layers,
-                    "tensors": len(shapes), "params": numel, "bytes": numel * 4, "dtype": "float32"}
+    return shapes, {
+        "hidden": hidden,
+        "intermediate": inter,
+        "vocab": vocab,
+        "layers": layers,
+        "tensors": len(shapes),
+        "params": numel,
+        "bytes": numel * 4,
+        "dtype": "float32",
+    }
 
 
 def _numel(shape) -> int:
@@ -179,8 +192,7 @@ def run_worker(args) -> int:
 
     trainer = args.worker == "trainer"
     dcs = DCSClient(plan["dcs"])
-    node = dcs.register(NodeRegistration(role="trainer" if trainer else ROLE, host="127.0.0.1",
-                                         run_id=RUN_ID))
+    node = dcs.register(NodeRegistration(role="trainer" if trainer else ROLE, host="127.0.0.1", run_id=RUN_ID))
     stop = threading.Event()
     threading.Thread(target=heartbeats, args=(plan["dcs"], node.node_id, stop), daemon=True).start()
     rank = 0 if trainer else args.index + 1
@@ -202,8 +214,9 @@ def run_worker(args) -> int:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"receivers did not show up as alive {ROLE} nodes in DCS")
             time.sleep(0.05)
-        publisher = WeightPublisher(dcs, node.node_id, "127.0.0.1", timeout_s=timeout_s, receiver_roles=[ROLE],
-                                    run_id=RUN_ID)
+        publisher = WeightPublisher(
+            dcs, node.node_id, "127.0.0.1", timeout_s=timeout_s, receiver_roles=[ROLE], run_id=RUN_ID
+        )
     received: dict[str, torch.Tensor] | None = None
 
     for step in steps:
@@ -228,9 +241,21 @@ def run_worker(args) -> int:
             t0 = time.monotonic()
             res = publisher.publish(tensors.items(), version)
             t1 = time.monotonic()
-            emit(event="sync", **base, version=version, bucket_mib=step["bucket_mib"], buckets=len(sizes),
-                 t0=t0, t1=t1, wall_s=t1 - t0, seconds=res.seconds, bytes=res.bytes, group=res.group,
-                 world_size=res.world_size, digest=d)
+            emit(
+                event="sync",
+                **base,
+                version=version,
+                bucket_mib=step["bucket_mib"],
+                buckets=len(sizes),
+                t0=t0,
+                t1=t1,
+                wall_s=t1 - t0,
+                seconds=res.seconds,
+                bytes=res.bytes,
+                group=res.group,
+                world_size=res.world_size,
+                digest=d,
+            )
         else:
             received = None  # the previous version is dropped (swapped into a model) before the next arrives
             barrier(ctrl)
@@ -243,9 +268,20 @@ def run_worker(args) -> int:
             t2 = time.monotonic()
             d = digest(received)
             receiver.loaded(published, 0.0)  # nothing is loaded into a model here (load phase = 0)
-            emit(event="sync", **base, version=published.version, expected_version=version, t0=t0, t_meta=t1, t1=t2,
-                 next_s=t1 - t0, receive_s=t2 - t1, bytes=sum(published.bucket_bytes),
-                 group=published.sync_group.name if published.sync_group else None, digest=d)
+            emit(
+                event="sync",
+                **base,
+                version=published.version,
+                expected_version=version,
+                t0=t0,
+                t_meta=t1,
+                t1=t2,
+                next_s=t1 - t0,
+                receive_s=t2 - t1,
+                bytes=sum(published.bucket_bytes),
+                group=published.sync_group.name if published.sync_group else None,
+                digest=d,
+            )
     barrier(ctrl)
     emit(event="done")
     if trainer:
@@ -285,10 +321,16 @@ def summarize_raw(phase: str, trainer: list[dict], receivers: list[list[dict]]) 
     trainer_s = [e["seconds"] for e in rows]
     e2e = [max(recv[(i, e["step"])]["t1"] for i in range(len(receivers))) - e["t0"] for e in rows]
     recv_s = [max(recv[(i, e["step"])]["seconds"] for i in range(len(receivers))) for e in rows]
-    return {"reps": len(rows), "bytes": nbytes, "gb_per_s": gbps(nbytes, med(trainer_s)),
-            "seconds": rnd(med(trainer_s)), "receivers_seconds_max": rnd(med(recv_s)),
-            "end_to_end_s": rnd(med(e2e)), "end_to_end_gb_per_s": gbps(nbytes, med(e2e)),
-            "runs_s": [rnd(s) for s in trainer_s]}
+    return {
+        "reps": len(rows),
+        "bytes": nbytes,
+        "gb_per_s": gbps(nbytes, med(trainer_s)),
+        "seconds": rnd(med(trainer_s)),
+        "receivers_seconds_max": rnd(med(recv_s)),
+        "end_to_end_s": rnd(med(e2e)),
+        "end_to_end_gb_per_s": gbps(nbytes, med(e2e)),
+        "runs_s": [rnd(s) for s in trainer_s],
+    }
 
 
 def summarize_sync(phase: str, trainer: list[dict], receivers: list[list[dict]], reports: dict) -> dict:
@@ -308,17 +350,23 @@ def summarize_sync(phase: str, trainer: list[dict], receivers: list[list[dict]],
                 vals.append(max(xs))
         rep_dcs[k] = rnd(med(vals))
     return {
-        "reps": len(rows), "versions": [e["version"] for e in rows], "bucket_mib": rows[0]["bucket_mib"],
-        "buckets": rows[0]["buckets"], "bytes": nbytes, "gb_per_s": gbps(nbytes, total),
+        "reps": len(rows),
+        "versions": [e["version"] for e in rows],
+        "bucket_mib": rows[0]["bucket_mib"],
+        "buckets": rows[0]["buckets"],
+        "bytes": nbytes,
+        "gb_per_s": gbps(nbytes, total),
         "trainer_seconds": seconds,
-        "trainer_wait_for_pack_s": rnd(med(e["seconds"]["total"] - e["seconds"]["metadata"]
-                                           - e["seconds"]["broadcast"] for e in rows)),
+        "trainer_wait_for_pack_s": rnd(
+            med(e["seconds"]["total"] - e["seconds"]["metadata"] - e["seconds"]["broadcast"] for e in rows)
+        ),
         "receivers": {
             "next_s_max": rnd(med(max(r["next_s"] for r in rs) for rs in per_rep_recv)),
             "receive_s_max": rnd(med(max(r["receive_s"] for r in rs) for rs in per_rep_recv)),
             "reported_to_dcs_max": rep_dcs,
         },
-        "end_to_end_s": rnd(med(e2e)), "end_to_end_gb_per_s": gbps(nbytes, med(e2e)),
+        "end_to_end_s": rnd(med(e2e)),
+        "end_to_end_gb_per_s": gbps(nbytes, med(e2e)),
         "runs_total_s": [rnd(e["seconds"]["total"]) for e in rows],
     }
 
@@ -332,9 +380,13 @@ def copy_bandwidth(nbytes: int) -> dict:
     t = time.perf_counter()
     dst.copy_(src)
     warm = time.perf_counter() - t
-    return {"bytes": nbytes, "fresh_dst_gb_per_s": gbps(nbytes, fresh), "touched_dst_gb_per_s": gbps(nbytes, warm),
-            "note": "one thread, in the driver before the workers start: the cost of first-touch page faults "
-                    "(pack and receive() write into freshly allocated buckets every sync)"}
+    return {
+        "bytes": nbytes,
+        "fresh_dst_gb_per_s": gbps(nbytes, fresh),
+        "touched_dst_gb_per_s": gbps(nbytes, warm),
+        "note": "one thread, in the driver before the workers start: the cost of first-touch page faults "
+        "(pack and receive() write into freshly allocated buckets every sync)",
+    }
 
 
 # ---------------------------------------------------------------------------------- driver
@@ -346,8 +398,10 @@ def run_benchmark(args) -> dict:
     sweep_reps = args.sweep_reps or (1 if args.quick else 3)
     sweep_mib = [int(x) for x in args.sweep.split(",") if x]
     shapes, model = model_shapes(params)
-    log(f"model: {model['params'] / 1e6:.1f}M params, {model['bytes'] / 1e6:.0f} MB, {model['layers']} layers; "
-        f"reps {reps}, sweep {sweep_mib} MiB x {sweep_reps} reps")
+    log(
+        f"model: {model['params'] / 1e6:.1f}M params, {model['bytes'] / 1e6:.0f} MB, {model['layers']} layers; "
+        f"reps {reps}, sweep {sweep_mib} MiB x {sweep_reps} reps"
+    )
     host = copy_bandwidth(model["bytes"])
     log(f"memcpy: fresh dst {host['fresh_dst_gb_per_s']} GB/s, touched dst {host['touched_dst_gb_per_s']} GB/s")
 
@@ -355,8 +409,14 @@ def run_benchmark(args) -> dict:
     tmp = tempfile.mkdtemp(prefix="sluice-wsync-bench-")
     started = time.perf_counter()
     with LocalDCS(log_dir=tmp) as dcs:
-        plan = {"dcs": dcs.url, "ctrl_port": free_port(), "timeout_s": args.timeout_s, "shapes": shapes,
-                "model": model, "steps": steps}
+        plan = {
+            "dcs": dcs.url,
+            "ctrl_port": free_port(),
+            "timeout_s": args.timeout_s,
+            "shapes": shapes,
+            "model": model,
+            "steps": steps,
+        }
         plan_path = os.path.join(tmp, "plan.json")
         with open(plan_path, "w") as f:
             json.dump(plan, f)
@@ -366,9 +426,12 @@ def run_benchmark(args) -> dict:
         try:
             for n in names:
                 role = "trainer" if n == "trainer" else "receiver"
-                index = ["--index", n[len("receiver"):]] if role == "receiver" else []
-                workers[n] = ChildProcess(n, [sys.executable, SELF, "--worker", role, *index, "--plan", plan_path,
-                                              "--out", outs[n]], os.path.join(tmp, f"{n}.log"))
+                index = ["--index", n[len("receiver") :]] if role == "receiver" else []
+                workers[n] = ChildProcess(
+                    n,
+                    [sys.executable, SELF, "--worker", role, *index, "--plan", plan_path, "--out", outs[n]],
+                    os.path.join(tmp, f"{n}.log"),
+                )
             wait_workers(workers, outs["trainer"], len(steps), args.deadline_s)
             with DCSClient(dcs.url) as c:
                 raw_reports = c.sync_reports(RUN_ID, 1000)
@@ -396,10 +459,18 @@ def run_benchmark(args) -> dict:
             r = got.get(v)
             checks += 1
             if r is None or r["version"] != v or r["digest"] != e["digest"] or r["bytes"] != e["bytes"]:
-                mismatches.append({"receiver": i, "version": v, "got": r and {k: r[k] for k in ("version", "digest")},
-                                   "want": e["digest"]})
-    groups = sorted({e["group"] for e in trainer if e["event"] == "sync"}
-                    | {e["group"] for evs in receivers for e in evs if e["event"] == "sync"})
+                mismatches.append(
+                    {
+                        "receiver": i,
+                        "version": v,
+                        "got": r and {k: r[k] for k in ("version", "digest")},
+                        "want": e["digest"],
+                    }
+                )
+    groups = sorted(
+        {e["group"] for e in trainer if e["event"] == "sync"}
+        | {e["group"] for evs in receivers for e in evs if e["event"] == "sync"}
+    )
 
     raw = summarize_raw("raw", trainer, receivers)
     raw_fresh = summarize_raw("raw_fresh", trainer, receivers)
@@ -409,15 +480,28 @@ def run_benchmark(args) -> dict:
     return {
         "benchmark": "weight_sync",
         "quick": bool(args.quick),
-        "setup": {"processes": "1 trainer + 2 receivers (each its own process) + DCS + redis-server",
-                  "backend": "gloo", "transport": "TCP loopback", "cpus": os.cpu_count(),
-                  "threads_per_process": 1, "torch": torch.__version__, "python": platform.python_version(),
-                  "GB": "1e9 bytes", "MiB": "2**20 bytes (bucket sizes)"},
-        "model": {k: model[k] for k in ("params", "bytes", "dtype", "tensors", "layers", "hidden", "intermediate",
-                                        "vocab")},
-        "reps": {"headline": reps, "raw": reps, "sweep": sweep_reps, "warmups_dropped": 1,
-                 "note": f"headline/raw/raw_fresh: median of {reps} interleaved reps; sweep: median of "
-                         f"{sweep_reps} reps per bucket size (fewer, for runtime), each after its own warm-up"},
+        "setup": {
+            "processes": "1 trainer + 2 receivers (each its own process) + DCS + redis-server",
+            "backend": "gloo",
+            "transport": "TCP loopback",
+            "cpus": os.cpu_count(),
+            "threads_per_process": 1,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "GB": "1e9 bytes",
+            "MiB": "2**20 bytes (bucket sizes)",
+        },
+        "model": {
+            k: model[k] for k in ("params", "bytes", "dtype", "tensors", "layers", "hidden", "intermediate", "vocab")
+        },
+        "reps": {
+            "headline": reps,
+            "raw": reps,
+            "sweep": sweep_reps,
+            "warmups_dropped": 1,
+            "note": f"headline/raw/raw_fresh: median of {reps} interleaved reps; sweep: median of "
+            f"{sweep_reps} reps per bucket size (fewer, for runtime), each after its own warm-up",
+        },
         "sluice": headline,
         "raw": raw,
         "raw_fresh": raw_fresh,
@@ -428,9 +512,13 @@ def run_benchmark(args) -> dict:
         "meets_target": ratio >= TARGET_RATIO,
         "bucket_sweep": sweep,
         "verified": checks > 0 and not mismatches,
-        "verification": {"checks": checks, "syncs": len(published), "receivers": RECEIVERS,
-                         "mismatches": mismatches[:5],
-                         "method": "sha256 of every received tensor vs. the trainer's, every sync incl. warm-ups"},
+        "verification": {
+            "checks": checks,
+            "syncs": len(published),
+            "receivers": RECEIVERS,
+            "mismatches": mismatches[:5],
+            "method": "sha256 of every received tensor vs. the trainer's, every sync incl. warm-ups",
+        },
         "sync_groups": groups,
         "failed_sync_reports": failed_reports[:5],
         "host_memcpy": host,
@@ -451,14 +539,18 @@ def wait_workers(workers: dict[str, ChildProcess], trainer_out: str, n_steps: in
         events = read_events(trainer_out)
         for e in events[seen:]:
             if e["event"] == "raw":
-                log(f"step {e['step'] + 1}/{n_steps} {e['phase']}{'' if e['counted'] else ' (warm-up)'}: "
-                    f"{e['seconds']:.3f} s, {e['bytes'] / e['seconds'] / 1e9:.3f} GB/s")
+                log(
+                    f"step {e['step'] + 1}/{n_steps} {e['phase']}{'' if e['counted'] else ' (warm-up)'}: "
+                    f"{e['seconds']:.3f} s, {e['bytes'] / e['seconds'] / 1e9:.3f} GB/s"
+                )
             elif e["event"] == "sync":
                 s = e["seconds"]
-                log(f"step {e['step'] + 1}/{n_steps} {e['phase']} v{e['version']} {e['bucket_mib']} MiB x"
+                log(
+                    f"step {e['step'] + 1}/{n_steps} {e['phase']} v{e['version']} {e['bucket_mib']} MiB x"
                     f"{e['buckets']}{'' if e['counted'] else ' (warm-up)'}: total {s['total']:.3f} s "
                     f"(meta {s['metadata']:.3f}, pack {s['pack']:.3f}, bcast {s['broadcast']:.3f}), "
-                    f"{e['bytes'] / s['total'] / 1e9:.3f} GB/s")
+                    f"{e['bytes'] / s['total'] / 1e9:.3f} GB/s"
+                )
             elif e["event"] == "ready":
                 log("workers connected")
         seen = len(events)
@@ -474,8 +566,9 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="~10M params, 2 reps, 1 sweep rep (smoke run)")
     p.add_argument("--params", type=float, default=None, help="model size in parameters (default 100e6; 10e6 quick)")
     p.add_argument("--reps", type=int, default=None, help="counted reps of headline/raw (default 5; 2 quick)")
-    p.add_argument("--sweep-reps", type=int, default=None,
-                   help="counted reps per sweep bucket size (default 3; 1 quick)")
+    p.add_argument(
+        "--sweep-reps", type=int, default=None, help="counted reps per sweep bucket size (default 3; 1 quick)"
+    )
     p.add_argument("--sweep", default="16,64,256", help="bucket sizes in MiB for the sweep")
     p.add_argument("--bucket-mib", type=int, default=64, help="bucket size of the headline measurement")
     p.add_argument("--timeout-s", type=float, default=120.0, help="gloo/sync deadline per operation")

@@ -71,27 +71,35 @@ def service_config(command: str):
     """The config model of a service command (flags and env vars come from it)."""
     if command == "tq-controller":
         from services.transferqueue.controller.config import ControllerConfig
+
         return ControllerConfig
     if command == "tq-shard":
         from services.transferqueue.shard.config import ShardConfig
+
         return ShardConfig
     if command == "dcs":
         from services.dcs.config import DCSConfig
+
         return DCSConfig
     if command == "engine":
         from services.engine.config import EngineConfig
+
         return EngineConfig
     if command == "rollout":
         from services.rollout.config import RolloutConfig
+
         return RolloutConfig
     if command == "forward":
         from services.forward.config import ForwardConfig
+
         return ForwardConfig
     if command == "advantage":
         from services.advantage.config import AdvantageConfig
+
         return AdvantageConfig
     if command == "trainer":
         from services.trainer.config import TrainerConfig
+
         return TrainerConfig
     raise KeyError(f"{command} is not a service command")
 

@@ -38,24 +38,43 @@ def build_run(args, model_dir: str, workdir: str) -> RunFile:
     rows = args.groups_per_step * args.n_samples
     micro = next(m for m in (32, 16, 8, 4, 2, 1) if rows % m == 0)
     prompts = args.prompts or f"demo:{args.task}"
-    return RunFile(name="demo", model=model_dir, mode=args.mode,
-                   max_staleness=0 if args.mode == "colocate" else args.max_staleness,
-                   n_samples_per_prompt=args.n_samples, rollout_batch_size=args.groups_per_step,
-                   global_batch_size=rows, micro_batch_size=micro, num_steps=args.steps,
-                   checkpoint={"interval": args.checkpoint_interval},
-                   algorithm={"estimator": args.estimator, "kl_coef": 0.0},
-                   rollout={"prompts": prompts, "max_new_tokens": args.max_new_tokens, "shuffle_seed": args.seed,
-                            "temperature": args.temperature, "agent": DEMO_TASKS[args.task].agent,
-                            "filter_groups": args.filter_groups or DEMO_TASKS[args.task].filter_groups},
-                   eval={"prompts": prompts if prompts.startswith("demo:") and args.eval_every
-                         and not DEMO_TASKS[args.task].agent else None,  # eval makes plain completions
-                         "every_n_versions": max(1, args.eval_every), "max_prompts": args.eval_prompts,
-                         "temperature": 0.0},
-                   optim={"lr": args.lr, "seed": args.seed, "lr_schedule": args.lr_schedule,
-                          "min_lr_ratio": args.min_lr_ratio},
-                   stack={"engines": args.engines, "output_dir": workdir, "log_dir": os.path.join(workdir, "logs"),
-                          "checkpoint_dir": os.path.join(workdir, "checkpoints"),
-                          "coordinator_port": args.coordinator_port})
+    return RunFile(
+        name="demo",
+        model=model_dir,
+        mode=args.mode,
+        max_staleness=0 if args.mode == "colocate" else args.max_staleness,
+        n_samples_per_prompt=args.n_samples,
+        rollout_batch_size=args.groups_per_step,
+        global_batch_size=rows,
+        micro_batch_size=micro,
+        num_steps=args.steps,
+        checkpoint={"interval": args.checkpoint_interval},
+        algorithm={"estimator": args.estimator, "kl_coef": 0.0},
+        rollout={
+            "prompts": prompts,
+            "max_new_tokens": args.max_new_tokens,
+            "shuffle_seed": args.seed,
+            "temperature": args.temperature,
+            "agent": DEMO_TASKS[args.task].agent,
+            "filter_groups": args.filter_groups or DEMO_TASKS[args.task].filter_groups,
+        },
+        eval={
+            "prompts": prompts
+            if prompts.startswith("demo:") and args.eval_every and not DEMO_TASKS[args.task].agent
+            else None,  # eval makes plain completions
+            "every_n_versions": max(1, args.eval_every),
+            "max_prompts": args.eval_prompts,
+            "temperature": 0.0,
+        },
+        optim={"lr": args.lr, "seed": args.seed, "lr_schedule": args.lr_schedule, "min_lr_ratio": args.min_lr_ratio},
+        stack={
+            "engines": args.engines,
+            "output_dir": workdir,
+            "log_dir": os.path.join(workdir, "logs"),
+            "checkpoint_dir": os.path.join(workdir, "checkpoints"),
+            "coordinator_port": args.coordinator_port,
+        },
+    )
 
 
 def exactly_once(local: LocalRun, progress: RunProgress) -> None:
@@ -68,8 +87,10 @@ def exactly_once(local: LocalRun, progress: RunProgress) -> None:
     progress.extra.update(samples=len(samples), max_staleness_seen=stale, every_sample_once=once)
     if not once or stale > run.max_staleness:
         progress.state = "failed"
-        progress.failure = f"samples trained: {len(samples)}, distinct: {len(set(samples))}, expected: " \
-                           f"{run.num_steps * run.rows_per_step}; max staleness seen {stale}"
+        progress.failure = (
+            f"samples trained: {len(samples)}, distinct: {len(set(samples))}, expected: "
+            f"{run.num_steps * run.rows_per_step}; max staleness seen {stale}"
+        )
 
 
 def prepare_model(args, workdir: str) -> str:
@@ -86,8 +107,18 @@ def prepare_model(args, workdir: str) -> str:
     task = DEMO_TASKS[args.task]
     rows = [task.generate(i) for i in range(4000)]
     out = os.path.join(workdir, "warm")
-    result = warm_start(base, out, rows, args.warm_start_steps, 32, 5e-4, args.seed, args.warm_start_target,
-                        rows[:64], max_new_tokens=args.max_new_tokens)
+    result = warm_start(
+        base,
+        out,
+        rows,
+        args.warm_start_steps,
+        32,
+        5e-4,
+        args.seed,
+        args.warm_start_target,
+        rows[:64],
+        max_new_tokens=args.max_new_tokens,
+    )
     print(json.dumps({"event": "warm_start", "model": out, **result}), file=sys.stderr, flush=True)
     return out
 
@@ -100,44 +131,75 @@ def list_tasks() -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sluice demo", description=__doc__, formatter_class=HelpWithDefaults)
-    parser.add_argument("--task", nargs="?", const="", default="reverse",
-                        help="the built-in task (demo:<task>); --task alone lists them")
+    parser.add_argument(
+        "--task",
+        nargs="?",
+        const="",
+        default="reverse",
+        help="the built-in task (demo:<task>); --task alone lists them",
+    )
     parser.add_argument("--steps", type=int, default=200, help="training steps")
-    parser.add_argument("--mode", choices=["fully_async", "colocate"], default="fully_async",
-                        help="fully_async (overlapped) or colocate (synchronous, max_staleness 0)")
+    parser.add_argument(
+        "--mode",
+        choices=["fully_async", "colocate"],
+        default="fully_async",
+        help="fully_async (overlapped) or colocate (synchronous, max_staleness 0)",
+    )
     parser.add_argument("--max-staleness", type=int, default=1, help="versions rollout may run ahead (fully_async)")
     parser.add_argument("--estimator", default="grpo", choices=ESTIMATORS, help="advantage estimator")
-    parser.add_argument("--prompts", default="", help="a .jsonl or .parquet file instead of the task's prompts "
-                                                      "(no warm start, no eval)")
+    parser.add_argument(
+        "--prompts", default="", help="a .jsonl or .parquet file instead of the task's prompts (no warm start, no eval)"
+    )
     parser.add_argument("--groups-per-step", type=int, default=8, help="prompt groups per step")
     parser.add_argument("--n-samples", type=int, default=8, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=12, help="most tokens per sample (and per eval answer)")
     parser.add_argument("--temperature", type=float, default=0.7, help="the rollout's sampling temperature")
-    parser.add_argument("--filter-groups", default="",
-                        help="dynamic sampling (run config rollout.filter_groups): none, zero_variance or "
-                             "std_below:X; default: the task's (zero_variance for reverse, none for the others); "
-                             "a model that never answers right has every group dropped and fails the run")
+    parser.add_argument(
+        "--filter-groups",
+        default="",
+        help="dynamic sampling (run config rollout.filter_groups): none, zero_variance or "
+        "std_below:X; default: the task's (zero_variance for reverse, none for the others); "
+        "a model that never answers right has every group dropped and fails the run",
+    )
     parser.add_argument("--lr", type=float, default=1e-4, help="actor learning rate (AdamW)")
-    parser.add_argument("--lr-schedule", default="cosine", choices=["constant", "linear", "cosine"],
-                        help="the learning rate over the steps (run config optim.lr_schedule)")
-    parser.add_argument("--min-lr-ratio", type=float, default=0.1,
-                        help="where linear and cosine decay end, as a fraction of --lr")
+    parser.add_argument(
+        "--lr-schedule",
+        default="cosine",
+        choices=["constant", "linear", "cosine"],
+        help="the learning rate over the steps (run config optim.lr_schedule)",
+    )
+    parser.add_argument(
+        "--min-lr-ratio", type=float, default=0.1, help="where linear and cosine decay end, as a fraction of --lr"
+    )
     parser.add_argument("--seed", type=int, default=0, help="model, warm start, prompt order and trainer seed")
     parser.add_argument("--eval-every", type=int, default=5, help="held-out eval every N versions; 0 = none")
     parser.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts per eval")
     parser.add_argument("--warm-start-steps", type=int, default=300, help="most warm-start steps; 0 = none")
-    parser.add_argument("--warm-start-target", type=float, default=0.25,
-                        help="the warm start stops once its greedy score on 64 training prompts reaches this")
+    parser.add_argument(
+        "--warm-start-target",
+        type=float,
+        default=0.25,
+        help="the warm start stops once its greedy score on 64 training prompts reaches this",
+    )
     parser.add_argument("--engines", type=int, default=1, help="built-in engine processes")
     parser.add_argument("--model", default="", help="a local HF model directory; default: a new random model")
     parser.add_argument("--preset", default="small", choices=["tiny", "small"], help="size of the random model")
     parser.add_argument("--workdir", default="", help="where model, logs and checkpoints go (default: a temp dir)")
-    parser.add_argument("--checkpoint-interval", type=int, default=0,
-                        help="checkpoint every N steps; 0 = only when the trainer stops")
-    parser.add_argument("--coordinator-port", type=int, default=0,
-                        help="the coordinator's port (for `sluice status demo` elsewhere); 0 = any free port")
-    parser.add_argument("--view", choices=["auto", "live", "json"], default="auto",
-                        help="live panel, JSON lines, or auto: the panel when stdout is a terminal")
+    parser.add_argument(
+        "--checkpoint-interval", type=int, default=0, help="checkpoint every N steps; 0 = only when the trainer stops"
+    )
+    parser.add_argument(
+        "--coordinator-port",
+        type=int,
+        default=0,
+        help="the coordinator's port (for `sluice status demo` elsewhere); 0 = any free port",
+    )
+    parser.add_argument(
+        "--view",
+        choices=["auto", "live", "json"],
+        default="auto",
+        help="live panel, JSON lines, or auto: the panel when stdout is a terminal",
+    )
     args = parser.parse_args(argv)
     if args.task and args.task not in DEMO_TASKS:
         parser.error(f"--task: unknown task {args.task!r}; one of {', '.join(DEMO_TASKS)}")

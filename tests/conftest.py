@@ -50,8 +50,10 @@ def pytest_configure(config):
 @pytest.fixture
 def uniq():
     """Fresh partition/task names per test (tests share one stack)."""
+
     def make(prefix: str = "x") -> str:
         return f"{prefix}{next(_names)}_{os.getpid()}"
+
     return make
 
 
@@ -72,8 +74,9 @@ def client(dcs):
 @pytest.fixture(scope="session")
 def tq_stack(tmp_path_factory):
     metrics_port = free_port()
-    stack = LocalTransferQueue(shards=2, log_dir=str(tmp_path_factory.mktemp("tq")),
-                               controller_args=("--metrics-port", str(metrics_port)))
+    stack = LocalTransferQueue(
+        shards=2, log_dir=str(tmp_path_factory.mktemp("tq")), controller_args=("--metrics-port", str(metrics_port))
+    )
     stack.metrics_port = metrics_port
     yield stack
     stack.stop()

@@ -27,19 +27,30 @@ def install_node_package() -> pathlib.Path:
         if npm is None:
             pytest.fail("node is installed but npm is not: cannot install the Node client's dependencies")
         try:
-            done = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=PACKAGE,
-                                  capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
+            done = subprocess.run(
+                [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+                cwd=PACKAGE,
+                capture_output=True,
+                text=True,
+                timeout=NPM_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:
             pytest.fail(f"npm ci in {PACKAGE} took more than {NPM_TIMEOUT_S} s")
         if done.returncode != 0:
-            pytest.fail(f"npm ci in {PACKAGE} failed ({done.returncode}):\n"
-                        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            pytest.fail(
+                f"npm ci in {PACKAGE} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            )
     return PACKAGE
 
 
 def run_node(package: pathlib.Path, script: str, *args: str, expect_rc: int = 0, env: dict | None = None) -> dict:
-    done = subprocess.run(["node", str(package / "examples" / script), *args], capture_output=True, text=True,
-                          timeout=NODE_TIMEOUT_S, env={**os.environ, "NODE_NO_WARNINGS": "1", **(env or {})})
+    done = subprocess.run(
+        ["node", str(package / "examples" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT_S,
+        env={**os.environ, "NODE_NO_WARNINGS": "1", **(env or {})},
+    )
     assert done.returncode == expect_rc, f"node {script} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 

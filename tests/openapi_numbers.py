@@ -29,8 +29,9 @@ class NumberCase:
         return None if self.body is None else json.dumps(self.body).encode()  # NaN, Infinity, -Infinity
 
 
-def number_cases(spec: dict, path_values: dict[str, str], values: tuple, texts: tuple,
-                 bases: dict[str, dict] | None = None) -> list[NumberCase]:
+def number_cases(
+    spec: dict, path_values: dict[str, str], values: tuple, texts: tuple, bases: dict[str, dict] | None = None
+) -> list[NumberCase]:
     """For every operation of an OpenAPI document: its JSON body (every property present, one item in every
     list and map, merged with `bases[path]`: None drops a key) with each numeric field in turn set to each of
     `values`; and each numeric query or path parameter set to each of `texts`. Other path parameters come
@@ -43,17 +44,26 @@ def number_cases(spec: dict, path_values: dict[str, str], values: tuple, texts: 
             body_schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
             if body_schema is not None:
                 body = _merge(_sample(spec, body_schema), (bases or {}).get(template, {}))
-                cases += [NumberCase(method.upper(), template.format(**fill), field, value,
-                                     body=_set(body, field, value))
-                          for field in _numeric_paths(body) for value in values]
+                cases += [
+                    NumberCase(method.upper(), template.format(**fill), field, value, body=_set(body, field, value))
+                    for field in _numeric_paths(body)
+                    for value in values
+                ]
             for p in params:
                 if not _numeric(spec, p["schema"]) or p["in"] not in ("query", "path"):
                     continue
                 for text in texts:
                     where = p["in"]
                     path = template.format(**{**fill, p["name"]: text} if where == "path" else fill)
-                    cases.append(NumberCase(method.upper(), path, (where, p["name"]), text,
-                                            query={p["name"]: text} if where == "query" else None))
+                    cases.append(
+                        NumberCase(
+                            method.upper(),
+                            path,
+                            (where, p["name"]),
+                            text,
+                            query={p["name"]: text} if where == "query" else None,
+                        )
+                    )
     return cases
 
 
@@ -104,8 +114,11 @@ def _sample(spec: dict, schema: dict, depth: int = 0):
     if kind == "array":
         return [_sample(spec, schema.get("items", {}), depth + 1)]
     if kind in ("integer", "number", None):
-        value = default if isinstance(default, (int, float)) else schema.get(
-            "minimum", schema.get("exclusiveMinimum", 0) + 1 if "exclusiveMinimum" in schema else 1)
+        value = (
+            default
+            if isinstance(default, (int, float))
+            else schema.get("minimum", schema.get("exclusiveMinimum", 0) + 1 if "exclusiveMinimum" in schema else 1)
+        )
         value = min(value, schema.get("maximum", value))
         return int(value) if kind == "integer" else value
     if kind == "boolean":

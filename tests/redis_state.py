@@ -13,12 +13,18 @@ def redis_digest(client: redis.Redis) -> tuple:
     for key in keys:
         pipe.type(key)
     kinds = pipe.execute()
-    read = {b"hash": pipe.hgetall, b"set": pipe.smembers, b"list": lambda k: pipe.lrange(k, 0, -1),
-            b"zset": lambda k: pipe.zrange(k, 0, -1, withscores=True), b"string": pipe.get}
+    read = {
+        b"hash": pipe.hgetall,
+        b"set": pipe.smembers,
+        b"list": lambda k: pipe.lrange(k, 0, -1),
+        b"zset": lambda k: pipe.zrange(k, 0, -1, withscores=True),
+        b"string": pipe.get,
+    }
     for key, kind in zip(keys, kinds):
         read.get(kind, pipe.dump)(key)
-    values = [sorted(v.items()) if isinstance(v, dict) else sorted(v) if isinstance(v, set) else v
-              for v in pipe.execute()]
+    values = [
+        sorted(v.items()) if isinstance(v, dict) else sorted(v) if isinstance(v, set) else v for v in pipe.execute()
+    ]
     return tuple(zip(keys, kinds, values))
 
 

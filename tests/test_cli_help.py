@@ -31,8 +31,7 @@ def test_help_shows_every_flags_default(command, capsys):
         main([command, "--help"])
     assert exc.value.code == 0
     blocks = _flag_blocks(capsys.readouterr().out)
-    missing = [flag for flag, text in blocks.items()
-               if flag != "--help" and "default" not in text]
+    missing = [flag for flag, text in blocks.items() if flag != "--help" and "default" not in text]
     assert missing == [], f"sluice {command} --help: no default shown for {missing}"
 
 

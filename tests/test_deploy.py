@@ -25,9 +25,18 @@ TOKEN_ENVS = ("SLUICE_AUTH_TOKEN", "SLUICE_AUTH_TOKEN_FILE")
 REDIS_PASSWORD_ENVS = ("SLUICE_REDIS_PASSWORD", "SLUICE_REDIS_PASSWORD_FILE")
 # in the tests, the container paths are the example files under deploy/
 HOST_PATHS = {RUN_FILE: str(DEPLOY / "run.yaml")}
-EXPECTED = {("tq-controller", None), ("tq-shard", None), ("dcs", None), ("engine", None), ("rollout", None),
-            ("forward", "actor_fwd"), ("forward", "reference"), ("advantage", None), ("trainer", "actor"),
-            ("trainer", "critic")}
+EXPECTED = {
+    ("tq-controller", None),
+    ("tq-shard", None),
+    ("dcs", None),
+    ("engine", None),
+    ("rollout", None),
+    ("forward", "actor_fwd"),
+    ("forward", "reference"),
+    ("advantage", None),
+    ("trainer", "actor"),
+    ("trainer", "critic"),
+}
 
 
 def _check(argv: list[str], env: dict[str, str | None]):
@@ -41,8 +50,9 @@ def _check(argv: list[str], env: dict[str, str | None]):
     given = {k: HOST_PATHS.get(v, v) if isinstance(v, str) else v for k, v in given.items()}
     prefix = model.model_config["env_prefix"]
     field_of = {(prefix + f).upper(): f for f in model.model_fields}
-    unknown = [e for e in env if e.startswith("SLUICE_") and e not in field_of
-               and e not in TOKEN_ENVS + REDIS_PASSWORD_ENVS]
+    unknown = [
+        e for e in env if e.startswith("SLUICE_") and e not in field_of and e not in TOKEN_ENVS + REDIS_PASSWORD_ENVS
+    ]
     assert unknown == [], f"{command}: unknown env vars {unknown}"
     from_env = {field_of[e]: v for e, v in env.items() if e in field_of}
     both = sorted(set(from_env) & set(given))
@@ -147,8 +157,14 @@ def test_package_accepts_the_torch_a_gpu_user_already_has():
 
 ROLE_COMMANDS = ("rollout", "forward", "advantage", "trainer")
 # what a container must have mounted, by the command it runs (rollout: tokenizer, prompts, reward code)
-NEEDS = {"engine": {MODEL}, "rollout": {RUN_FILE, MODEL, DATA, REWARDS}, "forward": {RUN_FILE, MODEL},
-         "trainer": {RUN_FILE, MODEL}, "advantage": {RUN_FILE}, "submit": {RUN_FILE, MODEL, DATA, REWARDS}}
+NEEDS = {
+    "engine": {MODEL},
+    "rollout": {RUN_FILE, MODEL, DATA, REWARDS},
+    "forward": {RUN_FILE, MODEL},
+    "trainer": {RUN_FILE, MODEL},
+    "advantage": {RUN_FILE},
+    "submit": {RUN_FILE, MODEL, DATA, REWARDS},
+}
 
 
 def _k8s_docs(name: str = "sluice.yaml") -> list[dict]:
@@ -161,8 +177,10 @@ def _k8s_pods(name: str = "sluice.yaml"):
         if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
             pod = dict(doc["spec"]["template"]["spec"])
             # a StatefulSet's per-pod claims are volumes of its pods too
-            claims = [{"name": t["metadata"]["name"], "volumeClaimTemplate": t}
-                      for t in doc["spec"].get("volumeClaimTemplates", [])]
+            claims = [
+                {"name": t["metadata"]["name"], "volumeClaimTemplate": t}
+                for t in doc["spec"].get("volumeClaimTemplates", [])
+            ]
             pod["volumes"] = [*pod.get("volumes", []), *claims]
             yield doc["metadata"]["name"], pod
         elif doc["kind"] == "Pod":
@@ -212,8 +230,9 @@ def test_no_run_id_is_written_in_the_deployments_every_role_reads_the_run_file()
     for path in (DEPLOY / "docker-compose.yml", DEPLOY / "k8s" / "sluice.yaml"):
         assert "--run-id" not in path.read_text() and "RUN_ID" not in path.read_text(), path
     roles = [(where, argv) for where, argv, _, _ in _containers() if argv[0] in ROLE_COMMANDS]
-    assert len(roles) == 2 * len(EXPECTED - {("tq-controller", None), ("tq-shard", None), ("dcs", None),
-                                            ("engine", None)})
+    assert len(roles) == 2 * len(
+        EXPECTED - {("tq-controller", None), ("tq-shard", None), ("dcs", None), ("engine", None)}
+    )
     for where, argv in roles:
         assert argv[argv.index("--run-file") + 1] == RUN_FILE, where
     name = yaml.safe_load((DEPLOY / "run.yaml").read_text())["name"]
@@ -264,13 +283,19 @@ def test_both_deployments_mount_the_same_sources_everywhere():
 
 def test_the_volumes_claimed_exist_and_fill_volumes_fills_them():
     claims = {d["metadata"]["name"] for d in _k8s_docs() if d["kind"] == "PersistentVolumeClaim"}
-    used = {v["persistentVolumeClaim"]["claimName"] for _, pod in _k8s_pods() for v in pod.get("volumes", [])
-            if "persistentVolumeClaim" in v}
+    used = {
+        v["persistentVolumeClaim"]["claimName"]
+        for _, pod in _k8s_pods()
+        for v in pod.get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
     assert used <= claims, used - claims
     [(_, filler)] = list(_k8s_pods("fill-volumes.yaml"))
     mounts = _k8s_mounts(filler, filler["containers"][0])
     assert {p: v["persistentVolumeClaim"]["claimName"] for p, (v, _) in mounts.items()} == {
-        MODEL: "sluice-model", DATA: "sluice-data"}
+        MODEL: "sluice-model",
+        DATA: "sluice-data",
+    }
     assert not any(read_only for _, read_only in mounts.values())  # it writes them
 
 
@@ -285,10 +310,14 @@ def test_the_example_run_file_points_into_the_mounts_and_passes_preflight(tmp_pa
     assert load_run_file(str(DEPLOY / "run.yaml")).run_config() == run  # as `sluice submit` reads it
     assert run.model == MODEL and run.rollout.prompts.startswith(DATA + "/")
     # with the mounts' contents at their places here (deploy/data, deploy/rewards), nothing is wrong with it
-    local = run.model_copy(update={
-        "model": init_model(str(tmp_path / "model"), preset="tiny"),
-        "rollout": run.rollout.model_copy(update={
-            "prompts": str(DEPLOY / "data" / run.rollout.prompts.removeprefix(DATA + "/"))})})
+    local = run.model_copy(
+        update={
+            "model": init_model(str(tmp_path / "model"), preset="tiny"),
+            "rollout": run.rollout.model_copy(
+                update={"prompts": str(DEPLOY / "data" / run.rollout.prompts.removeprefix(DATA + "/"))}
+            ),
+        }
+    )
     monkeypatch.syspath_prepend(str(DEPLOY / "rewards"))
     assert check_run(local) == []
 
@@ -298,8 +327,13 @@ def test_one_documented_build_command_builds_the_image_every_deployment_runs():
     assert build in (DEPLOY / "Dockerfile").read_text()
     assert build in (DEPLOY.parent / "docs" / "deploy.md").read_text()
     images = {svc["image"] for svc in _compose()["services"].values() if "build" in svc}
-    images |= {c["image"] for f in ("sluice.yaml", "fill-volumes.yaml") for _, pod in _k8s_pods(f)
-               for c in pod["containers"] if not c["image"].startswith("redis")}
+    images |= {
+        c["image"]
+        for f in ("sluice.yaml", "fill-volumes.yaml")
+        for _, pod in _k8s_pods(f)
+        for c in pod["containers"]
+        if not c["image"].startswith("redis")
+    }
     assert images == {"sluice:latest"}
 
 
@@ -333,11 +367,17 @@ def test_redis_keeps_an_append_only_file_on_a_volume_in_both_deployments():
     compose = _compose()["services"]["redis"]
     argv = _compose_redis_argv(compose)
     assert argv[0] == "redis-server" and _appendonly(argv)
-    assert any(v.split(":")[1] == "/data" and v.split(":")[0] in _compose().get("volumes", {})
-               for v in compose["volumes"])
+    assert any(
+        v.split(":")[1] == "/data" and v.split(":")[0] in _compose().get("volumes", {}) for v in compose["volumes"]
+    )
     docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "sluice.yaml").read_text()) if d]
-    [redis] = [c for d in docs if d["kind"] == "Deployment"
-               for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "redis"]
+    [redis] = [
+        c
+        for d in docs
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "redis"
+    ]
     assert redis["args"][0] == "redis-server" and _appendonly(redis["args"])
     [mount] = [m for m in redis["volumeMounts"] if m["mountPath"] == "/data"]
     [deployment] = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "sluice-redis"]
@@ -375,8 +415,11 @@ def test_every_service_that_reads_redis_gets_its_password_from_the_environment()
     service whose command or env names a Redis URL gets the same password as env SLUICE_REDIS_PASSWORD."""
     compose = _compose()["services"]
     source = "${SLUICE_REDIS_PASSWORD:?"
-    readers = {name for name, svc in compose.items() if svc.get("image", "").startswith("sluice")
-               and _reads_redis(svc["command"], svc.get("environment") or {})}
+    readers = {
+        name
+        for name, svc in compose.items()
+        if svc.get("image", "").startswith("sluice") and _reads_redis(svc["command"], svc.get("environment") or {})
+    }
     assert readers >= {"tq-controller", "dcs", "rollout", "advantage", "trainer", "actor-fwd", "reference", "critic"}
     for name in readers:
         assert compose[name]["environment"]["SLUICE_REDIS_PASSWORD"].startswith(source), name
@@ -390,7 +433,9 @@ def test_every_service_that_reads_redis_gets_its_password_from_the_environment()
     for name, pod in _k8s_pods():
         for c in pod["containers"]:
             env = {e["name"]: e for e in c.get("env", [])}
-            if c["image"].startswith("sluice:") and _reads_redis(c["args"], {k: e.get("value") for k, e in env.items()}):
+            if c["image"].startswith("sluice:") and _reads_redis(
+                c["args"], {k: e.get("value") for k, e in env.items()}
+            ):
                 k8s_readers.append(name)
                 assert env["SLUICE_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == secret, name
     assert len(k8s_readers) == len(readers)
@@ -411,13 +456,17 @@ def _policies() -> dict[str, dict]:
 def _selected(selector: dict, labels: dict) -> bool:
     """Whether a podSelector (matchLabels and In expressions) selects a pod with these labels."""
     return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()) and all(
-        labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", []) if e["operator"] == "In")
+        labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", []) if e["operator"] == "In"
+    )
 
 
 def _pod_labels() -> dict[str, tuple[dict, dict]]:
     """workload name -> (its pods' labels, pod spec)."""
-    return {d["metadata"]["name"]: (d["spec"]["template"]["metadata"]["labels"], d["spec"]["template"]["spec"])
-            for d in _k8s_docs() if d["kind"] in ("Deployment", "StatefulSet", "Job")}
+    return {
+        d["metadata"]["name"]: (d["spec"]["template"]["metadata"]["labels"], d["spec"]["template"]["spec"])
+        for d in _k8s_docs()
+        if d["kind"] in ("Deployment", "StatefulSet", "Job")
+    }
 
 
 def _allowed(policy: dict, port: int) -> list[dict]:
@@ -432,9 +481,13 @@ def _allowed(policy: dict, port: int) -> list[dict]:
 
 def test_network_policies_let_only_the_runs_pods_reach_redis_the_transferqueue_and_the_trainer():
     policies, pods = _policies(), _pod_labels()
-    redis_readers = {name for name, (_, spec) in pods.items() for c in spec["containers"]
-                     if c["image"].startswith("sluice:") and _reads_redis(c["args"], {
-                         e["name"]: e.get("value") for e in c.get("env", [])})}
+    redis_readers = {
+        name
+        for name, (_, spec) in pods.items()
+        for c in spec["containers"]
+        if c["image"].startswith("sluice:")
+        and _reads_redis(c["args"], {e["name"]: e.get("value") for e in c.get("env", [])})
+    }
     run_pods = {name for name in pods if name != "sluice-redis"}
 
     def reach(target: str, port: int) -> set[str]:
@@ -444,8 +497,11 @@ def test_network_policies_let_only_the_runs_pods_reach_redis_the_transferqueue_a
         assert selecting, f"no NetworkPolicy selects {target}"
         peers = [peer for p in selecting for peer in _allowed(p, port)]
         assert all(set(peer) == {"podSelector"} for peer in peers), (target, port, peers)  # no ipBlock, no "all"
-        return {name for name, (pod_labels, _) in pods.items()
-                if any(_selected(peer["podSelector"], pod_labels) for peer in peers)}
+        return {
+            name
+            for name, (pod_labels, _) in pods.items()
+            if any(_selected(peer["podSelector"], pod_labels) for peer in peers)
+        }
 
     assert reach("sluice-redis", 6379) == redis_readers
     assert reach("tq-controller", 7400) == run_pods and reach("tq-shard", 7410) == run_pods

@@ -47,8 +47,10 @@ def test_the_cpu_smoke_run_file_is_valid_and_small(tmp_path):
     assert run.stack.output_dir == str(tmp_path / "runs")
     # the GPU version keeps the run file's own settings, with this check's model, run dir and port
     path, _ = gpu_check_run.write_run_file(str(tmp_path), str(tmp_path / "model"), "cuda", None)
-    assert load_run_file(path).stack.engine_flags == load_run_file(
-        str(ROOT / "deploy" / "one_gpu.yaml")).stack.engine_flags
+    assert (
+        load_run_file(path).stack.engine_flags
+        == load_run_file(str(ROOT / "deploy" / "one_gpu.yaml")).stack.engine_flags
+    )
 
 
 def test_without_a_gpu_every_part_is_skipped(monkeypatch, capsys):
@@ -57,14 +59,38 @@ def test_without_a_gpu_every_part_is_skipped(monkeypatch, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["ok"] is True and result["machine"]["cuda"] is False
     assert {name: part["status"] for name, part in result["parts"].items()} == {
-        "run": "skipped", "engine": "skipped", "cuda_tests": "skipped"}
+        "run": "skipped",
+        "engine": "skipped",
+        "cuda_tests": "skipped",
+    }
 
 
 def test_step_figures_from_steps_jsonl():
-    steps = [{"wall_time": 100.0, "step_s": 30.0, "wait_s": 25.0, "compute_s": 1.0, "publish_s": 2.0,
-              "samples": 256, "tokens": 1000, "staleness_max": 0}]
-    steps += [{"wall_time": 100.0 + 4 * i, "step_s": 4.0, "wait_s": 1.0, "compute_s": 2.0, "publish_s": 0.2,
-               "samples": 256, "tokens": 1000, "staleness_max": 2} for i in (1, 2)]
+    steps = [
+        {
+            "wall_time": 100.0,
+            "step_s": 30.0,
+            "wait_s": 25.0,
+            "compute_s": 1.0,
+            "publish_s": 2.0,
+            "samples": 256,
+            "tokens": 1000,
+            "staleness_max": 0,
+        }
+    ]
+    steps += [
+        {
+            "wall_time": 100.0 + 4 * i,
+            "step_s": 4.0,
+            "wait_s": 1.0,
+            "compute_s": 2.0,
+            "publish_s": 0.2,
+            "samples": 256,
+            "tokens": 1000,
+            "staleness_max": 2,
+        }
+        for i in (1, 2)
+    ]
     figures = gpu_check_run.step_figures(steps)
     assert figures["samples_per_s"] == 2 * 256 / 8  # the steps after the first, over their span
     assert figures["wait_fraction"] == 0.25 and figures["wait_share_of_wait_and_compute"] == pytest.approx(1 / 3, 1e-2)
@@ -82,12 +108,19 @@ def test_gpu_busy_counts_the_samples_inside_the_window():
 def test_the_cuda_tests_are_found_and_counted(tmp_path):
     assert "tests/engine/test_engine_cuda.py" in gpu_check.cuda_test_files()
     junit = tmp_path / "junit.xml"
-    junit.write_text('<testsuites><testsuite tests="4" failures="1" errors="0" skipped="2">'
-                     '<testcase classname="a" name="ok"/><testcase classname="a" name="bad"><failure/></testcase>'
-                     '<testcase classname="a" name="s1"><skipped/></testcase>'
-                     '<testcase classname="a" name="s2"><skipped/></testcase></testsuite></testsuites>')
-    assert gpu_check.junit_counts(str(junit)) == {"passed": 1, "failed": 1, "errors": 0, "skipped": 2,
-                                                  "failed_tests": ["a::bad"]}
+    junit.write_text(
+        '<testsuites><testsuite tests="4" failures="1" errors="0" skipped="2">'
+        '<testcase classname="a" name="ok"/><testcase classname="a" name="bad"><failure/></testcase>'
+        '<testcase classname="a" name="s1"><skipped/></testcase>'
+        '<testcase classname="a" name="s2"><skipped/></testcase></testsuite></testsuites>'
+    )
+    assert gpu_check.junit_counts(str(junit)) == {
+        "passed": 1,
+        "failed": 1,
+        "errors": 0,
+        "skipped": 2,
+        "failed_tests": ["a::bad"],
+    }
 
 
 def test_continuous_batching_runs_on_its_own_copy_of_the_model(tmp_path):

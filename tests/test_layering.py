@@ -123,7 +123,8 @@ def test_the_check_sees_a_violation(tmp_path):
     (tmp_path / "cli.py").write_text("from services.trainer import main\n")
     assert layering_violations(tmp_path) == [
         "infrastructure -> role: dcs/publisher.py imports services.rollout.client",
-        "role -> role: forward/service.py imports services.trainer.checkpoint"]
+        "role -> role: forward/service.py imports services.trainer.checkpoint",
+    ]
 
 
 def test_the_packages_stand_in_tiers():
@@ -147,13 +148,16 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_tier_check_sees_an_upward_import_and_an_unknown_package(tmp_path):
-    root = _write(tmp_path, {
-        "runtime/logs.py": "import os\n",
-        "runtime/watch.py": "def f():\n    from services.dcs.client import DCSClient\n",  # lazy: still seen
-        "dcs/client.py": "from services.runtime import logs\n",  # downward: allowed
-        "dcs/sync/publisher.py": "from services.dcs import client\n",  # the leaf importing its holder
-        "dcs/app.py": "from services.dcs.sync.layout import pack\nimport services.newpkg.x\n",
-    })
+    root = _write(
+        tmp_path,
+        {
+            "runtime/logs.py": "import os\n",
+            "runtime/watch.py": "def f():\n    from services.dcs.client import DCSClient\n",  # lazy: still seen
+            "dcs/client.py": "from services.runtime import logs\n",  # downward: allowed
+            "dcs/sync/publisher.py": "from services.dcs import client\n",  # the leaf importing its holder
+            "dcs/app.py": "from services.dcs.sync.layout import pack\nimport services.newpkg.x\n",
+        },
+    )
     assert tier_violations(root) == [
         "newpkg is in no tier",
         "upward (contracts -> coordinator): dcs/sync/publisher.py imports services.dcs.client",
@@ -162,12 +166,15 @@ def test_the_tier_check_sees_an_upward_import_and_an_unknown_package(tmp_path):
 
 
 def test_the_cycle_check_sees_a_cycle_within_a_tier(tmp_path):
-    root = _write(tmp_path, {
-        "model/loading.py": "from services.transferqueue.codec import Batch\n",
-        "transferqueue/codec.py": "import services.sglang_protocol.client\n",
-        "sglang_protocol/client.py": "from services.model.loading import load\n",
-        "runtime/logs.py": "import services.runtime.spans\n",
-    })
+    root = _write(
+        tmp_path,
+        {
+            "model/loading.py": "from services.transferqueue.codec import Batch\n",
+            "transferqueue/codec.py": "import services.sglang_protocol.client\n",
+            "sglang_protocol/client.py": "from services.model.loading import load\n",
+            "runtime/logs.py": "import services.runtime.spans\n",
+        },
+    )
     assert tier_violations(root) == []  # one tier: the order allows it, the cycle check does not
     cycle = package_cycle(root)
     assert cycle is not None and cycle[0] == cycle[-1]

@@ -89,8 +89,16 @@ def test_task_flags_default_to_each_task_and_apply_to_all_when_given():
     assert ttr_args.parse_args(["--quick", "--reps", "2"]).reps == 2
 
 
-@pytest.mark.parametrize("argv", [["--tasks", "letters"], ["--systems", "trl,vllm"], ["--trl-threads", "0"],
-                                  ["--reps", "0"], ["--micro-batch-size", "48"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--tasks", "letters"],
+        ["--systems", "trl,vllm"],
+        ["--trl-threads", "0"],
+        ["--reps", "0"],
+        ["--micro-batch-size", "48"],
+    ],
+)
 def test_bad_flags_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         ttr_args.parse_args(argv)
@@ -102,14 +110,33 @@ def test_the_trl_process_gets_the_threads_it_is_given_while_this_one_is_pinned(m
     monkeypatch.setenv("MKL_NUM_THREADS", "1")
     env = trl_env(2)
     assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("2", "2")
-    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
-                         capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     assert out.stdout.strip() == "2"
 
 
 def test_trl_spec_refuses_zero_threads():
-    fields = dict(task="short", warm_dir="w", prompts_path="p", workdir="d", steps=1, groups=1, n_samples=2,
-                  micro_batch_size=2, max_new_tokens=4, temperature=1.0, lr=1e-3, eval_every=1, seed=0)
+    fields = dict(
+        task="short",
+        warm_dir="w",
+        prompts_path="p",
+        workdir="d",
+        steps=1,
+        groups=1,
+        n_samples=2,
+        micro_batch_size=2,
+        max_new_tokens=4,
+        temperature=1.0,
+        lr=1e-3,
+        eval_every=1,
+        seed=0,
+    )
     assert TrlSpec.model_validate_json(TrlSpec(threads=2, **fields).model_dump_json()).threads == 2
     with pytest.raises(ValueError, match="threads"):
         TrlSpec(threads=0, **fields)
@@ -124,8 +151,12 @@ def test_ratios_name_the_strongest_baseline_at_the_highest_threshold_both_reach(
     sluice = _block({"0.6": 2.0, "0.7": 4.0, "0.8": 8.0})
     trl = _block({"0.6": 4.0, "0.7": 10.0, "0.8": 16.0})
     inprocess = _block({"0.6": 1.0, "0.7": 5.0, "0.8": None})
-    assert ttr_summary.ratio(trl, sluice, thresholds) == {"threshold": 0.8, "sluice_s": 8.0, "baseline_s": 16.0,
-                                                          "sluice_over_baseline": 0.5}
+    assert ttr_summary.ratio(trl, sluice, thresholds) == {
+        "threshold": 0.8,
+        "sluice_s": 8.0,
+        "baseline_s": 16.0,
+        "sluice_over_baseline": 0.5,
+    }
     strongest = ttr_summary.ratio_vs_strongest({"trl": trl, "inprocess_engine_2t": inprocess}, sluice, thresholds)
     assert strongest["against"] == "inprocess_engine_2t"
     assert (strongest["threshold"], strongest["sluice_over_baseline"]) == (0.7, 0.8)

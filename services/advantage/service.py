@@ -44,12 +44,12 @@ def advantages_of(batch: Batch, run: RunConfig) -> tuple[torch.Tensor, torch.Ten
     width = max(1, max(len(m) for m in masks))
     mask = torch.zeros(len(masks), width)
     for i, m in enumerate(masks):
-        mask[i, :len(m)] = m
+        mask[i, : len(m)] = m
 
     def padded(name: str) -> torch.Tensor:
         out = torch.zeros(len(masks), width)
         for i, v in enumerate(batch[name]):
-            out[i, :len(v)] = v
+            out[i, : len(v)] = v
         return out
 
     kl = None
@@ -57,9 +57,18 @@ def advantages_of(batch: Batch, run: RunConfig) -> tuple[torch.Tensor, torch.Ten
         policy = padded(policy_log_probs(run))
         kl = kl_estimate(policy, padded("ref_log_probs"), algo.kl_kind) * mask
     values = padded("values") if run.uses_critic else None
-    return compute_advantages(algo.estimator, batch["reward"].float(), mask, run.n_samples_per_prompt,
-                              values=values, kl=kl, kl_coef=algo.kl_coef if kl is not None else 0.0,
-                              gamma=algo.gamma, lam=algo.lam, copies=run.chains_per_episode)
+    return compute_advantages(
+        algo.estimator,
+        batch["reward"].float(),
+        mask,
+        run.n_samples_per_prompt,
+        values=values,
+        kl=kl,
+        kl_coef=algo.kl_coef if kl is not None else 0.0,
+        gamma=algo.gamma,
+        lam=algo.lam,
+        copies=run.chains_per_episode,
+    )
 
 
 class AdvantageService:
@@ -72,16 +81,23 @@ class AdvantageService:
     def run_loop(self, session: RunSession, halt: threading.Event) -> None:
         c = self.config
         run, tq = session.run, session.tq
-        membership = session.join(NodeRegistration(role="advantage", host=c.advertise_host, ports={"http": c.port},
-                                                   run_id=c.run_id))
+        membership = session.join(
+            NodeRegistration(role="advantage", host=c.advertise_host, ports={"http": c.port}, run_id=c.run_id)
+        )
         n = run.group_rows
         tq.register_task(task_name(run.name, TASK), advantage_inputs(run), group_size=n)
         # min_rows: answer once a global batch is ready (the trainer claims no less at a time, so waiting for
         # it delays nothing and a step costs one claim, read, put and ack instead of one per few groups), or
         # sooner with whatever is ready when the long poll ends
         rows = (c.max_groups_per_batch or run.rollout_batch_size) * n
-        consumer = Consumer(task_name(run.name, TASK), rows, lambda batch: self.compute(batch, run), "advantage",
-                            min_rows=min(rows, run.global_batch_size), done=self.done)
+        consumer = Consumer(
+            task_name(run.name, TASK),
+            rows,
+            lambda batch: self.compute(batch, run),
+            "advantage",
+            min_rows=min(rows, run.global_batch_size),
+            done=self.done,
+        )
         self.status.running()
 
         def safe_point() -> None:
@@ -90,6 +106,7 @@ class AdvantageService:
         def work(step: int, partition: str, behind) -> None:
             consume_partition(tq, partition, consumer, c.lease_s, n, safe_point, halt, idle=behind)
             membership.progress(step=step)
+
         try:
             each_step(session.steps, run.num_steps, halt, safe_point, work, consumer.task)
         finally:
@@ -99,13 +116,16 @@ class AdvantageService:
         advantages, returns = advantages_of(batch, run)
         lengths = [len(m) for m in batch["loss_mask"]]
         ADV_ABS.set(float(advantages.abs().sum()) / max(1, sum(lengths)))
-        return {"advantages": [advantages[i, :n].contiguous() for i, n in enumerate(lengths)],
-                "returns": [returns[i, :n].contiguous() for i, n in enumerate(lengths)]}
+        return {
+            "advantages": [advantages[i, :n].contiguous() for i, n in enumerate(lengths)],
+            "returns": [returns[i, :n].contiguous() for i, n in enumerate(lengths)],
+        }
 
     def done(self, batch: Batch) -> None:
         ROWS.inc(len(batch.rows))
-        self.status.update(partition=batch.partition,
-                           rows_done=self.status.fields.get("rows_done", 0) + len(batch.rows))
+        self.status.update(
+            partition=batch.partition, rows_done=self.status.fields.get("rows_done", 0) + len(batch.rows)
+        )
 
 
 async def serve(config: AdvantageConfig, stop: asyncio.Event) -> None:

@@ -115,9 +115,16 @@ def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float) -> Ten
     return torch.stack(out[::-1], dim=1) if out else torch.zeros_like(rewards)
 
 
-def reinforce_pp_advantages(rewards: Tensor, mask: Tensor, group_size: int, kl: Tensor | None = None,
-                            kl_coef: float = 0.0, gamma: float = 1.0, baseline: bool = False,
-                            eps: float = 1e-8) -> tuple[Tensor, Tensor]:
+def reinforce_pp_advantages(
+    rewards: Tensor,
+    mask: Tensor,
+    group_size: int,
+    kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+    gamma: float = 1.0,
+    baseline: bool = False,
+    eps: float = 1e-8,
+) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
     Models"); returns (advantages, returns), both [B, T]:
 
@@ -139,8 +146,9 @@ def reinforce_pp_advantages(rewards: Tensor, mask: Tensor, group_size: int, kl: 
     return whiten(returns, mask, eps), returns
 
 
-def gae_advantages(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float,
-                   lam: float) -> tuple[Tensor, Tensor]:
+def gae_advantages(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
     """Generalized Advantage Estimation (Schulman et al. 2016, "High-Dimensional Continuous Control Using
     Generalized Advantage Estimation"); returns (advantages, returns), both [B, T], not whitened:
 
@@ -190,9 +198,19 @@ def whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     return torch.where(on, (x - mean) * torch.rsqrt(var + eps), 0.0)
 
 
-def compute_advantages(estimator: str, rewards: Tensor, mask: Tensor, group_size: int, *,
-                       values: Tensor | None = None, kl: Tensor | None = None, kl_coef: float = 0.0,
-                       gamma: float = 1.0, lam: float = 1.0, copies: int = 1) -> tuple[Tensor, Tensor]:
+def compute_advantages(
+    estimator: str,
+    rewards: Tensor,
+    mask: Tensor,
+    group_size: int,
+    *,
+    values: Tensor | None = None,
+    kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    copies: int = 1,
+) -> tuple[Tensor, Tensor]:
     """(advantages, returns), both [B, T], for `estimator` in ESTIMATORS.
 
     `copies`: rows per sample. An agent episode is written as `copies` consecutive rows (its chains, which share
@@ -213,8 +231,9 @@ def compute_advantages(estimator: str, rewards: Tensor, mask: Tensor, group_size
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1 or B % copies:
         raise ValueError(f"copies must be a positive int dividing the batch of {B} rows, got {copies!r}")
     if estimator in ("reinforce_pp", "reinforce_pp_baseline"):  # token-level: each row is a sample of the group
-        return reinforce_pp_advantages(rewards, mask, group_size * copies, kl, kl_coef, gamma,
-                                       baseline=estimator == "reinforce_pp_baseline")
+        return reinforce_pp_advantages(
+            rewards, mask, group_size * copies, kl, kl_coef, gamma, baseline=estimator == "reinforce_pp_baseline"
+        )
     if estimator == "ppo":
         if values is None:
             raise ValueError("the ppo estimator needs the critic's values [B, T]")

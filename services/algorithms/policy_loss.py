@@ -29,13 +29,15 @@ def kl_estimate(log_probs: Tensor, ref_log_probs: Tensor, kind: str) -> Tensor:
     if kind not in KL_KINDS:
         raise ValueError(f"unknown KL estimator {kind!r}; expected one of {KL_KINDS}")
     if log_probs.shape != ref_log_probs.shape:
-        raise ValueError(f"log_probs {tuple(log_probs.shape)} and ref_log_probs {tuple(ref_log_probs.shape)} "
-                         "must have the same shape")
+        raise ValueError(
+            f"log_probs {tuple(log_probs.shape)} and ref_log_probs {tuple(ref_log_probs.shape)} "
+            "must have the same shape"
+        )
     log_ratio = log_probs - ref_log_probs
     if kind == "k1":
         return log_ratio
     if kind == "k2":
-        return 0.5 * log_ratio ** 2
+        return 0.5 * log_ratio**2
     return torch.exp(-log_ratio) - 1 + log_ratio
 
 
@@ -67,8 +69,9 @@ def log_probs_and_entropy(logits: Tensor, token_ids: Tensor, entropy_grad: bool)
     return picked, entropy
 
 
-def aggregate(values: Tensor, mask: Tensor, mode: str, total_tokens: float | None = None,
-              total_seqs: float | None = None) -> Tensor:
+def aggregate(
+    values: Tensor, mask: Tensor, mode: str, total_tokens: float | None = None, total_seqs: float | None = None
+) -> Tensor:
     """Reduce per-token values [B, T] to a scalar:
 
         token_mean           sum_{i,t} v m / total_tokens                       (default: mask.sum())
@@ -145,11 +148,19 @@ class PolicyLossConfig:
             raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
 
 
-def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor,
-                cfg: PolicyLossConfig, *, rollout_log_probs: Tensor | None = None,
-                ref_log_probs: Tensor | None = None, entropy: Tensor | None = None,
-                total_tokens: float | None = None,
-                total_seqs: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def policy_loss(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: PolicyLossConfig,
+    *,
+    rollout_log_probs: Tensor | None = None,
+    ref_log_probs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    total_tokens: float | None = None,
+    total_seqs: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """The actor's loss, a scalar, and its metrics.
 
     Clipped surrogate (PPO, Schulman et al. 2017, "Proximal Policy Optimization Algorithms"), with
@@ -195,8 +206,15 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, ma
     Log-ratios beyond +-20 are clamped before exp() so a wild token cannot overflow to inf; such a ratio
     is clipped (or dual-clipped) anyway for every sane clip range.
     """
-    _check_per_token(mask, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages,
-                     rollout_log_probs=rollout_log_probs, ref_log_probs=ref_log_probs, entropy=entropy)
+    _check_per_token(
+        mask,
+        log_probs=log_probs,
+        old_log_probs=old_log_probs,
+        advantages=advantages,
+        rollout_log_probs=rollout_log_probs,
+        ref_log_probs=ref_log_probs,
+        entropy=entropy,
+    )
     if cfg.kl_loss_coef > 0 and ref_log_probs is None:
         raise ValueError(f"kl_loss_coef={cfg.kl_loss_coef} needs ref_log_probs")
     if cfg.entropy_coef > 0 and entropy is None:
@@ -232,7 +250,7 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, ma
     metrics["pg_loss"] = _token_mean(pg, on)
     metrics["clip_fraction"] = _token_mean(clip_taken, on)
     metrics["dual_clip_fraction"] = _token_mean(dual_taken, on)
-    metrics["approx_kl"] = _token_mean(0.5 * log_ratio ** 2, on)
+    metrics["approx_kl"] = _token_mean(0.5 * log_ratio**2, on)
     metrics["ratio_max"] = torch.where(on, ratio, 0.0).max().detach() if on.any() else ratio.new_zeros(())
     if ref_log_probs is not None:
         kl = kl_estimate(log_probs, torch.where(on, ref_log_probs, 0.0), cfg.kl_loss_kind)
@@ -247,8 +265,9 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, ma
     return loss, metrics
 
 
-def _behaviour_weight(old_log_probs: Tensor, rollout_log_probs: Tensor, on: Tensor,
-                      cfg: PolicyLossConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def _behaviour_weight(
+    old_log_probs: Tensor, rollout_log_probs: Tensor, on: Tensor, cfg: PolicyLossConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
     """w_t of policy_loss's docstring (filtered, then truncated) and its metrics."""
     weight = torch.exp((old_log_probs - rollout_log_probs).detach().clamp(max=_MAX_LOG_RATIO))
     kept = on
@@ -262,9 +281,16 @@ def _behaviour_weight(old_log_probs: Tensor, rollout_log_probs: Tensor, on: Tens
     return weight, {"behav_filtered_fraction": _token_mean(on & ~kept, on), "tis_weight_mean": _token_mean(weight, on)}
 
 
-def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None = None,
-               loss_agg: str = "token_mean", total_tokens: float | None = None,
-               total_seqs: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip: float | None = None,
+    loss_agg: str = "token_mean",
+    total_tokens: float | None = None,
+    total_seqs: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """The critic's loss (PPO, Schulman et al. 2017; value clipping as in OpenAI baselines' PPO2):
 
         L_t = 0.5 * max((V_t - R_t)^2, (V_old,t + clip(V_t - V_old,t, -clip, clip) - R_t)^2)
@@ -290,8 +316,11 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
         clip_taken = on & (clipped > unclipped)
     per_token = 0.5 * per_token
     loss = aggregate(per_token, mask, loss_agg, total_tokens, total_seqs)
-    metrics = {"value_loss": _token_mean(per_token, on), "value_clip_fraction": _token_mean(clip_taken, on),
-               "tokens": on.sum().to(per_token.dtype)}
+    metrics = {
+        "value_loss": _token_mean(per_token, on),
+        "value_clip_fraction": _token_mean(clip_taken, on),
+        "tokens": on.sum().to(per_token.dtype),
+    }
     return loss, metrics
 
 

@@ -12,9 +12,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from services.dcs.config import DCSConfig
 from services.dcs.engine_routes import engine_router
 from services.dcs.engine_set import EngineSets
-from services.dcs.routes import (
-    health_router, lifecycle_router, node_router, run_router, sync_router, weight_router,
-)
+from services.dcs.routes import health_router, lifecycle_router, node_router, run_router, sync_router, weight_router
 from services.dcs.state import Conflict, Missing, RedisState
 from services.dcs.step_routes import steps_router
 from services.runtime.http_auth import require_bearer_token
@@ -49,11 +47,13 @@ class RequestCounter:
 
 
 def build_app(config: DCSConfig, state: RedisState, events: RedisEvents) -> FastAPI:
-    app = FastAPI(title="Sluice DCS", version="1",
-                  description="Control plane: nodes, topology, weight versions, sync groups, run control.")
+    app = FastAPI(
+        title="Sluice DCS",
+        version="1",
+        description="Control plane: nodes, topology, weight versions, sync groups, run control.",
+    )
     app.add_middleware(RequestCounter)
-    require_bearer_token(app, config.auth_token, OPEN_PATHS,
-                         on_refused=HTTP_TOTAL.labels("unauthenticated", "401").inc)
+    require_bearer_token(app, config.auth_token, OPEN_PATHS, on_refused=HTTP_TOTAL.labels("unauthenticated", "401").inc)
 
     answer_validation_errors_without_input(app)
 
@@ -71,8 +71,15 @@ def build_app(config: DCSConfig, state: RedisState, events: RedisEvents) -> Fast
         return JSONResponse({"detail": f"state store unreachable: {exc}"}, status_code=503)
 
     engines = EngineSets(state)
-    for router in (health_router(state), node_router(config, state, engines), weight_router(config, state, events),
-                   sync_router(state), run_router(state), lifecycle_router(state), steps_router(state),
-                   engine_router(engines)):
+    for router in (
+        health_router(state),
+        node_router(config, state, engines),
+        weight_router(config, state, events),
+        sync_router(state),
+        run_router(state),
+        lifecycle_router(state),
+        steps_router(state),
+        engine_router(engines),
+    ):
         app.include_router(router)
     return app

@@ -9,9 +9,28 @@ from dataclasses import dataclass
 import aiohttp
 
 from services.dcs.models import (
-    MAX_FAILURE_MESSAGE, Cursors, CursorUpdate, EngineAdd, EngineEntry, EngineList, FailureReport, Heartbeat,
-    HeartbeatReply, NodeInfo, NodeRegistration, Ok, PublishedWeights, Run, RunConfig, RunStatus, StepsPage,
-    SyncGroup, SyncGroupRequest, SyncReport, Topology, WeightMetadata,
+    MAX_FAILURE_MESSAGE,
+    Cursors,
+    CursorUpdate,
+    EngineAdd,
+    EngineEntry,
+    EngineList,
+    FailureReport,
+    Heartbeat,
+    HeartbeatReply,
+    NodeInfo,
+    NodeRegistration,
+    Ok,
+    PublishedWeights,
+    Run,
+    RunConfig,
+    RunStatus,
+    StepsPage,
+    SyncGroup,
+    SyncGroupRequest,
+    SyncReport,
+    Topology,
+    WeightMetadata,
 )
 from services.runtime.loop_thread import BlockingFacade, blocking_methods
 from services.runtime.tls import client_ssl_context
@@ -68,11 +87,18 @@ class AsyncDCSClient:
         data = body.model_dump_json() if body is not None else None
         params = {k: str(v) for k, v in params.items()} if params else None
         if self._http is None:
-            self._http = aiohttp.ClientSession(headers=self._headers,
-                                               connector=aiohttp.TCPConnector(limit=0, ssl=self._ssl or True))
+            self._http = aiohttp.ClientSession(
+                headers=self._headers, connector=aiohttp.TCPConnector(limit=0, ssl=self._ssl or True)
+            )
         try:
-            async with self._http.request(method, self.base_url + path, data=data, headers=headers, params=params,
-                                          timeout=aiohttp.ClientTimeout(total=timeout or self._timeout_s)) as r:
+            async with self._http.request(
+                method,
+                self.base_url + path,
+                data=data,
+                headers=headers,
+                params=params,
+                timeout=aiohttp.ClientTimeout(total=timeout or self._timeout_s),
+            ) as r:
                 answer = _Answer(r.status, await r.read())
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise DCSUnreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
@@ -115,8 +141,9 @@ class AsyncDCSClient:
 
     async def next_weights(self, run_id: str, after: int, wait_s: float) -> PublishedWeights | None:
         """The run's newest version after `after`, waiting up to wait_s; None if none came."""
-        response = await self._call("GET", f"/v1/runs/{run_id}/weights/next",
-                                    params={"after": after, "wait_s": wait_s}, timeout=wait_s + 10)
+        response = await self._call(
+            "GET", f"/v1/runs/{run_id}/weights/next", params={"after": after, "wait_s": wait_s}, timeout=wait_s + 10
+        )
         if response.status_code == 204:
             return None
         return PublishedWeights.model_validate_json(response.content)
@@ -165,7 +192,7 @@ class AsyncDCSClient:
         """Report a fatal error of `role` (the run becomes failed unless it already ended or failed).
         A message over the coordinator's bound is cut, keeping its end (where a traceback names the cause)."""
         if len(message) > MAX_FAILURE_MESSAGE:
-            message = "..." + message[-(MAX_FAILURE_MESSAGE - 3):]
+            message = "..." + message[-(MAX_FAILURE_MESSAGE - 3) :]
         report = FailureReport(role=role, node_id=node_id, message=message or "failed")
         return Run.model_validate_json((await self._call("POST", f"/v1/runs/{run_id}/fail", report)).content)
 

@@ -72,8 +72,10 @@ class EngineSets:
             pipe.smembers(removed_key)
             added, removed = await pipe.execute()
         nodes = await self._nodes(run_id)
-        entries = [self._entry(url, "added", int(rank), nodes)
-                   for url, rank in sorted(added.items(), key=lambda kv: int(kv[1]))]
+        entries = [
+            self._entry(url, "added", int(rank), nodes)
+            for url, rank in sorted(added.items(), key=lambda kv: int(kv[1]))
+        ]
         seen = set(added)
         for node in nodes:
             url = _url_of(node)
@@ -86,8 +88,14 @@ class EngineSets:
     def _entry(url: str, source: str, rank: int, nodes: list[NodeInfo]) -> EngineEntry:
         mine = sorted((n for n in nodes if _url_of(n) == url), key=lambda n: (n.alive, n.last_heartbeat))
         node = mine[-1] if mine else None
-        return EngineEntry(url=url, source=source, rank=rank, node_id=node.node_id if node else None,
-                           alive=bool(node and node.alive), weight_version=node.weight_version if node else None)
+        return EngineEntry(
+            url=url,
+            source=source,
+            rank=rank,
+            node_id=node.node_id if node else None,
+            alive=bool(node and node.alive),
+            weight_version=node.weight_version if node else None,
+        )
 
     async def _nodes(self, run_id: str) -> list[NodeInfo]:
         return [n for n in await self.state.nodes() if n.role == "engine" and n.run_id == run_id and n.url()]
@@ -99,8 +107,10 @@ class EngineSets:
             return
         url = _url_of(reg)
         if await self.state.redis.sismember(self._keys(reg.run_id)[1], url):
-            raise Conflict(f"engine {url} was removed from run {reg.run_id}; add it again with "
-                           f"`sluice engines add {url}` (POST /v1/runs/{reg.run_id}/engines)")
+            raise Conflict(
+                f"engine {url} was removed from run {reg.run_id}; add it again with "
+                f"`sluice engines add {url}` (POST /v1/runs/{reg.run_id}/engines)"
+            )
 
 
 def _url_of(node: NodeRegistration) -> str:

@@ -24,6 +24,7 @@ def _refuse_if_ended(run: Run, action: str) -> None:
 
 async def set_desired(state: RedisState, run_id: str, desired: Literal["running", "paused"]) -> Run:
     """Pause (a new pause_seq every role must acknowledge) or resume a running or paused run."""
+
     def change(run: Run) -> bool:
         _refuse_if_ended(run, "pause" if desired == "paused" else "resume")
         if run.desired_state == desired:
@@ -33,6 +34,7 @@ async def set_desired(state: RedisState, run_id: str, desired: Literal["running"
         if desired == "paused":
             run.pause_seq += 1
         return True
+
     return await state.update_run(run_id, change)
 
 
@@ -46,6 +48,7 @@ async def end(state: RedisState, run_id: str, to: Literal["finished", "stopped"]
         _refuse_if_ended(run, "finish" if to == "finished" else "stop")
         run.status, run.ended_at = to, now
         return True
+
     return await state.update_run(run_id, change)
 
 
@@ -64,6 +67,7 @@ async def fail(state: RedisState, run_id: str, report: FailureReport) -> Run:
             return False
         run.status, run.failure, run.ended_at = "failed", failure, failure.at
         return True
+
     run = await state.update_run(run_id, change)
     if later:
         await state.add_later_failure(run_id, failure)

@@ -11,8 +11,15 @@ from services.runtime.processes import ChildProcess, StopsOnExit, free_port, htt
 
 
 class LocalDCS(StopsOnExit):
-    def __init__(self, redis_url: str | None = None, token: str = "", log_dir: str | None = None,
-                 args: tuple[str, ...] = (), port: int = 0, redis_password: str = ""):
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        token: str = "",
+        log_dir: str | None = None,
+        args: tuple[str, ...] = (),
+        port: int = 0,
+        redis_password: str = "",
+    ):
         """`port`: the HTTP port on 127.0.0.1; 0 = a free one. `redis_password`: what `redis_url` requires."""
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-dcs-")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -34,9 +41,14 @@ class LocalDCS(StopsOnExit):
 
     def start(self) -> ChildProcess:
         # the token and the Redis password go in the environment, not argv: argv is in every user's process list
-        self.proc = ChildProcess("dcs", sluice_argv("dcs", "--host", "127.0.0.1", "--port", str(self.port),
-                                                     "--redis-url", self.redis_url, *self.args),
-                                 os.path.join(self.log_dir, "dcs.log"), env={**token_env(self.token), **redis_password_env(self.redis_password)})
+        self.proc = ChildProcess(
+            "dcs",
+            sluice_argv(
+                "dcs", "--host", "127.0.0.1", "--port", str(self.port), "--redis-url", self.redis_url, *self.args
+            ),
+            os.path.join(self.log_dir, "dcs.log"),
+            env={**token_env(self.token), **redis_password_env(self.redis_password)},
+        )
         self.proc.wait_until(lambda: http_ok(self.url + "/readyz"), 30)
         return self.proc
 

@@ -18,8 +18,13 @@ class RunMembership:
     run is paused (acknowledging the pause request so `status` shows it reached a safe point). A run that
     fails or is stopped releases a paused safe point (the role's loop is halted by serve_role)."""
 
-    def __init__(self, dcs: DCSClient, registration: NodeRegistration, interval_s: float = 1.0,
-                 always_at_safe_point: bool = False):
+    def __init__(
+        self,
+        dcs: DCSClient,
+        registration: NodeRegistration,
+        interval_s: float = 1.0,
+        always_at_safe_point: bool = False,
+    ):
         """`always_at_safe_point`: a node with no loop of its own to pause (an engine registering itself)
         acknowledges every pause request on the heartbeat that brings it."""
         self.dcs = dcs
@@ -50,8 +55,12 @@ class RunMembership:
         for it. Returns how many were removed."""
         removed = 0
         for node in dcs.topology().roles.get(registration.role, []):
-            if (node.run_id, node.rank, node.host, node.ports) == (registration.run_id, registration.rank,
-                                                                   registration.host, registration.ports):
+            if (node.run_id, node.rank, node.host, node.ports) == (
+                registration.run_id,
+                registration.rank,
+                registration.host,
+                registration.ports,
+            ):
                 dcs.unregister(node.node_id)
                 removed += 1
         if removed:
@@ -99,8 +108,12 @@ class RunMembership:
 
     def _beat_once(self) -> None:
         try:
-            reply = self.dcs.heartbeat(self.node_id, Heartbeat(step=self.step, weight_version=self.weight_version,
-                                                               paused_seq=self._acked_seq, error=self.error))
+            reply = self.dcs.heartbeat(
+                self.node_id,
+                Heartbeat(
+                    step=self.step, weight_version=self.weight_version, paused_seq=self._acked_seq, error=self.error
+                ),
+            )
         except DCSError as exc:
             if exc.status == 404:  # the coordinator forgot us (lease lapsed, or unregistered): register again
                 self._register_again()

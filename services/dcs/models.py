@@ -9,10 +9,20 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from services.dcs.sync.messages import (  # the weight broadcast's messages are part of this contract
-    MAX_BYTES as MAX_BYTES, MAX_VERSION as MAX_VERSION, FloatDType as FloatDType, GroupMember as GroupMember,
-    PublishedWeights as PublishedWeights, Strict as Strict, SyncBackend as SyncBackend, SyncGroup as SyncGroup,
-    SyncGroupRequest as SyncGroupRequest, SyncReport as SyncReport, TorchDType as TorchDType,
-    WeightMetadata as WeightMetadata, WeightTensor as WeightTensor)
+    MAX_BYTES as MAX_BYTES,
+    MAX_VERSION as MAX_VERSION,
+    FloatDType as FloatDType,
+    GroupMember as GroupMember,
+    PublishedWeights as PublishedWeights,
+    Strict as Strict,
+    SyncBackend as SyncBackend,
+    SyncGroup as SyncGroup,
+    SyncGroupRequest as SyncGroupRequest,
+    SyncReport as SyncReport,
+    TorchDType as TorchDType,
+    WeightMetadata as WeightMetadata,
+    WeightTensor as WeightTensor,
+)
 from services.run_contract.run_config import RunConfig
 
 Name = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -30,19 +40,36 @@ class NodeRegistration(Strict):
     rank: int = Field(0, ge=0, le=1 << 20)
     host: str = Field(min_length=1, max_length=253)
     ports: dict[str, Annotated[int, Field(ge=1, le=65535)]] = Field(
-        default_factory=dict, max_length=16, description="named ports, e.g. {'http': 30000}")
+        default_factory=dict, max_length=16, description="named ports, e.g. {'http': 30000}"
+    )
     device: str = Field("cpu", max_length=64)
     parallel: dict[str, Annotated[int, Field(ge=1, le=1 << 20)]] = Field(
-        default_factory=dict, max_length=16, description="layout, e.g. {'tp': 2, 'pp': 1, 'dp': 4}")
+        default_factory=dict, max_length=16, description="layout, e.g. {'tp': 2, 'pp': 1, 'dp': 4}"
+    )
     master_port: int | None = Field(None, ge=1, le=65535, description="a free port it can host a sync group on")
     run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
-    weights_dtype: FloatDType | None = Field(None, description=(
-        "a weight receiver's: the dtype it serves its weights in (a publish sends floating tensors in it)"))
-    gpu: str | None = Field(None, max_length=128, description=(
-        "the UUID of the GPU it computes on (none on a CPU): a publish picks its transfer by who shares a GPU"))
-    weight_version: int | None = Field(None, ge=0, le=MAX_VERSION, description=(
-        "an engine's only: the weight version it holds as it registers (0: the weights it started with); "
-        "from then on the coordinator records the version of each weight sync that reached it (SyncReport.engines)"))
+    weights_dtype: FloatDType | None = Field(
+        None,
+        description=(
+            "a weight receiver's: the dtype it serves its weights in (a publish sends floating tensors in it)"
+        ),
+    )
+    gpu: str | None = Field(
+        None,
+        max_length=128,
+        description=(
+            "the UUID of the GPU it computes on (none on a CPU): a publish picks its transfer by who shares a GPU"
+        ),
+    )
+    weight_version: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_VERSION,
+        description=(
+            "an engine's only: the weight version it holds as it registers (0: the weights it started with); "
+            "from then on the coordinator records the version of each weight sync that reached it (SyncReport.engines)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _engine_version_only(self) -> "NodeRegistration":
@@ -65,9 +92,13 @@ class NodeInfo(NodeRegistration):
     last_heartbeat: float
     alive: bool
     step: int | None = None
-    weight_version: int | None = Field(None, description=(
-        "an engine: the version it holds, as it registered and then as each weight sync that reached it reported "
-        "(null: it said none); another node: the version its last heartbeat reported"))
+    weight_version: int | None = Field(
+        None,
+        description=(
+            "an engine: the version it holds, as it registered and then as each weight sync that reached it reported "
+            "(null: it said none); another node: the version its last heartbeat reported"
+        ),
+    )
     paused_seq: int = 0
     error: str | None = None
 
@@ -78,10 +109,18 @@ class NodeInfo(NodeRegistration):
 
 class Heartbeat(Strict):
     step: int | None = Field(None, ge=0, le=MAX_VERSION)
-    weight_version: int | None = Field(None, ge=0, le=MAX_VERSION, description=(
-        "the version the node holds (a forward role's receiver); not an engine's, which the coordinator records "
-        "from its registration and the weight syncs (409)"))
-    paused_seq: int = Field(0, ge=0, le=MAX_VERSION, description="the pause request it has reached a safe point for (0 = none)")
+    weight_version: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_VERSION,
+        description=(
+            "the version the node holds (a forward role's receiver); not an engine's, which the coordinator records "
+            "from its registration and the weight syncs (409)"
+        ),
+    )
+    paused_seq: int = Field(
+        0, ge=0, le=MAX_VERSION, description="the pause request it has reached a safe point for (0 = none)"
+    )
     error: str | None = Field(None, max_length=4096)
 
 
@@ -106,8 +145,14 @@ def engine_url(url: str) -> str:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as exc:
         raise ValueError(f"engine URL {url!r}: {exc}") from None
-    if not parts.hostname or parts.username or parts.password or parts.path not in ("", "/") or parts.query \
-            or parts.fragment:
+    if (
+        not parts.hostname
+        or parts.username
+        or parts.password
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+    ):
         raise ValueError(f"engine URL {url!r}: only scheme://host[:port] (no path, query or credentials)")
     return f"{parts.scheme}://{url_host(parts.hostname)}:{port}"
 
@@ -123,8 +168,10 @@ class EngineAdd(Strict):
     run's current weights."""
 
     url: str = Field(min_length=1, max_length=512, description="its base URL, http(s)://host:port")
-    initial: bool = Field(False, description=(
-        "one of the rollout's own --engine-url list: not added again when it was removed from the run"))
+    initial: bool = Field(
+        False,
+        description=("one of the rollout's own --engine-url list: not added again when it was removed from the run"),
+    )
 
     @field_validator("url")
     @classmethod
@@ -134,20 +181,29 @@ class EngineAdd(Strict):
 
 class EngineEntry(Strict):
     url: str = Field(description="scheme://host:port")
-    source: Literal["added", "self"] = Field(description=(
-        "added: through POST /v1/runs/{run_id}/engines (or the rollout's --engine-url), kept registered by the "
-        "rollout; self: a built-in engine that registered itself (--dcs-url), gone when its lease lapses"))
+    source: Literal["added", "self"] = Field(
+        description=(
+            "added: through POST /v1/runs/{run_id}/engines (or the rollout's --engine-url), kept registered by the "
+            "rollout; self: a built-in engine that registered itself (--dcs-url), gone when its lease lapses"
+        )
+    )
     rank: int = Field(description="its place in the run's engine list (stable while it stays in it)")
     node_id: str | None = Field(None, description="its registration, once made")
     alive: bool = Field(False, description="its registration is alive (heartbeats within the lease)")
-    weight_version: int | None = Field(None, description=(
-        "the weight version it holds: said at its registration, then recorded from each weight sync that reached it"))
+    weight_version: int | None = Field(
+        None,
+        description=(
+            "the weight version it holds: said at its registration, then recorded from each weight sync that reached it"
+        ),
+    )
 
 
 class EngineList(Strict):
     engines: list[EngineEntry]
-    removed: list[str] = Field(default_factory=list, description=(
-        "URLs taken out of the run: they cannot register for it again until added again"))
+    removed: list[str] = Field(
+        default_factory=list,
+        description=("URLs taken out of the run: they cannot register for it again until added again"),
+    )
 
 
 # ------------------------------------------------------------------ weights
@@ -159,6 +215,7 @@ class CursorUpdate(Strict):
 
 class Cursors(Strict):
     cursors: dict[str, int]
+
 
 # ------------------------------------------------------------------ runs
 
@@ -206,8 +263,9 @@ class RunStatus(Strict):
     run: Run
     status: RunLifecycle = Field(description="the run's lifecycle status (= run.status)")
     failure: Failure | None = Field(None, description="the first failure reported (= run.failure)")
-    later_failures: list[Failure] = Field(default_factory=list,
-                                          description="failures reported after the first (the newest 10)")
+    later_failures: list[Failure] = Field(
+        default_factory=list, description="failures reported after the first (the newest 10)"
+    )
     latest_weight_version: int
     services: list[ServiceStatus]
 

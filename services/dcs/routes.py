@@ -17,8 +17,23 @@ from services.dcs import lifecycle
 from services.dcs.config import DCSConfig
 from services.dcs.engine_set import EngineSets
 from services.dcs.models import (
-    Cursors, CursorUpdate, FailureReport, Heartbeat, HeartbeatReply, NodeInfo, NodeRegistration, Ok,
-    PublishedWeights, Run, RunConfig, RunStatus, ServiceStatus, SyncGroup, SyncGroupRequest, SyncReport, Topology,
+    Cursors,
+    CursorUpdate,
+    FailureReport,
+    Heartbeat,
+    HeartbeatReply,
+    NodeInfo,
+    NodeRegistration,
+    Ok,
+    PublishedWeights,
+    Run,
+    RunConfig,
+    RunStatus,
+    ServiceStatus,
+    SyncGroup,
+    SyncGroupRequest,
+    SyncReport,
+    Topology,
     WeightMetadata,
 )
 from services.dcs.state import Missing, RedisState
@@ -71,9 +86,19 @@ def node_router(config: DCSConfig, state: RedisState, engines: EngineSets) -> AP
         log.info("node registered", extra={"node_id": node.node_id, "role": node.role, "rank": node.rank})
         return node
 
-    @router.post("/v1/nodes/{node_id}/heartbeat", response_model=HeartbeatReply, tags=["nodes"],
-                 responses={404: {"model": Ok}, 409: {"model": Ok, "description": "an engine's heartbeat with a "
-                                                      "weight_version (the coordinator records engines' versions)"}})
+    @router.post(
+        "/v1/nodes/{node_id}/heartbeat",
+        response_model=HeartbeatReply,
+        tags=["nodes"],
+        responses={
+            404: {"model": Ok},
+            409: {
+                "model": Ok,
+                "description": "an engine's heartbeat with a "
+                "weight_version (the coordinator records engines' versions)",
+            },
+        },
+    )
     async def heartbeat(hb: Heartbeat, node_id: str = _name()):
         node = await state.heartbeat(node_id, hb)
         try:
@@ -110,25 +135,30 @@ def weight_router(config: DCSConfig, state: RedisState, events: RedisEvents) -> 
     """A run's weight versions and receiver cursors: everything under /v1/runs/{run_id}/."""
     router = APIRouter(prefix="/v1/runs/{run_id}")
 
-    @router.post("/weights", response_model=PublishedWeights, status_code=201, tags=["weights"],
-                 responses={409: {"model": Ok}})
+    @router.post(
+        "/weights", response_model=PublishedWeights, status_code=201, tags=["weights"], responses={409: {"model": Ok}}
+    )
     async def publish(meta: WeightMetadata, run_id: str = _run_id()):
         published = await state.publish(run_id, meta)
         LATEST_VERSION.labels(run_id).set(meta.version)
         return published
 
-    @router.get("/weights/latest", response_model=PublishedWeights, tags=["weights"],
-                responses={404: {"model": Ok}})
+    @router.get("/weights/latest", response_model=PublishedWeights, tags=["weights"], responses={404: {"model": Ok}})
     async def latest(run_id: str = _run_id()):
         version = await state.latest_version(run_id)
         if version == 0:
             raise Missing(f"run {run_id} has no weights published yet")
         return await state.weights(run_id, version)
 
-    @router.get("/weights/next", response_model=PublishedWeights, tags=["weights"],
-                responses={204: {"description": "nothing newer by the deadline"}})
-    async def next_version(run_id: str = _run_id(), after: int = Query(0, ge=0),
-                           wait_s: float = Query(0.0, ge=0, le=3600)):
+    @router.get(
+        "/weights/next",
+        response_model=PublishedWeights,
+        tags=["weights"],
+        responses={204: {"description": "nothing newer by the deadline"}},
+    )
+    async def next_version(
+        run_id: str = _run_id(), after: int = Query(0, ge=0), wait_s: float = Query(0.0, ge=0, le=3600)
+    ):
         """Long-poll: the run's latest version newer than `after`, waiting up to `wait_s` for one."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(wait_s, config.max_wait_s)
@@ -145,14 +175,12 @@ def weight_router(config: DCSConfig, state: RedisState, events: RedisEvents) -> 
             except TimeoutError:
                 pass
 
-    @router.get("/weights/{version}", response_model=PublishedWeights, tags=["weights"],
-                responses={404: {"model": Ok}})
+    @router.get("/weights/{version}", response_model=PublishedWeights, tags=["weights"], responses={404: {"model": Ok}})
     async def weights(version: int, run_id: str = _run_id()):
         return await state.weights(run_id, version)
 
     @router.put("/cursors/{role}", response_model=Cursors, tags=["weights"], responses={409: {"model": Ok}})
-    async def set_cursor(update: CursorUpdate, run_id: str = _run_id(),
-                         role: str = Path(pattern=r"^[a-z_]{1,32}$")):
+    async def set_cursor(update: CursorUpdate, run_id: str = _run_id(), role: str = Path(pattern=r"^[a-z_]{1,32}$")):
         return Cursors(cursors=await state.set_cursor(run_id, role, update.version))
 
     @router.get("/cursors", response_model=Cursors, tags=["weights"])
@@ -166,8 +194,9 @@ def sync_router(state: RedisState) -> APIRouter:
     """A run's sync group and sync reports."""
     router = APIRouter(prefix="/v1/runs/{run_id}")
 
-    @router.post("/sync-group", response_model=SyncGroup, tags=["sync"],
-                 responses={404: {"model": Ok}, 409: {"model": Ok}})
+    @router.post(
+        "/sync-group", response_model=SyncGroup, tags=["sync"], responses={404: {"model": Ok}, 409: {"model": Ok}}
+    )
     async def sync_group(req: SyncGroupRequest, run_id: str = _run_id()):
         """The broadcast group for the source's live receivers of this run (same membership, same group)."""
         return await state.sync_group(run_id, req)
@@ -184,8 +213,10 @@ def sync_router(state: RedisState) -> APIRouter:
         SYNC_BYTES.inc(report.bytes)
         if not report.ok:
             SYNC_FAILURES.inc()
-            log.warning("sync failed", extra={"run_id": run_id, "version": report.version,
-                                              "node_id": report.node_id, "error": report.error})
+            log.warning(
+                "sync failed",
+                extra={"run_id": run_id, "version": report.version, "node_id": report.node_id, "error": report.error},
+            )
         return Ok()
 
     @router.get("/syncs", response_model=list[SyncReport], tags=["sync"])
@@ -211,8 +242,15 @@ def run_router(state: RedisState) -> APIRouter:
     async def run(run_id: str = _name()):
         return await state.run(run_id)
 
-    @router.delete("/v1/runs/{run_id}", response_model=Ok, tags=["runs"], responses={
-        404: {"model": Ok}, 409: {"model": Ok, "description": "the run is running or paused: stop it first"}})
+    @router.delete(
+        "/v1/runs/{run_id}",
+        response_model=Ok,
+        tags=["runs"],
+        responses={
+            404: {"model": Ok},
+            409: {"model": Ok, "description": "the run is running or paused: stop it first"},
+        },
+    )
     async def delete_run(run_id: str = _name()):
         """Forget an ended (failed, finished or stopped) run and all state kept for it; its id is free again."""
         deleted = await state.delete_run(run_id)
@@ -230,7 +268,9 @@ def lifecycle_router(state: RedisState) -> APIRouter:
     """A run's lifecycle: pause, resume, fail, stop, finish (the rules: lifecycle.py)."""
     router = APIRouter()
     refusals: dict[int | str, dict[str, Any]] = {
-        404: {"model": Ok}, 409: {"model": Ok, "description": "the run is failed, finished or stopped"}}
+        404: {"model": Ok},
+        409: {"model": Ok, "description": "the run is failed, finished or stopped"},
+    }
 
     @router.post("/v1/runs/{run_id}/pause", response_model=Run, tags=["runs"], responses=refusals)
     async def pause(run_id: str = _name()):
@@ -245,8 +285,10 @@ def lifecycle_router(state: RedisState) -> APIRouter:
     async def fail(report: FailureReport, run_id: str = _name()):
         """A role reports a fatal error before it exits: the run becomes failed (the first report wins;
         later ones are listed on /status) and every other role exits at its next safe point."""
-        log.error("run failed", extra={"run_id": run_id, "role": report.role, "node_id": report.node_id,
-                                       "error": report.message})
+        log.error(
+            "run failed",
+            extra={"run_id": run_id, "role": report.role, "node_id": report.node_id, "error": report.message},
+        )
         return await lifecycle.fail(state, run_id, report)
 
     @router.post("/v1/runs/{run_id}/stop", response_model=Run, tags=["runs"], responses=refusals)
@@ -276,10 +318,24 @@ async def run_status(state: RedisState, run_id: str) -> RunStatus:
             node_state = "paused" if acked else "pausing"
         else:
             node_state = "running"
-        services.append(ServiceStatus(node_id=n.node_id, role=n.role, rank=n.rank, state=node_state,
-                                      step=n.step, weight_version=n.weight_version,
-                                      last_heartbeat=n.last_heartbeat, pause_acknowledged=acked, url=n.url()))
-    return RunStatus(run=run, status=run.status, failure=run.failure,
-                     later_failures=await state.later_failures(run_id) if run.status == "failed" else [],
-                     latest_weight_version=await state.latest_version(run_id), services=services)
-
+        services.append(
+            ServiceStatus(
+                node_id=n.node_id,
+                role=n.role,
+                rank=n.rank,
+                state=node_state,
+                step=n.step,
+                weight_version=n.weight_version,
+                last_heartbeat=n.last_heartbeat,
+                pause_acknowledged=acked,
+                url=n.url(),
+            )
+        )
+    return RunStatus(
+        run=run,
+        status=run.status,
+        failure=run.failure,
+        later_failures=await state.later_failures(run_id) if run.status == "failed" else [],
+        latest_weight_version=await state.latest_version(run_id),
+        services=services,
+    )

@@ -27,8 +27,19 @@ from typing import Callable, cast
 import redis.asyncio as aioredis
 
 from services.dcs.models import (
-    ENDED, Failure, GroupMember, Heartbeat, NodeInfo, NodeRegistration, PublishedWeights, Run, RunConfig, SyncGroup,
-    SyncGroupRequest, SyncReport, WeightMetadata,
+    ENDED,
+    Failure,
+    GroupMember,
+    Heartbeat,
+    NodeInfo,
+    NodeRegistration,
+    PublishedWeights,
+    Run,
+    RunConfig,
+    SyncGroup,
+    SyncGroupRequest,
+    SyncReport,
+    WeightMetadata,
 )
 from services.run_state import run_key as run_state_key
 from services.runtime.redis_clients import async_redis
@@ -141,20 +152,30 @@ class RedisState:
     def _node(self, record: dict, beat: dict, now: float, held: int | str | bytes | None) -> NodeInfo:
         """An engine's version is the record's (K:held); any other node's, its last heartbeat's."""
         version = (None if held is None else int(held)) if record["role"] == "engine" else beat.get("weight_version")
-        return NodeInfo(**record, last_heartbeat=beat["ts"], alive=now - beat["ts"] <= self.node_lease_s,
-                        step=beat.get("step"), weight_version=version,
-                        paused_seq=beat.get("paused_seq") or 0, error=beat.get("error"))
+        return NodeInfo(
+            **record,
+            last_heartbeat=beat["ts"],
+            alive=now - beat["ts"] <= self.node_lease_s,
+            step=beat.get("step"),
+            weight_version=version,
+            paused_seq=beat.get("paused_seq") or 0,
+            error=beat.get("error"),
+        )
 
     async def heartbeat(self, node_id: str, hb: Heartbeat) -> NodeInfo:
         now = await self.now()
         beat = {"ts": now, **hb.model_dump()}
-        record = await self._heartbeat(keys=[f"{self.k}:nodes", f"{self.k}:beats"],
-                                       args=[node_id, json.dumps(beat), "1" if hb.weight_version is not None else ""])
+        record = await self._heartbeat(
+            keys=[f"{self.k}:nodes", f"{self.k}:beats"],
+            args=[node_id, json.dumps(beat), "1" if hb.weight_version is not None else ""],
+        )
         if record is None:
             raise Missing(f"node {node_id} is not registered (re-register after a coordinator reset)")
         if record == 0:
-            raise Conflict(f"node {node_id} is an engine: its weight version is recorded from its registration and "
-                           "the weight syncs that reach it, not from heartbeats (send the heartbeat without it)")
+            raise Conflict(
+                f"node {node_id} is an engine: its weight version is recorded from its registration and "
+                "the weight syncs that reach it, not from heartbeats (send the heartbeat without it)"
+            )
         return self._node(json.loads(record), beat, now, await self.redis.hget(f"{self.k}:held", node_id))
 
     async def unregister(self, node_id: str) -> bool:
@@ -205,12 +226,16 @@ class RedisState:
         published = PublishedWeights(**meta.model_dump(), published_at=await self.now())
         rk = self.run_key(run_id)
         latest = await self._publish(
-            keys=[f"{rk}:weights:latest", f"{rk}:weights:{meta.version}", f"{rk}:weights:versions",
-                  self.events_channel],
-            args=[meta.version, published.model_dump_json(), self.weights_topic(run_id)])
+            keys=[
+                f"{rk}:weights:latest",
+                f"{rk}:weights:{meta.version}",
+                f"{rk}:weights:versions",
+                self.events_channel,
+            ],
+            args=[meta.version, published.model_dump_json(), self.weights_topic(run_id)],
+        )
         if int(latest) >= 0:
-            raise Conflict(f"version {meta.version} is not newer than run {run_id}'s latest published "
-                           f"version {latest}")
+            raise Conflict(f"version {meta.version} is not newer than run {run_id}'s latest published version {latest}")
         return published
 
     async def latest_version(self, run_id: str) -> int:
@@ -229,12 +254,12 @@ class RedisState:
         rk = self.run_key(run_id)
         outcome, value = await self._set_cursor(
             keys=[f"{rk}:weights:latest", f"{rk}:cursors", f"{rk}:weights:versions"],
-            args=[role, version, f"{rk}:weights:"])
+            args=[role, version, f"{rk}:weights:"],
+        )
         if outcome == "never":
             raise Conflict(f"version {version} was never published in run {run_id} (latest is {value})")
         if outcome == "backwards":
-            raise Conflict(f"role {role} of run {run_id} already consumed version {value}; "
-                           "cursors only move forward")
+            raise Conflict(f"role {role} of run {run_id} already consumed version {value}; cursors only move forward")
         flat = json.loads(value)
         return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
@@ -253,22 +278,39 @@ class RedisState:
         if source.run_id != run_id:
             raise Conflict(f"source node {req.source_node} belongs to run {source.run_id}, not {run_id}")
         left_out = set(req.exclude_nodes)
-        receivers = [n for n in nodes.values() if n.alive and n.role in req.receiver_roles
-                     and n.node_id != source.node_id and n.run_id == run_id and n.node_id not in left_out]
+        receivers = [
+            n
+            for n in nodes.values()
+            if n.alive
+            and n.role in req.receiver_roles
+            and n.node_id != source.node_id
+            and n.run_id == run_id
+            and n.node_id not in left_out
+        ]
         members = [GroupMember(node_id=source.node_id, role=source.role, rank=0, ranks=1)]
         next_rank = 1
         for n in sorted(receivers, key=lambda n: (n.role, n.rank, n.node_id)):
             width = max(1, int(n.parallel.get("tp", 1)))  # an engine joins as rank_offset + tp_rank
-            members.append(GroupMember(node_id=n.node_id, role=n.role, rank=next_rank, ranks=width,
-                                       weights_dtype=n.weights_dtype, gpu=n.gpu))
+            members.append(
+                GroupMember(
+                    node_id=n.node_id,
+                    role=n.role,
+                    rank=next_rank,
+                    ranks=width,
+                    weights_dtype=n.weights_dtype,
+                    gpu=n.gpu,
+                )
+            )
             next_rank += width
         # the port is not part of the identity: a reused group keeps the port it was created with
-        key = hashlib.sha256(json.dumps([req.master_address, req.backend,
-                                         [m.model_dump() for m in members]]).encode()).hexdigest()
+        key = hashlib.sha256(
+            json.dumps([req.master_address, req.backend, [m.model_dump() for m in members]]).encode()
+        ).hexdigest()
         return await self._store_group(run_id, key, req, members, next_rank)
 
-    async def _store_group(self, run_id: str, key: str, req: SyncGroupRequest, members: list[GroupMember],
-                           world_size: int) -> SyncGroup:
+    async def _store_group(
+        self, run_id: str, key: str, req: SyncGroupRequest, members: list[GroupMember], world_size: int
+    ) -> SyncGroup:
         current_key = f"{self.run_key(run_id)}:group"
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
@@ -280,9 +322,15 @@ class RedisState:
                         if stored["key"] == key:
                             return SyncGroup(**stored["group"])
                     generation = int(await pipe.incr(f"{self.k}:group_generation"))
-                    group = SyncGroup(name=f"sluice-sync-{run_id}-{generation}", generation=generation,
-                                      master_address=req.master_address, master_port=req.master_port,
-                                      world_size=world_size, backend=req.backend, members=members)
+                    group = SyncGroup(
+                        name=f"sluice-sync-{run_id}-{generation}",
+                        generation=generation,
+                        master_address=req.master_address,
+                        master_port=req.master_port,
+                        world_size=world_size,
+                        backend=req.backend,
+                        members=members,
+                    )
                     pipe.multi()
                     pipe.set(current_key, json.dumps({"key": key, "group": group.model_dump()}))
                     pipe.publish(self.events_channel, "groups")
@@ -301,8 +349,10 @@ class RedisState:
         """Keep the report (the newest 1000) and, for an ok one, record `report.version` as the version each
         engine it names holds (K:held): the publisher heard each load it. One script."""
         engines = report.engines if report.ok else []
-        await self._report_sync(keys=[f"{self.run_key(run_id)}:syncs", f"{self.k}:nodes", f"{self.k}:held"],
-                                args=[report.model_dump_json(), report.version, run_id, *engines])
+        await self._report_sync(
+            keys=[f"{self.run_key(run_id)}:syncs", f"{self.k}:nodes", f"{self.k}:held"],
+            args=[report.model_dump_json(), report.version, run_id, *engines],
+        )
 
     async def sync_reports(self, run_id: str, limit: int) -> list[SyncReport]:
         texts = await self.redis.lrange(f"{self.run_key(run_id)}:syncs", 0, limit - 1)
@@ -311,8 +361,7 @@ class RedisState:
     # ------------------------------------------------------------ runs
 
     async def create_run(self, config: RunConfig) -> Run:
-        run = Run(run_id=config.name, config=config, desired_state="running", pause_seq=0,
-                  created_at=await self.now())
+        run = Run(run_id=config.name, config=config, desired_state="running", pause_seq=0, created_at=await self.now())
         if not await self.redis.hsetnx(f"{self.k}:runs", run.run_id, run.model_dump_json()):
             raise Conflict(f"run {run.run_id} exists")
         await self._notify("runs")

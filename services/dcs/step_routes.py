@@ -15,12 +15,18 @@ def steps_router(state: RedisState) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/runs/{run_id}/steps", response_model=StepsPage, tags=["runs"], responses={404: {"model": Ok}})
-    async def steps(run_id: str = Path(pattern=r"^[A-Za-z0-9_.\-]{1,128}$"), first: int = Query(0, ge=0),
-                    limit: int = Query(100, ge=1, le=1000)):
+    async def steps(
+        run_id: str = Path(pattern=r"^[A-Za-z0-9_.\-]{1,128}$"),
+        first: int = Query(0, ge=0),
+        limit: int = Query(100, ge=1, le=1000),
+    ):
         """Metrics of the steps `first` .. `first + limit - 1` the trainer has recorded."""
         await state.run(run_id)  # 404 for a run that does not exist
         progress, records = await astep_metrics(state.redis, run_id, first, limit)
-        return StepsPage(next_step=progress.next_step, weight_version=progress.version,
-                         steps=[StepRecord(step=s, metrics=m) for s, m in sorted(records.items())])
+        return StepsPage(
+            next_step=progress.next_step,
+            weight_version=progress.version,
+            steps=[StepRecord(step=s, metrics=m) for s, m in sorted(records.items())],
+        )
 
     return router

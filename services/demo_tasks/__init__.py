@@ -28,24 +28,32 @@ from services.demo_tasks.catalog import DEMO_LENGTH
 
 class DemoTask(NamedTuple):
     generate: Callable[[int], tuple[str, dict]]  # row index -> (prompt, fields)
-    reward: str                                  # the default reward spec (built-in reward name)
-    summary: str                                 # one line for `sluice demo --task`
+    reward: str  # the default reward spec (built-in reward name)
+    summary: str  # one line for `sluice demo --task`
     label_field: str = "label"
-    agent: str | None = None                     # the agent that plays its episodes (rollout.agent), if any
+    agent: str | None = None  # the agent that plays its episodes (rollout.agent), if any
     # the demo's rollout.filter_groups: dynamic sampling where it was measured to help (docs/algorithms.md); a
     # task the policy comes to solve outright would have nearly every group dropped and fail at max_filter_ratio
     filter_groups: str = "none"
 
 
 DEMO_TASKS: dict[str, DemoTask] = {
-    "reverse": DemoTask(catalog.reverse_row, "exact_match",
-                        "reverse 3-5 letters; exact match; learnable in minutes after a short warm start",
-                        filter_groups="zero_variance"),
+    "reverse": DemoTask(
+        catalog.reverse_row,
+        "exact_match",
+        "reverse 3-5 letters; exact match; learnable in minutes after a short warm start",
+        filter_groups="zero_variance",
+    ),
     "arith": DemoTask(catalog.arith_row, "arith", "add two numbers below 100; math answer"),
-    "letters": DemoTask(catalog.letters_row, "letters",
-                        "a word from given letters; continuous reward; for throughput benchmarks"),
-    "tool": DemoTask(catalog.tool_row, "arith", "add two 3-digit numbers with an add tool (an agent, docs/agents.md)",
-                     agent="import:services.demo_tasks.tool_agent:solve"),
+    "letters": DemoTask(
+        catalog.letters_row, "letters", "a word from given letters; continuous reward; for throughput benchmarks"
+    ),
+    "tool": DemoTask(
+        catalog.tool_row,
+        "arith",
+        "add two 3-digit numbers with an add tool (an agent, docs/agents.md)",
+        agent="import:services.demo_tasks.tool_agent:solve",
+    ),
 }
 
 

@@ -34,8 +34,10 @@ def arith_row(index: int) -> tuple[str, dict]:
 def letters_row(index: int) -> tuple[str, dict]:
     rng = random.Random(f"demo:letters:{index}")
     letters = "".join(sorted(rng.sample("abcdefghijklmnopqrstuvwxyz", rng.randint(5, 8))))
-    return (f"Write a short word using only the letters {', '.join(letters)}. Answer with the word.",
-            {"letters": letters})
+    return (
+        f"Write a short word using only the letters {', '.join(letters)}. Answer with the word.",
+        {"letters": letters},
+    )
 
 
 def tool_row(index: int) -> tuple[str, dict]:

@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import json
 
-ADD_TOOL = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
 
 
 def add(a: int, b: int) -> int:
@@ -21,8 +29,11 @@ def add(a: int, b: int) -> int:
 def solve(sample: dict, client) -> float | None:
     messages = [{"role": "user", "content": sample["prompt"]}]
     for _ in range(3):  # at most two tool rounds, then the answer
-        reply = client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL],
-                                               max_tokens=48).choices[0].message
+        reply = (
+            client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL], max_tokens=48)
+            .choices[0]
+            .message
+        )
         messages.append(reply.model_dump(exclude_none=True))
         if not reply.tool_calls:
             return None  # the run's reward scores this last reply

@@ -27,8 +27,9 @@ def exact_label(response: str, fields: dict) -> float:
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        tokenize=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+    )
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return [int(t) for t in ids]
@@ -47,15 +48,26 @@ def sft_batch(examples: list[tuple[list[int], int]], pad_id: int):
     labels = torch.full((len(examples), width), -100, dtype=torch.long)
     mask = torch.zeros((len(examples), width), dtype=torch.long)
     for i, (seq, plen) in enumerate(examples):
-        ids[i, :len(seq)] = torch.tensor(seq)
-        mask[i, :len(seq)] = 1
-        labels[i, plen:len(seq)] = torch.tensor(seq[plen:])
+        ids[i, : len(seq)] = torch.tensor(seq)
+        mask[i, : len(seq)] = 1
+        labels[i, plen : len(seq)] = torch.tensor(seq[plen:])
     return ids, mask, labels
 
 
-def warm_start(base_dir: str, out_dir: str, rows: list[tuple[str, dict]], max_steps: int, batch_size: int,
-               lr: float, seed: int, target: float, check_rows: list[tuple[str, dict]], check_every: int = 5,
-               max_new_tokens: int = 12, score: Scorer = exact_label) -> dict:
+def warm_start(
+    base_dir: str,
+    out_dir: str,
+    rows: list[tuple[str, dict]],
+    max_steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    target: float,
+    check_rows: list[tuple[str, dict]],
+    check_every: int = 5,
+    max_new_tokens: int = 12,
+    score: Scorer = exact_label,
+) -> dict:
     """Fine-tune base_dir on rows ((prompt, fields with "label")) until the greedy score on check_rows
     (training prompts, not a held-out set) reaches target, checked every check_every steps, or max_steps;
     writes out_dir (model + tokenizer files, chat template included)."""
@@ -84,8 +96,15 @@ def warm_start(base_dir: str, out_dir: str, rows: list[tuple[str, dict]], max_st
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     tail = losses[-check_every:]
-    return {"steps": step, "batch_size": batch_size, "lr": lr, "target": target, "train_check_reward": check,
-            "seconds": round(time.perf_counter() - started, 2), "final_loss": round(sum(tail) / len(tail), 4)}
+    return {
+        "steps": step,
+        "batch_size": batch_size,
+        "lr": lr,
+        "target": target,
+        "train_check_reward": check,
+        "seconds": round(time.perf_counter() - started, 2),
+        "final_loss": round(sum(tail) / len(tail), 4),
+    }
 
 
 def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,25 +113,37 @@ def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 
 @torch.no_grad()
-def greedy_eval(model, tokenizer, rows: list[tuple[str, dict]], max_new_tokens: int, score: Scorer = exact_label,
-                batch_size: int = 64) -> float:
+def greedy_eval(
+    model,
+    tokenizer,
+    rows: list[tuple[str, dict]],
+    max_new_tokens: int,
+    score: Scorer = exact_label,
+    batch_size: int = 64,
+) -> float:
     """Mean score of greedy answers (left-padded batches, EOS stops) to rows."""
     was_training = model.training
     model.eval()
     pad = tokenizer.pad_token_id
     total = 0.0
     for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
+        chunk = rows[start : start + batch_size]
         ids, mask = left_padded([encode_prompt(tokenizer, prompt) for prompt, _ in chunk], pad)
         width = ids.shape[1]
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=pad,
+        )
         texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
         total += sum(score(text, fields) for text, (_, fields) in zip(texts, chunk))
     if was_training:

@@ -28,7 +28,7 @@ def adapter_part(name: str) -> tuple[str, str] | None:
         return None
     for suffix, part in PARTS.items():
         if name.endswith(suffix):
-            return name[len(PREFIX):-len(suffix)] + ".weight", part
+            return name[len(PREFIX) : -len(suffix)] + ".weight", part
     return None
 
 
@@ -36,8 +36,9 @@ def _split(name: str) -> tuple[str, str]:
     """adapter_part of a name the caller took as an adapter tensor's; WeightMismatch for any other name."""
     found = adapter_part(name)
     if found is None:
-        raise WeightMismatch(f"{name} is not an adapter tensor's name ({PREFIX}<module>.lora_A.weight or "
-                             f".lora_B.weight)")
+        raise WeightMismatch(
+            f"{name} is not an adapter tensor's name ({PREFIX}<module>.lora_A.weight or .lora_B.weight)"
+        )
     return found
 
 
@@ -51,8 +52,9 @@ def check_adapter(params: dict[str, torch.Tensor], tensors: dict[str, torch.Tens
             raise WeightMismatch(f"received adapter tensor {name}: the model has no linear layer weight {weight}")
         side = 1 if part == "A" else 0  # A's columns are the layer's inputs, B's rows its outputs
         if t.dim() != 2 or t.shape[side] != w.shape[side] or not t.is_floating_point():
-            raise WeightMismatch(f"received adapter tensor {name} {tuple(t.shape)} {t.dtype} does not fit "
-                                 f"{weight} {tuple(w.shape)}")
+            raise WeightMismatch(
+                f"received adapter tensor {name} {tuple(t.shape)} {t.dtype} does not fit {weight} {tuple(w.shape)}"
+            )
 
 
 def adapter_pairs(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -65,8 +67,10 @@ def adapter_pairs(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Ten
     pairs = {}
     for weight, got in parts.items():
         if set(got) != {"A", "B"} or got["A"].shape[0] != got["B"].shape[1]:
-            raise WeightMismatch(f"the adapter of {weight} came incomplete or with two ranks: "
-                                 f"{ {k: tuple(v.shape) for k, v in got.items()} }")
+            raise WeightMismatch(
+                f"the adapter of {weight} came incomplete or with two ranks: "
+                f"{ {k: tuple(v.shape) for k, v in got.items()} }"
+            )
         pairs[weight] = (got["A"], got["B"])
     return pairs
 

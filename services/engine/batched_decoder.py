@@ -39,15 +39,16 @@ def _fuse_transposed(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torc
     offset = 0
     for m in linears:
         n = m.weight.shape[0]
-        m.weight = torch.nn.Parameter(weight_t[:, offset:offset + n].t(), requires_grad=False)
+        m.weight = torch.nn.Parameter(weight_t[:, offset : offset + n].t(), requires_grad=False)
         if bias is not None:
-            m.bias = torch.nn.Parameter(bias[offset:offset + n], requires_grad=False)
+            m.bias = torch.nn.Parameter(bias[offset : offset + n], requires_grad=False)
         offset += n
     return weight_t, bias
 
 
-def _matmul(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None,
-            residual: torch.Tensor | None = None) -> torch.Tensor:
+def _matmul(
+    x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None
+) -> torch.Tensor:
     """x @ weight_t (+ bias) (+ residual): one BLAS call unless there are both."""
     if bias is None:
         return torch.mm(x, weight_t) if residual is None else torch.addmm(residual, x, weight_t)
@@ -62,6 +63,7 @@ def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
 @dataclass
 class _Layer:
     """One decoder layer's tensors, fused and transposed (views of them are the HF module's parameters)."""
+
     input_norm: torch.nn.Module
     qkv_t: torch.Tensor
     qkv_bias: torch.Tensor | None
@@ -73,9 +75,9 @@ class _Layer:
     down_bias: torch.Tensor | None
     act: Callable[[torch.Tensor], torch.Tensor]
     scaling: float
-    keys: torch.Tensor            # this layer's KV pool, [slots, kv_heads, slot_len, head_dim] (views) ...
+    keys: torch.Tensor  # this layer's KV pool, [slots, kv_heads, slot_len, head_dim] (views) ...
     values: torch.Tensor
-    key_rows: torch.Tensor        # ... and the same as [slots * kv_heads * slot_len, head_dim], for the writes
+    key_rows: torch.Tensor  # ... and the same as [slots * kv_heads * slot_len, head_dim], for the writes
     value_rows: torch.Tensor
 
 
@@ -83,12 +85,13 @@ class _Layer:
 class _Group:
     """The sequences of one attention call: their slots, where their tokens sit in the flat batch, and the
     mask over key positions."""
+
     token_rows: torch.Tensor | None  # [tokens] rows of the flat batch, in group order (None: all, in order)
-    pad_index: tuple | None       # (sequence, offset) of each token in the padded [seqs, longest] layout
-                                  # (None: every sequence has `longest` tokens, the flat rows are that layout)
-    slots: torch.Tensor | slice   # which pool slots (a slice when consecutive: a view, no copy)
-    mask: torch.Tensor            # [seqs, 1, longest, key_len]: 0 attend, -inf not
-    bias: torch.Tensor | None     # the same as [seqs * kv_heads, group_heads * longest, key_len] (short inputs)
+    pad_index: tuple | None  # (sequence, offset) of each token in the padded [seqs, longest] layout
+    # (None: every sequence has `longest` tokens, the flat rows are that layout)
+    slots: torch.Tensor | slice  # which pool slots (a slice when consecutive: a view, no copy)
+    mask: torch.Tensor  # [seqs, 1, longest, key_len]: 0 attend, -inf not
+    bias: torch.Tensor | None  # the same as [seqs * kv_heads, group_heads * longest, key_len] (short inputs)
     seqs: int
     longest: int
     key_len: int
@@ -130,13 +133,28 @@ class BatchedDecoder:
         o_t, o_b = _fuse_transposed([attn.o_proj])
         down_t, down_b = _fuse_transposed([mlp.down_proj])
         keys, values = self.pool.keys[index], self.pool.values[index]
-        return _Layer(layer.input_layernorm, qkv_t, qkv_b, o_t, o_b, layer.post_attention_layernorm, gate_up_t,
-                      down_t, down_b, mlp.act_fn, attn.scaling, keys, values, keys.view(-1, self.head_dim),
-                      values.view(-1, self.head_dim))
+        return _Layer(
+            layer.input_layernorm,
+            qkv_t,
+            qkv_b,
+            o_t,
+            o_b,
+            layer.post_attention_layernorm,
+            gate_up_t,
+            down_t,
+            down_b,
+            mlp.act_fn,
+            attn.scaling,
+            keys,
+            values,
+            keys.view(-1, self.head_dim),
+            values.view(-1, self.head_dim),
+        )
 
     @torch.inference_mode()
-    def forward(self, slots: list[int], new_tokens: list[list[int]],
-                full_logits: list[bool] | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def forward(
+        self, slots: list[int], new_tokens: list[list[int]], full_logits: list[bool] | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Append `new_tokens[i]` to the sequence in `slots[i]` and run them.
 
         Returns the logits of each sequence's last new token `[len(slots), vocab]`, and for every i with
@@ -151,16 +169,22 @@ class BatchedDecoder:
         if decode_only:  # the common step: one token per sequence, no per-token expansion
             index = torch.tensor([[t[0] for t in new_tokens], starts, slots], dtype=torch.long, device=device)
         else:
-            index = torch.tensor([[t for tokens in new_tokens for t in tokens],
-                                  [p for s, n in zip(starts, lengths) for p in range(s, s + n)],
-                                  [s for s, n in zip(slots, lengths) for _ in range(n)]], dtype=torch.long,
-                                 device=device)
+            index = torch.tensor(
+                [
+                    [t for tokens in new_tokens for t in tokens],
+                    [p for s, n in zip(starts, lengths) for p in range(s, s + n)],
+                    [s for s, n in zip(slots, lengths) for _ in range(n)],
+                ],
+                dtype=torch.long,
+                device=device,
+            )
         ids, positions, token_slots = index
         ends = list(itertools.accumulate(lengths))
         groups = self._groups(slots, starts, lengths, ends, positions)
         # where each token's keys and values go in a layer's flat [slots * kv_heads * slot_len, head_dim] view
-        kv_rows = ((token_slots[:, None] * self.kv_heads + self.kv_head_index) * pool.slot_len
-                   + positions[:, None]).reshape(-1)
+        kv_rows = (
+            (token_slots[:, None] * self.kv_heads + self.kv_head_index) * pool.slot_len + positions[:, None]
+        ).reshape(-1)
         cos, sin = self.cos[positions][:, None, :], self.signed_sin[positions][:, None, :]
         hidden = F.embedding(ids, self.inner.embed_tokens.weight)
         read = self._read_rows(slots, starts, lengths, ends, positions, full_logits)
@@ -208,10 +232,13 @@ class BatchedDecoder:
                 rows.append(end - 1)
             last_at.append(len(rows) - 1)
         logits = torch.mm(_rms_norm(hidden[torch.tensor(rows, device=hidden.device)], norm), self.lm_head_t)
-        return logits[torch.tensor(last_at, device=hidden.device)], {i: logits[o:o + n] for i, (o, n) in spans.items()}
+        return logits[torch.tensor(last_at, device=hidden.device)], {
+            i: logits[o : o + n] for i, (o, n) in spans.items()
+        }
 
-    def _layer(self, layer: _Layer, hidden, cos, sin, kv_rows, groups,
-               keep: torch.Tensor | None = None) -> torch.Tensor:
+    def _layer(
+        self, layer: _Layer, hidden, cos, sin, kv_rows, groups, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """One decoder layer: keys and values of every row into the pool; the rest for the rows in `keep`
         (all when None), whose queries `groups` describe."""
         x = _rms_norm(hidden, layer.input_norm)
@@ -219,8 +246,8 @@ class BatchedDecoder:
         rotated = self.heads + self.kv_heads  # RoPE on q and k together: one set of ops
         qk = qkv[:, :rotated]
         qk = torch.addcmul(qk * cos, torch.roll(qk, self.head_dim // 2, -1), sin)
-        q = qk[:, :self.heads]
-        layer.key_rows.index_copy_(0, kv_rows, qk[:, self.heads:].reshape(-1, self.head_dim))
+        q = qk[:, : self.heads]
+        layer.key_rows.index_copy_(0, kv_rows, qk[:, self.heads :].reshape(-1, self.head_dim))
         layer.value_rows.index_copy_(0, kv_rows, qkv[:, rotated:].reshape(-1, self.head_dim))
         if keep is not None:
             q, hidden = q[keep], hidden[keep]
@@ -243,8 +270,8 @@ class BatchedDecoder:
         if group.bias is None:
             return self._attend_prefill(layer, q, group)
         kv, gh, d, n = self.kv_heads, self.group_heads, self.head_dim, group.seqs
-        keys = layer.keys[group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
-        values = layer.values[group.slots, :, :group.key_len].reshape(n * kv, group.key_len, d)
+        keys = layer.keys[group.slots, :, : group.key_len].reshape(n * kv, group.key_len, d)
+        values = layer.values[group.slots, :, : group.key_len].reshape(n * kv, group.key_len, d)
         L = group.longest
         if group.pad_index is None:  # every sequence has `longest` tokens: the flat rows are already padded
             padded = q.view(n, L, kv, gh, d)
@@ -265,15 +292,16 @@ class BatchedDecoder:
         prefill's tens of tokens per sequence it takes half the time of the two batched matmuls (measured
         here: 40 chunks of up to 64 tokens, 3.3 vs 6.8 ms a layer), while for a decode step's one to a few
         tokens it is slower."""
-        keys = layer.keys[group.slots, :, :group.key_len]       # [seqs, kv_heads, keys, head_dim]: a view
-        values = layer.values[group.slots, :, :group.key_len]
+        keys = layer.keys[group.slots, :, : group.key_len]  # [seqs, kv_heads, keys, head_dim]: a view
+        values = layer.values[group.slots, :, : group.key_len]
         if group.pad_index is None:
             padded = q.view(group.seqs, group.longest, self.heads, self.head_dim)
         else:
             padded = q.new_zeros(group.seqs, group.longest, self.heads, self.head_dim)
             padded[group.pad_index] = q
-        out = F.scaled_dot_product_attention(padded.transpose(1, 2), keys, values, attn_mask=group.mask,
-                                             scale=layer.scaling, enable_gqa=True).transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            padded.transpose(1, 2), keys, values, attn_mask=group.mask, scale=layer.scaling, enable_gqa=True
+        ).transpose(1, 2)
         if group.pad_index is not None:
             out = out[group.pad_index]
         return out.reshape(q.shape[0], self.heads * self.head_dim)
@@ -301,23 +329,38 @@ class BatchedDecoder:
                 query_pos = positions[:, None]
             else:
                 start_t = torch.tensor([starts[i] for i in members], device=device)
-                query_pos = start_t[:, None] + self.key_positions[None, :longest]           # [seqs, longest]
-            hidden = key_pos > query_pos[:, :, None]                                        # [seqs, longest, keys]
+                query_pos = start_t[:, None] + self.key_positions[None, :longest]  # [seqs, longest]
+            hidden = key_pos > query_pos[:, :, None]  # [seqs, longest, keys]
             mask = torch.zeros(hidden.shape, dtype=self.pool.keys.dtype, device=device)
             mask.masked_fill_(hidden, float("-inf"))
             bias = None
             if longest <= SHORT_INPUT:  # the batched-matmul path wants the mask per (sequence, KV head)
-                bias = mask[:, None, None].expand(-1, self.kv_heads, self.group_heads, -1, -1).reshape(
-                    len(members) * self.kv_heads, self.group_heads * longest, key_len)
+                bias = (
+                    mask[:, None, None]
+                    .expand(-1, self.kv_heads, self.group_heads, -1, -1)
+                    .reshape(len(members) * self.kv_heads, self.group_heads * longest, key_len)
+                )
             pad_index = None
             if any(lengths[i] != longest for i in members):  # ragged: scatter into the padded layout
-                pad_index = (torch.tensor([k for k, i in enumerate(members) for _ in range(lengths[i])], device=device),
-                             torch.tensor([j for i in members for j in range(lengths[i])], device=device))
+                pad_index = (
+                    torch.tensor([k for k, i in enumerate(members) for _ in range(lengths[i])], device=device),
+                    torch.tensor([j for i in members for j in range(lengths[i])], device=device),
+                )
             rows = None
             if len(members) < len(lengths):  # the other group has tokens too: say which rows are ours
                 rows = torch.tensor([r for i in members for r in range(ends[i] - lengths[i], ends[i])], device=device)
-            groups.append(_Group(
-                token_rows=rows, pad_index=pad_index,
-                slots=slice(first, first + len(members)) if consecutive else torch.tensor(member_slots, device=device),
-                mask=mask[:, None], bias=bias, seqs=len(members), longest=longest, key_len=key_len))
+            groups.append(
+                _Group(
+                    token_rows=rows,
+                    pad_index=pad_index,
+                    slots=slice(first, first + len(members))
+                    if consecutive
+                    else torch.tensor(member_slots, device=device),
+                    mask=mask[:, None],
+                    bias=bias,
+                    seqs=len(members),
+                    longest=longest,
+                    key_len=key_len,
+                )
+            )
         return groups

@@ -11,15 +11,30 @@ from fastapi.responses import JSONResponse
 
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.precision import WeightMismatch
-from services.engine.protocol import (ControlResult, DestroyGroupRequest, InitGroupRequest, ModelInfo, PauseRequest,
-                                      UpdateWeightVersionRequest, UpdateWeightsFromDiskRequest,
-                                      UpdateWeightsFromTensorRequest,
-                                      UpdateWeightsRequest,
-                                      WeightVersion)
+from services.engine.protocol import (
+    ControlResult,
+    DestroyGroupRequest,
+    InitGroupRequest,
+    ModelInfo,
+    PauseRequest,
+    UpdateWeightVersionRequest,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromTensorRequest,
+    UpdateWeightsRequest,
+    WeightVersion,
+)
 from services.engine.generate_routes import error_response
-from services.engine.memory_occupation import (WEIGHTS, WEIGHTS_RELEASED, MemoryOccupation, MemoryOccupationError,
-                                               MemoryOccupationRequest, ServerInfoWithMemory, WeightsReleased,
-                                               load_unless_released, memory_state)
+from services.engine.memory_occupation import (
+    WEIGHTS,
+    WEIGHTS_RELEASED,
+    MemoryOccupation,
+    MemoryOccupationError,
+    MemoryOccupationRequest,
+    ServerInfoWithMemory,
+    WeightsReleased,
+    load_unless_released,
+    memory_state,
+)
 from services.engine.request import Generation, new_rid
 from services.engine.sampling import SamplingParams
 from services.runtime.metrics import observability_router
@@ -62,6 +77,7 @@ def generation_control_router(engine) -> APIRouter:
             if WEIGHTS not in sched.released:  # released weights take nothing staged (memory_occupation.py)
                 engine.weights.load()  # weights staged while paused go live before anything runs again
             sched.resume()
+
         await engine.run_control(resume)
         return {"message": "continued", "status": "ok"}
 
@@ -90,9 +106,18 @@ def _group_routes(engine) -> APIRouter:
     async def init_group(req: InitGroupRequest):
         """Join the trainer's broadcast group; answers once every member joined."""
         try:
-            group = await asyncio.get_running_loop().run_in_executor(None, lambda: BroadcastGroup.open(
-                req.group_name, req.backend, req.master_address, req.master_port, req.rank_offset, req.world_size,
-                engine.config.weight_sync_timeout_s))
+            group = await asyncio.get_running_loop().run_in_executor(
+                None,
+                lambda: BroadcastGroup.open(
+                    req.group_name,
+                    req.backend,
+                    req.master_address,
+                    req.master_port,
+                    req.rank_offset,
+                    req.world_size,
+                    engine.config.weight_sync_timeout_s,
+                ),
+            )
         except Exception as exc:
             return result(f"failed to join the weight update group: {exc}", ok=False)
         engine.weights.groups[group.name] = group
@@ -119,8 +144,9 @@ async def take_update(engine, receive, req, sender_waits: bool = False) -> JSONR
     if WEIGHTS in sched.released and not sender_waits:
         return result(WEIGHTS_RELEASED, ok=False)
     if req.flush_cache and sched.frozen:
-        return result("flush_cache is not allowed while in_place-paused requests hold KV; "
-                      "send flush_cache: false", ok=False)
+        return result(
+            "flush_cache is not allowed while in_place-paused requests hold KV; send flush_cache: false", ok=False
+        )
     if req.abort_all_requests:
         await engine.run_control(lambda: sched.abort(None))
     try:
@@ -171,11 +197,13 @@ def _update_routes(engine) -> APIRouter:
     async def update_weight_version(req: UpdateWeightVersionRequest):
         """SGLang's: report `new_version` from now on (a trainer sets it where an update left it unrecorded);
         with `abort_all_requests` every request ends first, with its partial output."""
+
         def set_version():
             if req.abort_all_requests:
                 sched.abort(None)
             sched.weight_version = req.new_version
             engine.weights.on_version()
+
         await engine.run_control(set_version)
         return result(f"weight version {req.new_version}")
 
@@ -196,15 +224,23 @@ def memory_router(engine) -> APIRouter:
             return error_response(str(exc))
         return None
 
-    @router.api_route("/release_memory_occupation", methods=["GET", "POST"], response_model=None,
-                      responses={400: {"description": "requests are running, or a tag is already released"}})
+    @router.api_route(
+        "/release_memory_occupation",
+        methods=["GET", "POST"],
+        response_model=None,
+        responses={400: {"description": "requests are running, or a tag is already released"}},
+    )
     async def release(req: MemoryOccupationRequest | None = None):
         """Free the tagged memory; needs an idle engine (requests may wait in a paused one). Until resumed,
         /generate answers 503 and weight updates 400 while the weights are released."""
         return await run(memory.release, req)
 
-    @router.api_route("/resume_memory_occupation", methods=["GET", "POST"], response_model=None,
-                      responses={400: {"description": "a tag is not released, or its memory cannot be had"}})
+    @router.api_route(
+        "/resume_memory_occupation",
+        methods=["GET", "POST"],
+        response_model=None,
+        responses={400: {"description": "a tag is not released, or its memory cannot be had"}},
+    )
     async def resume(req: MemoryOccupationRequest | None = None):
         """Allocate the tagged memory again: an empty KV pool, zero-filled weights (send weights next)."""
         return await run(memory.resume, req)
@@ -222,30 +258,45 @@ def engine_info_router(engine) -> APIRouter:
         """With `newer_than` (a Sluice extension; SGLang ignores it and answers at once): a long poll that
         answers when the version differs from it, or after wait_s seconds."""
         if newer_than is not None and wait_s > 0:
-            return {"weight_version": await engine.version_moved.wait(lambda: sched.weight_version, newer_than,
-                                                                      wait_s)}
+            return {"weight_version": await engine.version_moved.wait(lambda: sched.weight_version, newer_than, wait_s)}
         return {"weight_version": sched.weight_version}
 
     @router.get("/get_model_info", response_model=ModelInfo)
     @router.get("/model_info", response_model=ModelInfo)
     async def model_info():
-        return {"model_path": engine.config.model, "tokenizer_path": engine.config.model, "is_generation": True,
-                "weight_version": sched.weight_version,
-                # Sluice extensions (weight_updates.py): updates load between steps, so no pause is needed;
-                # a bucket can come as one broadcast
-                "live_weight_update": True, "flat_bucket_update": True, "weights_dtype": engine.config.dtype,
-                "gpu": engine.gpu, "cuda_ipc_update": engine.gpu is not None, "lora_adapter_update": True}
+        return {
+            "model_path": engine.config.model,
+            "tokenizer_path": engine.config.model,
+            "is_generation": True,
+            "weight_version": sched.weight_version,
+            # Sluice extensions (weight_updates.py): updates load between steps, so no pause is needed;
+            # a bucket can come as one broadcast
+            "live_weight_update": True,
+            "flat_bucket_update": True,
+            "weights_dtype": engine.config.dtype,
+            "gpu": engine.gpu,
+            "cuda_ipc_update": engine.gpu is not None,
+            "lora_adapter_update": True,
+        }
 
     @router.get("/get_server_info", response_model=ServerInfoWithMemory)
     @router.get("/server_info", response_model=ServerInfoWithMemory)
     async def server_info():
         c = engine.config
-        return {"model_path": c.model, "dtype": c.dtype, "device": c.device, "tp_size": 1,
-                "mem_fraction_static": c.mem_fraction_static, "max_running_requests": c.max_running,
-                "context_length": sched.pool.slot_len, "chunked_prefill_size": c.chunked_prefill_size,
-                "speculative_algorithm": None if c.speculative_algorithm == "none" else c.speculative_algorithm,
-                "weight_version": sched.weight_version, "version": f"sluice-{SLUICE_VERSION}",
-                "memory_occupation": memory_state(engine)}
+        return {
+            "model_path": c.model,
+            "dtype": c.dtype,
+            "device": c.device,
+            "tp_size": 1,
+            "mem_fraction_static": c.mem_fraction_static,
+            "max_running_requests": c.max_running,
+            "context_length": sched.pool.slot_len,
+            "chunked_prefill_size": c.chunked_prefill_size,
+            "speculative_algorithm": None if c.speculative_algorithm == "none" else c.speculative_algorithm,
+            "weight_version": sched.weight_version,
+            "version": f"sluice-{SLUICE_VERSION}",
+            "memory_occupation": memory_state(engine),
+        }
 
     return router
 
@@ -266,8 +317,10 @@ def service_router(engine) -> APIRouter:
         def wake(r: Generation) -> None:
             if r.finished:
                 loop.call_soon_threadsafe(done.set)
-        probe = Generation(rid=f"health-{new_rid()}", prompt=[0], params=SamplingParams(max_new_tokens=1),
-                           on_update=wake)
+
+        probe = Generation(
+            rid=f"health-{new_rid()}", prompt=[0], params=SamplingParams(max_new_tokens=1), on_update=wake
+        )
         engine.scheduler.submit([probe])
         try:
             await asyncio.wait_for(done.wait(), HEALTH_GENERATE_S)
@@ -280,8 +333,7 @@ def service_router(engine) -> APIRouter:
     @router.get("/health", responses={503: {"description": "the engine failed (it exits and is restarted)"}})
     async def health():
         if not engine.scheduler.alive():
-            return JSONResponse({"error": {"message": f"engine failed: {engine.scheduler.failure}"}},
-                                status_code=503)
+            return JSONResponse({"error": {"message": f"engine failed: {engine.scheduler.failure}"}}, status_code=503)
         return Response(status_code=200)
 
     router.include_router(observability_router())

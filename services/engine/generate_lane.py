@@ -15,8 +15,14 @@ from fastapi import Request, Response
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.engine.generate_routes import (BadRequest, Unavailable, answer_generate, error_response, refusal,
-                                             validation_message)
+from services.engine.generate_routes import (
+    BadRequest,
+    Unavailable,
+    answer_generate,
+    error_response,
+    refusal,
+    validation_message,
+)
 from services.engine.protocol import GenerateRequest
 from services.runtime.http_auth import BearerTokenGate
 

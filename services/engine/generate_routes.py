@@ -57,16 +57,20 @@ def check_capacity(engine, items) -> None:
         raise BadRequest(f"max_new_tokens must be at most {limit} (--max-new-tokens-limit, else the context length)")
     samples = sum(params.n for _, params, _ in items)
     if samples > config.max_queued_requests:
-        raise BadRequest(f"the request asks for {samples} samples; the engine queues at most "
-                         f"{config.max_queued_requests} (--max-queued-requests)")
+        raise BadRequest(
+            f"the request asks for {samples} samples; the engine queues at most "
+            f"{config.max_queued_requests} (--max-queued-requests)"
+        )
     if not sched.alive():
         raise Unavailable(f"the engine failed and is restarting: {sched.failure or 'its engine thread stopped'}")
     if sched.released:  # no step can run (memory_occupation.py): refused rather than held until a resume
-        raise Unavailable(f"the engine's memory is released ({', '.join(sorted(sched.released))}); "
-                          "/resume_memory_occupation first")
+        raise Unavailable(
+            f"the engine's memory is released ({', '.join(sorted(sched.released))}); /resume_memory_occupation first"
+        )
     if sched.queued() + samples > config.max_queued_requests:
-        raise Unavailable(f"the queue is full ({config.max_queued_requests} samples waiting, --max-queued-requests);"
-                          " retry later")
+        raise Unavailable(
+            f"the queue is full ({config.max_queued_requests} samples waiting, --max-queued-requests); retry later"
+        )
 
 
 def check_prompt_ids(engine, prompts: list[list[int]]) -> None:
@@ -104,12 +108,14 @@ def prompts_of(engine, req: GenerateRequest) -> list[tuple[list[int], SamplingPa
 def logprob_settings(engine, req: GenerateRequest, inputs: int) -> list[tuple[bool, int, int]]:
     """(return_logprob, top_logprobs_num, logprob_start_len) per input: each of SGLang's three fields is one for
     all inputs or one each (the last two count only where log-probs are returned)."""
+
     def each(value, default, what: str) -> list:
         if isinstance(value, list):
             if len(value) != inputs:
                 raise BadRequest(f"one {what} per input, or a single one")
             return value
         return [default if value is None else value] * inputs
+
     wants = each(req.return_logprob, False, "return_logprob")
     tops = each(req.top_logprobs_num, 0, "top_logprobs_num")
     starts = each(req.logprob_start_len, -1, "logprob_start_len")
@@ -121,14 +127,17 @@ def logprob_settings(engine, req: GenerateRequest, inputs: int) -> list[tuple[bo
 def _waker(loop: asyncio.AbstractEventLoop, q: asyncio.Queue, stream: bool) -> Callable[[Generation], None]:
     """A sample's on_update: wakes its queue's reader on the event loop. Waking the loop costs the engine thread
     the GIL: per token only when streaming, else once, when the sample finishes."""
+
     def wake(seq: Generation) -> None:
         if stream or seq.finished:
             loop.call_soon_threadsafe(q.put_nowait, 0)
+
     return wake
 
 
-def samples_of(engine, items, stream: bool, logprobs: list[tuple[bool, int, int]]) -> tuple[list[Generation],
-                                                                                          list[asyncio.Queue]]:
+def samples_of(
+    engine, items, stream: bool, logprobs: list[tuple[bool, int, int]]
+) -> tuple[list[Generation], list[asyncio.Queue]]:
     """One Generation per sample (n children `rid-i` each, as SGLang names them, so an abort by rid
     reaches all) and the queue its updates arrive on; `logprobs`: each input's logprob_settings."""
     loop = asyncio.get_running_loop()
@@ -137,18 +146,31 @@ def samples_of(engine, items, stream: bool, logprobs: list[tuple[bool, int, int]
         for index in range(params.n):
             q: asyncio.Queue = asyncio.Queue()
             seed = None if params.sampling_seed is None else params.sampling_seed + index
-            seqs.append(Generation(
-                rid=rid if params.n == 1 else f"{rid}-{index}", prompt=list(prompt), params=params,
-                generator=torch.Generator(engine.config.device).manual_seed(seed) if seed is not None else None,
-                on_update=_waker(loop, q, stream),
-                wants_logprobs=wants, top_logprobs_num=top_n, logprob_start_len=min(start_len, len(prompt) - 1)))
+            seqs.append(
+                Generation(
+                    rid=rid if params.n == 1 else f"{rid}-{index}",
+                    prompt=list(prompt),
+                    params=params,
+                    generator=torch.Generator(engine.config.device).manual_seed(seed) if seed is not None else None,
+                    on_update=_waker(loop, q, stream),
+                    wants_logprobs=wants,
+                    top_logprobs_num=top_n,
+                    logprob_start_len=min(start_len, len(prompt) - 1),
+                )
+            )
             queues.append(q)
     return seqs, queues
 
 
 def meta_info(seq: Generation, weight_version: str) -> dict:
-    m: dict[str, Any] = {"id": seq.rid, "finish_reason": seq.finish_reason, "prompt_tokens": len(seq.prompt),
-         "completion_tokens": len(seq.output), "cached_tokens": seq.cached_tokens, "weight_version": weight_version}
+    m: dict[str, Any] = {
+        "id": seq.rid,
+        "finish_reason": seq.finish_reason,
+        "prompt_tokens": len(seq.prompt),
+        "completion_tokens": len(seq.output),
+        "cached_tokens": seq.cached_tokens,
+        "weight_version": weight_version,
+    }
     if len(seq.spans) > 1:
         m["weight_versions"] = seq.spans
     if seq.wants_logprobs:
@@ -165,6 +187,7 @@ def _events(engine, seqs: list[Generation], queues: list[asyncio.Queue], result)
     """Server-sent events: each carries the sample's output ids so far, as SGLang's do by default (with
     --incremental-streaming-output, SGLang's flag, only the ids new since the sample's last event)."""
     incremental = engine.config.incremental_streaming_output
+
     async def events():
         sent = [0] * len(seqs)
         try:
@@ -178,7 +201,7 @@ def _events(engine, seqs: list[Generation], queues: list[asyncio.Queue], result)
                     chunk = result(seqs[i])
                     if incremental:
                         upto = len(chunk["output_ids"])
-                        chunk["output_ids"] = chunk["output_ids"][sent[i]:]
+                        chunk["output_ids"] = chunk["output_ids"][sent[i] :]
                         sent[i] = upto
                     chunk["index"] = i
                     yield f"data: {json.dumps(chunk)}\n\n"
@@ -187,6 +210,7 @@ def _events(engine, seqs: list[Generation], queues: list[asyncio.Queue], result)
             yield "data: [DONE]\n\n"
         finally:  # client went away: abort what is left
             abort_unfinished(engine, seqs)
+
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
@@ -239,8 +263,9 @@ async def answer_generate(engine, req: GenerateRequest, request: Request) -> Res
     results = [result(s) for s in seqs]
     # plain dicts through orjson: no jsonable_encoder pass over every token, and the encoding (on the
     # event loop, which shares the GIL with the engine thread) ~10x cheaper than json.dumps
-    return Response(orjson.dumps(results[0] if req.is_single() and items[0][1].n == 1 else results),
-                    media_type="application/json")
+    return Response(
+        orjson.dumps(results[0] if req.is_single() and items[0][1].n == 1 else results), media_type="application/json"
+    )
 
 
 def validation_message(errors: Sequence[Mapping[str, Any]], skip: int = 0) -> str:
@@ -253,9 +278,14 @@ def generate_router(engine) -> APIRouter:
     router = APIRouter(tags=["generation"])
     sched = engine.scheduler
 
-    @router.post("/generate", response_model=GenerateResult | list[GenerateResult],
-                 responses={400: {"description": "a body the engine cannot serve"},
-                            503: {"description": "the queue is full, the engine failed, or its memory is released"}})
+    @router.post(
+        "/generate",
+        response_model=GenerateResult | list[GenerateResult],
+        responses={
+            400: {"description": "a body the engine cannot serve"},
+            503: {"description": "the queue is full, the engine failed, or its memory is released"},
+        },
+    )
     async def generate(req: GenerateRequest, request: Request):
         """Generate for one input or a batch; `sampling_params.n` samples per input share its prefill."""
         return await answer_generate(engine, req, request)

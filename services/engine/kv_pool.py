@@ -32,8 +32,16 @@ class PoolFull(RuntimeError):
 
 
 class KVPool:
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, slots: int, slot_len: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        slots: int,
+        slot_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ):
         if slots < 1 or slot_len < 2:
             raise ValueError(f"a KV pool needs at least one slot of two positions (got {slots} x {slot_len})")
         shape = (layers, slots, kv_heads, slot_len, head_dim)
@@ -73,7 +81,7 @@ class KVPool:
             return
         index = torch.tensor(dst, device=self.keys.device)
         for store in (self.keys, self.values):
-            store[:, index, :, :length] = store[:, src:src + 1, :, :length]
+            store[:, index, :, :length] = store[:, src : src + 1, :, :length]
         for slot in dst:
             self.lengths[slot] = length
 

@@ -35,13 +35,16 @@ from services.engine.protocol import ServerInfo
 KV_CACHE, WEIGHTS, CUDA_GRAPH = "kv_cache", "weights", "cuda_graph"
 ALL_TAGS = (KV_CACHE, WEIGHTS, CUDA_GRAPH)  # SGLang's GPU_MEMORY_ALL_TYPES, in its order
 MemoryTag = Literal["kv_cache", "weights", "cuda_graph"]
-WEIGHTS_RELEASED = ("the weights are released (/release_memory_occupation): resume them (tags [\"weights\"]) "
-                    "before sending weights")
+WEIGHTS_RELEASED = (
+    'the weights are released (/release_memory_occupation): resume them (tags ["weights"]) before sending weights'
+)
 
-RESIDENT = Gauge("sluice_engine_memory_bytes", "bytes the engine holds now, by region (0 while released)",
-                 ["region"])
-RELEASED = Gauge("sluice_engine_memory_released", "1 while the tag's memory is released "
-                 "(/release_memory_occupation), else 0", ["tag"])
+RESIDENT = Gauge("sluice_engine_memory_bytes", "bytes the engine holds now, by region (0 while released)", ["region"])
+RELEASED = Gauge(
+    "sluice_engine_memory_released",
+    "1 while the tag's memory is released (/release_memory_occupation), else 0",
+    ["tag"],
+)
 
 
 class MemoryOccupationRequest(BaseModel):
@@ -49,8 +52,9 @@ class MemoryOccupationRequest(BaseModel):
     Its IPC fields (`rid`, `http_worker_ipc`) and unknown keys are ignored, as SGLang ignores them."""
 
     model_config = ConfigDict(extra="ignore")
-    tags: list[MemoryTag] | None = Field(None, max_length=3, description="kv_cache, weights, cuda_graph; "
-                                                                         "null or [] for all three")
+    tags: list[MemoryTag] | None = Field(
+        None, max_length=3, description="kv_cache, weights, cuda_graph; null or [] for all three"
+    )
 
     def chosen(self) -> list[str]:
         """The tags asked for, once each, in SGLang's order."""
@@ -63,8 +67,9 @@ class MemoryState(BaseModel):
     released: list[MemoryTag] = Field(description="tags released by /release_memory_occupation, not resumed")
     weights_bytes: int = Field(description="bytes of parameter storage held now (0 while weights are released)")
     kv_cache_bytes: int = Field(description="bytes of KV pool held now (0 while kv_cache is released)")
-    device_reserved_bytes: int | None = Field(description="PyTorch's reserved memory on the engine's GPU; null "
-                                                          "on a CPU")
+    device_reserved_bytes: int | None = Field(
+        description="PyTorch's reserved memory on the engine's GPU; null on a CPU"
+    )
 
 
 class ServerInfoWithMemory(ServerInfo):
@@ -90,9 +95,12 @@ def _storages(model: torch.nn.Module) -> list[torch.UntypedStorage]:
 
 def memory_state(engine) -> MemoryState:
     device = torch.device(engine.config.device)
-    return MemoryState(released=[t for t in ALL_TAGS if t in engine.scheduler.released],
-                       weights_bytes=weights_bytes(engine.model), kv_cache_bytes=engine.pool.resident_bytes(),
-                       device_reserved_bytes=torch.cuda.memory_reserved(device) if device.type == "cuda" else None)
+    return MemoryState(
+        released=[t for t in ALL_TAGS if t in engine.scheduler.released],
+        weights_bytes=weights_bytes(engine.model),
+        kv_cache_bytes=engine.pool.resident_bytes(),
+        device_reserved_bytes=torch.cuda.memory_reserved(device) if device.type == "cuda" else None,
+    )
 
 
 def weights_bytes(model: torch.nn.Module) -> int:
@@ -145,7 +153,8 @@ class MemoryOccupation:
                 "release_memory_occupation needs an idle engine (SGLang asserts it): "
                 f"{len(sched.running)} running, {len(sched.frozen)} frozen by an in_place pause, "
                 f"{len(sched.waiting)} waiting; let them finish, or /pause_generation with mode abort or retract "
-                "first (requests waiting in a paused engine stay queued until resume and continue)")
+                "first (requests waiting in a paused engine stay queued until resume and continue)"
+            )
         if WEIGHTS in tags:
             bad = [s for s in _storages(self.engine.model) if not s.resizable()]
             if bad:
@@ -166,8 +175,9 @@ class MemoryOccupation:
         released, and the error says which were resumed before it."""
         missing = [t for t in tags if t not in self.sched.released]
         if missing:
-            raise MemoryOccupationError(f"not released: {', '.join(missing)} (released: "
-                                        f"{', '.join(sorted(self.sched.released)) or 'nothing'})")
+            raise MemoryOccupationError(
+                f"not released: {', '.join(missing)} (released: {', '.join(sorted(self.sched.released)) or 'nothing'})"
+            )
         done: list[str] = []
         for tag in (CUDA_GRAPH, WEIGHTS, KV_CACHE):
             if tag not in tags:
@@ -182,8 +192,10 @@ class MemoryOccupation:
                 if tag == KV_CACHE:  # the keys may have been allocated and the values not
                     self.engine.pool.free_storage()
                 self._give_back()
-                raise MemoryOccupationError(f"could not allocate {tag} again ({type(exc).__name__}: {exc}); "
-                                            f"resumed: {', '.join(done) or 'nothing'}") from exc
+                raise MemoryOccupationError(
+                    f"could not allocate {tag} again ({type(exc).__name__}: {exc}); "
+                    f"resumed: {', '.join(done) or 'nothing'}"
+                ) from exc
             self.sched.released.discard(tag)
             done.append(tag)
 

@@ -15,20 +15,41 @@ from typing import Any, Sequence
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
-from services.engine.generate_routes import (BadRequest, abort_unfinished, check_capacity, check_prompt_ids,
-                                             meta_info, samples_of, wait_all)
-from services.openai_api.models import (MAX_STOPS, AssistantMessage, ChatChoice, ChatCompletionRequest,
-                                             ChatCompletionResponse, ChoiceLogprobs, CompletionChoice,
-                                             CompletionLogprobs, CompletionRequest, CompletionResponse,
-                                             ModelCard, ModelList, Usage, tool_calls)
+from services.engine.generate_routes import (
+    BadRequest,
+    abort_unfinished,
+    check_capacity,
+    check_prompt_ids,
+    meta_info,
+    samples_of,
+    wait_all,
+)
+from services.openai_api.models import (
+    MAX_STOPS,
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChoiceLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    Usage,
+    tool_calls,
+)
 from services.engine.openai_stream import chat_events, chat_logprobs, completion_events, token_usage
 from services.engine.request import Generation, new_rid, share_prompts
 from services.engine.sampling import SamplingParams
 from services.model.chat_format import ChatFormatError, render_chat, turn_end_ids
 from services.model.tool_call_formats import parse_tool_calls, tool_call_format
 
-ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "a body the engine cannot serve"},
-                                           503: {"description": "the queue is full, or the engine failed"}}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "a body the engine cannot serve"},
+    503: {"description": "the queue is full, or the engine failed"},
+}
 
 
 def sampling_params(req, max_new_tokens: int, extra_stop_ids: Sequence[int] = ()) -> SamplingParams:
@@ -37,10 +58,19 @@ def sampling_params(req, max_new_tokens: int, extra_stop_ids: Sequence[int] = ()
         raise BadRequest(f"at most {MAX_STOPS} stop strings")
     stop_ids = list(req.stop_token_ids or []) + [i for i in extra_stop_ids if not req.ignore_eos]
     try:
-        return SamplingParams(max_new_tokens=max_new_tokens, temperature=req.temperature, top_p=req.top_p,
-                              top_k=req.top_k, min_p=req.min_p, stop=stops or None, stop_token_ids=stop_ids or None,
-                              ignore_eos=req.ignore_eos, min_new_tokens=req.min_tokens, n=req.n,
-                              sampling_seed=req.seed)
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            stop=stops or None,
+            stop_token_ids=stop_ids or None,
+            ignore_eos=req.ignore_eos,
+            min_new_tokens=req.min_tokens,
+            n=req.n,
+            sampling_seed=req.seed,
+        )
     except ValidationError as exc:  # what the engine's sampler refuses (top_k 0): 400 naming it
         raise BadRequest("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])) from None
 
@@ -62,8 +92,12 @@ def chat_prompt(engine, req: ChatCompletionRequest) -> list[int]:
             raise BadRequest("tools: the model's chat template defines no tool-call format")
         tools = [t.model_dump(exclude_none=True) for t in req.tools]
     try:
-        return render_chat(engine.tokenizer, [m.model_dump(exclude_none=True) for m in req.messages], tools,
-                           **(req.chat_template_kwargs or {}))
+        return render_chat(
+            engine.tokenizer,
+            [m.model_dump(exclude_none=True) for m in req.messages],
+            tools,
+            **(req.chat_template_kwargs or {}),
+        )
     except ChatFormatError as exc:
         raise BadRequest(str(exc)) from None
 
@@ -101,25 +135,33 @@ def completion_logprobs(engine, seq: Generation) -> CompletionLogprobs:
     for piece in pieces:
         offsets.append(at)
         at += len(piece)
-    tops = [{engine.tokenizer.decode([t]): lp for lp, t in step} for step in seq.top_logprobs] \
-        if seq.top_logprobs_num else None
-    return CompletionLogprobs(tokens=pieces, token_logprobs=list(seq.logprobs), top_logprobs=tops,
-                              text_offset=offsets)
+    tops = (
+        [{engine.tokenizer.decode([t]): lp for lp, t in step} for step in seq.top_logprobs]
+        if seq.top_logprobs_num
+        else None
+    )
+    return CompletionLogprobs(tokens=pieces, token_logprobs=list(seq.logprobs), top_logprobs=tops, text_offset=offsets)
 
 
-def chat_choice(engine, req: ChatCompletionRequest, seq: Generation, index: int, prompt: list[int],
-                rid: str) -> ChatChoice:
-    content, calls = (parse_tool_calls(seq.text, tool_call_format(engine.tokenizer))
-                      if req.tools and req.tool_choice != "none" else (seq.text, []))
+def chat_choice(
+    engine, req: ChatCompletionRequest, seq: Generation, index: int, prompt: list[int], rid: str
+) -> ChatChoice:
+    content, calls = (
+        parse_tool_calls(seq.text, tool_call_format(engine.tokenizer))
+        if req.tools and req.tool_choice != "none"
+        else (seq.text, [])
+    )
     reason = "tool_calls" if calls and finish_reason(seq) == "stop" else finish_reason(seq)
     return ChatChoice(
-        index=index, message=AssistantMessage(content=content, tool_calls=tool_calls(f"{rid}_{index}", calls)),
+        index=index,
+        message=AssistantMessage(content=content, tool_calls=tool_calls(f"{rid}_{index}", calls)),
         logprobs=ChoiceLogprobs(**chat_logprobs(engine, seq, range(len(seq.logprobs)))) if req.logprobs else None,
         finish_reason=reason,
         matched_stop=matched(seq),
         prompt_token_ids=prompt if req.return_prompt_token_ids or req.return_token_ids else None,
         token_ids=list(seq.output) if req.return_token_ids or req.return_prompt_token_ids else None,
-        meta_info=meta_info(seq, engine.scheduler.weight_version) if req.return_meta_info else None)
+        meta_info=meta_info(seq, engine.scheduler.weight_version) if req.return_meta_info else None,
+    )
 
 
 def openai_router(engine) -> APIRouter:
@@ -129,8 +171,16 @@ def openai_router(engine) -> APIRouter:
     @router.get("/v1/models", response_model=ModelList)
     async def models():
         """The one model this engine serves (any `model` name in a request reaches it)."""
-        return ModelList(data=[ModelCard(id=engine.config.model, created=created, root=engine.config.model,
-                                         max_model_len=engine.pool.slot_len)])
+        return ModelList(
+            data=[
+                ModelCard(
+                    id=engine.config.model,
+                    created=created,
+                    root=engine.config.model,
+                    max_model_len=engine.pool.slot_len,
+                )
+            ]
+        )
 
     @router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
     async def completions(req: CompletionRequest, request: Request):
@@ -138,20 +188,27 @@ def openai_router(engine) -> APIRouter:
         if req.echo:
             raise BadRequest("echo is not supported")
         prompts, rid = completion_prompts(engine, req.prompt), req.rid or new_rid()
-        seqs, queues = start(engine, prompts, sampling_params(req, req.max_tokens), rid, req.stream,
-                                   req.logprobs or 0)
+        seqs, queues = start(engine, prompts, sampling_params(req, req.max_tokens), rid, req.stream, req.logprobs or 0)
         if req.stream:
             return completion_events(engine, req, seqs, queues, prompts, f"cmpl-{rid}")
         if not await finished(request, engine, seqs, queues):
             return Response(status_code=499)
-        choices = [CompletionChoice(
-            index=i, text=s.text, logprobs=completion_logprobs(engine, s) if req.logprobs is not None else None,
-            finish_reason=finish_reason(s), matched_stop=matched(s),
-            token_ids=list(s.output) if req.return_token_ids else None,
-            prompt_token_ids=prompts[i // req.n] if req.return_token_ids else None,
-            meta_info=meta_info(s, engine.scheduler.weight_version) if req.return_meta_info else None)
-            for i, s in enumerate(seqs)]
-        return CompletionResponse(id=f"cmpl-{rid}", model=req.model, choices=choices, usage=Usage(**token_usage(seqs, prompts)))
+        choices = [
+            CompletionChoice(
+                index=i,
+                text=s.text,
+                logprobs=completion_logprobs(engine, s) if req.logprobs is not None else None,
+                finish_reason=finish_reason(s),
+                matched_stop=matched(s),
+                token_ids=list(s.output) if req.return_token_ids else None,
+                prompt_token_ids=prompts[i // req.n] if req.return_token_ids else None,
+                meta_info=meta_info(s, engine.scheduler.weight_version) if req.return_meta_info else None,
+            )
+            for i, s in enumerate(seqs)
+        ]
+        return CompletionResponse(
+            id=f"cmpl-{rid}", model=req.model, choices=choices, usage=Usage(**token_usage(seqs, prompts))
+        )
 
     @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
     async def chat_completions(req: ChatCompletionRequest, request: Request):
@@ -169,7 +226,8 @@ def openai_router(engine) -> APIRouter:
         if not await finished(request, engine, seqs, queues):
             return Response(status_code=499)
         choices = [chat_choice(engine, req, s, i, prompt, rid) for i, s in enumerate(seqs)]
-        return ChatCompletionResponse(id=f"chatcmpl-{rid}", model=req.model, choices=choices,
-                                      usage=Usage(**token_usage(seqs, [prompt])))
+        return ChatCompletionResponse(
+            id=f"chatcmpl-{rid}", model=req.model, choices=choices, usage=Usage(**token_usage(seqs, [prompt]))
+        )
 
     return router

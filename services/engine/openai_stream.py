@@ -49,7 +49,7 @@ class Samples:
 
     def new_text(self, i: int) -> str:
         text = settled_text(self.engine, self.seqs[i], self.hold)
-        out = text[self.chars[i]:]
+        out = text[self.chars[i] :]
         self.chars[i] = max(self.chars[i], len(text))
         return out
 
@@ -79,6 +79,7 @@ def _sse(engine, seqs, body) -> StreamingResponse:
             yield "data: [DONE]\n\n"
         finally:  # the client went away: what is left stops taking KV slots
             abort_unfinished(engine, seqs)
+
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
@@ -107,28 +108,39 @@ def completion_events(engine, req, seqs, queues, prompts, response_id: str) -> S
             seq, new = seqs[i], samples.new_tokens(i)
             choice = {"index": i, "text": samples.new_text(i), "logprobs": None, "finish_reason": None}
             if req.logprobs is not None:
-                choice["logprobs"] = {"tokens": [tok.decode([seq.output[k]]) for k in new],
-                                      "token_logprobs": [seq.logprobs[k] for k in new],
-                                      "top_logprobs": [{tok.decode([t]): lp for lp, t in seq.top_logprobs[k]}
-                                                       for k in new] if seq.top_logprobs_num else None,
-                                      "text_offset": []}
+                choice["logprobs"] = {
+                    "tokens": [tok.decode([seq.output[k]]) for k in new],
+                    "token_logprobs": [seq.logprobs[k] for k in new],
+                    "top_logprobs": [{tok.decode([t]): lp for lp, t in seq.top_logprobs[k]} for k in new]
+                    if seq.top_logprobs_num
+                    else None,
+                    "text_offset": [],
+                }
             if done:
-                choice.update(finish_reason=seq.finish_reason["type"],
-                              **_extras(engine, req, seq, prompts[i // req.n]))
+                choice.update(finish_reason=seq.finish_reason["type"], **_extras(engine, req, seq, prompts[i // req.n]))
             yield {**head, "choices": [choice]}
         if req.stream_options and req.stream_options.include_usage:
             yield {**head, "choices": [], "usage": token_usage(seqs, prompts)}
+
     return _sse(engine, seqs, body())
 
 
 def chat_logprobs(engine, seq: Generation, new: range) -> dict:
     """OpenAI's chat `logprobs` of the sample's output tokens at positions `new`."""
+
     def entry(token: int, lp: float) -> dict:
         piece = engine.tokenizer.decode([token])
         return {"token": piece, "bytes": list(piece.encode()), "logprob": lp}
-    return {"content": [{**entry(seq.output[k], seq.logprobs[k]),
-                         "top_logprobs": [entry(t, lp) for lp, t in (seq.top_logprobs[k] if seq.top_logprobs_num
-                                                                     else [])]} for k in new]}
+
+    return {
+        "content": [
+            {
+                **entry(seq.output[k], seq.logprobs[k]),
+                "top_logprobs": [entry(t, lp) for lp, t in (seq.top_logprobs[k] if seq.top_logprobs_num else [])],
+            }
+            for k in new
+        ]
+    }
 
 
 def _final_chat_delta(samples: Samples, i: int, tools: bool, rid: str) -> tuple[dict, str]:
@@ -142,8 +154,9 @@ def _final_chat_delta(samples: Samples, i: int, tools: bool, rid: str) -> tuple[
     sent = samples.chars[i]
     delta: dict[str, Any] = {"content": (content or "")[sent:]}
     if calls:  # so tool_calls gives a list, not None
-        delta["tool_calls"] = [{"index": k, **c.model_dump()}
-                               for k, c in enumerate(tool_calls(f"{rid}_{i}", calls) or [])]
+        delta["tool_calls"] = [
+            {"index": k, **c.model_dump()} for k, c in enumerate(tool_calls(f"{rid}_{i}", calls) or [])
+        ]
         reason = "tool_calls" if reason == "stop" else reason
     return delta, reason
 
@@ -158,8 +171,12 @@ def chat_events(engine, req, seqs, queues, prompt: list[int], response_id: str) 
 
     async def body():
         for i in range(len(seqs)):
-            yield {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None, "finish_reason": None}]}
+            yield {
+                **head,
+                "choices": [
+                    {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                ],
+            }
         async for i, done in updates(seqs, queues):
             new = samples.new_tokens(i)
             choice = {"index": i, "delta": None, "logprobs": None, "finish_reason": None}
@@ -173,4 +190,5 @@ def chat_events(engine, req, seqs, queues, prompt: list[int], response_id: str) 
             yield {**head, "choices": [choice]}
         if req.stream_options and req.stream_options.include_usage:
             yield {**head, "choices": [], "usage": token_usage(seqs, [prompt])}
+
     return _sse(engine, seqs, body())

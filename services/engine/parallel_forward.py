@@ -71,11 +71,16 @@ class StrategyChooser:
         stats = [seen.setdefault(w, [0.0, 0]) for w in ways]
         self._count[kind] = n = self._count.get(kind, 0) + 1
         k = next((i for i, st in enumerate(stats) if not st[1]), len(ways))  # ways[:k] tried, in order
-        if k < len(ways) and not any(st[1] for st in stats[k:]) \
-                and (k == 0 or stats[k - 1][0] <= min(st[0] for st in stats[:k])):
+        if (
+            k < len(ways)
+            and not any(st[1] for st in stats[k:])
+            and (k == 0 or stats[k - 1][0] <= min(st[0] for st in stats[:k]))
+        ):
             return ways[k]  # warming up: the prior's order has not held yet
-        ranked = [w for *_, w in sorted((st[0] if st[1] else float("inf"), i, w)
-                                         for i, (st, w) in enumerate(zip(stats, ways)))]
+        ranked = [
+            w
+            for *_, w in sorted((st[0] if st[1] else float("inf"), i, w) for i, (st, w) in enumerate(zip(stats, ways)))
+        ]
         if n % self.EXPLORE_EVERY == 0:
             return ranked[1 + (n // self.EXPLORE_EVERY) % (len(ranked) - 1)]
         return ranked[0]
@@ -106,8 +111,9 @@ class ParallelForward:
         self.strategy = strategy or StrategyChooser()
         self._executor = ThreadPoolExecutor(workers - 1, thread_name_prefix="engine-forward")
 
-    def forward(self, slots: list[int], new_tokens: list[list[int]],
-                full_logits: list[bool] | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def forward(
+        self, slots: list[int], new_tokens: list[list[int]], full_logits: list[bool] | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """As `BatchedDecoder.forward`: last-token logits `[len(slots), vocab]` and the full logits asked for."""
         lengths = [len(t) for t in new_tokens]
         cuts = split_points(lengths, self.workers)
@@ -126,8 +132,12 @@ class ParallelForward:
 
     def _split(self, slots, new_tokens, full_logits, cuts):
         bounds = list(zip([0, *cuts], [*cuts, len(slots)]))
-        futures = [self._executor.submit(self.decoder.forward, slots[a:b], new_tokens[a:b],
-                                         full_logits[a:b] if full_logits else None) for a, b in bounds[1:]]
+        futures = [
+            self._executor.submit(
+                self.decoder.forward, slots[a:b], new_tokens[a:b], full_logits[a:b] if full_logits else None
+            )
+            for a, b in bounds[1:]
+        ]
         a, b = bounds[0]
         try:
             first = self.decoder.forward(slots[a:b], new_tokens[a:b], full_logits[a:b] if full_logits else None)

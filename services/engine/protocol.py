@@ -34,9 +34,11 @@ class GenerateRequest(BaseModel):
     rid: str | list[str] | None = None
     return_logprob: bool | list[bool] | None = Field(False, description="one for all inputs or one each")
     top_logprobs_num: NonNegative | list[NonNegative] | None = Field(
-        0, description="top log-probs per output token (with return_logprob); one for all inputs or one each")
+        0, description="top log-probs per output token (with return_logprob); one for all inputs or one each"
+    )
     logprob_start_len: FromMinusOne | list[FromMinusOne] | None = Field(
-        -1, description="prompt log-probs from this position; -1 = none; one for all inputs or one each")
+        -1, description="prompt log-probs from this position; -1 = none; one for all inputs or one each"
+    )
     stream: bool = Field(False, description="server-sent events, each with the new output ids")
     image_data: None = Field(None, description="SGLang's: only null (the engine serves text models)")
     video_data: None = None
@@ -59,8 +61,9 @@ class MetaInfo(BaseModel):
     completion_tokens: int
     cached_tokens: int
     weight_version: str
-    weight_versions: list[dict] | None = Field(None, description="(version, start, end) spans over the output "
-                                                                 "ids, when the request crossed an update")
+    weight_versions: list[dict] | None = Field(
+        None, description="(version, start, end) spans over the output ids, when the request crossed an update"
+    )
     output_token_logprobs: list[list] | None = Field(None, description="[logprob, token id, null] per output token")
     output_top_logprobs: list[list[list]] | None = None
     input_token_logprobs: list[list] | None = None
@@ -130,8 +133,12 @@ class UpdateWeightsRequest(_Body):
     abort_all_requests: bool = False
     load_format: str | None = None
     flat_bucket: FlatBucket | None = None
-    lora_scaling: float | None = Field(None, gt=0, le=1e6, description=(
-        "Sluice: the tensors are a LoRA adapter (peft's names), merged as W0 + lora_scaling * B @ A"))
+    lora_scaling: float | None = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description=("Sluice: the tensors are a LoRA adapter (peft's names), merged as W0 + lora_scaling * B @ A"),
+    )
 
 
 class IpcBucket(_Body):
@@ -146,8 +153,9 @@ class IpcBucket(_Body):
 
 
 class UpdateWeightsFromTensorRequest(_Body):
-    serialized_named_tensors: list[str] | None = Field(None, description=(
-        "SGLang's pickled tensors: refused (the engine never unpickles request data); send `bucket`"))
+    serialized_named_tensors: list[str] | None = Field(
+        None, description=("SGLang's pickled tensors: refused (the engine never unpickles request data); send `bucket`")
+    )
     load_format: str | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False
@@ -172,12 +180,18 @@ class ModelInfo(BaseModel):
     weight_version: str
     live_weight_update: bool = Field(description="Sluice: updates load between steps; no pause is needed")
     flat_bucket_update: bool = Field(description="Sluice: /update_weights_from_distributed takes flat_bucket")
-    weights_dtype: str = Field(description="Sluice: the dtype the weights are served in; a trainer sends floating "
-                                           "weights in it (others are cast on load)")
+    weights_dtype: str = Field(
+        description="Sluice: the dtype the weights are served in; a trainer sends floating "
+        "weights in it (others are cast on load)"
+    )
     gpu: str | None = Field(description="Sluice: the UUID of the engine's GPU (none on a CPU)")
     cuda_ipc_update: bool = Field(description="Sluice: /update_weights_from_tensor takes a bucket by CUDA IPC handle")
-    lora_adapter_update: bool = Field(False, description=(
-        "Sluice: an update may be a LoRA adapter (peft's names, with lora_scaling), merged into the base weights"))
+    lora_adapter_update: bool = Field(
+        False,
+        description=(
+            "Sluice: an update may be a LoRA adapter (peft's names, with lora_scaling), merged into the base weights"
+        ),
+    )
 
 
 class ServerInfo(BaseModel):

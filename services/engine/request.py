@@ -22,21 +22,21 @@ class Generation:
     generator: torch.Generator | None = None
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    wants_logprobs: bool = False           # return_logprob: its answer carries output (and top) log-probs
+    wants_logprobs: bool = False  # return_logprob: its answer carries output (and top) log-probs
     top_logprobs_num: int = 0
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
-    logprob_start_len: int = -1            # >= 0: report prompt log-probs from this position
+    logprob_start_len: int = -1  # >= 0: report prompt log-probs from this position
     input_logprobs: list[float | None] | None = None
     spans: list[dict] = field(default_factory=list)
     finish_reason: dict | None = None
     text: str = ""
-    slot: int | None = None                # KV pool slot while admitted
-    cached: int = 0                        # positions of prompt + output whose KV is in the slot
-    cached_tokens: int = 0                 # prompt tokens copied from a sibling instead of computed
+    slot: int | None = None  # KV pool slot while admitted
+    cached: int = 0  # positions of prompt + output whose KV is in the slot
+    cached_tokens: int = 0  # prompt tokens copied from a sibling instead of computed
     # sampling_params.n > 1: the first sample prefills the shared prompt; its siblings wait for the copy
     followers: list["Generation"] = field(default_factory=list)
     leader: "Generation | None" = None
-    drafter: NgramDrafter | None = None    # n-gram index of prompt + output (greedy speculative decoding)
+    drafter: NgramDrafter | None = None  # n-gram index of prompt + output (greedy speculative decoding)
     draft: list[int] = field(default_factory=list)  # this step's draft tokens, verified after its forward
 
     @property
@@ -51,10 +51,11 @@ class Generation:
         """Tokens not yet in the KV cache: the prompt (+ output after a retract) at first, then the last one."""
         if self.output and self.cached == len(self.prompt) + len(self.output) - 1:
             return self.output[-1:]  # decoding: no copy of prompt + output every step
-        return self.tokens[self.cached:]
+        return self.tokens[self.cached :]
 
-    def stop_reason(self, token: int, eos_ids: set[int], context_len: int,
-                    decode: Callable[[list[int]], str]) -> dict | None:
+    def stop_reason(
+        self, token: int, eos_ids: set[int], context_len: int, decode: Callable[[list[int]], str]
+    ) -> dict | None:
         """Why the request stops after taking `token` (its finish_reason), None while it goes on. With stop
         strings, `text` becomes its output decoded so far, cut before a matched one."""
         p = self.params
@@ -91,8 +92,10 @@ class Generation:
         """From the logits of the prompt's positions: log p(prompt[i] | prompt[:i]) for i >= logprob_start_len
         (the first token has none)."""
         logprobs = torch.log_softmax(rows.float(), dim=-1)
-        self.input_logprobs = [None if i == 0 else float(logprobs[i - 1, self.prompt[i]])
-                               for i in range(self.logprob_start_len, len(self.prompt))]
+        self.input_logprobs = [
+            None if i == 0 else float(logprobs[i - 1, self.prompt[i]])
+            for i in range(self.logprob_start_len, len(self.prompt))
+        ]
 
     def note_version(self, version: str) -> None:
         index = len(self.output) - 1

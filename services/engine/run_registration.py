@@ -23,9 +23,16 @@ RETRY_S = 2.0  # between tries to reach a coordinator that is not up yet
 
 def registration(config: EngineConfig, gpu: str | None, version: int = 0) -> NodeRegistration:
     scheme = "https" if config.tls_cert_file else "http"
-    return NodeRegistration(role="engine", host=config.advertise_host, ports={scheme: config.port},
-                            run_id=config.run_id, device=config.device, weights_dtype=config.dtype, gpu=gpu,
-                            weight_version=version)
+    return NodeRegistration(
+        role="engine",
+        host=config.advertise_host,
+        ports={scheme: config.port},
+        run_id=config.run_id,
+        device=config.device,
+        weights_dtype=config.dtype,
+        gpu=gpu,
+        weight_version=version,
+    )
 
 
 def served_version(text: str) -> int:
@@ -36,8 +43,9 @@ def served_version(text: str) -> int:
         return 0
 
 
-async def stay_registered(config: EngineConfig, gpu: str | None, version: Callable[[], str],
-                          stop: asyncio.Event) -> None:
+async def stay_registered(
+    config: EngineConfig, gpu: str | None, version: Callable[[], str], stop: asyncio.Event
+) -> None:
     """Register with the version it serves (trying again while the coordinator is not up) and stay registered
     until `stop`; unregister on the way out. (A re-registration after the coordinator forgot it says the version
     it first registered with, never newer than what it holds: at worst the trainer sends it the weights again.)"""
@@ -46,13 +54,15 @@ async def stay_registered(config: EngineConfig, gpu: str | None, version: Callab
     try:
         while membership is None and not stop.is_set():
             try:
-                membership = await asyncio.to_thread(RunMembership, dcs,
-                                                     registration(config, gpu, served_version(version())),
-                                                     always_at_safe_point=True)
+                membership = await asyncio.to_thread(
+                    RunMembership, dcs, registration(config, gpu, served_version(version())), always_at_safe_point=True
+                )
             except (OSError, DCSError) as exc:
                 if isinstance(exc, DCSError) and exc.status not in (502, 503, 504):
-                    log.error("the coordinator refused this engine's registration: serving without it",
-                              extra={"error": str(exc)})
+                    log.error(
+                        "the coordinator refused this engine's registration: serving without it",
+                        extra={"error": str(exc)},
+                    )
                     return
                 log.warning("coordinator not reachable; trying again", extra={"error": str(exc)})
                 await _wait(stop, RETRY_S)

@@ -28,8 +28,9 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     min_new_tokens: int = Field(0, ge=0)
     n: int = Field(1, ge=1, le=1024)
-    sampling_seed: int | None = Field(None, ge=0, le=(1 << 63) - 1, description="a torch.Generator seed (the "
-                                      "n samples take seed, seed + 1, ...)")
+    sampling_seed: int | None = Field(
+        None, ge=0, le=(1 << 63) - 1, description="a torch.Generator seed (the n samples take seed, seed + 1, ...)"
+    )
     # SGLang's other keys. Penalties and constrained decoding are not served: only their neutral values pass.
     frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="SGLang's: only 0 (not served)")
     presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="SGLang's: only 0 (not served)")
@@ -99,8 +100,12 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return ids
 
 
-def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-                 banned: list[list[int]]) -> tuple[list[int], list[float], torch.Tensor]:
+def sample_batch(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    banned: list[list[int]],
+) -> tuple[list[int], list[float], torch.Tensor]:
     """One token per row of `logits` [rows, vocab]: greedy rows take the argmax, the others sample from
     softmax(logits / T) truncated by their own top-k, min-p and top-p. `banned[i]` (EOS before
     min_new_tokens) can never be picked. Sampled rows draw by `inverse_cdf`, one uniform each: a row with a
@@ -127,9 +132,12 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
     if sampled:
         index = torch.tensor(sampled, device=scores.device)
         device = scores.device
-        probs = _truncate(scores[index], torch.tensor([params[i].top_k for i in sampled], device=device),
-                          torch.tensor([params[i].top_p for i in sampled], device=device),
-                          torch.tensor([params[i].min_p for i in sampled], device=device))
+        probs = _truncate(
+            scores[index],
+            torch.tensor([params[i].top_k for i in sampled], device=device),
+            torch.tensor([params[i].top_p for i in sampled], device=device),
+            torch.tensor([params[i].min_p for i in sampled], device=device),
+        )
         uniforms = torch.rand(len(sampled), device=device)  # one shared draw for the rows without a seed ...
         for k, i in enumerate(sampled):
             if generators[i] is not None:  # ... and a seeded row's own, from its generator alone

@@ -35,22 +35,31 @@ log = logging.getLogger(__name__)
 
 class StepForward(Protocol):
     """A step's forward: `BatchedDecoder`, or it split over CPU threads (parallel_forward.py)."""
+
     pool: KVPool
 
-    def forward(self, slots: list[int], new_tokens: list[list[int]],
-                full_logits: list[bool] | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]: ...
+    def forward(
+        self, slots: list[int], new_tokens: list[list[int]], full_logits: list[bool] | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]: ...
 
 
 class ControlDone(threading.Event):
     """Set when a control (Scheduler.control) ran on the engine thread; what it returned, or what it raised."""
+
     result: object = None
     error: Exception | None = None
 
 
 class Scheduler:
-    def __init__(self, decoder: StepForward, tokenizer, chunked_prefill_size: int = 4096,
-                 num_draft_tokens: int = 0, draft_budget: int = 64,
-                 on_fatal: Callable[[BaseException], None] | None = None):
+    def __init__(
+        self,
+        decoder: StepForward,
+        tokenizer,
+        chunked_prefill_size: int = 4096,
+        num_draft_tokens: int = 0,
+        draft_budget: int = 64,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ):
         """num_draft_tokens > 0: n-gram speculative decoding of greedy requests (speculation.py), at most that
         many drafts per request and `draft_budget` per step. `on_fatal(error)`: called when a step failed."""
         self.decoder, self.pool = decoder, decoder.pool
@@ -60,18 +69,18 @@ class Scheduler:
         self.weight_version = "default"
         self.waiting: deque[Generation] = deque()
         self.running: list[Generation] = []
-        self.frozen: list[Generation] = []      # in_place pause: kept with their KV slots
+        self.frozen: list[Generation] = []  # in_place pause: kept with their KV slots
         self.paused, self._paused_at = False, 0.0
-        self.released: set[str] = set()         # memory tags released (memory_occupation.py): no step runs
+        self.released: set[str] = set()  # memory tags released (memory_occupation.py): no step runs
         self.steps = 0
         self.num_draft_tokens, self.draft_budget = num_draft_tokens, draft_budget
-        self.drafted = self.accepted = 0        # draft tokens verified, and of them accepted, since start
-        self.ngrams = SharedNgrams()            # every drafted request's n-grams (speculation.py)
-        self.draft_sources = DraftSources()     # how often each kind of n-gram match is accepted
+        self.drafted = self.accepted = 0  # draft tokens verified, and of them accepted, since start
+        self.ngrams = SharedNgrams()  # every drafted request's n-grams (speculation.py)
+        self.draft_sources = DraftSources()  # how often each kind of n-gram match is accepted
         self._cv = threading.Condition()
         self._controls: deque[tuple[Callable[[], object], ControlDone]] = deque()
         self._stop = False
-        self.failure: str | None = None         # why the loop stopped on an error (None: healthy)
+        self.failure: str | None = None  # why the loop stopped on an error (None: healthy)
         self.on_fatal = on_fatal
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
 
@@ -121,8 +130,9 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not (self._stop or self._controls) and (self.paused or self.released
-                                                              or not (self.waiting or self.running)):
+                while not (self._stop or self._controls) and (
+                    self.paused or self.released or not (self.waiting or self.running)
+                ):
                     self._cv.wait()
                 if self._stop:
                     return
@@ -192,8 +202,9 @@ class Scheduler:
             return
         self.steps += 1
         wants_prompt = [r.logprob_start_len >= 0 and r.input_logprobs is None for r in batch]
-        logits, full = self.decoder.forward([r.kv_slot() for r in batch], chunks,
-                                            [w or bool(r.draft) for w, r in zip(wants_prompt, batch)])
+        logits, full = self.decoder.forward(
+            [r.kv_slot() for r in batch], chunks, [w or bool(r.draft) for w, r in zip(wants_prompt, batch)]
+        )
         samplers: list[Generation] = []
         rows: list[int] = []
         verifying = [i for i, req in enumerate(batch) if req.draft]
@@ -249,8 +260,13 @@ class Scheduler:
             size = draft_sizes(len(drafting), self.num_draft_tokens, self.draft_budget)
             for i, drafter in drafting:
                 req = batch[i]
-                room = min(req.params.max_new_tokens - len(req.output),
-                           self.pool.slot_len - len(req.prompt) - len(req.output)) - 1
+                room = (
+                    min(
+                        req.params.max_new_tokens - len(req.output),
+                        self.pool.slot_len - len(req.prompt) - len(req.output),
+                    )
+                    - 1
+                )
                 req.draft = drafter.draft(min(size, room))
                 chunks[i] = chunks[i] + req.draft
         return batch, chunks
@@ -259,13 +275,17 @@ class Scheduler:
         """Greedy requests without per-token alternatives or EOS bans are drafted: their drafter, its index
         brought up to date here; None for the others, which decode one token a step."""
         p = req.params
-        if not self.num_draft_tokens or p.temperature >= GREEDY_BELOW or req.top_logprobs_num \
-                or len(req.output) < p.min_new_tokens:
+        if (
+            not self.num_draft_tokens
+            or p.temperature >= GREEDY_BELOW
+            or req.top_logprobs_num
+            or len(req.output) < p.min_new_tokens
+        ):
             return None
         if req.drafter is None:
             req.drafter = NgramDrafter(shared=self.ngrams, sources=self.draft_sources)
             req.drafter.extend(req.prompt)
-        req.drafter.extend(req.output[len(req.drafter.tokens) - len(req.prompt):])
+        req.drafter.extend(req.output[len(req.drafter.tokens) - len(req.prompt) :])
         return req.drafter
 
     def _verify(self, reqs: list[Generation], logits: list[torch.Tensor]) -> None:
@@ -322,8 +342,9 @@ class Scheduler:
             req.on_update(req)
 
     def _check_finished(self, req: Generation, token: int) -> None:
-        reason = req.stop_reason(token, self.eos_ids, self.pool.slot_len,
-                                 lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+        reason = req.stop_reason(
+            token, self.eos_ids, self.pool.slot_len, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
+        )
         if reason is not None:
             self._finish(req, reason)
 

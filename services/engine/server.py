@@ -17,11 +17,21 @@ from starlette.routing import Route
 
 from services.dcs.sync.backend_choice import gpu_uuid
 from services.engine.config import EngineConfig
-from services.engine.control_routes import (engine_info_router, generation_control_router, service_router,
-                                            weight_update_routers)
+from services.engine.control_routes import (
+    engine_info_router,
+    generation_control_router,
+    service_router,
+    weight_update_routers,
+)
 from services.engine.generate_lane import GenerateLane
-from services.engine.generate_routes import (BadRequest, Unavailable, error_response, generate_router, refusal,
-                                             validation_message)
+from services.engine.generate_routes import (
+    BadRequest,
+    Unavailable,
+    error_response,
+    generate_router,
+    refusal,
+    validation_message,
+)
 from services.engine.openai_routes import openai_router
 from services.engine.parallel_forward import ParallelForward
 from services.engine.run_registration import stay_registered
@@ -56,8 +66,13 @@ class Engine:
         self.pool = make_pool(self.model, config)
         self.scheduler = make_scheduler(BatchedDecoder(self.model, self.pool), self.tokenizer, config)
         self.version_moved = VersionWatch()
-        self.weights = WeightUpdates(self.model, self.scheduler, config.device, self.version_moved.fire_threadsafe,
-                                     bracket_timeout_s=config.weight_sync_timeout_s)
+        self.weights = WeightUpdates(
+            self.model,
+            self.scheduler,
+            config.device,
+            self.version_moved.fire_threadsafe,
+            bracket_timeout_s=config.weight_sync_timeout_s,
+        )
         RUNNING.set_function(lambda: len(self.scheduler.running) + len(self.scheduler.frozen))
         WAITING.set_function(lambda: len(self.scheduler.waiting))
         STEPS.set_function(lambda: self.scheduler.steps)
@@ -112,8 +127,9 @@ def make_scheduler(decoder: BatchedDecoder, tokenizer, config: EngineConfig) -> 
     forward: StepForward = decoder
     if config.forward_workers > 1:
         forward = ParallelForward(decoder, config.forward_workers)
-    return Scheduler(forward, tokenizer, config.chunked_prefill_size, num_draft_tokens=drafts,
-                     draft_budget=config.max_running)
+    return Scheduler(
+        forward, tokenizer, config.chunked_prefill_size, num_draft_tokens=drafts, draft_budget=config.max_running
+    )
 
 
 def tokens_that_fit(device_bytes: int, allocated_bytes: int, fraction: float, token_bytes: int) -> int:
@@ -132,15 +148,30 @@ def make_pool(model, config: EngineConfig) -> KVPool:
         device = torch.device(config.device)
         element = next(model.parameters()).element_size()
         token_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * element
-        total = min(total, tokens_that_fit(torch.cuda.get_device_properties(device).total_memory,
-                                           torch.cuda.memory_allocated(device), config.mem_fraction_static,
-                                           token_bytes))
+        total = min(
+            total,
+            tokens_that_fit(
+                torch.cuda.get_device_properties(device).total_memory,
+                torch.cuda.memory_allocated(device),
+                config.mem_fraction_static,
+                token_bytes,
+            ),
+        )
     slots = min(config.max_running, total // context)
     if slots < 1:
-        raise ValueError(f"the KV pool's {total} tokens hold no request of context length {context} "
-                         "(raise --max-total-tokens or --mem-fraction-static, or lower --context-length)")
-    pool = KVPool(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, slots, context,
-                  dtype=next(model.parameters()).dtype, device=config.device)
+        raise ValueError(
+            f"the KV pool's {total} tokens hold no request of context length {context} "
+            "(raise --max-total-tokens or --mem-fraction-static, or lower --context-length)"
+        )
+    pool = KVPool(
+        cfg.num_hidden_layers,
+        cfg.num_key_value_heads,
+        head_dim,
+        slots,
+        context,
+        dtype=next(model.parameters()).dtype,
+        device=config.device,
+    )
     log.info("kv pool", extra={"slots": slots, "context_length": context, "mib": pool.nbytes() >> 20})
     return pool
 
@@ -162,14 +193,23 @@ def build_app(engine: Engine) -> FastAPI:
         app.add_exception_handler(kind, refused)
 
     weights = weight_update_routers(engine)
-    for router in (generate_router(engine), openai_router(engine), generation_control_router(engine), *weights,
-                   engine_info_router(engine), service_router(engine)):
+    for router in (
+        generate_router(engine),
+        openai_router(engine),
+        generation_control_router(engine),
+        *weights,
+        engine_info_router(engine),
+        service_router(engine),
+    ):
         app.include_router(router)
     if not engine.config.auth_token and not engine.config.allow_unauthenticated_weight_updates:
-        refuse_paths(app, route_paths(weights),
-                     "the engine has no auth token configured "
-                     "(SLUICE_AUTH_TOKEN or --auth-token-file), so weight updates are refused; "
-                     "--allow-unauthenticated-weight-updates accepts them anyway")
+        refuse_paths(
+            app,
+            route_paths(weights),
+            "the engine has no auth token configured "
+            "(SLUICE_AUTH_TOKEN or --auth-token-file), so weight updates are refused; "
+            "--allow-unauthenticated-weight-updates accepts them anyway",
+        )
     require_bearer_token(app, engine.config.auth_token, OPEN_PATHS)
     return app
 
@@ -192,24 +232,33 @@ def refuse_paths(app: FastAPI, paths: set[str], why: str) -> None:
 async def serve(config: EngineConfig, stop: asyncio.Event) -> None:
     torch.set_num_threads(config.torch_threads)
     if not config.auth_token:
-        log.warning("no auth token (SLUICE_AUTH_TOKEN or --auth-token-file): every route but weight updates is "
-                    "open to anyone who reaches the port")
+        log.warning(
+            "no auth token (SLUICE_AUTH_TOKEN or --auth-token-file): every route but weight updates is "
+            "open to anyone who reaches the port"
+        )
         if config.allow_unauthenticated_weight_updates:
-            log.warning("UNAUTHENTICATED WEIGHT UPDATES ALLOWED: anyone who reaches this port can replace the "
-                        "model's weights (--allow-unauthenticated-weight-updates)")
+            log.warning(
+                "UNAUTHENTICATED WEIGHT UPDATES ALLOWED: anyone who reaches this port can replace the "
+                "model's weights (--allow-unauthenticated-weight-updates)"
+            )
     loop = asyncio.get_running_loop()
     engine = await loop.run_in_executor(None, Engine, config)
     engine.version_moved.loop = loop
     closer = asyncio.create_task(engine.version_moved.close_when(stop))
+
     # a failed step stops the server (its requests were failed): exit 1, and the supervisor restarts the engine
     def stop_serving(_: BaseException) -> None:
         loop.call_soon_threadsafe(stop.set)
+
     engine.scheduler.on_fatal = stop_serving
     freeze_heap()  # the model and the KV pool's bookkeeping live as long as the process (services/runtime/heap.py)
     engine.scheduler.start()
     log.info("engine serving", extra={"port": config.port, "model": config.model})
-    registered = asyncio.create_task(stay_registered(config, engine.gpu, lambda: engine.scheduler.weight_version,
-                                                     stop)) if config.dcs_url else None
+    registered = (
+        asyncio.create_task(stay_registered(config, engine.gpu, lambda: engine.scheduler.weight_version, stop))
+        if config.dcs_url
+        else None
+    )
     try:
         app = GenerateLane(build_app(engine), engine, config.auth_token)  # POST /generate bypasses the app
         await serve_http(app, config.host, config.port, stop, tls=config)

@@ -142,7 +142,7 @@ class NgramDrafter:
             if start is None:
                 assert elsewhere is not None  # a match elsewhere, or the loop went on above
                 context, end = elsewhere
-                return context[end:end + k]
+                return context[end : end + k]
             full = self.tokens
             draft: list[int] = []
             for j in range(k):
@@ -182,6 +182,6 @@ def accept_greedy(logits: list[torch.Tensor], drafts: list[list[int]]) -> list[t
         accepted = 0
         while accepted < len(draft) and draft[accepted] == picks[at + accepted]:
             accepted += 1
-        out.append((picks[at:at + accepted + 1], logprobs[at:at + accepted + 1]))
+        out.append((picks[at : at + accepted + 1], logprobs[at : at + accepted + 1]))
         at += len(draft) + 1
     return out

@@ -42,8 +42,14 @@ from services.runtime.spans import RECORDER
 
 
 class WeightUpdates:
-    def __init__(self, model: torch.nn.Module, scheduler, device: str,
-                 on_version: Callable[[], None] = lambda: None, bracket_timeout_s: float = 120.0):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        scheduler,
+        device: str,
+        on_version: Callable[[], None] = lambda: None,
+        bracket_timeout_s: float = 120.0,
+    ):
         self.model = model
         # a begin whose end never came (the trainer died) stops holding versions back after this long
         self.bracket_timeout_s = bracket_timeout_s
@@ -74,32 +80,43 @@ class WeightUpdates:
             raise ValueError(f"no weight update group {body.group_name!r}; call /init_weights_update_group")
         if body.load_format not in (None, "flattened_bucket"):
             raise ValueError(f"load_format {body.load_format!r}: only SGLang's default and flattened_bucket")
-        receive = (self._receive_flat if body.flat_bucket else
-                   self._receive_packed if body.load_format == "flattened_bucket" else self._receive_each)
+        receive = (
+            self._receive_flat
+            if body.flat_bucket
+            else self._receive_packed
+            if body.load_format == "flattened_bucket"
+            else self._receive_each
+        )
         self._stage(lambda: receive(group, body), body.weight_version, body.lora_scaling)
 
     def receive_shared(self, body: UpdateWeightsFromTensorRequest) -> None:
         """Any thread but the engine's: a bucket on this engine's GPU that the trainer shared by CUDA IPC handle
         (/update_weights_from_tensor, load_format sluice_cuda_ipc), copied out before the call answers."""
         if body.serialized_named_tensors is not None or body.bucket is None:
-            raise ValueError("pickled tensors (SGLang's serialized_named_tensors) are refused: this engine never "
-                             "unpickles request data; send `bucket` with load_format sluice_cuda_ipc")
+            raise ValueError(
+                "pickled tensors (SGLang's serialized_named_tensors) are refused: this engine never "
+                "unpickles request data; send `bucket` with load_format sluice_cuda_ipc"
+            )
         if body.load_format != "sluice_cuda_ipc":
             raise ValueError(f"load_format {body.load_format!r}: only sluice_cuda_ipc is served")
         if not self.device.startswith("cuda"):
             raise ValueError("a CUDA IPC weight update needs an engine on a GPU; this one runs on " + self.device)
         bucket = body.bucket
         entries = bucket_entries(bucket.names, bucket.dtypes, bucket.shapes, bucket.offsets, bucket.shared.numel)
-        self._stage(lambda: unpack(0, entries, open_shared(bucket.shared, torch.device(self.device))),
-                    body.weight_version, body.lora_scaling)
+        self._stage(
+            lambda: unpack(0, entries, open_shared(bucket.shared, torch.device(self.device))),
+            body.weight_version,
+            body.lora_scaling,
+        )
 
     def read_files(self, body: UpdateWeightsFromDiskRequest) -> None:
         """Any thread but the engine's: the weights of a model directory (SGLang's /update_weights_from_disk),
         read and checked, staged for the next load."""
         self._stage(lambda: read_weight_files(body.model_path), body.weight_version)
 
-    def _stage(self, fetch: Callable[[], dict[str, torch.Tensor]], version: str | None,
-               scaling: float | None = None) -> None:
+    def _stage(
+        self, fetch: Callable[[], dict[str, torch.Tensor]], version: str | None, scaling: float | None = None
+    ) -> None:
         """Fetch a bucket's tensors and stage them for the next load; a failure drops everything staged for
         this version, so nothing of a failed update is ever loaded."""
         began = time.time()
@@ -111,8 +128,10 @@ class WeightUpdates:
             check_fits(self._params, {n: t for n, t in received.items() if n not in adapter})
             check_adapter(self._params, adapter)
             if adapter and not scaling:
-                raise WeightMismatch(f"received LoRA adapter tensors ({next(iter(adapter))}, ...) without the "
-                                     "update's lora_scaling (alpha / r)")
+                raise WeightMismatch(
+                    f"received LoRA adapter tensors ({next(iter(adapter))}, ...) without the "
+                    "update's lora_scaling (alpha / r)"
+                )
         except Exception:
             with self._lock:
                 self._staged, self._staged_version, self._bracketed = {}, None, False

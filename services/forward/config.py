@@ -18,7 +18,11 @@ class ForwardConfig(RoleSettings):
     device: str = Field("cpu", description="cpu or cuda[:N]")
     dtype: str = Field("float32", pattern="^(float32|bfloat16)$", description="weights dtype (log-probs are float32)")
     weight_sync_timeout_s: float = Field(120.0, gt=0, description="deadline of each weight broadcast")
-    checkpoint_dir: str = Field("", description=(
-        "the trainer's checkpoint directory, if shared: a restarted actor_fwd loads the checkpoint of the "
-        "latest published version from it instead of waiting for the next version"))
+    checkpoint_dir: str = Field(
+        "",
+        description=(
+            "the trainer's checkpoint directory, if shared: a restarted actor_fwd loads the checkpoint of the "
+            "latest published version from it instead of waiting for the next version"
+        ),
+    )
     lease_s: float = Field(120.0, gt=0, description="claim lease: rows return to the queue if this node dies")

@@ -40,8 +40,11 @@ class ProximalWeights:
         """follow_weights into the older copy (the only one without a previous), which becomes the newest: the
         version loaded, or None."""
         # a WeightFollower is WeightReceiver's seam (run_state/seams.py); the leaf dcs/sync names the class
-        loaded = follow_weights(receiver, self.previous if self.previous is not None else self.current,  # type: ignore[arg-type]
-                                wait_s)
+        loaded = follow_weights(
+            receiver,  # type: ignore[arg-type]
+            self.previous if self.previous is not None else self.current,
+            wait_s,
+        )
         if loaded is not None:
             if self.previous is not None:
                 self.previous, self.current = self.current, self.previous
@@ -64,6 +67,8 @@ class ProximalWeights:
             return self.previous
         if version not in self._warned:
             self._warned.add(version)
-            log.warning("the proximal version is not held; scoring with the newest one",
-                        extra={"wanted": version, "held": [self.previous_version, self.current_version]})
+            log.warning(
+                "the proximal version is not held; scoring with the newest one",
+                extra={"wanted": version, "held": [self.previous_version, self.current_version]},
+            )
         return self.current

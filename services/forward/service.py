@@ -54,12 +54,13 @@ class ForwardService:
 
     # the run's, set when the loop starts (start)
     run: RunConfig
-    weights: ProximalWeights         # the version it scores with (and, actor_fwd, the one before: proximal_weights.py)
+    weights: ProximalWeights  # the version it scores with (and, actor_fwd, the one before: proximal_weights.py)
     follower: WeightFollower | None  # None: a role that takes no published weights (reference, ref_update_interval 0)
-    scoring_version: int             # actor_fwd: the version the step being consumed is scored with
+    scoring_version: int  # actor_fwd: the version the step being consumed is scored with
 
-    def __init__(self, config: ForwardConfig, status: RoleStatus,
-                 receiver: Callable[..., WeightFollower] = WeightReceiver):
+    def __init__(
+        self, config: ForwardConfig, status: RoleStatus, receiver: Callable[..., WeightFollower] = WeightReceiver
+    ):
         self.config = config
         self.status = status
         self.make_receiver = receiver
@@ -79,9 +80,15 @@ class ForwardService:
         micro = c.micro_batch_size or run.micro_batch_size
         micro = max(n, micro - micro % n)  # claims come in whole groups
         tq.register_task(task_name(run.name, self.role), MODEL_INPUTS, group_size=n)
-        consumer = Consumer(task_name(run.name, self.role), micro, self.compute, "forward", done=self.done,
-                            prepare=lambda: self.keep_current(membership),
-                            version=lambda: self.follower.version if self.follower is not None else None)
+        consumer = Consumer(
+            task_name(run.name, self.role),
+            micro,
+            self.compute,
+            "forward",
+            done=self.done,
+            prepare=lambda: self.keep_current(membership),
+            version=lambda: self.follower.version if self.follower is not None else None,
+        )
         self.status.running()
 
         def keep_receiving() -> None:  # while paused: a sync the trainer began before it paused needs every receiver
@@ -99,11 +106,13 @@ class ForwardService:
             if self.role == "actor_fwd":
                 self.await_proximal(step, steps, pause, halt)
             consume_partition(tq, partition, consumer, c.lease_s, n, pause, halt, idle=behind)
+
         try:
             each_step(steps, run.num_steps, halt, pause, work, consumer.task, idle=keep_up)
             # the run's last versions still go to every receiver: keep taking them until training is done
-            while self.follower is not None and not halt.is_set() and \
-                    steps.trainer_progress().next_step < run.num_steps:
+            while (
+                self.follower is not None and not halt.is_set() and steps.trainer_progress().next_step < run.num_steps
+            ):
                 pause()
                 self.take_weights(1.0)
         finally:
@@ -117,14 +126,24 @@ class ForwardService:
         self.run = run
         torch.manual_seed(run.optim.seed)
         model, _ = load_causal_lm(run.model, c.dtype, c.device)
-        self.weights = ProximalWeights(model, 0, keep_previous=self.role == "actor_fwd"
-                                       and run.algorithm.proximal_policy == "previous")
+        self.weights = ProximalWeights(
+            model, 0, keep_previous=self.role == "actor_fwd" and run.algorithm.proximal_policy == "previous"
+        )
         self.scoring_version = 0
-        membership = session.join(NodeRegistration(role=self.role, host=c.advertise_host, ports={"http": c.port},
-                                                   device=c.device, run_id=c.run_id, weights_dtype=c.dtype,
-                                                   gpu=gpu_uuid(c.device)))
-        receiver = self.make_receiver(session.dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device,
-                                      run_id=c.run_id)
+        membership = session.join(
+            NodeRegistration(
+                role=self.role,
+                host=c.advertise_host,
+                ports={"http": c.port},
+                device=c.device,
+                run_id=c.run_id,
+                weights_dtype=c.dtype,
+                gpu=gpu_uuid(c.device),
+            )
+        )
+        receiver = self.make_receiver(
+            session.dcs, membership.node_id, self.role, c.weight_sync_timeout_s, c.device, run_id=c.run_id
+        )
         self.follower = receiver if self.role == "actor_fwd" or run.ref_update_interval > 0 else None
         if self.follower is not None:
             receiver.declare()
@@ -147,8 +166,12 @@ class ForwardService:
         if self.weights.previous is not None:
             needed = max(needed - 1, 0)
         self.scoring_version = needed
-        while self.follower is not None and self.follower.version < needed and not halt.is_set() and \
-                steps.info(step) is not None:
+        while (
+            self.follower is not None
+            and self.follower.version < needed
+            and not halt.is_set()
+            and steps.info(step) is not None
+        ):
             pause()
             self.take_weights(1.0)
 
@@ -159,11 +182,15 @@ class ForwardService:
         found = [c for c in checkpoints(self.config.checkpoint_dir, "actor") if c.version == version]
         if found:
             self.weights.replace(load_causal_lm(found[0].path, self.config.dtype, self.config.device)[0], version)
-            log.info("loaded the published weights from a checkpoint", extra={"version": version,
-                                                                               "path": found[0].path})
+            log.info(
+                "loaded the published weights from a checkpoint", extra={"version": version, "path": found[0].path}
+            )
         else:
-            log.warning("restarted without the published weights: log-probs use the initial weights until the "
-                        "next version arrives", extra={"version": version})
+            log.warning(
+                "restarted without the published weights: log-probs use the initial weights until the "
+                "next version arrives",
+                extra={"version": version},
+            )
 
     def keep_current(self, membership: Membership) -> None:
         """Before each claim: take any newly published weights (reference: only versions it is a member for)."""
@@ -175,17 +202,18 @@ class ForwardService:
     def compute(self, batch: Batch) -> dict:
         model = self.weights.holding(self.scoring_version)  # the newest unless actor_fwd keeps the one before
         config: Any = model.config  # a transformers model's
-        rb = build_response_batch(batch["tokens"], batch["prompt_length"], batch["response_length"],
-                                  hidden_size=config.hidden_size)
-        log_probs = response_log_probs(model, rb.to_device(self.config.device),
-                                       self.run.rollout.temperature).cpu()
+        rb = build_response_batch(
+            batch["tokens"], batch["prompt_length"], batch["response_length"], hidden_size=config.hidden_size
+        )
+        log_probs = response_log_probs(model, rb.to_device(self.config.device), self.run.rollout.temperature).cpu()
         TOKENS.inc(rb.token_count)
         return {self.field: rb.to_ragged(log_probs)}
 
     def done(self, batch: Batch) -> None:
         ROWS.inc(len(batch.rows))
-        self.status.update(partition=batch.partition,
-                           rows_done=self.status.fields.get("rows_done", 0) + len(batch.rows))
+        self.status.update(
+            partition=batch.partition, rows_done=self.status.fields.get("rows_done", 0) + len(batch.rows)
+        )
 
 
 async def serve(config: ForwardConfig, stop: asyncio.Event) -> None:

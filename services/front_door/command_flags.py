@@ -16,11 +16,17 @@ DEFAULT_COORDINATOR = "http://127.0.0.1:7300"
 
 def add_coordinator_flags(parser: argparse.ArgumentParser, url: bool = True) -> None:
     if url:
-        parser.add_argument("--coordinator", default=os.environ.get("SLUICE_COORDINATOR_URL", DEFAULT_COORDINATOR),
-                            help="the coordinator's URL [env SLUICE_COORDINATOR_URL]")
-    parser.add_argument("--auth-token-file", default=os.environ.get("SLUICE_AUTH_TOKEN_FILE", ""),
-                        help="a file holding the bearer token; without it the token comes from env "
-                             "SLUICE_AUTH_TOKEN (empty = no auth) [env SLUICE_AUTH_TOKEN_FILE]")
+        parser.add_argument(
+            "--coordinator",
+            default=os.environ.get("SLUICE_COORDINATOR_URL", DEFAULT_COORDINATOR),
+            help="the coordinator's URL [env SLUICE_COORDINATOR_URL]",
+        )
+    parser.add_argument(
+        "--auth-token-file",
+        default=os.environ.get("SLUICE_AUTH_TOKEN_FILE", ""),
+        help="a file holding the bearer token; without it the token comes from env "
+        "SLUICE_AUTH_TOKEN (empty = no auth) [env SLUICE_AUTH_TOKEN_FILE]",
+    )
 
 
 def auth_token(args: argparse.Namespace) -> str:

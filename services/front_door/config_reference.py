@@ -58,8 +58,15 @@ def _type_name(annotation) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "length >="),
-           ("max_length", "length <="), ("pattern", "matches"))
+_BOUNDS = (
+    ("ge", ">="),
+    ("gt", ">"),
+    ("le", "<="),
+    ("lt", "<"),
+    ("min_length", "length >="),
+    ("max_length", "length <="),
+    ("pattern", "matches"),
+)
 
 
 def _limits(field) -> str:
@@ -112,7 +119,7 @@ def defaults_yaml() -> str:
     off: list[tuple] = []  # optional sections, null by default: their fields are shown commented out
     for key, field, sub in _fields(RunFile):
         indent = "  " * (len(key) - 1)
-        inside = next((len(o) for o in off if key[:len(o)] == o), None)
+        inside = next((len(o) for o in off if key[: len(o)] == o), None)
         if inside is not None:  # "#" at the section's own indent, so uncommenting the block gives valid YAML
             indent = "  " * (inside - 1) + "# " + "  " * (len(key) - inside)
         if field.description:

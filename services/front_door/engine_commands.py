@@ -16,8 +16,9 @@ from services.runtime.settings_cli import HelpWithDefaults
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sluice engines", description=__doc__.split("\n\n")[0],
-                                     formatter_class=HelpWithDefaults)
+    parser = argparse.ArgumentParser(
+        prog="sluice engines", description=__doc__.split("\n\n")[0], formatter_class=HelpWithDefaults
+    )
     actions = parser.add_subparsers(dest="action", required=True)
     listing = actions.add_parser("list", help="the run's engines and the URLs removed from it")
     listing.add_argument("run_id", help="the run's name")

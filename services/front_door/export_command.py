@@ -47,12 +47,15 @@ def resolve_checkpoint(path: str) -> str:
             return found.path
     if os.path.isfile(os.path.join(path, "config.json")) or os.path.isfile(os.path.join(path, ADAPTER_CONFIG)):
         return path  # a model (or peft adapter) directory (no trainer_state.json): exported as it is
-    raise ExportError(f"{path!r} is neither a checkpoint (no trainer_state.json) nor a directory holding "
-                      f"checkpoints (no complete actor/step_* under it)")
+    raise ExportError(
+        f"{path!r} is neither a checkpoint (no trainer_state.json) nor a directory holding "
+        f"checkpoints (no complete actor/step_* under it)"
+    )
 
 
-def export_checkpoint(checkpoint: str, out_dir: str, dtype: str | None = None, force: bool = False,
-                      base: str | None = None) -> str:
+def export_checkpoint(
+    checkpoint: str, out_dir: str, dtype: str | None = None, force: bool = False, base: str | None = None
+) -> str:
     """Write the model of `checkpoint` to `out_dir` as a Hugging Face directory, in `dtype` (None: as stored);
     a LoRA checkpoint's adapter merged into its base model (`base`, or the one its adapter_config.json names).
     Written to a temporary directory and renamed; an existing non-empty `out_dir` is an error unless `force`.
@@ -98,8 +101,10 @@ def _base_model(source: str, base: str | None) -> str:
         raise ExportError(f"{source!r}: its {ADAPTER_CONFIG} does not read: {exc}") from None
     found = base or named
     if not found or not os.path.isfile(os.path.join(found, "config.json")):
-        raise ExportError(f"{source!r} is a LoRA adapter whose base model {found!r} is not a model directory here: "
-                          "pass --base with the run's model directory")
+        raise ExportError(
+            f"{source!r} is a LoRA adapter whose base model {found!r} is not a model directory here: "
+            "pass --base with the run's model directory"
+        )
     return found
 
 
@@ -112,15 +117,18 @@ def _stored_dtype(model_dir: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sluice export", description=__doc__,
-                                     formatter_class=HelpWithDefaults)
+    parser = argparse.ArgumentParser(prog="sluice export", description=__doc__, formatter_class=HelpWithDefaults)
     parser.add_argument("checkpoint", help="a checkpoint directory (<dir>/actor/step_<N>) or a --checkpoint-dir")
     parser.add_argument("out_dir", help="the Hugging Face model directory to write")
-    parser.add_argument("--dtype", choices=DTYPES, default=None,
-                        help="parameter dtype of the export (None: the checkpoint's own)")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default=None, help="parameter dtype of the export (None: the checkpoint's own)"
+    )
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists and is not empty")
-    parser.add_argument("--base", default=None, help=(
-        "a LoRA checkpoint's base model directory (None: the one its adapter_config.json names)"))
+    parser.add_argument(
+        "--base",
+        default=None,
+        help=("a LoRA checkpoint's base model directory (None: the one its adapter_config.json names)"),
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     try:

@@ -59,12 +59,20 @@ class RunProgress:
     def summary(self) -> dict:
         rewards = [s.metrics.get("reward_mean") for s in self.steps if "reward_mean" in s.metrics]
         rate = self.samples_per_s()
-        return {"event": self.state, "run": self.run_id, "steps": self.next_step, "num_steps": self.num_steps,
-                "wall_s": round(time.monotonic() - self.started_at, 2),
-                "samples_per_s": round(rate, 3) if rate else None,
-                "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
-                "eval_reward": self.eval_reward, "weight_version": self.weight_version, "failure": self.failure,
-                **self.extra}
+        return {
+            "event": self.state,
+            "run": self.run_id,
+            "steps": self.next_step,
+            "num_steps": self.num_steps,
+            "wall_s": round(time.monotonic() - self.started_at, 2),
+            "samples_per_s": round(rate, 3) if rate else None,
+            "reward_first": rewards[0] if rewards else None,
+            "reward_last": rewards[-1] if rewards else None,
+            "eval_reward": self.eval_reward,
+            "weight_version": self.weight_version,
+            "failure": self.failure,
+            **self.extra,
+        }
 
 
 class View(Protocol):
@@ -82,11 +90,18 @@ class RunFollower:
     the run); `before_summary(progress)` when following ends, before the summary (to check a finished run:
     it may add to progress.extra, or fail it)."""
 
-    def __init__(self, dcs: DCSClient, run_id: str, num_steps: int, rows_per_step: int, poll_s: float = 0.5,
-                 liveness: Callable[[], str | None] = lambda: None,
-                 eval_reward: Callable[[], float | None] = lambda: None,
-                 on_interrupt: Callable[[RunProgress], None] = lambda progress: None,
-                 before_summary: Callable[[RunProgress], None] = lambda progress: None):
+    def __init__(
+        self,
+        dcs: DCSClient,
+        run_id: str,
+        num_steps: int,
+        rows_per_step: int,
+        poll_s: float = 0.5,
+        liveness: Callable[[], str | None] = lambda: None,
+        eval_reward: Callable[[], float | None] = lambda: None,
+        on_interrupt: Callable[[RunProgress], None] = lambda progress: None,
+        before_summary: Callable[[RunProgress], None] = lambda progress: None,
+    ):
         self.dcs = dcs
         self.progress = RunProgress(run_id, num_steps, rows_per_step)
         self.poll_s = poll_s
@@ -159,7 +174,6 @@ class RunFollower:
         self.before_summary(p)
         view.end(p)
         return p
-
 
     def _unreachable(self, exc: Exception, reached: float, unreachable_s: float, view: View) -> bool:
         """The coordinator did not answer; True (the run failed) once a local service died or it has not

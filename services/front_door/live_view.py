@@ -17,8 +17,19 @@ from rich.text import Text
 from services.front_door.follower import RunProgress, StepSeen
 
 # a step's JSON line: these metrics when the trainer reported them (its record has more, see docs/services.md)
-STEP_KEYS = ("weight_version", "reward_mean", "loss", "entropy", "kl", "clip_fraction", "grad_norm", "staleness_max",
-             "tokens_per_s", "wait_s", "filtered_groups")
+STEP_KEYS = (
+    "weight_version",
+    "reward_mean",
+    "loss",
+    "entropy",
+    "kl",
+    "clip_fraction",
+    "grad_norm",
+    "staleness_max",
+    "tokens_per_s",
+    "wait_s",
+    "filtered_groups",
+)
 
 
 def _rounded(value):
@@ -73,13 +84,23 @@ def render(progress: RunProgress) -> Group:
     p = progress
     last = p.steps[-1].metrics if p.steps else {}
     colour = {"finished": "green", "failed": "red", "stopped": "yellow", "paused": "yellow"}.get(p.state, "cyan")
-    head = Text.assemble(("run ", "bold"), (p.run_id, "bold"), "  ", (p.state, f"bold {colour}"),
-                         f"  step {p.next_step}/{p.num_steps}  ETA {_duration(p.eta_s())}"
-                         f"  elapsed {_duration(_elapsed(p))}")
+    head = Text.assemble(
+        ("run ", "bold"),
+        (p.run_id, "bold"),
+        "  ",
+        (p.state, f"bold {colour}"),
+        f"  step {p.next_step}/{p.num_steps}  ETA {_duration(p.eta_s())}  elapsed {_duration(_elapsed(p))}",
+    )
     metrics = Table(box=None, show_header=True, header_style="bold")
-    shown = {"reward": last.get("reward_mean"), "eval reward": p.eval_reward, "loss": last.get("loss"),
-             "samples/s": p.samples_per_s(), "tokens/s": last.get("tokens_per_s"),
-             "staleness": last.get("staleness_max"), "version": p.weight_version}
+    shown = {
+        "reward": last.get("reward_mean"),
+        "eval reward": p.eval_reward,
+        "loss": last.get("loss"),
+        "samples/s": p.samples_per_s(),
+        "tokens/s": last.get("tokens_per_s"),
+        "staleness": last.get("staleness_max"),
+        "version": p.weight_version,
+    }
     if "filtered_groups" in last:  # dynamic sampling: groups of the step dropped as uninformative
         shown["filtered"] = last["filtered_groups"]
     for name in shown:
@@ -89,10 +110,9 @@ def render(progress: RunProgress) -> Group:
     for column in ("role", "rank", "state", "step", "version", "address", "last error"):
         services.add_column(column)
     errors = _last_errors(p)
-    for s in (p.status.services if p.status else []):  # every engine of the run is one: added, joined or left
+    for s in p.status.services if p.status else []:  # every engine of the run is one: added, joined or left
         error = errors.get(s.node_id) or errors.get(s.role) or ""
-        services.add_row(s.role, str(s.rank), s.state, _fmt(s.step), _fmt(s.weight_version), s.url or "",
-                         error[-80:])
+        services.add_row(s.role, str(s.rank), s.state, _fmt(s.step), _fmt(s.weight_version), s.url or "", error[-80:])
     parts: list[RenderableType] = [head, metrics, services]
     if p.failure:
         parts.append(Text(f"failure: {p.failure}", style="bold red"))

@@ -31,14 +31,23 @@ def _refused(prog: str, exc: Exception) -> int:
 
 
 def submit_main(argv: list[str] | None = None) -> int:
-    parser = _parser("submit", "Submit the run of a run file to a coordinator (its `stack:` section is ignored); "
-                               "the run's services, started with its name as --run-id, then run it.")
+    parser = _parser(
+        "submit",
+        "Submit the run of a run file to a coordinator (its `stack:` section is ignored); "
+        "the run's services, started with its name as --run-id, then run it.",
+    )
     parser.add_argument("run_file", help="the run's YAML file (docs/configuration.md)")
-    parser.add_argument("--no-preflight", action="store_true",
-                        help="skip the checks of model, prompts and reward on this machine (when they exist only "
-                             "where the services run)")
-    parser.add_argument("--exist-ok", action="store_true",
-                        help="a run of that name on the coordinator already is not an error (a re-started submitter)")
+    parser.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the checks of model, prompts and reward on this machine (when they exist only "
+        "where the services run)",
+    )
+    parser.add_argument(
+        "--exist-ok",
+        action="store_true",
+        help="a run of that name on the coordinator already is not an error (a re-started submitter)",
+    )
     add_coordinator_flags(parser)
     args = parser.parse_args(argv)
     try:
@@ -69,8 +78,11 @@ def submit_main(argv: list[str] | None = None) -> int:
 
 
 def status_main(argv: list[str] | None = None) -> int:
-    parser = _parser("status", "A run's status: its lifecycle state and failure, the trainer's progress and "
-                               "last step's metrics, and every service's state.")
+    parser = _parser(
+        "status",
+        "A run's status: its lifecycle state and failure, the trainer's progress and "
+        "last step's metrics, and every service's state.",
+    )
     parser.add_argument("run_id", help="the run's name")
     parser.add_argument("--json", action="store_true", help="JSON even on a terminal")
     add_coordinator_flags(parser)
@@ -83,10 +95,16 @@ def status_main(argv: list[str] | None = None) -> int:
     except (DCSError, OSError) as exc:
         return _refused("status", exc)
     last = page.steps[-1] if page.steps else None
-    report = {"run": args.run_id, "status": status.status, "failure": status.failure and status.failure.model_dump(),
-              "step": page.next_step, "num_steps": status.run.config.num_steps,
-              "weight_version": status.latest_weight_version, "last_step": last and last.model_dump(),
-              "services": [s.model_dump() for s in status.services]}
+    report = {
+        "run": args.run_id,
+        "status": status.status,
+        "failure": status.failure and status.failure.model_dump(),
+        "step": page.next_step,
+        "num_steps": status.run.config.num_steps,
+        "weight_version": status.latest_weight_version,
+        "last_step": last and last.model_dump(),
+        "services": [s.model_dump() for s in status.services],
+    }
     if args.json or not sys.stdout.isatty():
         _print(report)
     else:
@@ -99,16 +117,25 @@ def _print_status_table(report: dict) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]{report['run']}[/bold] {report['status']}  step {report['step']}/{report['num_steps']}"
-                  f"  weight version {report['weight_version']}")
+    console.print(
+        f"[bold]{report['run']}[/bold] {report['status']}  step {report['step']}/{report['num_steps']}"
+        f"  weight version {report['weight_version']}"
+    )
     if report["failure"]:
         console.print(f"[bold red]failure[/bold red] {report['failure']['role']}: {report['failure']['message']}")
     if report["last_step"]:
         console.print({k: v for k, v in report["last_step"]["metrics"].items() if not isinstance(v, dict)})
     table = Table("role", "rank", "state", "step", "version", "paused", "address")
     for s in report["services"]:
-        table.add_row(s["role"], str(s["rank"]), s["state"], str(s["step"]), str(s["weight_version"]),
-                      "yes" if s["pause_acknowledged"] else "", s.get("url") or "")
+        table.add_row(
+            s["role"],
+            str(s["rank"]),
+            s["state"],
+            str(s["step"]),
+            str(s["weight_version"]),
+            "yes" if s["pause_acknowledged"] else "",
+            s.get("url") or "",
+        )
     console.print(table)
 
 
@@ -125,12 +152,17 @@ def _lifecycle_main(prog: str, description: str, call) -> Callable[[list[str] | 
             return _refused(prog, exc)
         _print({"run": run.run_id, "status": run.status, "desired_state": run.desired_state})
         return 0
+
     return main
 
 
-pause_main = _lifecycle_main("pause", "Ask every service of the run to pause at its next safe point.",
-                             lambda dcs, run: dcs.pause(run))
+pause_main = _lifecycle_main(
+    "pause", "Ask every service of the run to pause at its next safe point.", lambda dcs, run: dcs.pause(run)
+)
 resume_main = _lifecycle_main("resume", "Resume a paused run.", lambda dcs, run: dcs.resume(run))
-stop_main = _lifecycle_main("stop", "Stop the run: every service exits at its next safe point (the trainer "
-                                    "checkpoints first); the run's status becomes stopped.",
-                            lambda dcs, run: dcs.stop_run(run))
+stop_main = _lifecycle_main(
+    "stop",
+    "Stop the run: every service exits at its next safe point (the trainer "
+    "checkpoints first); the run's status becomes stopped.",
+    lambda dcs, run: dcs.stop_run(run),
+)

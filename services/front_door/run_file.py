@@ -41,11 +41,21 @@ class JudgeEngineSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = Field(None, min_length=1, max_length=1024, description=(
-        "the judge's model directory: a built-in engine serving it starts as the service `judge` "
-        "(<log_dir>/judge.log) and rollout.reward must be model:judge; null = no judge engine"))
-    engine_flags: dict[str, Scalar] = Field(default_factory=dict, description=(
-        "its `sluice engine` flags by field name, as engine_flags for a built-in engine, e.g. {device: cuda}"))
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description=(
+            "the judge's model directory: a built-in engine serving it starts as the service `judge` "
+            "(<log_dir>/judge.log) and rollout.reward must be model:judge; null = no judge engine"
+        ),
+    )
+    engine_flags: dict[str, Scalar] = Field(
+        default_factory=dict,
+        description=(
+            "its `sluice engine` flags by field name, as engine_flags for a built-in engine, e.g. {device: cuda}"
+        ),
+    )
 
     @field_validator("engine_flags")
     @classmethod
@@ -58,39 +68,82 @@ class StackSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    engine: Literal["builtin", "sglang"] = Field("builtin", description=(
-        "builtin: `sluice engine` processes; sglang: real SGLang servers (`python -m sglang.launch_server`, "
-        "SGLang installed in the Python that runs `sluice run`; docs/gpu.md)"))
-    engines: int = Field(1, ge=1, le=64, description=(
-        "engine processes: built-in engines, or SGLang servers (server i on GPUs from base_gpu_id + i x tp_size)"))
-    engine_flags: dict[str, Scalar] = Field(default_factory=dict, description=(
-        "extra engine flags by field name: `sluice engine`'s, e.g. {max_total_tokens: 8192, device: cuda}; "
-        "with engine: sglang, SGLang's server flags, e.g. {dtype: bfloat16, mem_fraction_static: 0.5} "
-        "(SGLang checks them when it starts)"))
+    engine: Literal["builtin", "sglang"] = Field(
+        "builtin",
+        description=(
+            "builtin: `sluice engine` processes; sglang: real SGLang servers (`python -m sglang.launch_server`, "
+            "SGLang installed in the Python that runs `sluice run`; docs/gpu.md)"
+        ),
+    )
+    engines: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "engine processes: built-in engines, or SGLang servers (server i on GPUs from base_gpu_id + i x tp_size)"
+        ),
+    )
+    engine_flags: dict[str, Scalar] = Field(
+        default_factory=dict,
+        description=(
+            "extra engine flags by field name: `sluice engine`'s, e.g. {max_total_tokens: 8192, device: cuda}; "
+            "with engine: sglang, SGLang's server flags, e.g. {dtype: bfloat16, mem_fraction_static: 0.5} "
+            "(SGLang checks them when it starts)"
+        ),
+    )
     # Literal of the names' tuple: pydantic reads it, mypy does not
     role_flags: dict[Literal[ROLE_NAMES], dict[str, Scalar]] = Field(  # type: ignore[valid-type]
-        default_factory=dict, description="extra flags per role service, e.g. {trainer: {pause_mode: abort}}")
+        default_factory=dict, description="extra flags per role service, e.g. {trainer: {pause_mode: abort}}"
+    )
     trainer_ranks: int = Field(1, ge=1, le=64, description="data-parallel trainer processes")
-    redis_url: str | None = Field(None, max_length=1024, description=(
-        "an existing Redis to keep the run's state in (a password it requires: env SLUICE_REDIS_PASSWORD_FILE or "
-        "SLUICE_REDIS_PASSWORD, never in the URL); null = start a private redis-server with an append-only file "
-        "under <run dir>/redis and a password made for the run, in <run dir>/redis-password"))
-    coordinator_port: int = Field(7300, ge=0, le=65535, description=(
-        "the coordinator's HTTP port on 127.0.0.1 (where `sluice status|pause|stop` look by default); "
-        "0 = any free port (printed at start, and in <run dir>/stack.json)"))
-    output_dir: str = Field("runs", min_length=1, max_length=1024, description=(
-        "the run's files go to <output_dir>/<name> (its run dir): logs, checkpoints, stack.json, and the "
-        "trainer's steps.jsonl and tracking files (the input of `sluice report`)"))
+    redis_url: str | None = Field(
+        None,
+        max_length=1024,
+        description=(
+            "an existing Redis to keep the run's state in (a password it requires: env SLUICE_REDIS_PASSWORD_FILE or "
+            "SLUICE_REDIS_PASSWORD, never in the URL); null = start a private redis-server with an append-only file "
+            "under <run dir>/redis and a password made for the run, in <run dir>/redis-password"
+        ),
+    )
+    coordinator_port: int = Field(
+        7300,
+        ge=0,
+        le=65535,
+        description=(
+            "the coordinator's HTTP port on 127.0.0.1 (where `sluice status|pause|stop` look by default); "
+            "0 = any free port (printed at start, and in <run dir>/stack.json)"
+        ),
+    )
+    output_dir: str = Field(
+        "runs",
+        min_length=1,
+        max_length=1024,
+        description=(
+            "the run's files go to <output_dir>/<name> (its run dir): logs, checkpoints, stack.json, and the "
+            "trainer's steps.jsonl and tracking files (the input of `sluice report`)"
+        ),
+    )
     log_dir: str = Field("", max_length=1024, description="every service's log file; empty = <run dir>/logs")
-    checkpoint_dir: str = Field("", max_length=1024, description=(
-        "trainer checkpoints (written every checkpoint.interval steps, continued by --resume); "
-        "empty = <run dir>/checkpoints"))
-    init_model: Literal["tiny", "small"] | None = Field(None, description=(
-        "write a random model of this preset at `model` when that directory does not exist yet "
-        "(demos, smoke tests); null = `model` must exist"))
+    checkpoint_dir: str = Field(
+        "",
+        max_length=1024,
+        description=(
+            "trainer checkpoints (written every checkpoint.interval steps, continued by --resume); "
+            "empty = <run dir>/checkpoints"
+        ),
+    )
+    init_model: Literal["tiny", "small"] | None = Field(
+        None,
+        description=(
+            "write a random model of this preset at `model` when that directory does not exist yet "
+            "(demos, smoke tests); null = `model` must exist"
+        ),
+    )
 
-    judge: JudgeEngineSettings = Field(default_factory=JudgeEngineSettings, description=(
-        "a judge engine for rollout.reward model:judge (docs/rewards.md)"))
+    judge: JudgeEngineSettings = Field(
+        default_factory=JudgeEngineSettings,
+        description=("a judge engine for rollout.reward model:judge (docs/rewards.md)"),
+    )
 
     @field_validator("engine_flags")
     @classmethod
@@ -112,11 +165,15 @@ class RunFile(RunConfig):
     def _judge_used(self) -> "RunFile":
         named = "judge_urls" in self.stack.role_flags.get("rollout", {})  # the operator names judges himself
         if self.stack.judge.model is not None and self.rollout.reward != "model:judge":
-            raise ValueError(f"stack.judge.model starts a judge engine, which only rollout.reward model:judge uses "
-                             f"(rollout.reward is {self.rollout.reward!r})")
+            raise ValueError(
+                f"stack.judge.model starts a judge engine, which only rollout.reward model:judge uses "
+                f"(rollout.reward is {self.rollout.reward!r})"
+            )
         if self.rollout.reward == "model:judge" and self.stack.judge.model is None and not named:
-            raise ValueError("rollout.reward model:judge needs the stack's judge engine: set stack.judge.model to "
-                             "the judge's model directory")
+            raise ValueError(
+                "rollout.reward model:judge needs the stack's judge engine: set stack.judge.model to "
+                "the judge's model directory"
+            )
         return self
 
     def judge_argv(self) -> tuple[str, ...]:
@@ -138,9 +195,11 @@ class RunFile(RunConfig):
     def directories(self) -> dict[str, str]:
         """run, log and checkpoint directories, absolute."""
         run_dir = os.path.abspath(os.path.join(self.stack.output_dir, self.name))
-        return {"run": run_dir,
-                "logs": os.path.abspath(self.stack.log_dir or os.path.join(run_dir, "logs")),
-                "checkpoints": os.path.abspath(self.stack.checkpoint_dir or os.path.join(run_dir, "checkpoints"))}
+        return {
+            "run": run_dir,
+            "logs": os.path.abspath(self.stack.log_dir or os.path.join(run_dir, "logs")),
+            "checkpoints": os.path.abspath(self.stack.checkpoint_dir or os.path.join(run_dir, "checkpoints")),
+        }
 
     def engine_argv(self) -> tuple[str, ...]:
         if self.stack.engine == "sglang":  # SGLang's bools are store_true flags, with no --no-x form
@@ -151,8 +210,10 @@ class RunFile(RunConfig):
 
     def role_argv(self) -> dict[str, list[str]]:
         """Each role's extra flags; the trainer writes its run files (steps.jsonl, tracking) to the run dir."""
-        argv = {role: [a for name, value in flags.items() for a in _flag(name, value)]
-                for role, flags in self.stack.role_flags.items()}
+        argv = {
+            role: [a for name, value in flags.items() for a in _flag(name, value)]
+            for role, flags in self.stack.role_flags.items()
+        }
         argv["trainer"] = ["--output-dir", os.path.abspath(self.stack.output_dir), *argv.get("trainer", [])]
         return argv
 
@@ -214,8 +275,14 @@ def _resolved(run_file: RunFile, base: str) -> RunFile:
             update[section] = settings.model_copy(update={"prompts": rel(prompts)})
     stack = run_file.stack
     judge = stack.judge.model_copy(update={"model": stack.judge.model and rel(stack.judge.model)})
-    update["stack"] = stack.model_copy(update={"output_dir": rel(stack.output_dir), "log_dir": rel(stack.log_dir),
-                                               "checkpoint_dir": rel(stack.checkpoint_dir), "judge": judge})
+    update["stack"] = stack.model_copy(
+        update={
+            "output_dir": rel(stack.output_dir),
+            "log_dir": rel(stack.log_dir),
+            "checkpoint_dir": rel(stack.checkpoint_dir),
+            "judge": judge,
+        }
+    )
     return run_file.model_copy(update=update)
 
 
@@ -250,8 +317,9 @@ def _locate(node, loc: tuple, error_type: str):
     found: list = []
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == str(part)),
-                         None)
+            match = next(
+                ((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == str(part)), None
+            )
             if match is None:
                 if error_type == "missing":
                     found.append(part)

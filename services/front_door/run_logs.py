@@ -17,9 +17,11 @@ from services.runtime.settings_cli import HelpWithDefaults
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice logs", description=__doc__, formatter_class=HelpWithDefaults)
     parser.add_argument("role", help="a service: trainer, rollout, advantage, engine-0, dcs, ...")
-    parser.add_argument("--run-dir", default=os.environ.get("SLUICE_RUN_DIR", ""),
-                        help="the run's directory (<stack.output_dir>/<name>); empty = the newest runs/*/ here "
-                             "[env SLUICE_RUN_DIR]")
+    parser.add_argument(
+        "--run-dir",
+        default=os.environ.get("SLUICE_RUN_DIR", ""),
+        help="the run's directory (<stack.output_dir>/<name>); empty = the newest runs/*/ here [env SLUICE_RUN_DIR]",
+    )
     parser.add_argument("-n", "--lines", type=int, default=50, help="print the last N lines first")
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing what is appended (Ctrl-C ends)")
     return parser
@@ -36,8 +38,9 @@ def log_dir(run_dir: str) -> str:
         with open(os.path.join(run_dir, "stack.json"), encoding="utf-8") as f:
             return json.load(f)["log_dir"]
     except (OSError, ValueError, KeyError) as exc:
-        raise SystemExit(f"sluice logs: {run_dir} is not a run directory of `sluice run` "
-                         f"(no readable stack.json: {exc})") from exc
+        raise SystemExit(
+            f"sluice logs: {run_dir} is not a run directory of `sluice run` (no readable stack.json: {exc})"
+        ) from exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with open(path, "rb") as f:
         lines = f.read().splitlines(keepends=True)
-        sys.stdout.buffer.write(b"".join(lines[-args.lines:]) if args.lines > 0 else b"")
+        sys.stdout.buffer.write(b"".join(lines[-args.lines :]) if args.lines > 0 else b"")
         sys.stdout.flush()
         try:
             while args.follow:

@@ -45,25 +45,43 @@ from services.launch.local_run import LocalRun
 from services.run_contract.checkpoint import latest_checkpoint
 from services.run_state.evaluations import read_latest_evaluation
 from services.run_state.prompt_ledger import resume_ledger_at
-from services.runtime.redis_password import (RedisPasswordError, new_redis_password, resolve_redis_password,
-                                             write_private_file)
+from services.runtime.redis_password import (
+    RedisPasswordError,
+    new_redis_password,
+    resolve_redis_password,
+    write_private_file,
+)
 from services.runtime.settings_cli import HelpWithDefaults
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice run", description=__doc__, formatter_class=HelpWithDefaults)
     parser.add_argument("run_file", nargs="?", help="the run's YAML file (docs/configuration.md)")
-    parser.add_argument("--print-defaults", action="store_true",
-                        help="write a complete, commented starting run file to stdout and exit")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the run from the last checkpoint in its checkpoint directory")
-    parser.add_argument("--redis-url", default=None, help="use this Redis instead of starting a private one "
-                                                          "(overrides stack.redis_url; its password, if any, from "
-                                                          "env SLUICE_REDIS_PASSWORD_FILE or SLUICE_REDIS_PASSWORD)")
-    parser.add_argument("--attach", nargs=2, metavar=("URL", "RUN_ID"),
-                        help="follow a run on a coordinator elsewhere; nothing is started")
-    parser.add_argument("--view", choices=["auto", "live", "json"], default="auto",
-                        help="live panel, JSON lines, or auto: the panel when stdout is a terminal")
+    parser.add_argument(
+        "--print-defaults", action="store_true", help="write a complete, commented starting run file to stdout and exit"
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run from the last checkpoint in its checkpoint directory"
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help="use this Redis instead of starting a private one "
+        "(overrides stack.redis_url; its password, if any, from "
+        "env SLUICE_REDIS_PASSWORD_FILE or SLUICE_REDIS_PASSWORD)",
+    )
+    parser.add_argument(
+        "--attach",
+        nargs=2,
+        metavar=("URL", "RUN_ID"),
+        help="follow a run on a coordinator elsewhere; nothing is started",
+    )
+    parser.add_argument(
+        "--view",
+        choices=["auto", "live", "json"],
+        default="auto",
+        help="live panel, JSON lines, or auto: the panel when stdout is a terminal",
+    )
     add_coordinator_flags(parser, url=False)
     return parser
 
@@ -96,8 +114,9 @@ def prepare(args) -> RunFile:
     """The validated run file, its model written if asked, checked before anything starts."""
     run_file = load_run_file(args.run_file)
     if args.redis_url:
-        run_file = run_file.model_copy(update={"stack": run_file.stack.model_copy(
-            update={"redis_url": args.redis_url})})
+        run_file = run_file.model_copy(
+            update={"stack": run_file.stack.model_copy(update={"redis_url": args.redis_url})}
+        )
     if run_file.stack.init_model and not os.path.exists(run_file.model):
         from services.model.init_model import init_model  # torch and transformers: only when needed
 
@@ -137,8 +156,10 @@ def resume_problems(run_file: RunFile, args) -> list[str]:
     ckpt = latest_checkpoint(directory, "actor") if os.path.isdir(directory) else None
     where = position_of(args.run_file, "stack.checkpoint_dir")
     if ckpt is not None and not args.resume:
-        return [f"{where}: stack.checkpoint_dir: {directory} holds a checkpoint of an earlier run (next step "
-                f"{ckpt.next_step}): add --resume to continue it, or give this run another name or stack.output_dir"]
+        return [
+            f"{where}: stack.checkpoint_dir: {directory} holds a checkpoint of an earlier run (next step "
+            f"{ckpt.next_step}): add --resume to continue it, or give this run another name or stack.output_dir"
+        ]
     if ckpt is None and args.resume:
         return [f"{where}: stack.checkpoint_dir: --resume, but {directory} holds no checkpoint to continue from"]
     return []
@@ -160,11 +181,17 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
     config, dirs = run_file.run_config(), run_file.directories()
     view = choose_view(options.view)
     token, token_file = stack_token(options.token, dirs["run"])
-    view.note("starting", run=config.name, run_dir=dirs["run"], logs=dirs["logs"],
-              **({"auth_token_file": token_file} if token_file else {}))
+    view.note(
+        "starting",
+        run=config.name,
+        run_dir=dirs["run"],
+        logs=dirs["logs"],
+        **({"auth_token_file": token_file} if token_file else {}),
+    )
     try:  # the run is created once the coordinator serves: each role takes it up the moment it is ready itself
-        local = start_stack(run_file, token, options.path,
-                            on_stack_up=lambda started: submit(started, config.name, options.resume))
+        local = start_stack(
+            run_file, token, options.path, on_stack_up=lambda started: submit(started, config.name, options.resume)
+        )
     except DCSError as exc:
         print(f"sluice run: the coordinator refused the run: {exc}", file=sys.stderr)
         return 1
@@ -176,6 +203,7 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
         _write_stack_file(dirs, local, config.name, token_file, redis_password_file(run_file))
         view.note("running", coordinator=local.dcs_url, services=sorted(local.procs))
         with local.dcs_client() as dcs:
+
             def on_interrupt(progress: RunProgress) -> None:
                 pause(dcs, config.name, view)
                 view.note("stopping", **({"resume": f"sluice run {options.path} --resume"} if options.path else {}))
@@ -186,15 +214,22 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
                 # every ending writes it, an interrupted or stopped run too: its services still answer here
                 progress.extra["report"] = write_run_report(dirs["run"], local, token)
 
-            progress = follow(dcs, config, view, liveness=lambda: dead_service(local),
-                              eval_reward=lambda: latest_eval_reward(local), on_interrupt=on_interrupt,
-                              before_summary=before_summary)
+            progress = follow(
+                dcs,
+                config,
+                view,
+                liveness=lambda: dead_service(local),
+                eval_reward=lambda: latest_eval_reward(local),
+                on_interrupt=on_interrupt,
+                before_summary=before_summary,
+            )
     leave_the_heap_at_exit()
     return _finish(progress, dirs["logs"])
 
 
-def start_stack(run_file: RunFile, token: str, path: str = "",
-                on_stack_up: Callable[[LocalRun], None] | None = None) -> LocalRun:
+def start_stack(
+    run_file: RunFile, token: str, path: str = "", on_stack_up: Callable[[LocalRun], None] | None = None
+) -> LocalRun:
     """Every service of the run file's stack, started (the run not yet submitted, unless `on_stack_up`,
     called as the coordinator serves, submits it: LocalRun): what `sluice run` runs, with its defaults. A
     private Redis (no stack.redis_url) keeps an append-only file under <run dir>/redis,
@@ -211,13 +246,25 @@ def start_stack(run_file: RunFile, token: str, path: str = "",
         write_private_file(password_file, password + "\n")
     else:
         data_dir, password = None, resolve_redis_password()
-    return LocalRun(run_file.run_config(), log_dir=dirs["logs"], engines=stack.engines, token=token,
-                    checkpoint_dir=dirs["checkpoints"], engine_args=run_file.engine_argv(),
-                    role_args=run_file.role_argv(), trainer_ranks=stack.trainer_ranks, submit=False,
-                    redis_url=stack.redis_url, dcs_port=stack.coordinator_port, engine=stack.engine,
-                    python_path=(run_file_directory(path),) if path else (), redis_data_dir=data_dir,
-                    redis_password=password, on_stack_up=on_stack_up,
-                    judge=(stack.judge.model, run_file.judge_argv()) if stack.judge.model else None)
+    return LocalRun(
+        run_file.run_config(),
+        log_dir=dirs["logs"],
+        engines=stack.engines,
+        token=token,
+        checkpoint_dir=dirs["checkpoints"],
+        engine_args=run_file.engine_argv(),
+        role_args=run_file.role_argv(),
+        trainer_ranks=stack.trainer_ranks,
+        submit=False,
+        redis_url=stack.redis_url,
+        dcs_port=stack.coordinator_port,
+        engine=stack.engine,
+        python_path=(run_file_directory(path),) if path else (),
+        redis_data_dir=data_dir,
+        redis_password=password,
+        on_stack_up=on_stack_up,
+        judge=(stack.judge.model, run_file.judge_argv()) if stack.judge.model else None,
+    )
 
 
 def redis_password_file(run_file: RunFile) -> str | None:
@@ -244,8 +291,7 @@ def follow(dcs: DCSClient, config, view, **kwargs) -> RunProgress:
 def _finish(progress: RunProgress, log_dir: str | None) -> int:
     if progress.state not in ("finished", "interrupted"):
         where = f" (logs in {log_dir})" if log_dir else ""
-        print(f"sluice run: run {progress.run_id} {progress.state}: {progress.failure or ''}{where}",
-              file=sys.stderr)
+        print(f"sluice run: run {progress.run_id} {progress.state}: {progress.failure or ''}{where}", file=sys.stderr)
     return exit_code(progress)
 
 
@@ -342,17 +388,28 @@ def stack_token(given: str, run_dir: str) -> tuple[str, str | None]:
     return token, path
 
 
-def _write_stack_file(dirs: dict[str, str], local: LocalRun, run_id: str, token_file: str | None,
-                      redis_password_path: str | None) -> None:
+def _write_stack_file(
+    dirs: dict[str, str], local: LocalRun, run_id: str, token_file: str | None, redis_password_path: str | None
+) -> None:
     """<run_dir>/stack.json: where this run's coordinator, judge engine, logs, generated token and Redis password are
     (`sluice logs`, other terminals: env SLUICE_REDIS_PASSWORD_FILE=<that file> for Redis)."""
     os.makedirs(dirs["run"], exist_ok=True)
     with open(os.path.join(dirs["run"], "stack.json"), "w", encoding="utf-8") as f:
-        json.dump({"run_id": run_id, "coordinator": local.dcs_url, "redis_url": local.redis_url,
-                   "log_dir": dirs["logs"], "checkpoint_dir": dirs["checkpoints"], "pid": os.getpid(),
-                   **({"judge_url": local.judge_url} if local.judge_url else {}),
-                   **({"auth_token_file": token_file} if token_file else {}),
-                   **({"redis_password_file": redis_password_path} if redis_password_path else {})}, f, indent=1)
+        json.dump(
+            {
+                "run_id": run_id,
+                "coordinator": local.dcs_url,
+                "redis_url": local.redis_url,
+                "log_dir": dirs["logs"],
+                "checkpoint_dir": dirs["checkpoints"],
+                "pid": os.getpid(),
+                **({"judge_url": local.judge_url} if local.judge_url else {}),
+                **({"auth_token_file": token_file} if token_file else {}),
+                **({"redis_password_file": redis_password_path} if redis_password_path else {}),
+            },
+            f,
+            indent=1,
+        )
 
 
 def attach(args) -> int:

@@ -22,8 +22,15 @@ from services.runtime.redis_password import redis_password_env
 from services.launch.sglang_engine import START_S as SGLANG_START_S, SGLangProcess
 from services.launch.sglang_flags import lora_argv, lora_problem, sglang_missing, token_problem
 from services.launch.supervision import ProcessSupervisor
-from services.runtime.processes import (ChildProcess, StopsOnExit, free_port, http_ok, sluice_argv, start_redis,
-                                        stop_together)
+from services.runtime.processes import (
+    ChildProcess,
+    StopsOnExit,
+    free_port,
+    http_ok,
+    sluice_argv,
+    start_redis,
+    stop_together,
+)
 from services.transferqueue.local_stack import LocalTransferQueue
 
 STOP_S = 10.0  # the engines and roles, together: a clean exit, CUDA teardown and a final checkpoint included
@@ -60,14 +67,27 @@ class LocalRun(StopsOnExit):
     dcs_url: str
     tq_controller: str
 
-    def __init__(self, run: RunConfig, log_dir: str | None = None, engines: int = 1, token: str = "",
-                 checkpoint_dir: str | None = None, engine_args: tuple[str, ...] = (),
-                 role_args: dict[str, list[str]] | None = None, trainer_ranks: int = 1,
-                 stack: "LocalRun | None" = None, submit: bool = True, redis_url: str | None = None,
-                 dcs_port: int = 0, python_path: tuple[str, ...] = (), redis_data_dir: str | None = None,
-                 engine: str = "builtin", redis_password: str = "",
-                 on_stack_up: "Callable[[LocalRun], None] | None" = None,
-                 judge: tuple[str, tuple[str, ...]] | None = None):
+    def __init__(
+        self,
+        run: RunConfig,
+        log_dir: str | None = None,
+        engines: int = 1,
+        token: str = "",
+        checkpoint_dir: str | None = None,
+        engine_args: tuple[str, ...] = (),
+        role_args: dict[str, list[str]] | None = None,
+        trainer_ranks: int = 1,
+        stack: "LocalRun | None" = None,
+        submit: bool = True,
+        redis_url: str | None = None,
+        dcs_port: int = 0,
+        python_path: tuple[str, ...] = (),
+        redis_data_dir: str | None = None,
+        engine: str = "builtin",
+        redis_password: str = "",
+        on_stack_up: "Callable[[LocalRun], None] | None" = None,
+        judge: tuple[str, tuple[str, ...]] | None = None,
+    ):
         """`stack`: run on that run's Redis, TransferQueue and coordinator (which it keeps owning) instead of
         starting new ones. `submit=False`: the roles start and wait until `submit()` creates the run.
         `redis_url`: keep state in that Redis instead of a private one; `dcs_port`: the coordinator's port
@@ -86,8 +106,11 @@ class LocalRun(StopsOnExit):
         (the rollout does not register it, so the trainer never updates its weights), and without a token its
         weight-update routes stay closed."""
         lora = run.trainer.lora
-        refusal = ((lora_problem(lora.target_modules) if lora else None) or sglang_missing()
-                   or token_problem(token)) if engine == "sglang" else None
+        refusal = (
+            ((lora_problem(lora.target_modules) if lora else None) or sglang_missing() or token_problem(token))
+            if engine == "sglang"
+            else None
+        )
         if refusal:
             raise RuntimeError(f"engine sglang: {refusal}")
         if engine == "sglang" and lora is not None:  # the adapter is loaded by name (adapter_publish.py)
@@ -139,8 +162,9 @@ class LocalRun(StopsOnExit):
             self._start_roles()
             return
         if redis_url is None:
-            self.redis_proc, redis_url = start_redis(log_dir=self.log_dir, data_dir=self.redis_data_dir,
-                                                     password=self.redis_password)
+            self.redis_proc, redis_url = start_redis(
+                log_dir=self.log_dir, data_dir=self.redis_data_dir, password=self.redis_password
+            )
         self.redis_url = redis_url
         dcs_port, controller_port = dcs_port or free_port(), free_port()  # the roles are told them now
         self.dcs_url, self.tq_controller = f"http://127.0.0.1:{dcs_port}", f"127.0.0.1:{controller_port}"
@@ -150,11 +174,23 @@ class LocalRun(StopsOnExit):
     def _start_data_and_control_planes(self, dcs_port: int, controller_port: int) -> None:
         """TransferQueue and the coordinator, at once (both need only Redis); either failing stops both."""
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stack-start") as pool:
-            tq = pool.submit(LocalTransferQueue, token=self.token, redis_url=self.redis_url, log_dir=self.log_dir,
-                             data_dir=os.path.join(self.log_dir, "tq-data"), redis_password=self.redis_password,
-                             controller_port=controller_port)
-            dcs = pool.submit(LocalDCS, redis_url=self.redis_url, token=self.token, log_dir=self.log_dir,
-                              port=dcs_port, redis_password=self.redis_password)
+            tq = pool.submit(
+                LocalTransferQueue,
+                token=self.token,
+                redis_url=self.redis_url,
+                log_dir=self.log_dir,
+                data_dir=os.path.join(self.log_dir, "tq-data"),
+                redis_password=self.redis_password,
+                controller_port=controller_port,
+            )
+            dcs = pool.submit(
+                LocalDCS,
+                redis_url=self.redis_url,
+                token=self.token,
+                log_dir=self.log_dir,
+                port=dcs_port,
+                redis_password=self.redis_password,
+            )
             both: list[Future[Any]] = [tq, dcs]
             wait(both)
         self.tq = tq.result() if tq.exception() is None else None
@@ -191,8 +227,15 @@ class LocalRun(StopsOnExit):
         proc: ChildProcess
         if self.engine == "sglang":
             self.procs[f"engine-{i}"] = proc = SGLangProcess(
-                f"engine-{i}", self.run.model, port, args, i, self.token,
-                os.path.join(self.log_dir, f"engine-{i}.log"), env=self._env())
+                f"engine-{i}",
+                self.run.model,
+                port,
+                args,
+                i,
+                self.token,
+                os.path.join(self.log_dir, f"engine-{i}.log"),
+                env=self._env(),
+            )
             if wait:
                 self._wait_engine(proc, url)
             return url
@@ -213,8 +256,12 @@ class LocalRun(StopsOnExit):
         return f"http://127.0.0.1:{port}"
 
     def _builtin_engine(self, name: str, model: str, port: int, args) -> ChildProcess:
-        proc = ChildProcess(name, sluice_argv("engine", "--model", model, "--host", "127.0.0.1", "--port", str(port),
-                                              *args), os.path.join(self.log_dir, f"{name}.log"), env=self._env())
+        proc = ChildProcess(
+            name,
+            sluice_argv("engine", "--model", model, "--host", "127.0.0.1", "--port", str(port), *args),
+            os.path.join(self.log_dir, f"{name}.log"),
+            env=self._env(),
+        )
         self.procs[name] = proc
         return proc
 
@@ -231,8 +278,9 @@ class LocalRun(StopsOnExit):
         procs[name].kill()
         if name == "redis":
             port = int(self.redis_url.rsplit(":", 1)[1].split("/")[0])
-            self.redis_proc, _ = start_redis(port, log_dir=self.log_dir, data_dir=self.redis_data_dir,
-                                             password=self.redis_password)
+            self.redis_proc, _ = start_redis(
+                port, log_dir=self.log_dir, data_dir=self.redis_data_dir, password=self.redis_password
+            )
         elif name == "tq-controller":
             _started(self.tq, name).start_controller()
         elif name.startswith("tq-shard"):
@@ -256,8 +304,18 @@ class LocalRun(StopsOnExit):
         return self.supervisor
 
     def _common(self) -> list[str]:
-        return ["--run-id", self.run.name, "--dcs-url", self.dcs_url, "--tq-controller", self.tq_controller,
-                "--redis-url", self.redis_url, "--host", "127.0.0.1"]
+        return [
+            "--run-id",
+            self.run.name,
+            "--dcs-url",
+            self.dcs_url,
+            "--tq-controller",
+            self.tq_controller,
+            "--redis-url",
+            self.redis_url,
+            "--host",
+            "127.0.0.1",
+        ]
 
     def _env(self) -> dict[str, str]:
         """A service's environment: the token travels here, never in argv (every user's process list)."""
@@ -269,8 +327,11 @@ class LocalRun(StopsOnExit):
     def _start_roles(self) -> None:
         ckpt = ["--checkpoint-dir", self.checkpoint_dir] if self.checkpoint_dir else []
         # the trainer's run dir (steps.jsonl, tracking files) is <log_dir>/<run name>; role_args may move it
-        roles = {"trainer": ["trainer", *ckpt, "--output-dir", self.log_dir],
-                 "rollout": ["rollout", "--engine-url", ",".join(self.engine_urls)], "advantage": ["advantage"]}
+        roles = {
+            "trainer": ["trainer", *ckpt, "--output-dir", self.log_dir],
+            "rollout": ["rollout", "--engine-url", ",".join(self.engine_urls)],
+            "advantage": ["advantage"],
+        }
         if self.judge_url is not None:  # named, not one of --engine-url: the rollout never registers it
             roles["rollout"] += ["--judge-urls", f"judge={self.judge_url}"]
         if self.run.uses_critic:
@@ -291,10 +352,13 @@ class LocalRun(StopsOnExit):
     def start_role(self, name: str, wait: bool = True) -> RoleProcess:
         port = self.role_ports.setdefault(name, free_port())
         # the roles read Redis: its password in their environment too (an engine never gets it)
-        proc = RoleProcess(name, sluice_argv(*self.role_argv[name], *self._common(), "--port", str(port)),
-                           os.path.join(self.log_dir, f"{name}.log"),
-                           env={**self._env(), **redis_password_env(self.redis_password)},
-                           status_url=f"http://127.0.0.1:{port}")
+        proc = RoleProcess(
+            name,
+            sluice_argv(*self.role_argv[name], *self._common(), "--port", str(port)),
+            os.path.join(self.log_dir, f"{name}.log"),
+            env={**self._env(), **redis_password_env(self.redis_password)},
+            status_url=f"http://127.0.0.1:{port}",
+        )
         self.procs[name] = proc
         if wait:
             proc.wait_until(proc.healthy, ROLE_START_S)
@@ -306,8 +370,9 @@ class LocalRun(StopsOnExit):
 
     def _stack_processes(self) -> dict[str, ChildProcess]:
         """The stack's processes started so far (a stack whose start failed has only some)."""
-        tq: list[tuple[str, ChildProcess | None]] = \
+        tq: list[tuple[str, ChildProcess | None]] = (
             [("tq-controller", self.tq.controller)] + [(p.name, p) for p in self.tq.shards] if self.tq else []
+        )
         dcs: list[tuple[str, ChildProcess | None]] = [("dcs", self.dcs.proc)] if self.dcs else []
         return {name: proc for name, proc in [("redis", self.redis_proc), *tq, *dcs] if proc is not None}
 
@@ -357,5 +422,8 @@ class LocalRun(StopsOnExit):
         if supervisor is not None:
             supervisor.stop(timeout_s=0)  # its restarts under way end as their processes are stopped
         stop_together(lambda: list(self.procs.values()), timeout_s)
-        stop_together(lambda: list(self.processes().values()), STACK_STOP_S,
-                      supervisor.restarting if supervisor is not None else lambda: False)
+        stop_together(
+            lambda: list(self.processes().values()),
+            STACK_STOP_S,
+            supervisor.restarting if supervisor is not None else lambda: False,
+        )

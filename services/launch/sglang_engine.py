@@ -29,8 +29,17 @@ PROBE_S = 30.0  # one readiness probe: /health_generate generates a token (SGLan
 class SGLangProcess(ChildProcess):
     """The index-th SGLang server of a run, on 127.0.0.1:port; `ready()` is its readiness probe."""
 
-    def __init__(self, name: str, model: str, port: int, flags: tuple[str, ...], index: int, token: str,
-                 log_path: str, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        name: str,
+        model: str,
+        port: int,
+        flags: tuple[str, ...],
+        index: int,
+        token: str,
+        log_path: str,
+        env: dict[str, str] | None = None,
+    ):
         self.url = f"http://127.0.0.1:{port}"
         self.token = token
         self.key_dir = tempfile.mkdtemp(prefix="sluice-sglang-") if token else None
@@ -49,8 +58,10 @@ class SGLangProcess(ChildProcess):
             return False
         status = _status(self.url + "/get_model_info", self.token)
         if status in (401, 403):
-            raise RuntimeError(f"{self.name}: the SGLang server at {self.url} refused the stack's token "
-                               f"(HTTP {status}): it did not take the api key from its --config file")
+            raise RuntimeError(
+                f"{self.name}: the SGLang server at {self.url} refused the stack's token "
+                f"(HTTP {status}): it did not take the api key from its --config file"
+            )
         if status == 200:
             self.drop_key()  # read at start, before the server listened: not needed any more
         return status == 200

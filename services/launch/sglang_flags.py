@@ -21,20 +21,41 @@ INSTALL = f'pip install "sglang[all]=={SGLANG_RELEASE}"'
 SET_BY_STACK = ("model_path", "model", "host", "port", "api_key", "admin_api_key", "config")
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 # what --lora-target-modules takes (sglang/srt/utils/common.py SUPPORTED_LORA_TARGET_MODULES, and "all")
-LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "kv_a_proj_with_mqa", "q_b_proj",
-                       "kv_b_proj", "wq_b", "wk", "weights_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
-                       "gate_up_proj", "embed_tokens", "lm_head", "qkvr", "wo_ud")
+LORA_TARGET_MODULES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "q_a_proj",
+    "kv_a_proj_with_mqa",
+    "q_b_proj",
+    "kv_b_proj",
+    "wq_b",
+    "wk",
+    "weights_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "qkv_proj",
+    "gate_up_proj",
+    "embed_tokens",
+    "lm_head",
+    "qkvr",
+    "wo_ud",
+)
 
 
 def check_sglang_flags(flags: dict[str, Scalar]) -> None:
     """A run file's engine_flags for SGLang: ServerArgs field names, none of those the stack sets."""
     for name in flags:
         if not _NAME.fullmatch(name):
-            raise ValueError(f"{name!r} is not an SGLang server flag name (a ServerArgs field, e.g. "
-                             "mem_fraction_static)")
+            raise ValueError(
+                f"{name!r} is not an SGLang server flag name (a ServerArgs field, e.g. mem_fraction_static)"
+            )
         if name in SET_BY_STACK:
-            raise ValueError(f"{name!r} is set by `sluice run` on every SGLang server; the stack sets "
-                             f"{', '.join(SET_BY_STACK)}")
+            raise ValueError(
+                f"{name!r} is set by `sluice run` on every SGLang server; the stack sets {', '.join(SET_BY_STACK)}"
+            )
 
 
 def render(flags: dict[str, Scalar]) -> list[str]:
@@ -49,13 +70,25 @@ def render(flags: dict[str, Scalar]) -> list[str]:
     return argv
 
 
-def server_argv(model: str, port: int, flags: tuple[str, ...] | list[str], index: int,
-                config_path: str | None) -> list[str]:
+def server_argv(
+    model: str, port: int, flags: tuple[str, ...] | list[str], index: int, config_path: str | None
+) -> list[str]:
     """`python -m sglang.launch_server` for the index-th server: this Python (where SGLang was found), the
     run's model, 127.0.0.1:port, the flags, its GPUs, and the key file when there is a token."""
     config = ["--config", config_path] if config_path else []
-    return [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", "127.0.0.1",
-            "--port", str(port), *gpu_argv(list(flags), index), *config]
+    return [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *gpu_argv(list(flags), index),
+        *config,
+    ]
 
 
 def gpu_argv(flags: list[str], index: int) -> list[str]:
@@ -77,16 +110,20 @@ def sglang_missing() -> str | None:
     """Why SGLang servers cannot start from this Python (None: `sglang` is importable here)."""
     if importlib.util.find_spec("sglang") is not None:
         return None
-    return (f"SGLang is not installed in this Python ({sys.executable}), so no SGLang server can start: "
-            f"install it ({INSTALL}; it needs NVIDIA GPUs), or set stack.engine: builtin")
+    return (
+        f"SGLang is not installed in this Python ({sys.executable}), so no SGLang server can start: "
+        f"install it ({INSTALL}; it needs NVIDIA GPUs), or set stack.engine: builtin"
+    )
 
 
 def token_problem(token: str) -> str | None:
     """A token SGLang cannot take as its api key (None: it can). SGLang's argparse reads a value that starts
     with '-' as another flag, so such a key would stop every server at start."""
     if token.startswith("-"):
-        return ("the stack's auth token starts with '-', which SGLang's argument parser takes for a flag, "
-                "so an SGLang server cannot use it as its api key: choose a token that does not start with '-'")
+        return (
+            "the stack's auth token starts with '-', which SGLang's argument parser takes for a flag, "
+            "so an SGLang server cannot use it as its api key: choose a token that does not start with '-'"
+        )
     return None
 
 
@@ -109,6 +146,8 @@ def lora_problem(target_modules: list[str]) -> str | None:
     unknown = [m for m in target_modules if m not in LORA_TARGET_MODULES]
     if not unknown:
         return None
-    return (f"trainer.lora.target_modules {unknown} are not modules SGLang {SGLANG_RELEASE} applies LoRA adapters to "
-            f"(its --lora-target-modules takes {', '.join(LORA_TARGET_MODULES)}): target those, or use built-in "
-            "engines")
+    return (
+        f"trainer.lora.target_modules {unknown} are not modules SGLang {SGLANG_RELEASE} applies LoRA adapters to "
+        f"(its --lora-target-modules takes {', '.join(LORA_TARGET_MODULES)}): target those, or use built-in "
+        "engines"
+    )

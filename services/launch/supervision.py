@@ -38,8 +38,14 @@ class Restart:
 class ProcessSupervisor:
     """Watches `processes()` (name -> process) on a thread and calls `restart(name)` for each failed one."""
 
-    def __init__(self, processes: Callable[[], Mapping[str, Supervised]], restart: Callable[[str], None],
-                 poll_s: float = 0.2, max_restarts: int = 5, window_s: float = 600.0):
+    def __init__(
+        self,
+        processes: Callable[[], Mapping[str, Supervised]],
+        restart: Callable[[str], None],
+        poll_s: float = 0.2,
+        max_restarts: int = 5,
+        window_s: float = 600.0,
+    ):
         self.processes = processes
         self.restart = restart
         self.poll_s = poll_s
@@ -84,8 +90,9 @@ class ProcessSupervisor:
                 code = proc.returncode
                 if code == 0:
                     continue  # finished its work
-                self._restarting[name] = threading.Thread(target=self._restart, args=(name, code),
-                                                          name=f"restart-{name}", daemon=True)
+                self._restarting[name] = threading.Thread(
+                    target=self._restart, args=(name, code), name=f"restart-{name}", daemon=True
+                )
                 self._restarting[name].start()
 
     def _restart(self, name: str, code: int | None) -> None:
@@ -93,8 +100,10 @@ class ProcessSupervisor:
         recent = [r for r in self.restarts if r.name == name and now - r.noticed < self.window_s]
         if len(recent) >= self.max_restarts:
             self.given_up.add(name)
-            log.error("process keeps failing; not restarting it", extra={"service": name, "exit_code": code,
-                                                                          "restarts": len(recent)})
+            log.error(
+                "process keeps failing; not restarting it",
+                extra={"service": name, "exit_code": code, "restarts": len(recent)},
+            )
             return
         record = Restart(name, code, now)
         self.restarts.append(record)

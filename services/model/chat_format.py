@@ -43,20 +43,27 @@ def template_message(message: dict) -> dict:
     return out
 
 
-def render_chat_text(tokenizer, messages: Iterable[dict], tools: list[dict] | None = None,
-                     **template_kwargs: Any) -> str:
+def render_chat_text(
+    tokenizer, messages: Iterable[dict], tools: list[dict] | None = None, **template_kwargs: Any
+) -> str:
     """The prompt text of `messages` (and `tools`) with the generation prompt of an assistant turn appended."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise ChatFormatError("the model has no chat template")
     try:
-        return tokenizer.apply_chat_template([template_message(m) for m in messages], tools=tools or None,
-                                             add_generation_prompt=True, tokenize=False, **template_kwargs)
+        return tokenizer.apply_chat_template(
+            [template_message(m) for m in messages],
+            tools=tools or None,
+            add_generation_prompt=True,
+            tokenize=False,
+            **template_kwargs,
+        )
     except (TemplateError, TypeError, KeyError) as exc:
         raise ChatFormatError(f"the chat template cannot render these messages: {exc}") from None
 
 
-def render_chat(tokenizer, messages: Iterable[dict], tools: list[dict] | None = None,
-                **template_kwargs: Any) -> list[int]:
+def render_chat(
+    tokenizer, messages: Iterable[dict], tools: list[dict] | None = None, **template_kwargs: Any
+) -> list[int]:
     """The prompt ids of `messages` (and `tools`): the rendered text, tokenized as transformers'
     apply_chat_template(tokenize=True) does (no special tokens added)."""
     text = render_chat_text(tokenizer, messages, tools, **template_kwargs)

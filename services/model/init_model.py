@@ -12,8 +12,14 @@ import torch
 from services.runtime.settings_cli import HelpWithDefaults
 
 
-def init_model(directory: str, preset: str = "tiny", arch: str = "qwen2", seed: int = 0,
-               dtype: str = "float32", vocab_size: int = 1024) -> str:
+def init_model(
+    directory: str,
+    preset: str = "tiny",
+    arch: str = "qwen2",
+    seed: int = 0,
+    dtype: str = "float32",
+    vocab_size: int = 1024,
+) -> str:
     from transformers import AutoModelForCausalLM
 
     from services.model.presets import make_config
@@ -21,8 +27,13 @@ def init_model(directory: str, preset: str = "tiny", arch: str = "qwen2", seed: 
 
     os.makedirs(directory, exist_ok=True)
     tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed)
-    config = make_config(arch, preset, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+    config = make_config(
+        arch,
+        preset,
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -35,9 +46,13 @@ def init_model(directory: str, preset: str = "tiny", arch: str = "qwen2", seed: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sluice init-model", description=__doc__, formatter_class=HelpWithDefaults)
     parser.add_argument("directory", help="where to write the model and its tokenizer")
-    parser.add_argument("--preset", choices=["tiny", "small", "medium"], default="tiny",
-                        help="model shape: tiny (~0.1M parameters, tests), small (~3M, the demo and CPU benchmarks) "
-                        "or medium (~0.1B, GPU benchmarks)")
+    parser.add_argument(
+        "--preset",
+        choices=["tiny", "small", "medium"],
+        default="tiny",
+        help="model shape: tiny (~0.1M parameters, tests), small (~3M, the demo and CPU benchmarks) "
+        "or medium (~0.1B, GPU benchmarks)",
+    )
     parser.add_argument("--arch", choices=["qwen2", "llama"], default="qwen2", help="architecture")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="parameter dtype")

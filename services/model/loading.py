@@ -17,8 +17,14 @@ from services.runtime.startup import StartupError, imports_uncollected
 if TYPE_CHECKING:  # torch is imported where a model is loaded: checking a directory (and ModelDirError) needs none
     import torch
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "model-*.safetensors", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "pytorch_model-*.bin")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "model-*.safetensors",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "pytorch_model-*.bin",
+)
 # any of these is enough for AutoTokenizer (a fast tokenizer's tokenizer.json, or a slow one's vocabulary)
 TOKENIZER_VOCAB_FILES = ("tokenizer.json", "*.model", "vocab.json", "vocab.txt", "*.tiktoken")  # *.model: sentencepiece
 
@@ -56,14 +62,19 @@ def check_model_dir(directory: str, weights: bool = True, tokenizer: bool = True
     if not isinstance(parsed, dict) or "model_type" not in parsed:
         raise ModelDirError(directory, "config.json has no model_type (not a Hugging Face model config)")
     if weights and not _any(directory, WEIGHT_FILES):
-        raise ModelDirError(directory, "no weights: expected model.safetensors (or model-*.safetensors with "
-                                       "model.safetensors.index.json, or pytorch_model*.bin)")
+        raise ModelDirError(
+            directory,
+            "no weights: expected model.safetensors (or model-*.safetensors with "
+            "model.safetensors.index.json, or pytorch_model*.bin)",
+        )
     if tokenizer:
         if not os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
             raise ModelDirError(directory, "tokenizer_config.json is missing")
         if not _any(directory, TOKENIZER_VOCAB_FILES):
-            raise ModelDirError(directory, "no tokenizer vocabulary: expected tokenizer.json (or tokenizer.model, "
-                                           "vocab.json, vocab.txt)")
+            raise ModelDirError(
+                directory,
+                "no tokenizer vocabulary: expected tokenizer.json (or tokenizer.model, vocab.json, vocab.txt)",
+            )
 
 
 def load_tokenizer(directory: str):

@@ -15,23 +15,27 @@ import torch
 
 @dataclass
 class ResponseBatch:
-    input_ids: torch.Tensor       # [B, L] right-padded prompt + response
+    input_ids: torch.Tensor  # [B, L] right-padded prompt + response
     attention_mask: torch.Tensor  # [B, L]
     prompt_lengths: torch.Tensor  # [B]
     response_lengths: torch.Tensor  # [B]
-    response_ids: torch.Tensor    # [B, T]
-    mask: torch.Tensor            # [B, T] 1.0 on response tokens
+    response_ids: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] 1.0 on response tokens
 
     @classmethod
-    def build(cls, tokens: Sequence[torch.Tensor], prompt_lengths, response_lengths, pad_id: int = 0) -> "ResponseBatch":
+    def build(
+        cls, tokens: Sequence[torch.Tensor], prompt_lengths, response_lengths, pad_id: int = 0
+    ) -> "ResponseBatch":
         prompt_lengths = torch.as_tensor(prompt_lengths, dtype=torch.long)
         response_lengths = torch.as_tensor(response_lengths, dtype=torch.long)
         if not (len(tokens) == len(prompt_lengths) == len(response_lengths)) or not tokens:
             raise ValueError("tokens, prompt_lengths and response_lengths must be non-empty and the same length")
         for i, t in enumerate(tokens):
             if len(t) != int(prompt_lengths[i] + response_lengths[i]) or int(prompt_lengths[i]) < 1:
-                raise ValueError(f"sample {i}: {len(t)} tokens != prompt_length {int(prompt_lengths[i])} + "
-                                 f"response_length {int(response_lengths[i])} (prompt_length >= 1)")
+                raise ValueError(
+                    f"sample {i}: {len(t)} tokens != prompt_length {int(prompt_lengths[i])} + "
+                    f"response_length {int(response_lengths[i])} (prompt_length >= 1)"
+                )
         width = max(len(t) for t in tokens)
         resp_width = max(1, int(response_lengths.max()))
         input_ids = torch.full((len(tokens), width), pad_id, dtype=torch.long)
@@ -41,17 +45,28 @@ class ResponseBatch:
         for i, t in enumerate(tokens):
             t = torch.as_tensor(t, dtype=torch.long)
             p, r = int(prompt_lengths[i]), int(response_lengths[i])
-            input_ids[i, :len(t)] = t
-            attention[i, :len(t)] = 1
-            response_ids[i, :r] = t[p:p + r]
+            input_ids[i, : len(t)] = t
+            attention[i, : len(t)] = 1
+            response_ids[i, :r] = t[p : p + r]
             mask[i, :r] = 1.0
         return cls(input_ids, attention, prompt_lengths, response_lengths, response_ids, mask)
 
     def to_device(self, device: str) -> "ResponseBatch":
         if device == "cpu":
             return self
-        return ResponseBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.prompt_lengths,
-                                                          self.response_lengths, self.response_ids, self.mask)))
+        return ResponseBatch(
+            *(
+                t.to(device)
+                for t in (
+                    self.input_ids,
+                    self.attention_mask,
+                    self.prompt_lengths,
+                    self.response_lengths,
+                    self.response_ids,
+                    self.mask,
+                )
+            )
+        )
 
     def response_positions(self) -> torch.Tensor:
         """[B, T] index of the position whose output predicts each response token (clamped on padding)."""
@@ -83,14 +98,18 @@ class ResponseBatch:
         # lm_head only from the first position that predicts a response token (the prompts' own logits are not
         # needed): the vocabulary projection and its backward are the largest matmuls of a small model
         start = self.first_response_position
-        out = model(input_ids=self.input_ids, attention_mask=self.attention_mask, use_cache=False,
-                    logits_to_keep=self.input_ids.shape[1] - start)
+        out = model(
+            input_ids=self.input_ids,
+            attention_mask=self.attention_mask,
+            use_cache=False,
+            logits_to_keep=self.input_ids.shape[1] - start,
+        )
         return self.gather_response(out.logits, offset=start)
 
 
 def ragged(values: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
     """[B, T] -> one 1-D tensor per sample, cut to its response length."""
-    return [values[i, :int(n)].contiguous() for i, n in enumerate(lengths)]
+    return [values[i, : int(n)].contiguous() for i, n in enumerate(lengths)]
 
 
 class ResponseLogits(torch.nn.Module):

@@ -34,15 +34,15 @@ PACK_GAIN = 0.8  # pack only when the packed layout costs at most this fraction 
 
 @dataclass
 class SharedPromptBatch:
-    input_ids: torch.Tensor      # [R, L] one row per distinct prompt: the prompt, then each response
-    position_ids: torch.Tensor   # [R, L]
-    segments: torch.Tensor       # [R, L] 0 prompt, k > 0 the k-th response of the row, -1 padding
-    rows: torch.Tensor           # [B, T] packed row of sample i
-    columns: torch.Tensor        # [B, T] packed position predicting response token j of sample i
+    input_ids: torch.Tensor  # [R, L] one row per distinct prompt: the prompt, then each response
+    position_ids: torch.Tensor  # [R, L]
+    segments: torch.Tensor  # [R, L] 0 prompt, k > 0 the k-th response of the row, -1 padding
+    rows: torch.Tensor  # [B, T] packed row of sample i
+    columns: torch.Tensor  # [B, T] packed position predicting response token j of sample i
     prompt_lengths: torch.Tensor  # [B]
     response_lengths: torch.Tensor  # [B]
-    response_ids: torch.Tensor   # [B, T]
-    mask: torch.Tensor           # [B, T] 1.0 on response tokens
+    response_ids: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] 1.0 on response tokens
 
     @property
     def token_count(self) -> int:
@@ -51,9 +51,22 @@ class SharedPromptBatch:
     def to_device(self, device: str) -> "SharedPromptBatch":
         if device == "cpu":
             return self
-        return SharedPromptBatch(*(t.to(device) for t in (
-            self.input_ids, self.position_ids, self.segments, self.rows, self.columns, self.prompt_lengths,
-            self.response_lengths, self.response_ids, self.mask)))
+        return SharedPromptBatch(
+            *(
+                t.to(device)
+                for t in (
+                    self.input_ids,
+                    self.position_ids,
+                    self.segments,
+                    self.rows,
+                    self.columns,
+                    self.prompt_lengths,
+                    self.response_lengths,
+                    self.response_ids,
+                    self.mask,
+                )
+            )
+        )
 
     def attention_bias(self, dtype: torch.dtype) -> torch.Tensor:
         """[R, 1, L, L] additive mask (0 where a query may attend a key, the dtype's minimum elsewhere);
@@ -69,9 +82,12 @@ class SharedPromptBatch:
 
     def logits(self, model) -> torch.Tensor:
         """[B, T, V] logits predicting each response token."""
-        hidden = model.get_decoder()(input_ids=self.input_ids, position_ids=self.position_ids,
-                                     attention_mask=self.attention_bias(model.dtype),
-                                     use_cache=False).last_hidden_state
+        hidden = model.get_decoder()(
+            input_ids=self.input_ids,
+            position_ids=self.position_ids,
+            attention_mask=self.attention_bias(model.dtype),
+            use_cache=False,
+        ).last_hidden_state
         return model.get_output_embeddings()(hidden[self.rows, self.columns])
 
     def to_ragged(self, values: torch.Tensor) -> list[torch.Tensor]:
@@ -82,7 +98,7 @@ def _prompt_groups(tokens: Sequence[torch.Tensor], prompt_lengths: list[int]) ->
     """Sample indices grouped by identical prompt tokens, in order of first appearance."""
     groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(tokens):
-        groups.setdefault(tuple(torch.as_tensor(t[:prompt_lengths[i]]).tolist()), []).append(i)
+        groups.setdefault(tuple(torch.as_tensor(t[: prompt_lengths[i]]).tolist()), []).append(i)
     return list(groups.values())
 
 
@@ -91,8 +107,7 @@ def _cost(row_lengths: Sequence[int], width: int, hidden_size: int) -> float:
     return len(row_lengths) * (width + width * width / (6.0 * hidden_size))
 
 
-def build_response_batch(tokens: Sequence[torch.Tensor], prompt_lengths, response_lengths,
-                         hidden_size: int = 4096):
+def build_response_batch(tokens: Sequence[torch.Tensor], prompt_lengths, response_lengths, hidden_size: int = 4096):
     """A SharedPromptBatch when samples share prompts and packing them is cheaper (see the module's cost
     model), else the padded ResponseBatch. Both answer `logits(model)`, `response_ids`, `mask`, `to_ragged`."""
     plain = ResponseBatch.build(tokens, prompt_lengths, response_lengths)
@@ -123,13 +138,22 @@ def _pack(tokens, groups: list[list[int]], packed_lengths: list[int], plain: Res
         start = p
         for k, i in enumerate(members, start=1):
             n = int(plain.response_lengths[i])
-            input_ids[r, start:start + n] = torch.as_tensor(tokens[i][p:p + n])
-            positions[r, start:start + n] = torch.arange(p, p + n)
-            segments[r, start:start + n] = k
+            input_ids[r, start : start + n] = torch.as_tensor(tokens[i][p : p + n])
+            positions[r, start : start + n] = torch.arange(p, p + n)
+            segments[r, start : start + n] = k
             rows[i] = r
             # token 0 is predicted by the prompt's last position, token j by the response's token j - 1
             predicting = [p - 1] + list(range(start, start + n - 1))
-            columns[i, :len(predicting)] = torch.tensor(predicting)
+            columns[i, : len(predicting)] = torch.tensor(predicting)
             start += n
-    return SharedPromptBatch(input_ids, positions, segments, rows, columns, plain.prompt_lengths,
-                             plain.response_lengths, plain.response_ids, plain.mask)
+    return SharedPromptBatch(
+        input_ids,
+        positions,
+        segments,
+        rows,
+        columns,
+        plain.prompt_lengths,
+        plain.response_lengths,
+        plain.response_ids,
+        plain.mask,
+    )

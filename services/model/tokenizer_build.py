@@ -19,7 +19,7 @@ CHAT_TEMPLATE = (
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
     "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
     "For each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
     "<args-json-object>}\n</tool_call><|im_end|>\n{% endif %}"
     "{% for message in messages %}"
     "{% if message['role'] == 'system' and tools and loop.first %}"
@@ -33,12 +33,14 @@ CHAT_TEMPLATE = (
     "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-_WORDS = ("the a of to and in is it you that he was for on are with as his they be at one have this from "
-          "or had by word but what some we can out other were all there when up use your how said an each "
-          "she which do their time if will way about many then them write would like so these her long make "
-          "thing see him two has look more day could go come did number sound no most people my over know "
-          "water than call first who may down side been now find answer question sum product reward model "
-          "step think therefore boxed total").split()
+_WORDS = (
+    "the a of to and in is it you that he was for on are with as his they be at one have this from "
+    "or had by word but what some we can out other were all there when up use your how said an each "
+    "she which do their time if will way about many then them write would like so these her long make "
+    "thing see him two has look more day could go come did number sound no most people my over know "
+    "water than call first who may down side been now find answer question sum product reward model "
+    "step think therefore boxed total"
+).split()
 
 
 def _corpus(seed: int = 0, lines: int = 4000):
@@ -54,10 +56,15 @@ def build_tokenizer(vocab_size: int = 1024, seed: int = 0) -> PreTrainedTokenize
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(_corpus(seed), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>",
-                                   bos_token=None, unk_token=None)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>", bos_token=None, unk_token=None
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast

@@ -54,7 +54,7 @@ def _hermes(text: str) -> tuple[str | None, Calls]:
 def _llama3(text: str) -> tuple[str | None, Calls]:
     body = text.strip()
     if body.startswith(PYTHON_TAG):
-        body = body[len(PYTHON_TAG):].strip()
+        body = body[len(PYTHON_TAG) :].strip()
     if not body.startswith("{"):
         return (text.strip() or None), []
     calls: Calls = []

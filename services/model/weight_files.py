@@ -52,8 +52,9 @@ def write_weight_files(stream, directory: str, file_bytes: int = FILE_BYTES) -> 
             if not tensors:
                 continue  # a rank that only takes part in the gathers
             os.makedirs(directory, exist_ok=True)
-            save_file({n: t.contiguous() for n, t in tensors}, os.path.join(directory, file_name),
-                      metadata={"format": "pt"})
+            save_file(
+                {n: t.contiguous() for n, t in tensors}, os.path.join(directory, file_name), metadata={"format": "pt"}
+            )
             for n, t in tensors:
                 weight_map[n] = file_name
                 total += t.numel() * t.element_size()

@@ -15,16 +15,30 @@ _EXTRAS = ("prompt_token_ids", "token_ids", "meta_info")
 
 
 def chat_chunks(response: ChatCompletionResponse, include_usage: bool = False) -> Iterator[dict]:
-    head = {"id": response.id, "object": "chat.completion.chunk", "created": response.created,
-            "model": response.model}
+    head = {"id": response.id, "object": "chat.completion.chunk", "created": response.created, "model": response.model}
     for choice in response.choices:
-        yield {**head, "choices": [{"index": choice.index, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None, "finish_reason": None}]}
+        yield {
+            **head,
+            "choices": [
+                {
+                    "index": choice.index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
         delta: dict[str, object] = {"content": choice.message.content or ""}
         if choice.message.tool_calls:
-            delta["tool_calls"] = [{"index": k, **call.model_dump()} for k, call in enumerate(choice.message.tool_calls)]
-        last = {"index": choice.index, "delta": delta, "finish_reason": choice.finish_reason,
-                "logprobs": choice.logprobs.model_dump() if choice.logprobs else None}
+            delta["tool_calls"] = [
+                {"index": k, **call.model_dump()} for k, call in enumerate(choice.message.tool_calls)
+            ]
+        last = {
+            "index": choice.index,
+            "delta": delta,
+            "finish_reason": choice.finish_reason,
+            "logprobs": choice.logprobs.model_dump() if choice.logprobs else None,
+        }
         last.update({k: getattr(choice, k) for k in _EXTRAS if getattr(choice, k) is not None})
         yield {**head, "choices": [last]}
     if include_usage:

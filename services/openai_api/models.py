@@ -44,8 +44,11 @@ class _Sampling(_Body):
     user: str | None = Field(None, max_length=512)
     frequency_penalty: float = Field(0.0, ge=0, le=0, description="accepted only at 0 (not implemented)")
     presence_penalty: float = Field(0.0, ge=0, le=0, description="accepted only at 0 (not implemented)")
-    return_meta_info: bool = Field(False, description="SGLang's extra: each choice's meta_info as /generate "
-                                   "gives it (weight_version, weight_versions spans, output log-probs)")
+    return_meta_info: bool = Field(
+        False,
+        description="SGLang's extra: each choice's meta_info as /generate "
+        "gives it (weight_version, weight_versions spans, output log-probs)",
+    )
     rid: str | None = Field(None, max_length=256, description="request id (aborts by prefix reach every sample)")
 
 
@@ -82,8 +85,10 @@ class ToolCall(BaseModel):
 
 def tool_calls(prefix: str, calls: list[tuple[str, str]]) -> list[ToolCall] | None:
     """The parsed (name, arguments) calls of one reply as OpenAI tool calls, ids `call_<prefix>_<k>`; None if none."""
-    return [ToolCall(id=f"call_{prefix}_{k}", function=FunctionCall(name=name, arguments=args))
-            for k, (name, args) in enumerate(calls)] or None
+    return [
+        ToolCall(id=f"call_{prefix}_{k}", function=FunctionCall(name=name, arguments=args))
+        for k, (name, args) in enumerate(calls)
+    ] or None
 
 
 class ContentPart(_Body):

@@ -46,8 +46,13 @@ class RoleSettings(AuthTokenSettings, TLSSettings, RunPolicySettings, RunIdSetti
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis for run state (ledger, progress)")
     host: str = Field("0.0.0.0", description="address of the health/status/metrics endpoint")
     port: int = Field(0, ge=0, le=65535, description="port of /healthz /readyz /status /metrics; 0 = any free port")
-    metrics_port: int = Field(0, ge=0, le=65535, description="a second port serving only /metrics, without the "
-                              "token (for Prometheus scrapes inside the cluster); 0 = off")
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="a second port serving only /metrics, without the "
+        "token (for Prometheus scrapes inside the cluster); 0 = off",
+    )
     advertise_host: str = Field("127.0.0.1", description="address other nodes reach this one at")
     log_level: str = Field("info", description="debug|info|warning|error")
 
@@ -117,9 +122,15 @@ ThreadLoop = Callable[[RunSession, threading.Event], None]
 AsyncLoop = Callable[[RunSession, asyncio.Event], Coroutine[Any, Any, None]]
 
 
-async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStatus, loop: ThreadLoop | None = None,
-                     aloop: AsyncLoop | None = None, watch_poll_s: float = 1.0,
-                     routers: Sequence[APIRouter] = ()) -> None:
+async def serve_role(
+    config: RoleSettings,
+    stop: asyncio.Event,
+    status: RoleStatus,
+    loop: ThreadLoop | None = None,
+    aloop: AsyncLoop | None = None,
+    watch_poll_s: float = 1.0,
+    routers: Sequence[APIRouter] = (),
+) -> None:
     """Serve the status endpoint; wait for the run and check what this role reads of it (preflight); then
     run the step loop. SIGTERM, or the run failing or being stopped, sets the loop's stop flag and the loop
     returns at its next safe point; the process then exits 0 (a finished loop whose run goes on, or whose
@@ -152,14 +163,22 @@ async def serve_role(config: RoleSettings, stop: asyncio.Event, status: RoleStat
         await asyncio.gather(http, return_exceptions=True)
 
 
-async def _run_loop(config: RoleSettings, stop: asyncio.Event, status: RoleStatus, watch: RunWatch,
-                    session: LiveRunSession, loop: ThreadLoop | None, aloop: AsyncLoop | None) -> None:
+async def _run_loop(
+    config: RoleSettings,
+    stop: asyncio.Event,
+    status: RoleStatus,
+    watch: RunWatch,
+    session: LiveRunSession,
+    loop: ThreadLoop | None,
+    aloop: AsyncLoop | None,
+) -> None:
     """The step loop until it returns, halted by SIGTERM or the run ending; its error reported."""
     halt = threading.Event()  # a thread loop's stop flag
     loop_stop = asyncio.Event()  # an asyncio loop's
     # serve_role is given a loop or an aloop
-    worker = asyncio.create_task(aloop(session, loop_stop) if aloop is not None
-                                 else asyncio.to_thread(loop, session, halt))  # type: ignore[arg-type]
+    worker = asyncio.create_task(
+        aloop(session, loop_stop) if aloop is not None else asyncio.to_thread(loop, session, halt)  # type: ignore[arg-type]
+    )
     waiter = asyncio.create_task(stop.wait())
     follower = asyncio.create_task(watch.until_ended())
     try:
@@ -177,8 +196,9 @@ async def _run_loop(config: RoleSettings, stop: asyncio.Event, status: RoleStatu
             message = failure_message(exc)
             if dependency_unavailable(exc):  # not the run's fault: exit, be restarted, carry on
                 status.update(state="restarting", error=message)
-                log.warning("a service this role needs is unavailable; exiting to be restarted",
-                            extra={"error": message})
+                log.warning(
+                    "a service this role needs is unavailable; exiting to be restarted", extra={"error": message}
+                )
                 raise
             status.update(state="failed", error=message)
             await watch.report_failure(message, config.advertise_host, config.port)

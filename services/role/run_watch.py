@@ -70,8 +70,7 @@ class RunWatch:
         while not self.ended:
             await asyncio.sleep(self.poll_s)
             await self.read()
-        log.info("the run ended; exiting at the next safe point", extra={"run_id": self.run_id,
-                                                                         "status": self.status})
+        log.info("the run ended; exiting at the next safe point", extra={"run_id": self.run_id, "status": self.status})
         assert self.status is not None  # ended: a status in EXITS
         return self.status
 

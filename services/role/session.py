@@ -99,8 +99,9 @@ class LiveRunSession:
 
     @property
     def steps(self) -> StepPartitions:
-        return self._once("steps", lambda: StepPartitions(self.tq, lambda: read_progress(self.redis, self.run_id),
-                                                          self.run))
+        return self._once(
+            "steps", lambda: StepPartitions(self.tq, lambda: read_progress(self.redis, self.run_id), self.run)
+        )
 
     @property
     def atq(self) -> AsyncTransferQueue:
@@ -129,8 +130,12 @@ class LiveRunSession:
         """Close the clients the role opened (the coordinator's is the host's); a failure is logged, not raised:
         the loop's own outcome is what the host reports."""
         made, self._made = self._made, {}
-        closers = [("tq", lambda c: asyncio.to_thread(c.close)), ("redis", lambda c: asyncio.to_thread(c.close)),
-                   ("atq", lambda c: c.close()), ("aredis", lambda c: c.aclose())]
+        closers = [
+            ("tq", lambda c: asyncio.to_thread(c.close)),
+            ("redis", lambda c: asyncio.to_thread(c.close)),
+            ("atq", lambda c: c.close()),
+            ("aredis", lambda c: c.aclose()),
+        ]
         for name, close in closers:
             if name in made:
                 try:

@@ -37,8 +37,9 @@ def version_offset(recorded_version: int, next_step: int, engine_version: int) -
     return max(recorded_version - next_step, engine_version - next_step - 1)
 
 
-def may_admit(position: int, max_staleness: int, engine_version: int, version_offset: int,
-              groups_per_step: int) -> bool:
+def may_admit(
+    position: int, max_staleness: int, engine_version: int, version_offset: int, groups_per_step: int
+) -> bool:
     return position < admission_limit(max_staleness, engine_version, version_offset, groups_per_step)
 
 

@@ -26,8 +26,16 @@ from fastapi.responses import StreamingResponse
 from services.model.chat_format import ChatFormatError, render_chat_text, turn_end_ids
 from services.model.tool_call_formats import parse_tool_calls, tool_call_format
 from services.openai_api.chunks import chat_chunks, sse_lines
-from services.openai_api.models import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse,
-                                        ModelCard, ModelList, Usage, tool_calls)
+from services.openai_api.models import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ModelCard,
+    ModelList,
+    Usage,
+    tool_calls,
+)
 from services.rollout.episodes import Turn
 from services.runtime.http_auth import bearer_matches
 
@@ -53,7 +61,7 @@ class Episode:
         continued = [(t, ids) for t, ids in self.contexts if text.startswith(t)]
         if continued:
             done, ids = max(continued, key=lambda c: len(c[0]))
-            return ids + tokenizer.encode(text[len(done):], add_special_tokens=False)
+            return ids + tokenizer.encode(text[len(done) :], add_special_tokens=False)
         return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -99,11 +107,18 @@ class Episodes:
             self._episode(episode_id, request)
             return ModelList(data=[ModelCard(id=self.model_name, created=0)])
 
-        @router.post("/chat/completions", response_model=ChatCompletionResponse,
-                     responses={200: {"content": {"text/event-stream": {}},
-                                      "description": "the completion, or with stream: true its chunks"},
-                                400: {"description": "a limit of the episode, or a body it cannot serve"},
-                                404: {"description": "no such live episode"}})
+        @router.post(
+            "/chat/completions",
+            response_model=ChatCompletionResponse,
+            responses={
+                200: {
+                    "content": {"text/event-stream": {}},
+                    "description": "the completion, or with stream: true its chunks",
+                },
+                400: {"description": "a limit of the episode, or a body it cannot serve"},
+                404: {"description": "no such live episode"},
+            },
+        )
         async def chat(episode_id: str, req: ChatCompletionRequest, request: Request):
             """One model call of the episode (its n completions), each recorded token for token."""
             response = await self._chat(self._episode(episode_id, request), req)
@@ -127,22 +142,33 @@ class Episodes:
     def _prompt(self, episode: Episode, req: ChatCompletionRequest) -> tuple[str, list[int], int]:
         if len(episode.turns) + req.n > self.limits.max_turns:
             episode.outcome = "turn_limit"
-            raise HTTPException(400, f"turn_limit: the episode made {len(episode.turns)} of its "
-                                     f"{self.limits.max_turns} completions; this call asks for {req.n} more")
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools and req.tool_choice != "none" else None
+            raise HTTPException(
+                400,
+                f"turn_limit: the episode made {len(episode.turns)} of its "
+                f"{self.limits.max_turns} completions; this call asks for {req.n} more",
+            )
+        tools = (
+            [t.model_dump(exclude_none=True) for t in req.tools] if req.tools and req.tool_choice != "none" else None
+        )
         if tools and self.tool_format is None:
             raise HTTPException(400, "tools: the model's chat template defines no tool-call format")
         try:
-            text = render_chat_text(self.tokenizer, [m.model_dump(exclude_none=True) for m in req.messages], tools,
-                                    **(req.chat_template_kwargs or {}))
+            text = render_chat_text(
+                self.tokenizer,
+                [m.model_dump(exclude_none=True) for m in req.messages],
+                tools,
+                **(req.chat_template_kwargs or {}),
+            )
         except ChatFormatError as exc:
             raise HTTPException(400, str(exc)) from None
         prompt = episode.prompt_ids(text, self.tokenizer)
         room = self.limits.max_tokens - len(prompt)
         if room <= 0:
             episode.outcome = "token_limit"
-            raise HTTPException(400, f"token_limit: the conversation is {len(prompt)} tokens; the episode allows "
-                                     f"{self.limits.max_tokens}")
+            raise HTTPException(
+                400,
+                f"token_limit: the conversation is {len(prompt)} tokens; the episode allows {self.limits.max_tokens}",
+            )
         asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         return text, prompt, min(room, asked) if asked is not None else room
 
@@ -156,23 +182,38 @@ class Episodes:
         rid = f"{episode.id}-t{len(episode.turns)}"
         generate = self._generate
         assert generate is not None  # _episode refuses a call before setup
-        outs = await asyncio.gather(*(generate(prompt, sampling, max_new, rid if req.n == 1 else f"{rid}-{i}")
-                                      for i in range(req.n)))
+        outs = await asyncio.gather(
+            *(generate(prompt, sampling, max_new, rid if req.n == 1 else f"{rid}-{i}") for i in range(req.n))
+        )
         first = len(episode.turns)
         choices = [self._choice(episode, req, prompt, stops, out, i, first + i) for i, out in enumerate(outs)]
-        episode.contexts = [(text + self.tokenizer.decode(out.output_ids), prompt + list(out.output_ids))
-                            for out in outs]
-        episode.messages = [m.model_dump(exclude_none=True) for m in req.messages] + \
-            [choices[0].message.model_dump(exclude_none=True)]
+        episode.contexts = [
+            (text + self.tokenizer.decode(out.output_ids), prompt + list(out.output_ids)) for out in outs
+        ]
+        episode.messages = [m.model_dump(exclude_none=True) for m in req.messages] + [
+            choices[0].message.model_dump(exclude_none=True)
+        ]
         if any(c.message.tool_calls for c in choices):
             episode.tool_wait_since = time.monotonic()
         completion = sum(len(out.output_ids) for out in outs)
-        return ChatCompletionResponse(id=f"chatcmpl-{episode.id}-{first}", created=int(time.time()), model=req.model,
-                                      choices=choices, usage=Usage(prompt_tokens=len(prompt), completion_tokens=completion,
-                                                                   total_tokens=len(prompt) + completion))
+        return ChatCompletionResponse(
+            id=f"chatcmpl-{episode.id}-{first}",
+            created=int(time.time()),
+            model=req.model,
+            choices=choices,
+            usage=Usage(prompt_tokens=len(prompt), completion_tokens=completion, total_tokens=len(prompt) + completion),
+        )
 
-    def _choice(self, episode: Episode, req: ChatCompletionRequest, prompt: list[int], stops: list[str], out,
-                index: int, turn: int) -> ChatChoice:
+    def _choice(
+        self,
+        episode: Episode,
+        req: ChatCompletionRequest,
+        prompt: list[int],
+        stops: list[str],
+        out,
+        index: int,
+        turn: int,
+    ) -> ChatChoice:
         """Completion `index` of the call, recorded as the episode's turn `turn`, in OpenAI's shape."""
         episode.turns.append(Turn(prompt, list(out.output_ids), list(out.log_probs), out.token_versions()))
         text = self.tokenizer.decode(out.output_ids, skip_special_tokens=True)
@@ -183,8 +224,15 @@ class Episodes:
         reply = AssistantMessage(content=content, tool_calls=tool_calls(f"{episode.id}_{turn}", calls))
         reason = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
         spans = [{"version": str(v), "start": s, "end": e} for v, s, e in out.spans]
-        return ChatChoice(index=index, message=reply, finish_reason=reason, prompt_token_ids=prompt,
-                          token_ids=list(out.output_ids),
-                          meta_info={"weight_version": str(out.begin_version), "weight_versions": spans,
-                                     "output_token_logprobs": [[lp, t, None] for lp, t in zip(out.log_probs,
-                                                                                             out.output_ids)]})
+        return ChatChoice(
+            index=index,
+            message=reply,
+            finish_reason=reason,
+            prompt_token_ids=prompt,
+            token_ids=list(out.output_ids),
+            meta_info={
+                "weight_version": str(out.begin_version),
+                "weight_versions": spans,
+                "output_token_logprobs": [[lp, t, None] for lp, t in zip(out.log_probs, out.output_ids)],
+            },
+        )

@@ -46,8 +46,10 @@ from services.run_contract.agent_spec import load_agent
 
 log = logging.getLogger(__name__)
 EPISODES = Counter("sluice_rollout_agent_episodes_total", "agent episodes, by outcome", ["outcome"])
-DROPPED_CHAINS = Counter("sluice_rollout_agent_chains_dropped_total",
-                         "consistent chains of an episode left untrained because the agent rewrote its history")
+DROPPED_CHAINS = Counter(
+    "sluice_rollout_agent_chains_dropped_total",
+    "consistent chains of an episode left untrained because the agent rewrote its history",
+)
 
 
 class AgentFailed(RewardError):
@@ -68,8 +70,7 @@ class EpisodeResult:
     outcome: str
 
 
-def agent_runner(config, run, episodes: Episodes, generate, tokenizer, sampling: dict,
-                 reward: RewardFunction | None):
+def agent_runner(config, run, episodes: Episodes, generate, tokenizer, sampling: dict, reward: RewardFunction | None):
     """The run's AgentRunner (None without rollout.agent), its episodes' endpoints attached to the engines. The
     agent reaches them on this rollout's own HTTP server (config: a RoleSettings)."""
     r = run.rollout
@@ -78,13 +79,25 @@ def agent_runner(config, run, episodes: Episodes, generate, tokenizer, sampling:
     episodes.attach(generate, tokenizer, sampling, EpisodeLimits(r.agent_max_turns, r.agent_max_tokens), run.model)
     remote = r.agent.startswith(("http://", "https://"))
     # an agent in this process reaches the endpoint on loopback; an environment service at the advertised address
-    host = config.advertise_host if remote else (config.host if config.host not in ("", "0.0.0.0", "::")
-                                                 else "127.0.0.1")
+    host = (
+        config.advertise_host if remote else (config.host if config.host not in ("", "0.0.0.0", "::") else "127.0.0.1")
+    )
     scheme = "https" if getattr(config, "tls_cert_file", "") else "http"
-    play = EnvironmentService(r.agent, getattr(config, "reward_token", ""), r.agent_timeout_s) if remote \
+    play = (
+        EnvironmentService(r.agent, getattr(config, "reward_token", ""), r.agent_timeout_s)
+        if remote
         else PythonAgent(r.agent)
-    return AgentRunner(play, episodes, f"{scheme}://{host}:{config.port}", reward, r.agent_timeout_s, r.agent_retries,
-                       run.chains_per_episode, r.agent_tool_timeout_s)
+    )
+    return AgentRunner(
+        play,
+        episodes,
+        f"{scheme}://{host}:{config.port}",
+        reward,
+        r.agent_timeout_s,
+        r.agent_retries,
+        run.chains_per_episode,
+        r.agent_tool_timeout_s,
+    )
 
 
 class PythonAgent:
@@ -106,6 +119,7 @@ class PythonAgent:
         def run():
             with self.openai.OpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
                 return self.fn(sample, client)
+
         # its own threads: episodes blocked on the model must not hold the threads the rollout's other calls need
         return await asyncio.get_running_loop().run_in_executor(self._threads, run)
 
@@ -127,7 +141,7 @@ class EnvironmentService:
         response.raise_for_status()
         body = response.json()
         if not isinstance(body, dict) or "reward" not in body:
-            raise ValueError(f"the environment service answered {str(body)[:200]!r}, not {{\"reward\": ...}}")
+            raise ValueError(f'the environment service answered {str(body)[:200]!r}, not {{"reward": ...}}')
         return body["reward"]
 
     async def aclose(self) -> None:
@@ -135,8 +149,17 @@ class EnvironmentService:
 
 
 class AgentRunner:
-    def __init__(self, play, episodes: Episodes, base_url: str, reward: RewardFunction | None, timeout_s: float,
-                 retries: int, chains_per_episode: int = 1, tool_timeout_s: float = 120.0):
+    def __init__(
+        self,
+        play,
+        episodes: Episodes,
+        base_url: str,
+        reward: RewardFunction | None,
+        timeout_s: float,
+        retries: int,
+        chains_per_episode: int = 1,
+        tool_timeout_s: float = 120.0,
+    ):
         self.play, self.episodes, self.base_url = play, episodes, base_url.rstrip("/")
         self.reward, self.timeout_s, self.retries = reward, timeout_s, retries
         self.chains_per_episode, self.tool_timeout_s = chains_per_episode, tool_timeout_s
@@ -152,15 +175,24 @@ class AgentRunner:
             return None
         samples = [chain for r in results for chain in r.samples]
         rewards = [r.reward for r in results for _ in r.samples]  # every chain has its episode's reward
-        return ScoredGroup(record, episode_columns(record.position, samples, rewards, step), rewards,
-                           min(s.begin_version for s in samples), sum(s.model_tokens for s in samples))
+        return ScoredGroup(
+            record,
+            episode_columns(record.position, samples, rewards, step),
+            rewards,
+            min(s.begin_version for s in samples),
+            sum(s.model_tokens for s in samples),
+        )
 
     async def episode(self, record: PromptRecord, index: int, prefix: str) -> EpisodeResult:
         error = ""
         for attempt in range(self.retries + 1):
             episode = self.episodes.open(f"{prefix}-a{attempt}")
-            sample = {"prompt": copy.deepcopy(record.prompt), "fields": copy.deepcopy(record.fields),
-                      "position": record.position, "index": index}
+            sample = {
+                "prompt": copy.deepcopy(record.prompt),
+                "fields": copy.deepcopy(record.fields),
+                "position": record.position,
+                "index": index,
+            }
             returned, value = False, None
             try:
                 value = await self._play(sample, episode)
@@ -178,7 +210,7 @@ class AgentRunner:
             if returned and not found:
                 error = "the agent returned without calling the model"
             elif returned:
-                kept = found[-self.chains_per_episode:]
+                kept = found[-self.chains_per_episode :]
                 DROPPED_CHAINS.inc(len(found) - len(kept))
                 reward = await self._reward(value, record, episode, kept[-1])
                 padding = [kept[-1].untrained() for _ in range(self.chains_per_episode - len(kept))]
@@ -198,8 +230,10 @@ class AgentRunner:
                 if now - started >= self.timeout_s:
                     raise EpisodeTimeout("timeout", f"the agent did not finish within {self.timeout_s:g} s")
                 if since is not None and now - since >= self.tool_timeout_s:
-                    raise EpisodeTimeout("tool_timeout", f"the agent's tools ran past {self.tool_timeout_s:g} s "
-                                                         "after the model called them")
+                    raise EpisodeTimeout(
+                        "tool_timeout",
+                        f"the agent's tools ran past {self.tool_timeout_s:g} s after the model called them",
+                    )
                 left = min(started + self.timeout_s, (since or now) + self.tool_timeout_s) - now
                 await asyncio.wait({task}, timeout=max(0.0, min(1.0, left)))
             return task.result()
@@ -209,8 +243,12 @@ class AgentRunner:
 
     async def _reward(self, value, record: PromptRecord, episode, sample: Chain) -> float:
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-                    or value in (float("inf"), float("-inf")):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or value != value
+                or value in (float("inf"), float("-inf"))
+            ):
                 raise AgentFailed(f"the agent returned {value!r}; a reward must be a finite number or None")
             return float(value)
         if self.reward is None:

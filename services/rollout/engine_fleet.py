@@ -51,13 +51,25 @@ class EngineMembership(Protocol):
 def engine_registration(entry: EngineEntry, run_id: str, version: int) -> NodeRegistration:
     url = httpx.URL(entry.url)
     # the port under its scheme: the trainer reaches an https engine over TLS
-    return NodeRegistration(role="engine", rank=entry.rank, host=url.host, run_id=run_id, weight_version=version,
-                            ports={url.scheme: url.port or (443 if url.scheme == "https" else 80)})
+    return NodeRegistration(
+        role="engine",
+        rank=entry.rank,
+        host=url.host,
+        run_id=run_id,
+        weight_version=version,
+        ports={url.scheme: url.port or (443 if url.scheme == "https" else 80)},
+    )
 
 
 class EngineFleet:
-    def __init__(self, config: RolloutConfig, pool: Engines, directory: EngineDirectory | None,
-                 join: Callable[..., EngineMembership], dcs=None):
+    def __init__(
+        self,
+        config: RolloutConfig,
+        pool: Engines,
+        directory: EngineDirectory | None,
+        join: Callable[..., EngineMembership],
+        dcs=None,
+    ):
         self.config = config
         self.pool = pool
         self.directory = directory
@@ -124,7 +136,8 @@ class EngineFleet:
             return
         try:
             self.memberships[url] = await asyncio.to_thread(
-                self.join, self.dcs, engine_registration(entry, self.config.run_id, version))
+                self.join, self.dcs, engine_registration(entry, self.config.run_id, version)
+            )
         except DCSError as exc:
             if exc.status != 409:
                 raise
@@ -148,8 +161,10 @@ class EngineFleet:
                 if version is None:
                     continue
                 if version < self._seen.get(url, 0) and url not in self._restarted:
-                    log.warning("engine restarted: it registers again with its initial weights",
-                                extra={"engine": url, "version": version, "was": self._seen[url]})
+                    log.warning(
+                        "engine restarted: it registers again with its initial weights",
+                        extra={"engine": url, "version": version, "was": self._seen[url]},
+                    )
                     self._restarted.add(url)
                 self._seen[url] = max(version, self._seen.get(url, 0))
 

@@ -61,9 +61,13 @@ class EngineClient(Protocol):
 
     async def wait_weight_version(self, newer_than: str | None, wait_s: float) -> str: ...
 
-    async def generate_batch(self, inputs: Sequence[Sequence[int]], sampling_params: Sequence[dict],
-                             rids: Sequence[str] | None = None,
-                             adapter: NamedAdapter | None = None) -> list[Generation]: ...
+    async def generate_batch(
+        self,
+        inputs: Sequence[Sequence[int]],
+        sampling_params: Sequence[dict],
+        rids: Sequence[str] | None = None,
+        adapter: NamedAdapter | None = None,
+    ) -> list[Generation]: ...
 
     async def aclose(self) -> None: ...
 
@@ -95,14 +99,17 @@ class Engines(Protocol):
 
     async def watch_versions(self, wait_s: float, poll_s: float, on_change: Callable[[], None]) -> None: ...
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: dict, max_new_tokens: int,
-                       rid: str) -> SampleOutput: ...
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: dict, max_new_tokens: int, rid: str
+    ) -> SampleOutput: ...
 
-    async def generate_group(self, prompt_ids: Sequence[int], samplings: Sequence[dict], max_new_tokens: int,
-                             rids: Sequence[str]) -> list[SampleOutput]: ...
+    async def generate_group(
+        self, prompt_ids: Sequence[int], samplings: Sequence[dict], max_new_tokens: int, rids: Sequence[str]
+    ) -> list[SampleOutput]: ...
 
-    async def generate_samples(self, prompts: Sequence[Sequence[int]], samplings: Sequence[dict],
-                               max_new_tokens: int, rids: Sequence[str]) -> list[SampleOutput]: ...
+    async def generate_samples(
+        self, prompts: Sequence[Sequence[int]], samplings: Sequence[dict], max_new_tokens: int, rids: Sequence[str]
+    ) -> list[SampleOutput]: ...
 
     async def aclose(self) -> None: ...
 
@@ -113,11 +120,11 @@ class PooledEngine:
 
     url: str
     client: EngineClient
-    joined_at: int                 # the newest version seen when it joined: it gets work only once it serves it
+    joined_at: int  # the newest version seen when it joined: it gets work only once it serves it
     version: int = 0
-    known: bool = False            # it has reported a version since it joined
+    known: bool = False  # it has reported a version since it joined
     reachable: bool = True
-    draining: bool = False         # taken out of the run: no new requests; its own are resubmitted elsewhere
+    draining: bool = False  # taken out of the run: no new requests; its own are resubmitted elsewhere
     in_flight: int = 0
     requests: int = 0
     first_version: int | None = None  # the version it served when given its first request
@@ -133,9 +140,15 @@ class PooledEngine:
 
 
 class EnginePool:
-    def __init__(self, urls: Sequence[str], timeout_s: float = 600.0, api_key: str | None = None,
-                 max_resubmits: int = 64, max_connect_retries: int = 30,
-                 client: Callable[..., EngineClient] = SGLangClient):
+    def __init__(
+        self,
+        urls: Sequence[str],
+        timeout_s: float = 600.0,
+        api_key: str | None = None,
+        max_resubmits: int = 64,
+        max_connect_retries: int = 30,
+        client: Callable[..., EngineClient] = SGLangClient,
+    ):
         """`urls`: the engines to start with (more join through `add`; none is fine when they are to come)."""
         self._client = lambda url: client(url, timeout_s=timeout_s, api_key=api_key)
         self.engines: dict[str, PooledEngine] = {}
@@ -187,9 +200,18 @@ class EnginePool:
 
     def describe(self) -> list[dict]:
         """Each engine's state, for the rollout's /status and the live view."""
-        return [{"url": e.url, "state": e.state(self.newest), "version": e.version, "in_flight": e.in_flight,
-                 "requests": e.requests, "joined_at_version": e.joined_at, "first_version": e.first_version}
-                for e in self.engines.values()]
+        return [
+            {
+                "url": e.url,
+                "state": e.state(self.newest),
+                "version": e.version,
+                "in_flight": e.in_flight,
+                "requests": e.requests,
+                "joined_at_version": e.joined_at,
+                "first_version": e.first_version,
+            }
+            for e in self.engines.values()
+        ]
 
     def add(self, url: str) -> None:
         """A new engine: its version is watched at once, and it gets requests once it serves the newest."""
@@ -252,8 +274,10 @@ class EnginePool:
                 self.newest = max(self.newest, engine.version)
             except (httpx.HTTPError, SGLangError) as exc:
                 if engine.reachable:
-                    log.warning("engine unreachable: its requests go to another engine",
-                                extra={"engine": engine.url, "error": str(exc), "requests": len(engine.calls)})
+                    log.warning(
+                        "engine unreachable: its requests go to another engine",
+                        extra={"engine": engine.url, "error": str(exc), "requests": len(engine.calls)},
+                    )
                     engine.reachable = False
                     for call in engine.calls:
                         call.cancel()
@@ -271,21 +295,26 @@ class EnginePool:
         does (one that restarted, or just joined, serves older weights until the trainer sends it the newest).
         Before any version is known (the run's start) every reachable engine serves."""
         started = any(e.known for e in self.engines.values())
-        eligible = [e for e in self.engines.values() if e.reachable and not e.draining and e.version >= self.newest
-                    and (e.known or not started)]
+        eligible = [
+            e
+            for e in self.engines.values()
+            if e.reachable and not e.draining and e.version >= self.newest and (e.known or not started)
+        ]
         return min(eligible, key=lambda e: e.in_flight) if eligible else None
 
     async def generate(self, prompt_ids: Sequence[int], sampling: dict, max_new_tokens: int, rid: str) -> SampleOutput:
         return (await self.generate_group(prompt_ids, [sampling], max_new_tokens, [rid]))[0]
 
-    async def generate_group(self, prompt_ids: Sequence[int], samplings: Sequence[dict], max_new_tokens: int,
-                             rids: Sequence[str]) -> list[SampleOutput]:
+    async def generate_group(
+        self, prompt_ids: Sequence[int], samplings: Sequence[dict], max_new_tokens: int, rids: Sequence[str]
+    ) -> list[SampleOutput]:
         """The samples of one prompt (one sampling dict and rid each) in one request to one engine, which
         prefills the prompt once."""
         return await self.generate_samples([prompt_ids] * len(samplings), samplings, max_new_tokens, rids)
 
-    async def generate_samples(self, prompts: Sequence[Sequence[int]], samplings: Sequence[dict],
-                               max_new_tokens: int, rids: Sequence[str]) -> list[SampleOutput]:
+    async def generate_samples(
+        self, prompts: Sequence[Sequence[int]], samplings: Sequence[dict], max_new_tokens: int, rids: Sequence[str]
+    ) -> list[SampleOutput]:
         """One sample per prompt (with its sampling dict and rid) in one batch request to one engine, which
         prefills each distinct prompt once. Samples aborted by a weight update go back, together, as prompt +
         their partial output, until each has its tokens or a natural end."""
@@ -298,9 +327,12 @@ class EnginePool:
                 await asyncio.sleep(0.2)
                 continue
             try:
-                results = await self._call(engine, [list(prompts[k]) + samples[k].output_ids for k in todo],
-                                           [{**samplings[k], "max_new_tokens": max_new_tokens -
-                                             len(samples[k].output_ids)} for k in todo], [rids[k] for k in todo])
+                results = await self._call(
+                    engine,
+                    [list(prompts[k]) + samples[k].output_ids for k in todo],
+                    [{**samplings[k], "max_new_tokens": max_new_tokens - len(samples[k].output_ids)} for k in todo],
+                    [rids[k] for k in todo],
+                )
             except (EngineUnreachable, asyncio.CancelledError) as exc:
                 me = asyncio.current_task()
                 assert me is not None  # a coroutine runs in a task

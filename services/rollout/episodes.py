@@ -46,7 +46,7 @@ class Chain:
 
     def extends(self, turn: Turn) -> bool:
         context = self.context
-        return len(turn.prompt_ids) >= len(context) and turn.prompt_ids[:len(context)] == context
+        return len(turn.prompt_ids) >= len(context) and turn.prompt_ids[: len(context)] == context
 
     def add(self, turn: Turn, inserted: list[int]) -> None:
         version = turn.versions[0] if turn.versions else (self.versions[-1] if self.versions else 0)
@@ -58,8 +58,14 @@ class Chain:
 
     def untrained(self) -> "Chain":
         """A copy that trains on nothing (loss mask 0 everywhere): a row that pads an episode's samples."""
-        return Chain(list(self.prompt_ids), list(self.response_ids), [0.0] * len(self.loss_mask),
-                     list(self.log_probs), list(self.versions), self.turns)
+        return Chain(
+            list(self.prompt_ids),
+            list(self.response_ids),
+            [0.0] * len(self.loss_mask),
+            list(self.log_probs),
+            list(self.versions),
+            self.turns,
+        )
 
     @property
     def model_tokens(self) -> int:
@@ -77,7 +83,7 @@ def chains(turns: list[Turn]) -> list[Chain]:
     for turn in turns:
         for chain in reversed(out):
             if chain.extends(turn):
-                chain.add(turn, turn.prompt_ids[len(chain.context):])
+                chain.add(turn, turn.prompt_ids[len(chain.context) :])
                 break
         else:
             chain = Chain(prompt_ids=list(turn.prompt_ids))

@@ -30,8 +30,16 @@ def eval_seed(seed: int, prompt: int, k: int) -> int:
 
 
 class Evaluator:
-    def __init__(self, run: RunConfig, engines: Engines, reward: RewardFunction, store: Evaluations,
-                 encode: Callable, decode: Callable[[list[int]], str], paused: Callable[[], bool]):
+    def __init__(
+        self,
+        run: RunConfig,
+        engines: Engines,
+        reward: RewardFunction,
+        store: Evaluations,
+        encode: Callable,
+        decode: Callable[[list[int]], str],
+        paused: Callable[[], bool],
+    ):
         e = run.eval
         self.run, self.settings, self.engines, self.reward, self.store = run, e, engines, reward, store
         self.encode, self.decode, self.paused = encode, decode, paused
@@ -39,8 +47,8 @@ class Evaluator:
         source = open_eval_source(e.prompts, run.rollout.prompt_field)
         self.records = [source.record(i) for i in range(min(e.max_prompts, len(source)))]
         self.max_new_tokens = e.max_new_tokens or run.rollout.max_new_tokens
-        self.done: set[int] = set()   # versions evaluated
-        self.in_flight = 0            # eval prompts generating (a pause waits for them)
+        self.done: set[int] = set()  # versions evaluated
+        self.in_flight = 0  # eval prompts generating (a pause waits for them)
 
     def due(self, version: int) -> bool:
         """The first eval (the baseline: version 0 unless it failed), or the first version at or past a multiple
@@ -81,8 +89,10 @@ class Evaluator:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # never fatal: an eval is a measurement, training goes on
-            log.warning("eval failed; tried again when the weight version moves",
-                        extra={"version": version, "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
+            log.warning(
+                "eval failed; tried again when the weight version moves",
+                extra={"version": version, "error": f"{type(exc).__name__}: {str(exc)[:500]}"},
+            )
             return False
 
     async def evaluate(self, version: int) -> Evaluation:
@@ -90,14 +100,20 @@ class Evaluator:
         results = []
         size = self.settings.concurrency
         for start in range(0, len(self.records), size):
-            results += await self._batch(version, start, self.records[start:start + size])
+            results += await self._batch(version, start, self.records[start : start + size])
         rewards = [r for prompt_rewards, _, _ in results for r in prompt_rewards]
         passed = sum(max(prompt_rewards) >= self.settings.pass_threshold for prompt_rewards, _, _ in results)
         evaluation = Evaluation(
-            version=version, mean_reward=sum(rewards) / len(rewards), pass_at_k=passed / len(results),
-            k=self.settings.n_samples, n_prompts=len(results), reward_failures=sum(f for _, f, _ in results),
-            newest_token_version=max(v for _, _, v in results), wall_s=time.monotonic() - began,
-            finished_at=time.time())
+            version=version,
+            mean_reward=sum(rewards) / len(rewards),
+            pass_at_k=passed / len(results),
+            k=self.settings.n_samples,
+            n_prompts=len(results),
+            reward_failures=sum(f for _, f, _ in results),
+            newest_token_version=max(v for _, _, v in results),
+            wall_s=time.monotonic() - began,
+            finished_at=time.time(),
+        )
         await self.store.record(evaluation)
         self.done.add(version)
         log.info("eval", extra=evaluation.model_dump())
@@ -113,8 +129,9 @@ class Evaluator:
             encoded = self.encode(record.prompt)
             for k in range(n):
                 prompts.append(encoded)
-                samplings.append({"temperature": self.settings.temperature,
-                                  "sampling_seed": eval_seed(self.run.optim.seed, i, k)})
+                samplings.append(
+                    {"temperature": self.settings.temperature, "sampling_seed": eval_seed(self.run.optim.seed, i, k)}
+                )
                 rids.append(f"{self.run.name}-eval{version}-{i}-{k}")
         self.in_flight += len(records)
         try:
@@ -123,7 +140,7 @@ class Evaluator:
             self.in_flight -= len(records)
         out = []
         for j, record in enumerate(records):
-            mine = samples[j * n:(j + 1) * n]
+            mine = samples[j * n : (j + 1) * n]
             scores = [await self._score(record, self.decode(s.output_ids)) for s in mine]
             newest = max((v for s in mine for v, _, _ in s.spans), default=version)
             out.append(([s if s is not None else 0.0 for s in scores], scores.count(None), newest))

@@ -47,4 +47,5 @@ class GroupFiltering:
             raise FilteredTooMuch(
                 f"{filtered_in_step} groups of step {step} were filtered by filter_groups {self.spec} for "
                 f"{self.groups_per_step} it needs (max_filter_ratio {self.max_ratio}): the rewards hardly vary "
-                "between samples of a prompt; check the reward, or raise max_filter_ratio / loosen filter_groups")
+                "between samples of a prompt; check the reward, or raise max_filter_ratio / loosen filter_groups"
+            )

@@ -1,10 +1,10 @@
 """One prompt group, from its slot to its partition (the rollout's admission starts one per slot: service.py):
 
-    prepare     the slot's prompt (a spare one if the slot's group was dropped), encoded; its step's partition
-    generate    n samples in one request (prefilled once), or the agent's episodes
-    score       the reward (its fallback when it fails: scoring.py); a dropped group's slot takes a spare prompt
-    write       put into train_<step> (beside groups finishing meanwhile: put_coalescing.py), mark it in the
-                ledger; the step's last group seals the partition
+prepare     the slot's prompt (a spare one if the slot's group was dropped), encoded; its step's partition
+generate    n samples in one request (prefilled once), or the agent's episodes
+score       the reward (its fallback when it fails: scoring.py); a dropped group's slot takes a spare prompt
+write       put into train_<step> (beside groups finishing meanwhile: put_coalescing.py), mark it in the
+            ledger; the step's last group seals the partition
 """
 
 from __future__ import annotations
@@ -31,8 +31,14 @@ REWARD = Histogram("sluice_rollout_reward", "sample rewards", buckets=(-1, 0, 0.
 
 
 class GroupWriter:
-    def __init__(self, config: RolloutConfig, status: RoleStatus, session: RunSession, parts: RolloutParts,
-                 memberships: list[Membership]):
+    def __init__(
+        self,
+        config: RolloutConfig,
+        status: RoleStatus,
+        session: RunSession,
+        parts: RolloutParts,
+        memberships: list[Membership],
+    ):
         self.config, self.status, self.parts, self.memberships = config, status, parts, memberships
         self.run, self.tq, self.ledger = session.run, session.atq, session.ledger
         self.source_rewards = session.source_rewards  # reward per data source and step, for tracking
@@ -64,12 +70,15 @@ class GroupWriter:
                 return scored
             filtered = scored is not None  # kept out by dynamic sampling, not by a failed reward
             why = self.parts.filtering.reason(scored.rewards) if scored is not None else self.parts.scorer.last_error
-            self.replaced[slot] = await self.ledger.skip(slot, record.position, why, self.total_groups,
-                                                         filtered_step=step if filtered else None)
+            self.replaced[slot] = await self.ledger.skip(
+                slot, record.position, why, self.total_groups, filtered_step=step if filtered else None
+            )
             if filtered:
                 self.parts.filtering.counted(step, await self.ledger.filtered(step))
-            log.info("group dropped; its slot takes a spare prompt", extra={
-                "slot": slot, "position": record.position, "spare": self.replaced[slot], "why": why[:200]})
+            log.info(
+                "group dropped; its slot takes a spare prompt",
+                extra={"slot": slot, "position": record.position, "spare": self.replaced[slot], "why": why[:200]},
+            )
 
     async def _generate_and_score(self, record: PromptRecord, prompt_ids: list[int], step: int) -> ScoredGroup | None:
         """The group of `record`: generated (or played by the agent) and scored; None when the reward failed
@@ -85,8 +94,11 @@ class GroupWriter:
             return scored
         with span("generate", step, version):
             samples = await self.parts.pool.generate_group(  # one request per group: the prompt is prefilled once
-                prompt_ids, [{**self.parts.sampling, "sampling_seed": seed + k} for k in range(n)],
-                run.rollout.max_new_tokens, [f"{rid}-{k}" for k in range(n)])
+                prompt_ids,
+                [{**self.parts.sampling, "sampling_seed": seed + k} for k in range(n)],
+                run.rollout.max_new_tokens,
+                [f"{rid}-{k}" for k in range(n)],
+            )
         with span("reward", step, version):
             texts = [self.parts.decode(s.output_ids) for s in samples]
             rewards = await self.parts.scorer.score(record, texts)
@@ -128,6 +140,7 @@ class GroupWriter:
 
     async def _ensure_partition(self, step: int) -> None:
         if step not in self._partitions:
-            await self.tq.create_partition(partition_name(self.run.name, step),
-                                           group_size=self.run.group_rows, exist_ok=True)
+            await self.tq.create_partition(
+                partition_name(self.run.name, step), group_size=self.run.group_rows, exist_ok=True
+            )
             self._partitions.add(step)

@@ -28,8 +28,10 @@ from services.run_state.trainer_progress import TrainerProgress
 from services.transferqueue.errors import TQError
 
 log = logging.getLogger(__name__)
-REGENERATED = Counter("sluice_rollout_groups_regenerated_total",
-                      "groups generated again because their rows were lost with a storage shard")
+REGENERATED = Counter(
+    "sluice_rollout_groups_regenerated_total",
+    "groups generated again because their rows were lost with a storage shard",
+)
 
 
 def _losses(info) -> tuple[int, int]:
@@ -39,8 +41,14 @@ def _losses(info) -> tuple[int, int]:
 
 
 class LostGroups:
-    def __init__(self, tq: AsyncDataPlane, ledger: Ledger, run_id: str, groups_per_step: int,
-                 trainer_progress: Callable[[], Awaitable[TrainerProgress]]):
+    def __init__(
+        self,
+        tq: AsyncDataPlane,
+        ledger: Ledger,
+        run_id: str,
+        groups_per_step: int,
+        trainer_progress: Callable[[], Awaitable[TrainerProgress]],
+    ):
         self.tq, self.ledger, self.run_id, self.groups_per_step = tq, ledger, run_id, groups_per_step
         self.trainer_progress = trainer_progress
         self.task = task_name(run_id, ACTOR_TRAIN_TASK)
@@ -67,8 +75,10 @@ class LostGroups:
             self._handled[info.name] = lost
             queued += len(slots)
             REGENERATED.inc(len(slots))
-            log.warning("rows were lost with a storage shard", extra={
-                "partition": info.name, "lost_rows": lost[0], "slots_to_generate_again": sorted(slots)})
+            log.warning(
+                "rows were lost with a storage shard",
+                extra={"partition": info.name, "lost_rows": lost[0], "slots_to_generate_again": sorted(slots)},
+            )
         return queued
 
     def take(self) -> int:

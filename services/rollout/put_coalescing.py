@@ -124,7 +124,7 @@ class PutCoalescer:
                 for columns, done in batch:  # each group's rows, in the merged order
                     n = _row_count(columns)
                     if not done.done():
-                        done.set_result(None if rows is None else list(rows[offset:offset + n]))
+                        done.set_result(None if rows is None else list(rows[offset : offset + n]))
                     offset += n
         finally:
             for _, done in state.queued:  # cancelled (the rollout is stopping): nobody waits forever

@@ -12,8 +12,9 @@ from services.run_state.seams import AsyncDataPlane, Ledger
 log = logging.getLogger(__name__)
 
 
-async def recover_positions(tq: AsyncDataPlane, ledger: Ledger, run: RunConfig, replaced: dict[int, int],
-                            recover_task: str):
+async def recover_positions(
+    tq: AsyncDataPlane, ledger: Ledger, run: RunConfig, replaced: dict[int, int], recover_task: str
+):
     """Slots still to generate, in order. Groups already in open partitions count as written even if the ledger
     missed them (a crash between the put and the mark); a row of a spare prompt counts for the slot that took
     it (`replaced`: slot -> the spare prompt position it holds)."""
@@ -41,4 +42,5 @@ async def recover_positions(tq: AsyncDataPlane, ledger: Ledger, run: RunConfig, 
             if p not in written:
                 yield p
             p += 1
+
     return positions()

@@ -29,8 +29,15 @@ log = logging.getLogger(__name__)
 class RolloutParts:
     """Built once the run is known (RolloutService.run_loop); everything here lives as long as the loop."""
 
-    def __init__(self, config: RolloutConfig, session: RunSession, engines: Callable[[RolloutConfig], Engines],
-                 judge_client: Callable[..., JudgeClient], episodes: Episodes, paused: Callable[[], bool]):
+    def __init__(
+        self,
+        config: RolloutConfig,
+        session: RunSession,
+        engines: Callable[[RolloutConfig], Engines],
+        judge_client: Callable[..., JudgeClient],
+        episodes: Episodes,
+        paused: Callable[[], bool],
+    ):
         """`paused`: whether the run is paused (evaluation waits while it is)."""
         from services.model.loading import load_tokenizer  # an error naming the model directory and file
 
@@ -43,8 +50,9 @@ class RolloutParts:
         self.filtering = GroupFiltering(r.filter_groups, r.max_filter_ratio, run.rollout_batch_size)
         self.pool = engines(config)
         self.pool.adapters = run.name if run.trainer.lora is not None else None  # SGLang engines apply it by name
-        self.fleet = EngineFleet(config, self.pool, session.dcs,
-                                 lambda dcs, registration: session.join(registration), session.dcs)
+        self.fleet = EngineFleet(
+            config, self.pool, session.dcs, lambda dcs, registration: session.join(registration), session.dcs
+        )
         self.writes = PutCoalescer(session.atq.put, linger_s=config.put_linger_s)
         self.lost = LostGroups(session.atq, session.ledger, run.name, run.rollout_batch_size, session.progress)
         self.evaluator: Evaluator | None = None
@@ -52,13 +60,17 @@ class RolloutParts:
             if session.evaluations is None:
                 raise ValueError("the run has eval.prompts but the rollout was given nowhere to record evaluations")
             if self.reward is None:
-                raise ValueError("eval.prompts are scored by rollout.reward, and the run has none (its agent scores "
-                                 "only its own episodes)")
-            self.evaluator = Evaluator(run, self.pool, self.reward, session.evaluations, self.encode, self.decode,
-                                       paused)
+                raise ValueError(
+                    "eval.prompts are scored by rollout.reward, and the run has none (its agent scores "
+                    "only its own episodes)"
+                )
+            self.evaluator = Evaluator(
+                run, self.pool, self.reward, session.evaluations, self.encode, self.decode, paused
+            )
         self.sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
-        self.agents = agent_runner(config, run, episodes, self.pool.generate, self.tokenizer, self.sampling,
-                                   self.reward)
+        self.agents = agent_runner(
+            config, run, episodes, self.pool.generate, self.tokenizer, self.sampling, self.reward
+        )
 
     def _reward(self, config: RolloutConfig, judge_client: Callable[..., JudgeClient]) -> RewardFunction | None:
         """The run's reward (a demo task's own, when the run names none); None when an agent scores the groups."""
@@ -67,10 +79,21 @@ class RolloutParts:
         spec = r.reward or (DEMO_TASKS[task].reward if r.prompts.startswith("demo:") and task in DEMO_TASKS else None)
         if spec is None and not r.agent:
             raise ValueError("rollout.reward is required unless prompts is a demo task (or an agent scores them)")
-        return build_reward(
-            spec, label_field=r.label_field, timeout_s=r.reward_timeout_s, retries=r.reward_retries,
-            token=config.reward_token or None, judge=r.judge, judge_urls=config.judge_url_map,
-            engine_key=config.auth_token or None, judge_client=judge_client) if spec else None
+        return (
+            build_reward(
+                spec,
+                label_field=r.label_field,
+                timeout_s=r.reward_timeout_s,
+                retries=r.reward_retries,
+                token=config.reward_token or None,
+                judge=r.judge,
+                judge_urls=config.judge_url_map,
+                engine_key=config.auth_token or None,
+                judge_client=judge_client,
+            )
+            if spec
+            else None
+        )
 
     def encode(self, prompt) -> list[int]:
         if isinstance(prompt, str) and not self.run.rollout.apply_chat_template:
@@ -85,8 +108,11 @@ class RolloutParts:
         """What the rollout opened itself (the session's clients are the host's to close): its engines' and agents'
         registrations and clients, the reward's."""
         await self.fleet.close()
-        closers = [self.pool.aclose()] + ([self.reward.aclose()] if self.reward else []) + \
-            ([self.agents.play.aclose()] if self.agents else [])
+        closers = (
+            [self.pool.aclose()]
+            + ([self.reward.aclose()] if self.reward else [])
+            + ([self.agents.play.aclose()] if self.agents else [])
+        )
         for closer in closers:
             try:
                 await closer

@@ -14,18 +14,26 @@ from services.run_contract.prompt_source import PromptRecord
 from services.run_contract.run_config import RewardShaping
 
 
-def shaped_rewards(rewards: list[float], samples: list[SampleOutput], shaping: RewardShaping,
-                   max_new_tokens: int) -> list[float]:
+def shaped_rewards(
+    rewards: list[float], samples: list[SampleOutput], shaping: RewardShaping, max_new_tokens: int
+) -> list[float]:
     """The rewards with DAPO's soft overlong punishment added (services/algorithms/overlong.py), when on."""
     o = shaping.overlong
     if o is None:
         return rewards
-    return [r + overlong_penalty(len(s.output_ids), max_new_tokens, o.buffer, o.penalty)
-            for r, s in zip(rewards, samples)]
+    return [
+        r + overlong_penalty(len(s.output_ids), max_new_tokens, o.buffer, o.penalty) for r, s in zip(rewards, samples)
+    ]
 
 
-def group_columns(position: int, prompt_ids: list[int], samples: list[SampleOutput], rewards: list[float],
-                  step: int, mask_truncated: bool = False) -> dict:
+def group_columns(
+    position: int,
+    prompt_ids: list[int],
+    samples: list[SampleOutput],
+    rewards: list[float],
+    step: int,
+    mask_truncated: bool = False,
+) -> dict:
     """`mask_truncated`: DAPO's overlong filtering, a sample cut off at its length limit trains on nothing."""
     n = len(samples)
     prompt = torch.tensor(prompt_ids, dtype=torch.int64)
@@ -33,8 +41,10 @@ def group_columns(position: int, prompt_ids: list[int], samples: list[SampleOutp
         "tokens": [torch.cat([prompt, torch.tensor(s.output_ids, dtype=torch.int64)]) for s in samples],
         "prompt_length": torch.full((n,), len(prompt_ids), dtype=torch.int64),
         "response_length": torch.tensor([len(s.output_ids) for s in samples], dtype=torch.int64),
-        "loss_mask": [torch.full((len(s.output_ids),), 0.0 if mask_truncated and truncated(s.finish_reason) else 1.0)
-                      for s in samples],
+        "loss_mask": [
+            torch.full((len(s.output_ids),), 0.0 if mask_truncated and truncated(s.finish_reason) else 1.0)
+            for s in samples
+        ],
         "rollout_log_probs": [torch.tensor(s.log_probs, dtype=torch.float32) for s in samples],
         "reward": torch.tensor(rewards, dtype=torch.float32),
         "weight_version": torch.tensor([s.begin_version for s in samples], dtype=torch.int64),
@@ -57,8 +67,20 @@ class ScoredGroup:
     resubmits: int = 0  # requests resumed after a weight update aborted them
 
     @classmethod
-    def of_samples(cls, record, prompt_ids: list[int], samples: list[SampleOutput], rewards: list[float],
-                   step: int, mask_truncated: bool = False) -> "ScoredGroup":
-        return cls(record, group_columns(record.position, prompt_ids, samples, rewards, step, mask_truncated), rewards,
-                   min(s.begin_version for s in samples), sum(len(s.output_ids) for s in samples),
-                   sum(s.resubmits for s in samples))
+    def of_samples(
+        cls,
+        record,
+        prompt_ids: list[int],
+        samples: list[SampleOutput],
+        rewards: list[float],
+        step: int,
+        mask_truncated: bool = False,
+    ) -> "ScoredGroup":
+        return cls(
+            record,
+            group_columns(record.position, prompt_ids, samples, rewards, step, mask_truncated),
+            rewards,
+            min(s.begin_version for s in samples),
+            sum(len(s.output_ids) for s in samples),
+            sum(s.resubmits for s in samples),
+        )

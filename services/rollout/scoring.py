@@ -25,13 +25,18 @@ from services.run_contract.prompt_source import PromptRecord
 from services.rollout.rewards import RewardError, RewardFunction
 
 log = logging.getLogger(__name__)
-REWARD_FAILURES = Counter("sluice_rollout_reward_failures_total",
-                          "samples whose reward failed (rollout.reward_fallback was applied), by reason",
-                          ["reason"])
-ZERO_VARIANCE = Counter("sluice_rollout_zero_variance_groups_total",
-                        "groups written whose samples all got the same reward (GRPO learns nothing from them)")
-SKIPPED_GROUPS = Counter("sluice_rollout_skipped_groups_total",
-                         "groups dropped because their reward failed (reward_fallback skip_group)")
+REWARD_FAILURES = Counter(
+    "sluice_rollout_reward_failures_total",
+    "samples whose reward failed (rollout.reward_fallback was applied), by reason",
+    ["reason"],
+)
+ZERO_VARIANCE = Counter(
+    "sluice_rollout_zero_variance_groups_total",
+    "groups written whose samples all got the same reward (GRPO learns nothing from them)",
+)
+SKIPPED_GROUPS = Counter(
+    "sluice_rollout_skipped_groups_total", "groups dropped because their reward failed (reward_fallback skip_group)"
+)
 for _reason in ("exception", "timeout"):  # both series exist (at 0) from the start
     REWARD_FAILURES.labels(reason=_reason)
 FAILED_GROUPS_LIMIT = 8
@@ -89,9 +94,14 @@ class GroupScorer:
             self.zero_variance_groups += 1
             ZERO_VARIANCE.inc()
             if self.zero_variance_groups & (self.zero_variance_groups - 1) == 0:  # 1, 2, 4, 8, ...
-                log.warning("zero-variance group: every sample got the same reward (GRPO learns nothing from it)",
-                            extra={"position": record.position, "reward": rewards[0],
-                                   "zero_variance_groups": self.zero_variance_groups})
+                log.warning(
+                    "zero-variance group: every sample got the same reward (GRPO learns nothing from it)",
+                    extra={
+                        "position": record.position,
+                        "reward": rewards[0],
+                        "zero_variance_groups": self.zero_variance_groups,
+                    },
+                )
         return rewards
 
     def _failed(self, record: PromptRecord, errors: list[RewardError], n: int) -> None:
@@ -99,15 +109,29 @@ class GroupScorer:
             self.failures[e.kind] += 1
             REWARD_FAILURES.labels(reason=e.kind).inc()
         self.last_error = excerpt(errors[0])
-        log.warning("reward failed; falling back", extra={
-            "reward": self._function().name, "position": record.position, "failed": len(errors), "samples": n,
-            "reasons": sorted({e.kind for e in errors}), "fallback": self.fallback, "error": self.last_error})
+        log.warning(
+            "reward failed; falling back",
+            extra={
+                "reward": self._function().name,
+                "position": record.position,
+                "failed": len(errors),
+                "samples": n,
+                "reasons": sorted({e.kind for e in errors}),
+                "fallback": self.fallback,
+                "error": self.last_error,
+            },
+        )
         self.failed_groups_in_a_row = self.failed_groups_in_a_row + 1 if len(errors) == n else 0
         if self.failed_groups_in_a_row >= FAILED_GROUPS_LIMIT:
-            raise RewardBroken(f"the reward {self._function().name} failed on every sample of {FAILED_GROUPS_LIMIT} "
-                               f"groups in a row; last error: {self.last_error}")
+            raise RewardBroken(
+                f"the reward {self._function().name} failed on every sample of {FAILED_GROUPS_LIMIT} "
+                f"groups in a row; last error: {self.last_error}"
+            )
 
     def counts(self) -> dict:
         """What /status shows."""
-        return {"reward_failures": dict(self.failures), "zero_variance_groups": self.zero_variance_groups,
-                "skipped_groups": self.skipped_groups}
+        return {
+            "reward_failures": dict(self.failures),
+            "zero_variance_groups": self.zero_variance_groups,
+            "skipped_groups": self.skipped_groups,
+        }

@@ -49,8 +49,10 @@ from services.sglang_protocol.client import SGLangClient
 
 log = logging.getLogger(__name__)
 IN_FLIGHT = Gauge("sluice_rollout_groups_in_flight", "prompt groups generating")
-BLOCKED = Counter("sluice_rollout_admission_blocked_seconds_total",
-                  "time admission was held (by the staleness bound or the in-flight cap)")
+BLOCKED = Counter(
+    "sluice_rollout_admission_blocked_seconds_total",
+    "time admission was held (by the staleness bound or the in-flight cap)",
+)
 RECOVER_TASK = "rollout_recover"
 
 
@@ -58,9 +60,13 @@ class RolloutService:
     """Run by the role host (services/role/role_service.py) with the run's session; `engines` (the engine pool:
     services/rollout/connections.py) and `judge_client` are its own seams. Tests pass in-memory fakes."""
 
-    def __init__(self, config: RolloutConfig, status: RoleStatus,
-                 engines: Callable[[RolloutConfig], Engines] = engine_pool,
-                 judge_client: Callable[..., JudgeClient] = SGLangClient):
+    def __init__(
+        self,
+        config: RolloutConfig,
+        status: RoleStatus,
+        engines: Callable[[RolloutConfig], Engines] = engine_pool,
+        judge_client: Callable[..., JudgeClient] = SGLangClient,
+    ):
         self.config = config
         self.judge_client = judge_client  # a model:... reward's client to its engine
         self.status = status
@@ -69,8 +75,14 @@ class RolloutService:
 
     async def run_loop(self, session: RunSession, stop: asyncio.Event) -> None:
         memberships: list[Membership] = []  # the rollout's own (its engines' are the fleet's)
-        parts = RolloutParts(self.config, session, self.engines, self.judge_client, self.episodes,
-                             paused=lambda: bool(memberships and memberships[0].paused))
+        parts = RolloutParts(
+            self.config,
+            session,
+            self.engines,
+            self.judge_client,
+            self.episodes,
+            paused=lambda: bool(memberships and memberships[0].paused),
+        )
         await Rollout(self.config, self.status, session, parts, memberships).schedule(stop)
 
 
@@ -96,8 +108,14 @@ class BlockedClock:
 class Rollout:
     """The rollout on one run (the schedule above)."""
 
-    def __init__(self, config: RolloutConfig, status: RoleStatus, session: RunSession, parts: RolloutParts,
-                 memberships: list[Membership]):
+    def __init__(
+        self,
+        config: RolloutConfig,
+        status: RoleStatus,
+        session: RunSession,
+        parts: RolloutParts,
+        memberships: list[Membership],
+    ):
         self.config, self.status, self.session, self.parts = config, status, session, parts
         self.run = session.run
         self.memberships = memberships
@@ -110,15 +128,21 @@ class Rollout:
         self.memberships.append(await asyncio.to_thread(self.session.join, registration(self.config)))
         try:
             await parts.fleet.start()
-            await self.session.atq.register_task(task_name(run.name, RECOVER_TASK), RECOVERY_INPUTS,
-                                                 group_size=run.group_rows)
+            await self.session.atq.register_task(
+                task_name(run.name, RECOVER_TASK), RECOVERY_INPUTS, group_size=run.group_rows
+            )
             todo = await self.recover()
             self.status.running()
-            beside = [asyncio.create_task(self._poll_versions(stop)),
-                      asyncio.create_task(parts.lost.watch(self.config.lost_check_s, self.version_moved.set))]
+            beside = [
+                asyncio.create_task(self._poll_versions(stop)),
+                asyncio.create_task(parts.lost.watch(self.config.lost_check_s, self.version_moved.set)),
+            ]
             evaluator = parts.evaluator
-            evals = asyncio.create_task(evaluator.run_loop(max(self.config.version_poll_s, 0.1))) \
-                if evaluator is not None else None
+            evals = (
+                asyncio.create_task(evaluator.run_loop(max(self.config.version_poll_s, 0.1)))
+                if evaluator is not None
+                else None
+            )
             try:
                 await self.generate(todo, stop)
                 trained = await self.until_trained(stop)
@@ -193,8 +217,13 @@ class Rollout:
     async def _admissible(self, position: int) -> bool:
         progress = await self.session.progress()
         serving = self.parts.pool.serving_version
-        return may_admit(position, self.run.max_staleness, serving,
-                         version_offset(progress.version, progress.next_step, serving), self.groups.groups_per_step)
+        return may_admit(
+            position,
+            self.run.max_staleness,
+            serving,
+            version_offset(progress.version, progress.next_step, serving),
+            self.groups.groups_per_step,
+        )
 
     async def _hold_for_pause(self, pending: set[asyncio.Task]) -> None:
         """Paused: admit nothing; once what is generating has finished, acknowledge the pause and wait."""
@@ -225,6 +254,7 @@ class Rollout:
         def engines_idle_too() -> None:  # each engine's membership learns of the pause on its own beat
             self.parts.fleet.acknowledge_pause()
             time.sleep(0.2)
+
         await asyncio.to_thread(self.memberships[0].safe_point, None, engines_idle_too)
 
     def _reap(self, pending: set[asyncio.Task]) -> None:
@@ -238,12 +268,17 @@ class Rollout:
     async def _poll_versions(self, stop: asyncio.Event) -> None:
         """Engine versions as they move (admission wakes at once), the run's engine set followed, and this
         rollout's progress reports."""
+
         def moved() -> None:
             self.version_moved.set()
             self._report_versions()
-        tasks = [asyncio.create_task(self.parts.pool.watch_versions(
-            self.config.version_wait_s, self.config.version_poll_s, moved)),
-            asyncio.create_task(self.parts.fleet.follow(self.config.engine_poll_s))]
+
+        tasks = [
+            asyncio.create_task(
+                self.parts.pool.watch_versions(self.config.version_wait_s, self.config.version_poll_s, moved)
+            ),
+            asyncio.create_task(self.parts.fleet.follow(self.config.engine_poll_s)),
+        ]
         try:
             while not stop.is_set():
                 for task in tasks:
@@ -260,17 +295,23 @@ class Rollout:
         version = pool.serving_version
         self.memberships[0].progress(weight_version=version)
         self.parts.fleet.report()  # each engine its own version; a dead one drops out of the next weight sync
-        self.status.update(engine_version=version, requests=pool.requests, resubmits=pool.resubmits,
-                           engines=pool.describe(), filtered_groups=self.parts.filtering.filtered_groups,
-                           **self.parts.scorer.counts())
+        self.status.update(
+            engine_version=version,
+            requests=pool.requests,
+            resubmits=pool.resubmits,
+            engines=pool.describe(),
+            filtered_groups=self.parts.filtering.filtered_groups,
+            **self.parts.scorer.counts(),
+        )
 
     # ------------------------------------------------------------------ restart, close
 
     async def recover(self):
         """Slots still to generate, in order (services/rollout/recovery.py)."""
         self.groups.replaced = await self.session.ledger.replacements()
-        return await recover_positions(self.session.atq, self.session.ledger, self.run, self.groups.replaced,
-                                       RECOVER_TASK)
+        return await recover_positions(
+            self.session.atq, self.session.ledger, self.run, self.groups.replaced, RECOVER_TASK
+        )
 
     async def close(self) -> None:
         """What the rollout opened itself (the session's clients are the host's to close)."""

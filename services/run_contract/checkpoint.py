@@ -13,9 +13,20 @@ from dataclasses import dataclass
 
 # What a model directory's tokenizer is made of, chat template included (tokenizer_config.json's
 # chat_template, or chat_template.jinja / chat_template.json beside it in newer transformers).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "vocab.txt", "merges.txt", "*.model", "*.tiktoken", "chat_template.jinja",
-                   "chat_template.json", "additional_chat_templates")  # *.model: sentencepiece vocabularies
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "*.model",
+    "*.tiktoken",
+    "chat_template.jinja",
+    "chat_template.json",
+    "additional_chat_templates",
+)  # *.model: sentencepiece vocabularies
 
 
 @dataclass
@@ -31,8 +42,9 @@ def _root(directory: str, role: str) -> str:
 
 def tokenizer_files(directory: str) -> list[str]:
     """Names of the tokenizer files (and chat templates) in a model directory."""
-    return sorted(name for name in os.listdir(directory)
-                  if any(fnmatch.fnmatch(name, pattern) for pattern in TOKENIZER_FILES))
+    return sorted(
+        name for name in os.listdir(directory) if any(fnmatch.fnmatch(name, pattern) for pattern in TOKENIZER_FILES)
+    )
 
 
 def copy_tokenizer(source: str, target: str) -> list[str]:
@@ -55,12 +67,23 @@ class ShardedState:
     """What a sharded trainer backend wrote for a checkpoint (every rank together) under a scratch directory:
     `model_dir` holds the weights as Hugging Face safetensors files (services/model/weight_files.py),
     `sharded` the optimizer state in the backend's own distributed format."""
+
     model_dir: str
     sharded: str
 
 
-def save_checkpoint(directory: str, role: str, model, optimizer, tokenizer_dir: str | None, next_step: int,
-                    version: int, keep: int = 2, state: ShardedState | None = None, copied=None) -> str:
+def save_checkpoint(
+    directory: str,
+    role: str,
+    model,
+    optimizer,
+    tokenizer_dir: str | None,
+    next_step: int,
+    version: int,
+    keep: int = 2,
+    state: ShardedState | None = None,
+    copied=None,
+) -> str:
     """Write <directory>/<role>/step_<next_step>/: the model (safetensors), the tokenizer files of
     `tokenizer_dir` (the run's model directory), the optimizer state and trainer_state.json; then delete all
     but the newest `keep` checkpoints of the role. `state`: a sharded backend's files, moved in instead of
@@ -103,8 +126,7 @@ def checkpoints(directory: str, role: str) -> list[CheckpointState]:
     if not directory or not os.path.isdir(root):
         return []
     found = []
-    for name in sorted((d for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp")),
-                       reverse=True):
+    for name in sorted((d for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp")), reverse=True):
         state = read_checkpoint(os.path.join(root, name))
         if state is not None:
             found.append(state)

@@ -35,7 +35,7 @@ def import_function(path: str, what: str, example_args: tuple, takes: str) -> Ca
 def check_import(spec: str, what: str, load: Callable[[str], Callable]) -> str | None:
     """What is wrong with an `import:` spec, or None. Importing it runs its module's top level."""
     try:
-        load(spec[len("import:"):])
+        load(spec[len("import:") :])
     except ValueError as e:
         return str(e)
     except Exception as e:  # the module's own top level raised

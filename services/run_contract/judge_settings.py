@@ -15,8 +15,9 @@ from string import Formatter
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-DEFAULT_TEMPLATE = ("Question:\n{prompt}\n\nAnswer:\n{response}\n\n"
-                    "Is the answer correct? Reply with yes or no.\nVerdict:")
+DEFAULT_TEMPLATE = (
+    "Question:\n{prompt}\n\nAnswer:\n{response}\n\nIs the answer correct? Reply with yes or no.\nVerdict:"
+)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 JUDGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")  # model:<name>: an engine named to the rollout
 
@@ -27,15 +28,17 @@ def template_fields(template: str) -> list[str]:
     try:
         pieces = list(Formatter().parse(template))
     except ValueError as exc:  # a lone { or }
-        raise ValueError(f"rollout.judge.template is not a valid template ({exc}); write {{{{ and }}}} for "
-                         f"literal braces") from None
+        raise ValueError(
+            f"rollout.judge.template is not a valid template ({exc}); write {{{{ and }}}} for literal braces"
+        ) from None
     for _, name, spec, conversion in pieces:
         if name is None:
             continue
         if not _NAME.fullmatch(name) or spec or conversion:
             shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
-            raise ValueError(f"rollout.judge.template: placeholder {shown} must be a plain name such as "
-                             f"{{response}} or {{label}}")
+            raise ValueError(
+                f"rollout.judge.template: placeholder {shown} must be a plain name such as {{response}} or {{label}}"
+            )
         names.append(name)
     return names
 
@@ -47,13 +50,16 @@ def compile_parser(spec: str) -> re.Pattern | None:
     if not spec.startswith("regex:"):
         raise ValueError(f"rollout.judge.parser must be yes_no or regex:PATTERN, got {spec!r}")
     try:
-        pattern = re.compile(spec[len("regex:"):])
+        pattern = re.compile(spec[len("regex:") :])
     except re.error as exc:
-        raise ValueError(f"rollout.judge.parser: {spec[len('regex:'):]!r} is not a valid regular expression "
-                         f"({exc})") from None
+        raise ValueError(
+            f"rollout.judge.parser: {spec[len('regex:') :]!r} is not a valid regular expression ({exc})"
+        ) from None
     if pattern.groups > 1:
-        raise ValueError(f"rollout.judge.parser: the pattern has {pattern.groups} capturing groups; give one "
-                         f"(the number) or none (the whole match), and write others as (?:...)")
+        raise ValueError(
+            f"rollout.judge.parser: the pattern has {pattern.groups} capturing groups; give one "
+            f"(the number) or none (the whole match), and write others as (?:...)"
+        )
     return pattern
 
 
@@ -63,21 +69,44 @@ class JudgeSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    template: str = Field(DEFAULT_TEMPLATE, min_length=1, max_length=65536, description=(
-        "the judge's prompt, sent as text (no chat template): {prompt}, {response} and the row's fields by name "
-        "({label}, ...); {{ }} are literal braces; it must hold {response}"))
-    parser: str = Field("yes_no", min_length=1, max_length=1024, description=(
-        "how the answer becomes the reward: yes_no = its first word yes / no (any case) scores 1 / 0; "
-        "regex:PATTERN = the first match, its one capturing group (or the whole match) read as a number"))
-    default: float | None = Field(None, ge=-1e9, le=1e9, description=(
-        "the reward of an answer the parser finds nothing in; None = such an answer is a reward failure "
-        "(counted, and rollout.reward_fallback applies)"))
+    template: str = Field(
+        DEFAULT_TEMPLATE,
+        min_length=1,
+        max_length=65536,
+        description=(
+            "the judge's prompt, sent as text (no chat template): {prompt}, {response} and the row's fields by name "
+            "({label}, ...); {{ }} are literal braces; it must hold {response}"
+        ),
+    )
+    parser: str = Field(
+        "yes_no",
+        min_length=1,
+        max_length=1024,
+        description=(
+            "how the answer becomes the reward: yes_no = its first word yes / no (any case) scores 1 / 0; "
+            "regex:PATTERN = the first match, its one capturing group (or the whole match) read as a number"
+        ),
+    )
+    default: float | None = Field(
+        None,
+        ge=-1e9,
+        le=1e9,
+        description=(
+            "the reward of an answer the parser finds nothing in; None = such an answer is a reward failure "
+            "(counted, and rollout.reward_fallback applies)"
+        ),
+    )
     max_new_tokens: int = Field(16, ge=1, le=1 << 16, description="most tokens of the judge's answer")
     temperature: float = Field(0.0, ge=0, le=10, description="the judge's sampling temperature; 0 = greedy")
-    timeout_s: float | None = Field(None, gt=0, le=86400, description=(
-        "time limit of one judge request, seconds; None = rollout.reward_timeout_s"))
-    retries: int | None = Field(None, ge=0, le=20, description=(
-        "retries of a judge request that got no answer or a 5xx; None = rollout.reward_retries"))
+    timeout_s: float | None = Field(
+        None, gt=0, le=86400, description=("time limit of one judge request, seconds; None = rollout.reward_timeout_s")
+    )
+    retries: int | None = Field(
+        None,
+        ge=0,
+        le=20,
+        description=("retries of a judge request that got no answer or a 5xx; None = rollout.reward_retries"),
+    )
 
     @field_validator("template")
     @classmethod

@@ -30,7 +30,7 @@ def step_of(partition: str) -> int | None:
     if not sep or not scope or not name.startswith(PREFIX):
         return None
     try:
-        return int(name[len(PREFIX):])
+        return int(name[len(PREFIX) :])
     except ValueError:
         return None
 
@@ -42,4 +42,3 @@ def task_name(run_id: str, task: str) -> str:
 
 def sample_id(prompt_position: int, sample_index: int) -> str:
     return f"{prompt_position}:{sample_index}"
-

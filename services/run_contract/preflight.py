@@ -85,7 +85,7 @@ def describe(problems: list[Problem]) -> str:
 
 def _prompt_problems(key: str, spec: str, prompt_field: str) -> list[Problem]:
     if spec.startswith("demo:"):
-        if spec[len("demo:"):] in DEMO_TASKS:
+        if spec[len("demo:") :] in DEMO_TASKS:
             return []
         known = ", ".join("demo:" + t for t in sorted(DEMO_TASKS))
         return [Problem(key, f"unknown demo task {spec!r}; known: {known}")]

@@ -29,18 +29,19 @@ Prompt = str | list[dict]
 
 @dataclass(frozen=True)
 class PromptRecord:
-    position: int        # global position: epoch * len(source) + place in that epoch's order
+    position: int  # global position: epoch * len(source) + place in that epoch's order
     epoch: int
-    index: int           # row in the source
-    prompt: Prompt       # text, or chat messages [{"role": ..., "content": ...}]
-    fields: dict         # every other field of the row (labels etc.), JSON-serialisable values only
+    index: int  # row in the source
+    prompt: Prompt  # text, or chat messages [{"role": ..., "content": ...}]
+    fields: dict  # every other field of the row (labels etc.), JSON-serialisable values only
 
 
 class PromptSource:
     """Rows held in memory (or generated on demand, for demo tasks) plus the per-epoch order."""
 
-    def __init__(self, name: str, length: int, row: Callable[[int], tuple[Prompt, dict]],
-                 shuffle_seed: int | None = None):
+    def __init__(
+        self, name: str, length: int, row: Callable[[int], tuple[Prompt, dict]], shuffle_seed: int | None = None
+    ):
         if length <= 0:
             raise ValueError(f"prompt source {name} is empty")
         if shuffle_seed is not None and (isinstance(shuffle_seed, bool) or not isinstance(shuffle_seed, int)):
@@ -101,12 +102,18 @@ def shuffled_range(n: int, seed: int) -> list[int]:
 def check_prompt(prompt, where: str) -> Prompt:
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list) and prompt and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in prompt):
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+        )
+    ):
         return prompt
-    raise ValueError(f"{where}: the prompt must be a string or a non-empty list of chat messages "
-                     f"{{\"role\": str, \"content\": str}}, got {_excerpt(prompt)}")
+    raise ValueError(
+        f"{where}: the prompt must be a string or a non-empty list of chat messages "
+        f'{{"role": str, "content": str}}, got {_excerpt(prompt)}'
+    )
 
 
 def _excerpt(value, limit: int = 120) -> str:
@@ -147,8 +154,10 @@ def check_parquet_schema(path: Path, schema, prompt_field: str) -> None:
         raise ValueError(f"{path}: no {prompt_field!r} column (columns: {schema.names})")
     for field in schema:
         if not _json_compatible(field.type):
-            raise ValueError(f"{path}: column {field.name!r} has type {field.type}, which has no JSON form "
-                             f"(use strings, numbers, booleans, lists and structs of them)")
+            raise ValueError(
+                f"{path}: column {field.name!r} has type {field.type}, which has no JSON form "
+                f"(use strings, numbers, booleans, lists and structs of them)"
+            )
 
 
 def load_parquet(path: Path, prompt_field: str) -> list[tuple[Prompt, dict]]:
@@ -165,8 +174,14 @@ def load_parquet(path: Path, prompt_field: str) -> list[tuple[Prompt, dict]]:
 def _json_compatible(t) -> bool:
     import pyarrow.types as pt
 
-    if (pt.is_null(t) or pt.is_boolean(t) or pt.is_integer(t) or pt.is_floating(t) or pt.is_string(t)
-            or pt.is_large_string(t)):
+    if (
+        pt.is_null(t)
+        or pt.is_boolean(t)
+        or pt.is_integer(t)
+        or pt.is_floating(t)
+        or pt.is_string(t)
+        or pt.is_large_string(t)
+    ):
         return True
     if pt.is_list(t) or pt.is_large_list(t) or pt.is_fixed_size_list(t):
         return _json_compatible(t.value_type)
@@ -205,7 +220,7 @@ def open_prompt_source(spec: str, prompt_field: str = "prompt", shuffle_seed: in
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"prompt source spec must be {SPEC_FORMS}; got {spec!r}")
     if spec.startswith("demo:"):
-        task = DEMO_TASKS.get(spec[len("demo:"):])
+        task = DEMO_TASKS.get(spec[len("demo:") :])
         if task is None:
             raise ValueError(f"unknown demo task {spec!r}; known: {', '.join('demo:' + t for t in sorted(DEMO_TASKS))}")
         return PromptSource(spec, DEMO_LENGTH, task.generate, shuffle_seed)
@@ -225,7 +240,7 @@ def open_prompt_source(spec: str, prompt_field: str = "prompt", shuffle_seed: in
 def open_eval_source(spec: str, prompt_field: str = "prompt") -> PromptSource:
     """The held-out prompts of RunConfig.eval, in file order. For demo:<task> they are the task's rows from index
     DEMO_LENGTH on, which training never reaches (it reads row position % DEMO_LENGTH)."""
-    if isinstance(spec, str) and spec.startswith("demo:") and spec[len("demo:"):] in DEMO_TASKS:
-        generate = DEMO_TASKS[spec[len("demo:"):]].generate
+    if isinstance(spec, str) and spec.startswith("demo:") and spec[len("demo:") :] in DEMO_TASKS:
+        generate = DEMO_TASKS[spec[len("demo:") :]].generate
         return PromptSource(spec + " (held out)", DEMO_LENGTH, lambda i: generate(DEMO_LENGTH + i))
     return open_prompt_source(spec, prompt_field)

@@ -21,8 +21,10 @@ from services.run_contract.imported_functions import check_import, import_functi
 # the two equal
 BUILTIN_REWARD_NAMES = frozenset({"exact_match", "math_answer", "arith", "letters"})
 
-SPEC_FORMS = (f"a built-in name ({', '.join(sorted(BUILTIN_REWARD_NAMES))}), import:module.path:function, "
-              f"an http:// or https:// URL, or model:<engine URL or name>")
+SPEC_FORMS = (
+    f"a built-in name ({', '.join(sorted(BUILTIN_REWARD_NAMES))}), import:module.path:function, "
+    f"an http:// or https:// URL, or model:<engine URL or name>"
+)
 
 
 def load_function(path: str) -> Callable:
@@ -46,7 +48,7 @@ def check_reward_spec(spec: str | None, prompts: str) -> str | None:
     if spec.startswith(("http://", "https://")):
         return None if urlsplit(spec).hostname else f"reward URL {spec!r} names no host"
     if spec.startswith("model:"):
-        return check_judge_target(spec[len("model:"):])
+        return check_judge_target(spec[len("model:") :])
     return f"unknown reward spec {spec!r}; expected {SPEC_FORMS}"
 
 
@@ -56,5 +58,7 @@ def check_judge_target(target: str) -> str | None:
         return None if urlsplit(target).hostname else f"judge engine URL {target!r} names no host"
     if JUDGE_NAME.fullmatch(target):
         return None
-    return (f"reward {'model:' + target!r}: expected model:http(s)://host:port (a judge engine) or model:<name> (letters, "
-            f"digits, _ . -; an engine the rollout's --judge-urls names, e.g. the stack's judge)")
+    return (
+        f"reward {'model:' + target!r}: expected model:http(s)://host:port (a judge engine) or model:<name> (letters, "
+        f"digits, _ . -; an engine the rollout's --judge-urls names, e.g. the stack's judge)"
+    )

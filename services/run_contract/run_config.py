@@ -16,9 +16,8 @@ from services.run_contract.trainer_settings import TrainerSettings
 from services.run_contract.judge_settings import JudgeSettings
 
 
-
 # bounds that keep every number a run config carries finite and within what the services can act on
-BIG = 1 << 40          # steps, intervals, versions: more than any run will reach
+BIG = 1 << 40  # steps, intervals, versions: more than any run will reach
 SEED_MAX = (1 << 63) - 1
 
 
@@ -28,21 +27,42 @@ class _Strict(BaseModel):
 
 
 class RolloutSettings(_Strict):
-    prompts: str = Field("demo:letters", min_length=1, max_length=1024,
-                         description="a .jsonl or .parquet file, or demo:<task>")
-    prompt_field: str = Field("prompt", min_length=1, max_length=128,
-                              description="the prompts file's column holding the prompt (text or chat messages)")
-    shuffle_seed: int | None = Field(None, ge=0, le=SEED_MAX, description="shuffle each epoch with this seed; None = file order")
-    reward: str | None = Field(None, max_length=1024, description=(
-        "exact_match | math_answer | arith | letters | import:module:function | http(s)://url | "
-        "model:<engine url or name> (a judge model, see judge); None = the demo task's own verifier"))
-    judge: JudgeSettings = Field(default_factory=JudgeSettings, description=(
-        "the judge's prompt, answer parser and limits when reward is model:... (docs/rewards.md)"))
-    label_field: str = Field("label", min_length=1, max_length=128,
-                             description="the column the built-in rewards compare the response with")
-    source_field: str = Field("data_source", min_length=1, max_length=128, description=(
-        "the column naming a row's data source: rows that have it get their reward tracked per source and step "
-        "(reward_by_source/<source>)"))
+    prompts: str = Field(
+        "demo:letters", min_length=1, max_length=1024, description="a .jsonl or .parquet file, or demo:<task>"
+    )
+    prompt_field: str = Field(
+        "prompt",
+        min_length=1,
+        max_length=128,
+        description="the prompts file's column holding the prompt (text or chat messages)",
+    )
+    shuffle_seed: int | None = Field(
+        None, ge=0, le=SEED_MAX, description="shuffle each epoch with this seed; None = file order"
+    )
+    reward: str | None = Field(
+        None,
+        max_length=1024,
+        description=(
+            "exact_match | math_answer | arith | letters | import:module:function | http(s)://url | "
+            "model:<engine url or name> (a judge model, see judge); None = the demo task's own verifier"
+        ),
+    )
+    judge: JudgeSettings = Field(
+        default_factory=JudgeSettings,
+        description=("the judge's prompt, answer parser and limits when reward is model:... (docs/rewards.md)"),
+    )
+    label_field: str = Field(
+        "label", min_length=1, max_length=128, description="the column the built-in rewards compare the response with"
+    )
+    source_field: str = Field(
+        "data_source",
+        min_length=1,
+        max_length=128,
+        description=(
+            "the column naming a row's data source: rows that have it get their reward tracked per source and step "
+            "(reward_by_source/<source>)"
+        ),
+    )
     reward_timeout_s: float = Field(30.0, gt=0, le=86400, description="time limit of one reward call, seconds")
     reward_retries: int = Field(3, ge=0, le=20, description="retries of a failed HTTP reward call")
     apply_chat_template: bool = Field(True, description="wrap text prompts as one user message")
@@ -50,33 +70,71 @@ class RolloutSettings(_Strict):
     temperature: float = Field(1.0, gt=0, le=10, description="sampling temperature of rollout generation")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest token set of this mass")
     top_k: int = Field(-1, ge=-1, le=1 << 24, description="sample among the k likeliest tokens; -1 = all")
-    max_groups_in_flight: int = Field(0, ge=0, le=1 << 20, description="cap on prompt groups generating at once; 0 = 2 steps' worth")
-    agent: str | None = Field(None, max_length=1024, description=(
-        "import:module:function: an agent that plays each sample's episode, talking to the model through an "
-        "OpenAI client (docs/agents.md); None = one completion per sample"))
+    max_groups_in_flight: int = Field(
+        0, ge=0, le=1 << 20, description="cap on prompt groups generating at once; 0 = 2 steps' worth"
+    )
+    agent: str | None = Field(
+        None,
+        max_length=1024,
+        description=(
+            "import:module:function: an agent that plays each sample's episode, talking to the model through an "
+            "OpenAI client (docs/agents.md); None = one completion per sample"
+        ),
+    )
     agent_max_turns: int = Field(16, ge=1, le=4096, description="most model calls of one agent episode")
-    agent_max_tokens: int = Field(8192, ge=1, le=1 << 24, description="most tokens (prompt + output) of one call "
-                                  "of an agent episode: the conversation's length")
+    agent_max_tokens: int = Field(
+        8192,
+        ge=1,
+        le=1 << 24,
+        description="most tokens (prompt + output) of one call of an agent episode: the conversation's length",
+    )
     agent_timeout_s: float = Field(600.0, gt=0, le=86400, description="wall-time limit of one agent episode")
-    agent_tool_timeout_s: float = Field(120.0, gt=0, le=86400, description=(
-        "limit on the agent's tools: from a model answer with tool calls to the agent's next model call (or its "
-        "return); past it the episode ends with outcome tool_timeout"))
+    agent_tool_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        le=86400,
+        description=(
+            "limit on the agent's tools: from a model answer with tool calls to the agent's next model call (or its "
+            "return); past it the episode ends with outcome tool_timeout"
+        ),
+    )
     agent_retries: int = Field(1, ge=0, le=20, description="fresh tries of an agent episode that failed")
-    agent_chains: int = Field(1, ge=1, le=64, description=(
-        "samples each agent episode writes: its last agent_chains consistent chains (an agent that rewrites its "
-        "history makes several), sharing the episode's reward; an episode with fewer fills the rest with copies "
-        "of its last chain that train on nothing (loss mask 0), so groups keep a fixed size; older chains are "
-        "counted as dropped (docs/agents.md)"))
-    reward_fallback: Literal["zero", "skip_group"] = Field("zero", description=(
-        "when the reward fails on a sample (raises, or times out after reward_retries): zero = that sample gets "
-        "reward 0.0; skip_group = its whole group is dropped and the next spare prompt takes its place "
-        "(docs/rewards.md)"))
-    filter_groups: str = Field("none", pattern=FILTER_PATTERN, description=(
-        "dynamic sampling (DAPO): none; zero_variance = a group whose rewards are all equal is not trained and "
-        "the next spare prompt takes its place; std_below:X = likewise for a group whose reward std is below X"))
-    max_filter_ratio: float = Field(0.9, gt=0, lt=1, description=(
-        "with filter_groups: the run fails once a step's filtered groups f make f / (f + rollout_batch_size) "
-        "exceed this: rewards that never vary would otherwise keep the rollout generating for ever"))
+    agent_chains: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "samples each agent episode writes: its last agent_chains consistent chains (an agent that rewrites its "
+            "history makes several), sharing the episode's reward; an episode with fewer fills the rest with copies "
+            "of its last chain that train on nothing (loss mask 0), so groups keep a fixed size; older chains are "
+            "counted as dropped (docs/agents.md)"
+        ),
+    )
+    reward_fallback: Literal["zero", "skip_group"] = Field(
+        "zero",
+        description=(
+            "when the reward fails on a sample (raises, or times out after reward_retries): zero = that sample gets "
+            "reward 0.0; skip_group = its whole group is dropped and the next spare prompt takes its place "
+            "(docs/rewards.md)"
+        ),
+    )
+    filter_groups: str = Field(
+        "none",
+        pattern=FILTER_PATTERN,
+        description=(
+            "dynamic sampling (DAPO): none; zero_variance = a group whose rewards are all equal is not trained and "
+            "the next spare prompt takes its place; std_below:X = likewise for a group whose reward std is below X"
+        ),
+    )
+    max_filter_ratio: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description=(
+            "with filter_groups: the run fails once a step's filtered groups f make f / (f + rollout_batch_size) "
+            "exceed this: rewards that never vary would otherwise keep the rollout generating for ever"
+        ),
+    )
 
     @field_validator("filter_groups")
     @classmethod
@@ -86,33 +144,59 @@ class RolloutSettings(_Strict):
 
 
 class AlgorithmSettings(_Strict):
-    estimator: Estimator = Field("grpo", description="advantage estimator (docs/algorithms.md); ppo adds the "
-                                                     "critic role")
+    estimator: Estimator = Field(
+        "grpo", description="advantage estimator (docs/algorithms.md); ppo adds the critic role"
+    )
     gamma: float = Field(1.0, ge=0, le=1, description="discount of returns (reinforce_pp, ppo)")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda (ppo)")
     kl_coef: float = Field(0.0, ge=0, le=1e6, description="weight of KL(pi || reference); 0 = no reference role")
     kl_in_reward: bool = Field(False, description="KL as a per-token reward penalty instead of a loss term")
-    kl_kind: KLKind = Field("k3", description="KL estimator: k1 = x, k2 = x^2 / 2, k3 = exp(-x) - 1 + x, "
-                                              "x = log pi - log pi_ref")
+    kl_kind: KLKind = Field(
+        "k3", description="KL estimator: k1 = x, k2 = x^2 / 2, k3 = exp(-x) - 1 + x, x = log pi - log pi_ref"
+    )
     eps_clip: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip: ratio in [1 - eps_clip, 1 + eps_clip]")
-    eps_clip_high: float | None = Field(None, gt=0, le=100, description="upper clip (DAPO clip-higher); None = eps_clip")
+    eps_clip_high: float | None = Field(
+        None, gt=0, le=100, description="upper clip (DAPO clip-higher); None = eps_clip"
+    )
     dual_clip_c: float | None = Field(None, gt=1, le=1e6, description="dual-clip bound for negative advantages")
     entropy_coef: float = Field(0.0, ge=0, le=1e6, description="weight of the entropy bonus in the loss")
-    loss_agg: LossAggregation = Field("token_mean", description=(
-        "how per-token losses are averaged: token_mean (over all tokens), seq_mean_token_mean (per sequence, "
-        "then over sequences), seq_mean_token_sum (summed per sequence, mean over sequences)"))
+    loss_agg: LossAggregation = Field(
+        "token_mean",
+        description=(
+            "how per-token losses are averaged: token_mean (over all tokens), seq_mean_token_mean (per sequence, "
+            "then over sequences), seq_mean_token_sum (summed per sequence, mean over sequences)"
+        ),
+    )
     decoupled: bool = Field(False, description="decoupled PPO: actor_fwd's log_probs are the proximal policy")
-    tis_clip: float | None = Field(None, gt=0, le=1e6, description="truncated importance sampling cap vs rollout log-probs")
-    behav_weight_cap: float | None = Field(5.0, gt=1, le=1e6, description=(
-        "with decoupled or tis_clip: tokens whose behaviour weight pi_old / mu exceeds this leave the policy loss "
-        "(AReaL's behav_imp_weight_cap, 5 in its recipes); None = keep every token"))
-    behav_weight_floor: float | None = Field(None, gt=0, lt=1, description=(
-        "with decoupled or tis_clip: tokens whose behaviour weight is below this leave the policy loss too"))
-    proximal_policy: Literal["previous", "current"] = Field("previous", description=(
-        "with decoupled or tis_clip, the weights actor_fwd scores step N's samples with (pi_old, the clip's centre): "
-        "previous = the version before the one step N trains with, so the clip bounds how far each step moves the "
-        "policy; current = the version step N trains with (its ratio is 1 at a step's one optimizer step, and the "
-        "clip bounds nothing)"))
+    tis_clip: float | None = Field(
+        None, gt=0, le=1e6, description="truncated importance sampling cap vs rollout log-probs"
+    )
+    behav_weight_cap: float | None = Field(
+        5.0,
+        gt=1,
+        le=1e6,
+        description=(
+            "with decoupled or tis_clip: tokens whose behaviour weight pi_old / mu exceeds this leave the policy loss "
+            "(AReaL's behav_imp_weight_cap, 5 in its recipes); None = keep every token"
+        ),
+    )
+    behav_weight_floor: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description=(
+            "with decoupled or tis_clip: tokens whose behaviour weight is below this leave the policy loss too"
+        ),
+    )
+    proximal_policy: Literal["previous", "current"] = Field(
+        "previous",
+        description=(
+            "with decoupled or tis_clip, the weights actor_fwd scores step N's samples with (pi_old, the clip's centre): "
+            "previous = the version before the one step N trains with, so the clip bounds how far each step moves the "
+            "policy; current = the version step N trains with (its ratio is 1 at a step's one optimizer step, and the "
+            "clip bounds nothing)"
+        ),
+    )
     value_clip: float | None = Field(0.2, gt=0, le=1e6, description="PPO value-loss clip (critic)")
 
 
@@ -124,10 +208,13 @@ class OptimSettings(_Strict):
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the trainer's random state")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
-        "constant", description="learning rate over the run's steps after the warm-up: constant, or decaying to "
-                                "min_lr_ratio x lr at the last step, linearly or along a half cosine")
-    warmup_steps: int = Field(0, ge=0, le=BIG, description="steps over which the learning rate rises linearly from "
-                                                          "lr / warmup_steps to lr")
+        "constant",
+        description="learning rate over the run's steps after the warm-up: constant, or decaying to "
+        "min_lr_ratio x lr at the last step, linearly or along a half cosine",
+    )
+    warmup_steps: int = Field(
+        0, ge=0, le=BIG, description="steps over which the learning rate rises linearly from lr / warmup_steps to lr"
+    )
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="where linear and cosine decay end, as a fraction of lr")
 
     @model_validator(mode="after")
@@ -143,8 +230,11 @@ class CheckpointSettings(_Strict):
 
     interval: int = Field(0, ge=0, le=BIG, description="checkpoint every N steps; 0 = only on stop (see on_stop)")
     keep_last: int = Field(2, ge=1, le=1000, description="newest checkpoints kept per role; older ones are deleted")
-    on_stop: bool = Field(True, description="when the actor trainer stops (SIGTERM, a stopped run, the last step "
-                                            "done), checkpoint its last finished step if it has none yet")
+    on_stop: bool = Field(
+        True,
+        description="when the actor trainer stops (SIGTERM, a stopped run, the last step "
+        "done), checkpoint its last finished step if it has none yet",
+    )
 
     def due_after(self, step: int) -> bool:
         """Whether step N's checkpoint is written once it trains: every `interval` steps (N + 1 a multiple)."""
@@ -156,14 +246,19 @@ class TrackingSettings(_Strict):
     `report_to` and to <run dir>/steps.jsonl (the input of `sluice report`)."""
 
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "none"]] = Field(
-        default_factory=lambda: ["tensorboard"], max_length=3,  # type: ignore[arg-type]  # the lambda's list[str]
+        default_factory=lambda: ["tensorboard"],  # type: ignore[arg-type]  # the lambda's list[str]
+        max_length=3,
         description="tracking backends: tensorboard (event files), wandb (offline run), mlflow (local SQLite "
-                    "store), all under the run dir; none = only steps.jsonl")
-    completions_every: int = Field(10, ge=0, le=BIG, description="log a table of sample completions every N steps; 0 = never")
+        "store), all under the run dir; none = only steps.jsonl",
+    )
+    completions_every: int = Field(
+        10, ge=0, le=BIG, description="log a table of sample completions every N steps; 0 = never"
+    )
     completions_rows: int = Field(8, ge=1, le=256, description="samples in each completions table")
     project: str = Field("sluice", min_length=1, max_length=128, description="W&B project / MLflow experiment")
-    experiment: str | None = Field(None, max_length=128, description="name of this run in the backends; None = "
-                                                                     "the run's name")
+    experiment: str | None = Field(
+        None, max_length=128, description="name of this run in the backends; None = the run's name"
+    )
 
     @model_validator(mode="after")
     def _report_to_is_a_set(self) -> "TrackingSettings":
@@ -178,17 +273,31 @@ class EvalSettings(_Strict):
     and at the last version. pass@k (k = n_samples) is the fraction of prompts with at least one of k samples
     whose reward >= pass_threshold; mean_reward the mean over all samples."""
 
-    prompts: str | None = Field(None, min_length=1, max_length=1024, description=(
-        "held-out prompts: a .jsonl or .parquet file, or demo:<task> (rows the training never sees); None = no eval"))
-    every_n_versions: int = Field(10, ge=1, le=BIG, description="evaluate when the weight version reaches a multiple of this")
+    prompts: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description=(
+            "held-out prompts: a .jsonl or .parquet file, or demo:<task> (rows the training never sees); None = no eval"
+        ),
+    )
+    every_n_versions: int = Field(
+        10, ge=1, le=BIG, description="evaluate when the weight version reaches a multiple of this"
+    )
     n_samples: int = Field(1, ge=1, le=256, description="samples per prompt: the k of pass@k")
     temperature: float = Field(0.0, ge=0, le=10, description="sampling temperature; 0 = greedy (reproducible)")
     max_new_tokens: int | None = Field(None, ge=1, le=1 << 20, description="None = rollout.max_new_tokens")
     max_prompts: int = Field(64, ge=1, le=100_000, description="the first max_prompts rows of the held-out set")
     pass_threshold: float = Field(1.0, allow_inf_nan=False, description="a sample passes when its reward is >= this")
-    concurrency: int = Field(32, ge=1, le=1024, description=(
-        "eval prompts generating at once, sent as one batch request: the engine decodes them in the same steps "
-        "as training requests (one wide step costs little more than a narrow one on a small batch)"))
+    concurrency: int = Field(
+        32,
+        ge=1,
+        le=1024,
+        description=(
+            "eval prompts generating at once, sent as one batch request: the engine decodes them in the same steps "
+            "as training requests (one wide step costs little more than a narrow one on a small batch)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _prompt_source_form(self) -> "EvalSettings":
@@ -199,55 +308,89 @@ class EvalSettings(_Strict):
 
 
 class OverlongShaping(_Strict):
-    buffer: int = Field(ge=1, le=1 << 20, description="L_cache: the last tokens before rollout.max_new_tokens over "
-                        "which the penalty grows from 0 to `penalty`")
+    buffer: int = Field(
+        ge=1,
+        le=1 << 20,
+        description="L_cache: the last tokens before rollout.max_new_tokens over "
+        "which the penalty grows from 0 to `penalty`",
+    )
     penalty: float = Field(1.0, ge=0, le=1e6, description="the penalty at max_new_tokens (subtracted from the reward)")
 
 
 class RewardShaping(_Strict):
-    overlong: OverlongShaping | None = Field(None, description=(
-        "DAPO's soft overlong punishment (docs/rewards.md): answers longer than max_new_tokens - buffer lose up to "
-        "`penalty` reward; None = off"))
-    overlong_filter: bool = Field(False, description=(
-        "DAPO's overlong filtering: a sample cut off at max_new_tokens trains on nothing (loss mask 0); its reward "
-        "still counts in its group's advantages"))
+    overlong: OverlongShaping | None = Field(
+        None,
+        description=(
+            "DAPO's soft overlong punishment (docs/rewards.md): answers longer than max_new_tokens - buffer lose up to "
+            "`penalty` reward; None = off"
+        ),
+    )
+    overlong_filter: bool = Field(
+        False,
+        description=(
+            "DAPO's overlong filtering: a sample cut off at max_new_tokens trains on nothing (loss mask 0); its reward "
+            "still counts in its group's advantages"
+        ),
+    )
 
 
 class RunConfig(_Strict):
     """What a run is; validated when it is created."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$", description="the run's id: every service of the "
-                      "run works under it")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_.\-]{1,128}$", description="the run's id: every service of the run works under it"
+    )
     model: str = Field(min_length=1, max_length=1024, description="local model directory")
-    mode: Literal["fully_async", "colocate"] = Field("fully_async", description=(
-        "fully_async: rollout runs ahead of training by up to max_staleness versions; colocate: one after the "
-        "other (max_staleness 0)"))
-    max_staleness: int = Field(1, ge=0, le=64, description="most weight versions a trained sample may lag "
-                                                           "the policy it is trained with")
+    mode: Literal["fully_async", "colocate"] = Field(
+        "fully_async",
+        description=(
+            "fully_async: rollout runs ahead of training by up to max_staleness versions; colocate: one after the "
+            "other (max_staleness 0)"
+        ),
+    )
+    max_staleness: int = Field(
+        1, ge=0, le=64, description="most weight versions a trained sample may lag the policy it is trained with"
+    )
     n_samples_per_prompt: int = Field(8, ge=1, le=4096, description="samples per prompt (the group size)")
     rollout_batch_size: int = Field(32, ge=1, le=1 << 20, description="prompt groups per step")
     global_batch_size: int = Field(256, ge=1, le=1 << 24, description="samples per optimizer step")
     micro_batch_size: int = Field(8, ge=1, le=1 << 20, description="samples per forward/backward pass")
     num_iters_per_train_update: int | None = Field(
-        None, ge=1, le=1 << 20, description="optimizer steps per step (= per weight publish); "
-                                "None = rollout_batch_size * n_samples_per_prompt / global_batch_size")
+        None,
+        ge=1,
+        le=1 << 20,
+        description="optimizer steps per step (= per weight publish); "
+        "None = rollout_batch_size * n_samples_per_prompt / global_batch_size",
+    )
     num_steps: int = Field(100, ge=1, le=BIG, description="training steps (= weight versions published)")
     ref_update_interval: int = Field(0, ge=0, le=BIG, description="reference receives every Nth version; 0 = never")
-    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings,
-                                           description="trainer checkpoints: interval, keep_last, on_stop")
-    algorithm: AlgorithmSettings = Field(default_factory=AlgorithmSettings,
-                                         description="advantage estimator and loss terms (docs/algorithms.md)")
-    rollout: RolloutSettings = Field(default_factory=RolloutSettings,
-                                     description="prompts, sampling and rewards (docs/rewards.md)")
+    checkpoint: CheckpointSettings = Field(
+        default_factory=CheckpointSettings, description="trainer checkpoints: interval, keep_last, on_stop"
+    )
+    algorithm: AlgorithmSettings = Field(
+        default_factory=AlgorithmSettings, description="advantage estimator and loss terms (docs/algorithms.md)"
+    )
+    rollout: RolloutSettings = Field(
+        default_factory=RolloutSettings, description="prompts, sampling and rewards (docs/rewards.md)"
+    )
     optim: OptimSettings = Field(default_factory=OptimSettings, description="the optimizers (AdamW)")
-    tracking: TrackingSettings = Field(default_factory=TrackingSettings,
-                                       description="experiment tracking by the trainer (docs/tracking.md)")
-    eval: EvalSettings = Field(default_factory=EvalSettings, description="evaluation on held-out prompts during "
-                                                                         "training; off unless eval.prompts is set")
-    reward_shaping: RewardShaping = Field(default_factory=RewardShaping, description=(
-        "what happens to answers cut off at max_new_tokens (docs/rewards.md); applied to single completions"))
-    trainer: TrainerSettings = Field(default_factory=TrainerSettings, description=(
-        "what the actor trains: every weight, or a LoRA adapter (docs/trainer.md)"))
+    tracking: TrackingSettings = Field(
+        default_factory=TrackingSettings, description="experiment tracking by the trainer (docs/tracking.md)"
+    )
+    eval: EvalSettings = Field(
+        default_factory=EvalSettings,
+        description="evaluation on held-out prompts during training; off unless eval.prompts is set",
+    )
+    reward_shaping: RewardShaping = Field(
+        default_factory=RewardShaping,
+        description=(
+            "what happens to answers cut off at max_new_tokens (docs/rewards.md); applied to single completions"
+        ),
+    )
+    trainer: TrainerSettings = Field(
+        default_factory=TrainerSettings,
+        description=("what the actor trains: every weight, or a LoRA adapter (docs/trainer.md)"),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -280,24 +423,32 @@ class RunConfig(_Strict):
             raise ValueError("colocate mode is synchronous: max_staleness must be 0")
         overlong = self.reward_shaping.overlong
         if overlong is not None and overlong.buffer > self.rollout.max_new_tokens:
-            raise ValueError(f"reward_shaping.overlong.buffer ({overlong.buffer}) must be at most rollout."
-                             f"max_new_tokens ({self.rollout.max_new_tokens})")
+            raise ValueError(
+                f"reward_shaping.overlong.buffer ({overlong.buffer}) must be at most rollout."
+                f"max_new_tokens ({self.rollout.max_new_tokens})"
+            )
         if self.trainer.lora is not None and (self.uses_actor_fwd or self.ref_update_interval):
-            raise ValueError("trainer.lora publishes an adapter, which only the engines take: actor_fwd "
-                             "(algorithm.decoupled, tis_clip) and a reference updated by ref_update_interval would "
-                             "need full weights; turn those off or train every weight")
+            raise ValueError(
+                "trainer.lora publishes an adapter, which only the engines take: actor_fwd "
+                "(algorithm.decoupled, tis_clip) and a reference updated by ref_update_interval would "
+                "need full weights; turn those off or train every weight"
+            )
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError("global_batch_size must be a multiple of micro_batch_size")
         if self.global_batch_size % self.group_rows:
-            raise ValueError(f"global_batch_size must hold whole prompt groups (a multiple of n_samples_per_prompt"
-                             f"{' x rollout.agent_chains' if self.chains_per_episode > 1 else ''} = {self.group_rows})")
+            raise ValueError(
+                f"global_batch_size must hold whole prompt groups (a multiple of n_samples_per_prompt"
+                f"{' x rollout.agent_chains' if self.chains_per_episode > 1 else ''} = {self.group_rows})"
+            )
         rows = self.rows_per_step
         iters = self.num_iters_per_train_update or max(1, rows // self.global_batch_size)
         if iters * self.global_batch_size != rows:
-            raise ValueError(f"a step holds rollout_batch_size * n_samples_per_prompt"
-                             f"{' * rollout.agent_chains' if self.chains_per_episode > 1 else ''} = {rows} samples, "
-                             f"which must equal num_iters_per_train_update ({iters}) x global_batch_size "
-                             f"({self.global_batch_size})")
+            raise ValueError(
+                f"a step holds rollout_batch_size * n_samples_per_prompt"
+                f"{' * rollout.agent_chains' if self.chains_per_episode > 1 else ''} = {rows} samples, "
+                f"which must equal num_iters_per_train_update ({iters}) x global_batch_size "
+                f"({self.global_batch_size})"
+            )
         self.num_iters_per_train_update = iters
         return self
 

@@ -37,8 +37,11 @@ class RunIdSettings(BaseSettings):
     """The run a service works for: --run-id, or the name in --run-file (a deployment's one run file)."""
 
     run_id: str = Field("default", description="the run (created on the coordinator) this service works for")
-    run_file: str = Field("", description="a run YAML (what `sluice submit` posts); its `name` is the run id, "
-                                          "so a deployment takes both from one file; empty = --run-id")
+    run_file: str = Field(
+        "",
+        description="a run YAML (what `sluice submit` posts); its `name` is the run id, "
+        "so a deployment takes both from one file; empty = --run-id",
+    )
 
     @model_validator(mode="after")
     def _run_id_from_run_file(self) -> "RunIdSettings":

@@ -33,13 +33,26 @@ class RunPolicySettings(BaseSettings):
 
     model_config = SettingsConfigDict(populate_by_name=True)
 
-    allow_reward_modules: str = Field("", validation_alias="SLUICE_ALLOW_REWARD_MODULES", description=(
-        "comma-separated modules an import: reward or agent may come from (and their submodules); empty = any"))
-    allow_reward_hosts: str = Field("", validation_alias="SLUICE_ALLOW_REWARD_HOSTS", description=(
-        "comma-separated hosts an http(s) reward, model:http(s) judge or agent environment may be posted to; "
-        "empty = any"))
-    data_roots: str = Field("", validation_alias="SLUICE_DATA_ROOTS", description=(
-        "comma-separated directories the run's model and prompt files must be under; empty = anywhere"))
+    allow_reward_modules: str = Field(
+        "",
+        validation_alias="SLUICE_ALLOW_REWARD_MODULES",
+        description=(
+            "comma-separated modules an import: reward or agent may come from (and their submodules); empty = any"
+        ),
+    )
+    allow_reward_hosts: str = Field(
+        "",
+        validation_alias="SLUICE_ALLOW_REWARD_HOSTS",
+        description=(
+            "comma-separated hosts an http(s) reward, model:http(s) judge or agent environment may be posted to; "
+            "empty = any"
+        ),
+    )
+    data_roots: str = Field(
+        "",
+        validation_alias="SLUICE_DATA_ROOTS",
+        description=("comma-separated directories the run's model and prompt files must be under; empty = anywhere"),
+    )
 
     def run_policy(self) -> "RunPolicy":
         return RunPolicy(_csv(self.allow_reward_modules), _csv(self.allow_reward_hosts), _csv(self.data_roots))
@@ -57,30 +70,48 @@ class RunPolicy:
         reward = config.rollout.reward or ""
         for key, spec in (("rollout.reward", reward), ("rollout.agent", config.rollout.agent or "")):
             if spec.startswith("import:") and self.reward_modules:
-                module = spec[len("import:"):].partition(":")[0]
+                module = spec[len("import:") :].partition(":")[0]
                 if not any(module == m or module.startswith(m + ".") for m in self.reward_modules):
-                    found.append((key, f"module {module!r} is not among the allowed reward modules "
-                                       f"({', '.join(self.reward_modules)}; --allow-reward-modules)"))
+                    found.append(
+                        (
+                            key,
+                            f"module {module!r} is not among the allowed reward modules "
+                            f"({', '.join(self.reward_modules)}; --allow-reward-modules)",
+                        )
+                    )
         # a judge by URL (model:http...) gets samples and the stack's token: held to the same hosts; a judge by
         # name is the operator's own (the rollout's --judge-urls)
-        judge = reward[len("model:"):] if reward.startswith("model:") else ""
-        for key, spec in (("rollout.reward", reward), ("rollout.agent", config.rollout.agent or ""),
-                          ("rollout.reward", judge)):
+        judge = reward[len("model:") :] if reward.startswith("model:") else ""
+        for key, spec in (
+            ("rollout.reward", reward),
+            ("rollout.agent", config.rollout.agent or ""),
+            ("rollout.reward", judge),
+        ):
             if spec.startswith(("http://", "https://")) and self.reward_hosts:
                 host = urlsplit(spec).hostname or ""
                 if host not in self.reward_hosts:
-                    found.append((key, f"host {host!r} is not among the allowed reward hosts "
-                                       f"({', '.join(self.reward_hosts)}; --allow-reward-hosts)"))
+                    found.append(
+                        (
+                            key,
+                            f"host {host!r} is not among the allowed reward hosts "
+                            f"({', '.join(self.reward_hosts)}; --allow-reward-hosts)",
+                        )
+                    )
         if self.data_roots:
-            paths = [("model", config.model), ("rollout.prompts", config.rollout.prompts),
-                     ("eval.prompts", config.eval.prompts)]
+            paths = [
+                ("model", config.model),
+                ("rollout.prompts", config.rollout.prompts),
+                ("eval.prompts", config.eval.prompts),
+            ]
             for key, path in paths:
                 if path and not path.startswith("demo:") and not self._under_a_root(path):
-                    found.append((key, f"{path} is outside the allowed data roots "
-                                       f"({', '.join(self.data_roots)}; --data-roots)"))
+                    found.append(
+                        (key, f"{path} is outside the allowed data roots ({', '.join(self.data_roots)}; --data-roots)")
+                    )
         return found
 
     def _under_a_root(self, path: str) -> bool:
         real = os.path.realpath(path)
-        return any(os.path.commonpath([real, os.path.realpath(root)]) == os.path.realpath(root)
-                   for root in self.data_roots)
+        return any(
+            os.path.commonpath([real, os.path.realpath(root)]) == os.path.realpath(root) for root in self.data_roots
+        )

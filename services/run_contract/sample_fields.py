@@ -36,23 +36,53 @@ FIELDS: tuple[SampleField, ...] = (
     SampleField("tokens", "int64", Per.TOKEN, "rollout", "the prompt's token ids followed by the response's"),
     SampleField("prompt_length", "int64", Per.SAMPLE, "rollout", "tokens of the prompt"),
     SampleField("response_length", "int64", Per.SAMPLE, "rollout", "tokens of the response"),
-    SampleField("loss_mask", "float32", Per.RESPONSE_TOKEN, "rollout",
-                "1 for a token the model generated and trains on; 0 for tokens inserted between an agent's model "
-                "calls, for a cut-off sample under overlong filtering, for an episode's padding copies"),
-    SampleField("rollout_log_probs", "float32", Per.RESPONSE_TOKEN, "rollout",
-                "the engine's log-probs of the sampled tokens (the behaviour policy mu)"),
+    SampleField(
+        "loss_mask",
+        "float32",
+        Per.RESPONSE_TOKEN,
+        "rollout",
+        "1 for a token the model generated and trains on; 0 for tokens inserted between an agent's model "
+        "calls, for a cut-off sample under overlong filtering, for an episode's padding copies",
+    ),
+    SampleField(
+        "rollout_log_probs",
+        "float32",
+        Per.RESPONSE_TOKEN,
+        "rollout",
+        "the engine's log-probs of the sampled tokens (the behaviour policy mu)",
+    ),
     SampleField("reward", "float32", Per.SAMPLE, "rollout", "the sample's reward, with any reward shaping"),
-    SampleField("weight_version", "int64", Per.SAMPLE, "rollout",
-                "the weight version the sample's generation began under (its staleness counts from it)"),
-    SampleField("token_weight_versions", "int64", Per.RESPONSE_TOKEN, "rollout",
-                "the weight version that produced each response token"),
+    SampleField(
+        "weight_version",
+        "int64",
+        Per.SAMPLE,
+        "rollout",
+        "the weight version the sample's generation began under (its staleness counts from it)",
+    ),
+    SampleField(
+        "token_weight_versions",
+        "int64",
+        Per.RESPONSE_TOKEN,
+        "rollout",
+        "the weight version that produced each response token",
+    ),
     SampleField("prompt_position", "int64", Per.SAMPLE, "rollout", "the prompt's global position in the run"),
     SampleField("sample_index", "int64", Per.SAMPLE, "rollout", "the sample's index in its group, 0..group_rows-1"),
     SampleField("step", "int64", Per.SAMPLE, "rollout", "the step that trains the sample"),
-    SampleField("log_probs", "float32", Per.RESPONSE_TOKEN, "actor_fwd",
-                "the trainer's weights' log-probs of the response (the proximal policy pi_old)"),
-    SampleField("ref_log_probs", "float32", Per.RESPONSE_TOKEN, "reference",
-                "the reference model's log-probs of the response (the KL term)"),
+    SampleField(
+        "log_probs",
+        "float32",
+        Per.RESPONSE_TOKEN,
+        "actor_fwd",
+        "the trainer's weights' log-probs of the response (the proximal policy pi_old)",
+    ),
+    SampleField(
+        "ref_log_probs",
+        "float32",
+        Per.RESPONSE_TOKEN,
+        "reference",
+        "the reference model's log-probs of the response (the KL term)",
+    ),
     SampleField("values", "float32", Per.RESPONSE_TOKEN, "critic", "the critic's value V at each response token"),
     SampleField("advantages", "float32", Per.RESPONSE_TOKEN, "advantage", "the estimator's advantage per token"),
     SampleField("returns", "float32", Per.RESPONSE_TOKEN, "advantage", "the return per token (the critic's target)"),
@@ -95,8 +125,15 @@ def advantage_inputs(run: RunConfig) -> tuple[str, ...]:
 
 def actor_inputs(run: RunConfig) -> tuple[str, ...]:
     """What the actor trains on: log_probs with actor_fwd; ref_log_probs when the KL is a loss term."""
-    fields: tuple[str, ...] = MODEL_INPUTS + ("loss_mask", "rollout_log_probs", "advantages", "reward",
-                                              "weight_version", "prompt_position", "sample_index")
+    fields: tuple[str, ...] = MODEL_INPUTS + (
+        "loss_mask",
+        "rollout_log_probs",
+        "advantages",
+        "reward",
+        "weight_version",
+        "prompt_position",
+        "sample_index",
+    )
     if run.uses_actor_fwd:
         fields += ("log_probs",)
     if run.uses_reference and not run.algorithm.kl_in_reward:
@@ -119,8 +156,12 @@ def producers(run: RunConfig) -> dict[Writer, tuple[str, ...]]:
 
 def consumers(run: RunConfig) -> dict[str, tuple[str, ...]]:
     """Each read of the run's samples (by the task or role that reads them), with the fields it needs."""
-    out = {"actor_train": actor_inputs(run), "trainer_step_record": STEP_RECORD_INPUTS,
-           "advantage": advantage_inputs(run), "rollout_recover": RECOVERY_INPUTS}
+    out = {
+        "actor_train": actor_inputs(run),
+        "trainer_step_record": STEP_RECORD_INPUTS,
+        "advantage": advantage_inputs(run),
+        "rollout_recover": RECOVERY_INPUTS,
+    }
     if run.uses_actor_fwd:
         out["actor_fwd"] = MODEL_INPUTS
     if run.uses_reference:
@@ -150,8 +191,10 @@ def _field_problems(field: SampleField, value: Any, n: int, lengths: dict[str, l
     for i, v in enumerate(value):
         want = lengths["response_length"][i] + (lengths["prompt_length"][i] if field.per is Per.TOKEN else 0)
         if _dtype(v) != field.dtype or tuple(getattr(v, "shape", ())) != (want,):
-            out.append(f"{field.name}[{i}]: {_dtype(v)} {tuple(getattr(v, 'shape', ()))}, the registry says "
-                       f"{field.dtype} ({want},): one per {field.per.value}")
+            out.append(
+                f"{field.name}[{i}]: {_dtype(v)} {tuple(getattr(v, 'shape', ()))}, the registry says "
+                f"{field.dtype} ({want},): one per {field.per.value}"
+            )
     return out
 
 
@@ -164,8 +207,12 @@ def column_problems(columns: Mapping[str, Any]) -> list[str]:
         return unknown + ["the columns lack prompt_length or response_length"]
     lengths = {k: [int(x) for x in columns[k]] for k in ("prompt_length", "response_length")}
     n = len(lengths["response_length"])
-    return unknown + [p for name, value in columns.items() if name in BY_NAME
-                      for p in _field_problems(BY_NAME[name], value, n, lengths)]
+    return unknown + [
+        p
+        for name, value in columns.items()
+        if name in BY_NAME
+        for p in _field_problems(BY_NAME[name], value, n, lengths)
+    ]
 
 
 def fields_table() -> str:

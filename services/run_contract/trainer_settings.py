@@ -22,8 +22,11 @@ class LoraSettings(BaseModel):
     rank: int = Field(8, ge=1, le=4096, description="r: the rank of each adapter's A [r, in] and B [out, r]")
     alpha: float = Field(16.0, gt=0, le=1e6, description="the adapter's update is scaled by alpha / rank")
     target_modules: list[ModuleName] = Field(
-        default_factory=lambda: list(DEFAULT_TARGETS), min_length=1, max_length=64,
-        description="names of the linear layers that get an adapter (a module whose name ends in one of these)")
+        default_factory=lambda: list(DEFAULT_TARGETS),
+        min_length=1,
+        max_length=64,
+        description="names of the linear layers that get an adapter (a module whose name ends in one of these)",
+    )
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input while training")
 
     @property
@@ -36,7 +39,11 @@ class TrainerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    lora: LoraSettings | None = Field(None, description=(
-        "train a LoRA adapter instead of every weight: only the adapter is trained, held in the optimizer, "
-        "published (the built-in engine merges it into its base weights; SGLang engines load it by name through "
-        "their LoRA routes) and checkpointed (peft's format); torch and fsdp backends; null = full fine-tuning"))
+    lora: LoraSettings | None = Field(
+        None,
+        description=(
+            "train a LoRA adapter instead of every weight: only the adapter is trained, held in the optimizer, "
+            "published (the built-in engine merges it into its base weights; SGLang engines load it by name through "
+            "their LoRA routes) and checkpointed (peft's format); torch and fsdp backends; null = full fine-tuning"
+        ),
+    )

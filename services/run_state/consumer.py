@@ -33,19 +33,26 @@ log = logging.getLogger(__name__)
 class Consumer:
     """What a consuming role declares."""
 
-    task: str                                  # the TransferQueue task its claims are made under
-    rows: int                                  # rows per claim (whole groups)
-    compute: Callable[[Batch], dict]           # claimed rows -> the columns to write into them
-    compute_span: str = "compute"              # the span name of compute (forward, advantage, ...)
-    min_rows: int = 0                          # answer a claim as soon as this many are ready
+    task: str  # the TransferQueue task its claims are made under
+    rows: int  # rows per claim (whole groups)
+    compute: Callable[[Batch], dict]  # claimed rows -> the columns to write into them
+    compute_span: str = "compute"  # the span name of compute (forward, advantage, ...)
+    min_rows: int = 0  # answer a claim as soon as this many are ready
     prepare: Callable[[], None] = lambda: None  # before each claim (e.g. take newer weights)
     version: Callable[[], int | None] = lambda: None  # the weight version spans are tagged with
     done: Callable[[Batch], None] = lambda batch: None  # after each ack (metrics, status)
 
 
-def consume_partition(tq: DataPlane, partition: str, consumer: Consumer, lease_s: float, group_size: int,
-                      safe_point: Callable[[], None], halt: threading.Event,
-                      idle: Callable[[], None] = lambda: None) -> None:
+def consume_partition(
+    tq: DataPlane,
+    partition: str,
+    consumer: Consumer,
+    lease_s: float,
+    group_size: int,
+    safe_point: Callable[[], None],
+    halt: threading.Event,
+    idle: Callable[[], None] = lambda: None,
+) -> None:
     """Claim -> compute -> put -> ack until `partition` is done for the consumer's task (or halt); `idle`
     runs whenever a claim found nothing ready."""
     step = step_of(partition)
@@ -82,9 +89,15 @@ def ack_or_lapsed(tq: DataPlane, batch: Batch) -> bool:
         return False
 
 
-def each_step(steps: StepPartitions, num_steps: int, halt: threading.Event, safe_point: Callable[[], None],
-              work: Callable[[int, str, Callable[[], None]], None], task: str,
-              idle: Callable[[], None] | None = None) -> None:
+def each_step(
+    steps: StepPartitions,
+    num_steps: int,
+    halt: threading.Event,
+    safe_point: Callable[[], None],
+    work: Callable[[int, str, Callable[[], None]], None],
+    task: str,
+    idle: Callable[[], None] | None = None,
+) -> None:
     """work(step, partition, behind) for every step from where the trainer is, once its partition exists; steps
     the trainer finished meanwhile are skipped. `idle` runs while waiting (default: the safe point).
     `behind` is for work to run while it has nothing to do (consume_partition's idle): it goes back to

@@ -24,8 +24,9 @@ class Evaluation(BaseModel):
     k: int = Field(ge=1, description="samples per prompt")
     n_prompts: int = Field(ge=1, description="held-out prompts evaluated")
     reward_failures: int = Field(0, ge=0, description="samples whose reward failed (scored 0.0)")
-    newest_token_version: int = Field(ge=0, description="the newest version that produced a token (> version "
-                                                        "when weights moved during the eval)")
+    newest_token_version: int = Field(
+        ge=0, description="the newest version that produced a token (> version when weights moved during the eval)"
+    )
     wall_s: float = Field(ge=0, description="seconds the eval took")
     finished_at: float = Field(description="when it finished, Unix time")
 

@@ -89,8 +89,10 @@ class PromptLedger:
     async def mark_written(self, position: int, step: int, rows: Sequence[int] = ()) -> int:
         """Record a written group (and its TransferQueue rows); returns how many groups of `step` are
         written (a repeat is not counted twice)."""
-        _, in_step = await self._mark(keys=[self._frontier, self._written, self._step_key(step), self._rows_key(step)],
-                                      args=[position, ",".join(str(int(r)) for r in rows)])
+        _, in_step = await self._mark(
+            keys=[self._frontier, self._written, self._step_key(step), self._rows_key(step)],
+            args=[position, ",".join(str(int(r)) for r in rows)],
+        )
         return int(in_step)
 
     async def slots_with_rows(self, step: int, rows: Iterable[int]) -> set[int]:
@@ -110,13 +112,17 @@ class PromptLedger:
         """slot -> the prompt position it holds, for the slots whose prompt was replaced."""
         return {int(k): int(v) for k, v in (await self.redis.hgetall(self._replacements)).items()}
 
-    async def skip(self, slot: int, position: int, reason: str, first_spare: int,
-                   filtered_step: int | None = None) -> int:
+    async def skip(
+        self, slot: int, position: int, reason: str, first_spare: int, filtered_step: int | None = None
+    ) -> int:
         """Drop the group of `slot` (prompt `position`, dropped because of `reason`) and return the spare
         prompt position the slot holds from now on; `filtered_step`: dynamic sampling dropped it, count it there."""
-        return int(await self._skip(keys=[self._replacements, self._skipped, self._spares, self._filtered],
-                                    args=[slot, position, reason[:500], first_spare,
-                                          "" if filtered_step is None else filtered_step]))
+        return int(
+            await self._skip(
+                keys=[self._replacements, self._skipped, self._spares, self._filtered],
+                args=[slot, position, reason[:500], first_spare, "" if filtered_step is None else filtered_step],
+            )
+        )
 
     async def filtered(self, step: int) -> int:
         """Groups of `step` dynamic sampling dropped so far."""

@@ -24,17 +24,35 @@ class DataPlane(Protocol):
 
     def partition(self, name: str) -> Any: ...
 
-    def claim(self, partition: str, task: str, batch_size: int, fields: Sequence[str] | None = None,
-              wait_s: float = 0.0, lease_s: float = 0.0, min_rows: int = 0, padded: bool = False,
-              pad_value: int = 0) -> Batch: ...
+    def claim(
+        self,
+        partition: str,
+        task: str,
+        batch_size: int,
+        fields: Sequence[str] | None = None,
+        wait_s: float = 0.0,
+        lease_s: float = 0.0,
+        min_rows: int = 0,
+        padded: bool = False,
+        pad_value: int = 0,
+    ) -> Batch: ...
 
-    def claim_rows(self, partition: str, task: str, batch_size: int, wait_s: float = 0.0, lease_s: float = 0.0,
-                   min_rows: int = 0, claim_key: str = "") -> Any: ...
+    def claim_rows(
+        self,
+        partition: str,
+        task: str,
+        batch_size: int,
+        wait_s: float = 0.0,
+        lease_s: float = 0.0,
+        min_rows: int = 0,
+        claim_key: str = "",
+    ) -> Any: ...
 
     def read_claimed(self, claimed: Any, fields: Sequence[str], padded: bool = False, pad_value: int = 0) -> Batch: ...
 
-    def get(self, partition: str, rows: Sequence[int], fields: Sequence[str], padded: bool = False,
-            pad_value: int = 0) -> Batch: ...
+    def get(
+        self, partition: str, rows: Sequence[int], fields: Sequence[str], padded: bool = False, pad_value: int = 0
+    ) -> Batch: ...
 
     def put(self, partition: str, columns: Mapping[str, Any], rows: Sequence[int] | None = None) -> list[int]: ...
 
@@ -52,8 +70,9 @@ class DataPlane(Protocol):
 class AsyncDataPlane(Protocol):
     """What the rollout uses of AsyncTransferQueue."""
 
-    async def create_partition(self, name: str, group_size: int = 1, exist_ok: bool = False,
-                               placement_block: int = 0) -> Any: ...
+    async def create_partition(
+        self, name: str, group_size: int = 1, exist_ok: bool = False, placement_block: int = 0
+    ) -> Any: ...
 
     async def list_partitions(self, prefix: str = "") -> list: ...
 
@@ -63,9 +82,18 @@ class AsyncDataPlane(Protocol):
 
     async def put(self, partition: str, columns: Mapping[str, Any], rows: Sequence[int] | None = None) -> list[int]: ...
 
-    async def claim(self, partition: str, task: str, batch_size: int, fields: Sequence[str] | None = None,
-                    wait_s: float = 0.0, lease_s: float = 0.0, min_rows: int = 0, padded: bool = False,
-                    pad_value: int = 0) -> Batch: ...
+    async def claim(
+        self,
+        partition: str,
+        task: str,
+        batch_size: int,
+        fields: Sequence[str] | None = None,
+        wait_s: float = 0.0,
+        lease_s: float = 0.0,
+        min_rows: int = 0,
+        padded: bool = False,
+        pad_value: int = 0,
+    ) -> Batch: ...
 
     async def release(self, lease: str | Batch) -> int: ...
 
@@ -89,8 +117,9 @@ class Ledger(Protocol):
 
     async def replacements(self) -> dict[int, int]: ...
 
-    async def skip(self, slot: int, position: int, reason: str, first_spare: int,
-                   filtered_step: int | None = None) -> int: ...
+    async def skip(
+        self, slot: int, position: int, reason: str, first_spare: int, filtered_step: int | None = None
+    ) -> int: ...
 
     async def filtered(self, step: int) -> int: ...
 
@@ -150,8 +179,9 @@ class Membership(Protocol):
     @property
     def paused(self) -> bool: ...
 
-    def safe_point(self, stop: threading.Event | None = None,
-                   while_paused: Callable[[], None] | None = None) -> None: ...
+    def safe_point(
+        self, stop: threading.Event | None = None, while_paused: Callable[[], None] | None = None
+    ) -> None: ...
 
     def acknowledge_pause(self) -> None: ...
 

@@ -41,8 +41,10 @@ class SourceRewards:
         if await self.client.hlen(key) >= 2 * MAX_SOURCES and not await self.client.hexists(key, f"{source}:count"):
             if not self._warned:
                 self._warned = True
-                log.warning("too many data sources in one step; the rest are not tracked",
-                            extra={"step": step, "max_sources": MAX_SOURCES})
+                log.warning(
+                    "too many data sources in one step; the rest are not tracked",
+                    extra={"step": step, "max_sources": MAX_SOURCES},
+                )
             return
         pipe = self.client.pipeline(transaction=True)
         pipe.hincrbyfloat(key, f"{source}:sum", float(sum(rewards)))

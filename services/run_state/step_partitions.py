@@ -72,8 +72,9 @@ class StepPartitions:
         return False
 
 
-def claim_or_done(tq: DataPlane, partition: str, task: str, rows: int, lease_s: float, wait_s: float = 1.0,
-                  min_rows: int = 0):
+def claim_or_done(
+    tq: DataPlane, partition: str, task: str, rows: int, lease_s: float, wait_s: float = 1.0, min_rows: int = 0
+):
     """The next batch of `task` rows (empty if none became ready within wait_s), or None once the
     partition is done for the task (sealed and consumed, or already cleared)."""
     try:
@@ -99,9 +100,9 @@ def put_once(tq: DataPlane, partition: str, columns: dict, rows: list[int], grou
         if exc.code != grpc.StatusCode.ALREADY_EXISTS:
             raise
     for start in range(0, len(rows), group_size):
-        part = {name: values[start:start + group_size] for name, values in columns.items()}
+        part = {name: values[start : start + group_size] for name, values in columns.items()}
         try:
-            tq.put(partition, part, rows=rows[start:start + group_size])
+            tq.put(partition, part, rows=rows[start : start + group_size])
         except TQError as exc:
             if exc.code != grpc.StatusCode.ALREADY_EXISTS:
                 raise

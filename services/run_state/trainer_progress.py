@@ -42,8 +42,9 @@ def write_progress(client: redis.Redis, run_id: str, progress: TrainerProgress) 
     client.set(_key(run_id), progress.model_dump_json())
 
 
-def finish_step(client: redis.Redis, run_id: str, step: int, sample_ids: list[str], metrics: dict,
-                progress: TrainerProgress) -> None:
+def finish_step(
+    client: redis.Redis, run_id: str, step: int, sample_ids: list[str], metrics: dict, progress: TrainerProgress
+) -> None:
     """Step N is done, in one transaction: its audit record (which samples it trained, its metrics) and the
     progress that moves past it. Whoever sees the progress finds the record (and one round trip, not two).
     The groups of the step dynamic sampling dropped (the rollout's count, prompt_ledger.py) join `metrics` as
@@ -51,8 +52,9 @@ def finish_step(client: redis.Redis, run_id: str, step: int, sample_ids: list[st
     if filtered := filtered_groups(client, run_id, step):
         metrics["filtered_groups"] = filtered
     with client.pipeline(transaction=True) as pipe:
-        pipe.hset(run_key(run_id, "trainer", "steps"), str(step), json.dumps({"samples": sample_ids,
-                                                                              "metrics": metrics}))
+        pipe.hset(
+            run_key(run_id, "trainer", "steps"), str(step), json.dumps({"samples": sample_ids, "metrics": metrics})
+        )
         pipe.set(_key(run_id), progress.model_dump_json())
         pipe.execute()
 
@@ -61,8 +63,9 @@ def trained_steps(client: redis.Redis, run_id: str) -> dict[int, dict]:
     return {int(k): json.loads(v) for k, v in client.hgetall(run_key(run_id, "trainer", "steps")).items()}
 
 
-async def astep_metrics(client: aioredis.Redis, run_id: str, first: int, limit: int) -> tuple[TrainerProgress,
-                                                                                                 dict[int, dict]]:
+async def astep_metrics(
+    client: aioredis.Redis, run_id: str, first: int, limit: int
+) -> tuple[TrainerProgress, dict[int, dict]]:
     """The trainer's progress and the metrics of recorded steps first .. first+limit-1 that exist (a resumed
     run on a new Redis has no records of the steps before its checkpoint). Sample ids are left out."""
     progress = await aread_progress(client, run_id)

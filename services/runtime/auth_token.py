@@ -29,8 +29,9 @@ def read_token_file(path: str) -> str:
         with open(path, encoding="utf-8") as f:
             token = f.read().strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise AuthTokenError(f"--auth-token-file {path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") \
-            from exc
+        raise AuthTokenError(
+            f"--auth-token-file {path}: cannot read it: {getattr(exc, 'strerror', None) or exc}"
+        ) from exc
     if not token:
         raise AuthTokenError(f"--auth-token-file {path}: the file is empty")
     return token
@@ -55,9 +56,14 @@ class AuthTokenSettings(BaseSettings):
 
     model_config = SettingsConfigDict(populate_by_name=True)
 
-    auth_token_file: str = Field("", validation_alias=TOKEN_FILE_ENV, description=(
-        f"file holding the bearer token every caller must send (wins over env {TOKEN_ENV}; empty = read "
-        f"{TOKEN_ENV}; both empty = no auth). Never pass the token itself on the command line"))
+    auth_token_file: str = Field(
+        "",
+        validation_alias=TOKEN_FILE_ENV,
+        description=(
+            f"file holding the bearer token every caller must send (wins over env {TOKEN_ENV}; empty = read "
+            f"{TOKEN_ENV}; both empty = no auth). Never pass the token itself on the command line"
+        ),
+    )
     _auth_token: str = PrivateAttr("")
 
     @model_validator(mode="after")

@@ -12,8 +12,14 @@ import redis.exceptions
 
 _GRPC_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 _HTTP_STATUSES = {502, 503, 504}
-_TYPES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.BusyLoadingError,
-          httpx.TransportError, ConnectionError, TimeoutError)
+_TYPES = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+    httpx.TransportError,
+    ConnectionError,
+    TimeoutError,
+)
 
 
 def _one(exc: BaseException) -> bool:

@@ -13,8 +13,10 @@ _OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 
 def _unauthenticated(method: str):
     async def deny(request_or_iterator, context: grpc.aio.ServicerContext):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                            f"{method}: missing or wrong bearer token in 'authorization' metadata")
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED, f"{method}: missing or wrong bearer token in 'authorization' metadata"
+        )
+
     return deny
 
 
@@ -45,9 +47,11 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         if handler.request_streaming:
             return grpc.stream_unary_rpc_method_handler(deny)
         if handler.response_streaming:
+
             async def deny_stream(request, context):
                 await deny(request, context)
                 yield  # pragma: no cover - abort raises first
+
             return grpc.unary_stream_rpc_method_handler(deny_stream)
         return grpc.unary_unary_rpc_method_handler(deny)
 

@@ -27,6 +27,7 @@ def _unary_request(fn, cls):
         if isinstance(request, Exception):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _BAD.format(cls.DESCRIPTOR.full_name, request))
         return await fn(request, context)
+
     return handler
 
 
@@ -37,6 +38,7 @@ def _unary_request_stream(fn, cls):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _BAD.format(cls.DESCRIPTOR.full_name, request))
         async for item in fn(request, context):
             yield item
+
     return handler
 
 
@@ -46,15 +48,23 @@ def _stream_request(fn, cls):
             async for raw in raw_iterator:
                 request = _parse(cls, raw)
                 if isinstance(request, Exception):
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                        _BAD.format(cls.DESCRIPTOR.full_name, request))
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, _BAD.format(cls.DESCRIPTOR.full_name, request)
+                    )
                 yield request
+
         return await fn(parsed(), context)
+
     return handler
 
 
-def add_strict_servicer(server: grpc.aio.Server, servicer, service: ServiceDescriptor,
-                        raw_requests: frozenset[str] = frozenset(), raw_responses: frozenset[str] = frozenset()) -> None:
+def add_strict_servicer(
+    server: grpc.aio.Server,
+    servicer,
+    service: ServiceDescriptor,
+    raw_requests: frozenset[str] = frozenset(),
+    raw_responses: frozenset[str] = frozenset(),
+) -> None:
     """raw_requests: methods whose servicer parses the request bytes itself (bulk data paths);
     raw_responses: methods whose servicer returns already serialized messages."""
     handlers = {}
@@ -64,20 +74,24 @@ def add_strict_servicer(server: grpc.aio.Server, servicer, service: ServiceDescr
         fn = getattr(servicer, method.name)
         serialize = None if method.name in raw_responses else response_cls.SerializeToString
         if method.name in raw_requests:
-            factory = {(True, False): grpc.stream_unary_rpc_method_handler,
-                       (False, True): grpc.unary_stream_rpc_method_handler,
-                       (False, False): grpc.unary_unary_rpc_method_handler}[(method.client_streaming,
-                                                                             method.server_streaming)]
+            factory = {
+                (True, False): grpc.stream_unary_rpc_method_handler,
+                (False, True): grpc.unary_stream_rpc_method_handler,
+                (False, False): grpc.unary_unary_rpc_method_handler,
+            }[(method.client_streaming, method.server_streaming)]
             handlers[method.name] = factory(fn, response_serializer=serialize)
         elif method.client_streaming and not method.server_streaming:
             handlers[method.name] = grpc.stream_unary_rpc_method_handler(
-                _stream_request(fn, request_cls), response_serializer=serialize)
+                _stream_request(fn, request_cls), response_serializer=serialize
+            )
         elif method.server_streaming and not method.client_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                _unary_request_stream(fn, request_cls), response_serializer=serialize)
+                _unary_request_stream(fn, request_cls), response_serializer=serialize
+            )
         elif not method.client_streaming:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _unary_request(fn, request_cls), response_serializer=serialize)
+                _unary_request(fn, request_cls), response_serializer=serialize
+            )
         else:
             raise NotImplementedError(f"{method.full_name}: bidirectional streams are not used")
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

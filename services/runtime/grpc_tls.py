@@ -26,12 +26,16 @@ def server_credentials(settings: TLSSettings) -> grpc.ServerCredentials | None:
     if not settings.tls_cert_file:
         return None
     client_ca = _read(settings.tls_client_ca_file) if settings.tls_client_ca_file else None
-    return grpc.ssl_server_credentials([(_read(settings.tls_key_file), _read(settings.tls_cert_file))],
-                                       root_certificates=client_ca, require_client_auth=client_ca is not None)
+    return grpc.ssl_server_credentials(
+        [(_read(settings.tls_key_file), _read(settings.tls_cert_file))],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
 
 
-def channel_target(address: str, environ: Mapping[str, str] | None = None) \
-        -> tuple[str, grpc.ChannelCredentials | None]:
+def channel_target(
+    address: str, environ: Mapping[str, str] | None = None
+) -> tuple[str, grpc.ChannelCredentials | None]:
     """(host:port, credentials) for `tls://host:port`; (address, None) for a plain address."""
     if not address.startswith(TLS_SCHEME):
         return address, None
@@ -40,8 +44,10 @@ def channel_target(address: str, environ: Mapping[str, str] | None = None) \
     cert = env.get(CLIENT_CERT_ENV)
     credentials = grpc.ssl_channel_credentials(
         root_certificates=_read(env[CA_ENV]) if env.get(CA_ENV) else None,
-        private_key=_read(key) if key and cert else None, certificate_chain=_read(cert) if cert else None)
-    return address[len(TLS_SCHEME):], credentials
+        private_key=_read(key) if key and cert else None,
+        certificate_chain=_read(cert) if cert else None,
+    )
+    return address[len(TLS_SCHEME) :], credentials
 
 
 def with_tls(address: str, tls: bool) -> str:

@@ -25,8 +25,12 @@ import time
 
 from prometheus_client import Gauge, Histogram
 
-GC_PAUSE = Histogram("sluice_gc_pause_seconds", "garbage collection pauses, by generation", ["generation"],
-                     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0))
+GC_PAUSE = Histogram(
+    "sluice_gc_pause_seconds",
+    "garbage collection pauses, by generation",
+    ["generation"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
 FROZEN = Gauge("sluice_gc_frozen_objects", "objects frozen out of garbage collection (services/runtime/heap.py)")
 _started: list[float] = []
 _service_process = [False]

@@ -22,8 +22,9 @@ def bearer_matches(header: str, token: str) -> bool:
 
 
 def unauthenticated() -> JSONResponse:
-    return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,
-                        headers={"WWW-Authenticate": "Bearer"})
+    return JSONResponse(
+        {"detail": "missing or wrong bearer token"}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+    )
 
 
 def header(scope: Scope, name: bytes) -> bytes:
@@ -38,16 +39,25 @@ class BearerTokenGate:
     """ASGI middleware: 401 unless the request carries `Bearer <token>`; `open_paths`, and paths under
     `own_gates` (whose routes check a credential of their own), pass without it."""
 
-    def __init__(self, app: ASGIApp, token: str, open_paths: Iterable[str],
-                 on_refused: Callable[[], None] | None = None, own_gates: Iterable[str] = ()):
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str,
+        open_paths: Iterable[str],
+        on_refused: Callable[[], None] | None = None,
+        own_gates: Iterable[str] = (),
+    ):
         self.app, self.open_paths, self.on_refused = app, frozenset(open_paths), on_refused
         self.own_gates = tuple(own_gates)
         self.expected = f"Bearer {token}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths \
-                or (self.own_gates and scope["path"].startswith(self.own_gates)) \
-                or hmac.compare_digest(header(scope, b"authorization"), self.expected):
+        if (
+            scope["type"] not in ("http", "websocket")
+            or scope["path"] in self.open_paths
+            or (self.own_gates and scope["path"].startswith(self.own_gates))
+            or hmac.compare_digest(header(scope, b"authorization"), self.expected)
+        ):
             return await self.app(scope, receive, send)
         if self.on_refused is not None:
             self.on_refused()
@@ -68,11 +78,17 @@ class PathRefusal:
         await self.app(scope, receive, send)
 
 
-def require_bearer_token(app: FastAPI, token: str, open_paths: Iterable[str],
-                         on_refused: Callable[[], None] | None = None, own_gates: Iterable[str] = ()) -> None:
+def require_bearer_token(
+    app: FastAPI,
+    token: str,
+    open_paths: Iterable[str],
+    on_refused: Callable[[], None] | None = None,
+    own_gates: Iterable[str] = (),
+) -> None:
     """Every path of `app` but `open_paths` answers 401 unless the request carries the token; no-op when the
     token is empty (auth off). Paths under a prefix in `own_gates` are left to their routes, which check a
     credential of their own (an agent episode's key). `on_refused` runs for each refusal (a metric)."""
     if token:
-        app.add_middleware(BearerTokenGate, token=token, open_paths=open_paths, on_refused=on_refused,
-                           own_gates=own_gates)
+        app.add_middleware(
+            BearerTokenGate, token=token, open_paths=open_paths, on_refused=on_refused, own_gates=own_gates
+        )

@@ -60,6 +60,7 @@ class BlockingFacade(Generic[Core]):
         return cast(Core, _Awaited(self.core, self.loop_thread.loop))
 
     if TYPE_CHECKING:  # the methods blocking_methods adds at import, which a type checker cannot see
+
         def __getattr__(self, name: str) -> Any: ...
 
     def close(self) -> None:
@@ -84,6 +85,7 @@ class _Awaited:
         async def call(*args, **kwargs):
             # a cancelled await cancels the call on the client's loop too (asyncio chains the two futures)
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(method(*args, **kwargs), self._loop))
+
         return call
 
 
@@ -92,8 +94,11 @@ def blocking_methods(async_cls: type, names: Iterable[str] | None = None) -> Cal
     which BlockingFacade has), a blocking method of the same name and signature that runs it on
     `self.loop_thread` against `self.core` (an async_cls instance)."""
     if names is None:
-        names = [n for n, f in vars(async_cls).items()
-                 if not n.startswith("_") and n != "close" and asyncio.iscoroutinefunction(f)]
+        names = [
+            n
+            for n, f in vars(async_cls).items()
+            if not n.startswith("_") and n != "close" and asyncio.iscoroutinefunction(f)
+        ]
 
     def add(cls: type) -> type:
         for name in names:
@@ -102,6 +107,7 @@ def blocking_methods(async_cls: type, names: Iterable[str] | None = None) -> Cal
                 raise TypeError(f"{async_cls.__name__}.{name} is not a coroutine function")
             setattr(cls, name, _blocking(name, method))
         return cls
+
     return add
 
 
@@ -109,4 +115,5 @@ def _blocking(name: str, method):
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         return self.loop_thread.run(getattr(self.core, name)(*args, **kwargs))
+
     return call

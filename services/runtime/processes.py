@@ -46,8 +46,12 @@ class Reaper:
     def __init__(self):
         read_fd, write_fd = os.pipe()  # both close-on-exec: only the reaper gets the read end, as stdin
         try:
-            self.proc = subprocess.Popen([sys.executable, "-I", reaper.__file__], stdin=read_fd,
-                                         stdout=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", reaper.__file__],
+                stdin=read_fd,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             os.close(read_fd)
         self._pipe = os.fdopen(write_fd, "w", buffering=1)
@@ -98,8 +102,14 @@ class ChildProcess:
         self.log_path = log_path
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
         self._reaper = Reaper.get()
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=child_env(env),
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=child_env(env),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self._reaper.register(self.proc.pid)
         self._forgotten = self._terminated = False
 
@@ -167,8 +177,9 @@ class ChildProcess:
         self._forget()
 
 
-def stop_together(processes: Callable[[], Iterable[ChildProcess]], timeout_s: float,
-                  starting: Callable[[], bool] = lambda: False) -> None:
+def stop_together(
+    processes: Callable[[], Iterable[ChildProcess]], timeout_s: float, starting: Callable[[], bool] = lambda: False
+) -> None:
     """Stop processes at once: SIGTERM to all, one shared deadline, then SIGKILL to what is left.
 
     Why not one after the other: each exit takes its own time (on a GPU the CUDA context's teardown adds
@@ -195,8 +206,13 @@ def sluice_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "services.cli", *args]
 
 
-def start_redis(port: int | None = None, log_dir: str | None = None, data_dir: str | None = None,
-                password: str = "", appendfsync: str = "everysec") -> tuple[ChildProcess, str]:
+def start_redis(
+    port: int | None = None,
+    log_dir: str | None = None,
+    data_dir: str | None = None,
+    password: str = "",
+    appendfsync: str = "everysec",
+) -> tuple[ChildProcess, str]:
     """A private redis-server on a free port -> (process, url): memory only, or with `data_dir` an
     append-only file there, fsynced every second (`appendfsync`: or "always", on every write). Redis writes
     each command to the file before it replies, so a killed redis-server restarted on the same port and
@@ -215,8 +231,11 @@ def start_redis(port: int | None = None, log_dir: str | None = None, data_dir: s
     log_path = os.path.join(log_dir or workdir, f"redis-{port}.log")
     conf = [write_private_file(os.path.join(workdir, "redis.conf"), redis_conf_line(password))] if password else []
     persistence = ["--appendonly", "yes", "--appendfsync", appendfsync] if data_dir else ["--appendonly", "no"]
-    proc = ChildProcess("redis", [binary, *conf, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                  *persistence, "--dir", workdir], log_path)
+    proc = ChildProcess(
+        "redis",
+        [binary, *conf, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence, "--dir", workdir],
+        log_path,
+    )
     proc.wait_until(lambda: _redis_answers(port, password), 10)
     return proc, f"redis://127.0.0.1:{port}/0"
 
@@ -226,8 +245,7 @@ def _redis_answers(port: int, password: str) -> bool:
     import redis
 
     try:
-        with redis.Redis(port=port, password=password or None, socket_timeout=0.5,
-                         socket_connect_timeout=0.2) as r:
+        with redis.Redis(port=port, password=password or None, socket_timeout=0.5, socket_connect_timeout=0.2) as r:
             return bool(r.ping())
     except redis.RedisError:  # not listening yet, or still loading its file
         return False

@@ -44,17 +44,29 @@ def _password(password: str | None) -> dict[str, str]:
     return {"password": password} if password else {}
 
 
-def async_redis(url: str, max_connections: int = MAX_CONNECTIONS, wait_s: float = WAIT_FOR_CONNECTION_S,
-                password: str | None = None) -> aioredis.Redis:
+def async_redis(
+    url: str, max_connections: int = MAX_CONNECTIONS, wait_s: float = WAIT_FOR_CONNECTION_S, password: str | None = None
+) -> aioredis.Redis:
     """A client on a BlockingConnectionPool (decoded responses); `aclose()` closes the pool too.
     `password` None = the environment's (above)."""
-    pool = aioredis.BlockingConnectionPool.from_url(url, decode_responses=True, max_connections=max_connections,
-                                                    timeout=wait_s, retry=AsyncRetry(_backoff(), RETRIES),
-                                                    retry_on_error=list(RETRY_ON), **_password(password))
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        decode_responses=True,
+        max_connections=max_connections,
+        timeout=wait_s,
+        retry=AsyncRetry(_backoff(), RETRIES),
+        retry_on_error=list(RETRY_ON),
+        **_password(password),
+    )
     return aioredis.Redis.from_pool(pool)
 
 
 def sync_redis(url: str, password: str | None = None) -> redis.Redis:
     """A blocking client (decoded responses) with the same retries and password."""
-    return redis.Redis.from_url(url, decode_responses=True, retry=Retry(_backoff(), RETRIES),
-                                retry_on_error=list(RETRY_ON), **_password(password))
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        retry=Retry(_backoff(), RETRIES),
+        retry_on_error=list(RETRY_ON),
+        **_password(password),
+    )

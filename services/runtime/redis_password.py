@@ -27,8 +27,9 @@ def read_password_file(path: str) -> str:
         with open(path, encoding="utf-8") as f:
             password = f.read().strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise RedisPasswordError(f"env {PASSWORD_FILE_ENV} {path}: cannot read it: "
-                                 f"{getattr(exc, 'strerror', None) or exc}") from exc
+        raise RedisPasswordError(
+            f"env {PASSWORD_FILE_ENV} {path}: cannot read it: {getattr(exc, 'strerror', None) or exc}"
+        ) from exc
     if not password:
         raise RedisPasswordError(f"env {PASSWORD_FILE_ENV} {path}: the file is empty")
     return password
@@ -67,6 +68,7 @@ def redis_conf_line(password: str) -> str:
     """The redis.conf line that makes Redis require `password`; refused when a config line could not hold it
     (whitespace, quotes or control characters would be parsed as more arguments or cut it short)."""
     if not password or any(c.isspace() or c in "\"'\\" or not c.isprintable() for c in password):
-        raise RedisPasswordError("the Redis password must be non-empty printable text without whitespace, "
-                                 "quotes or backslashes")
+        raise RedisPasswordError(
+            "the Redis password must be non-empty printable text without whitespace, quotes or backslashes"
+        )
     return f"requirepass {password}\n"

@@ -25,15 +25,17 @@ class ServiceFailed(RuntimeError):
     exits 1 so that its supervisor (compose, k8s, `sluice run`) restarts it."""
 
 
-def run_service(model: type[C], command: str, serve: Callable[[C, asyncio.Event], Awaitable[None]],
-                argv: Sequence[str] | None) -> int:
+def run_service(
+    model: type[C], command: str, serve: Callable[[C, asyncio.Event], Awaitable[None]], argv: Sequence[str] | None
+) -> int:
     config = parse_settings(model, argv, f"sluice {command}", model.__doc__)
     configure_logging(command, config.log_level)  # type: ignore[attr-defined]  # every service's settings have it
     log_service_start(command)
     serve_metrics(config.host, getattr(config, "metrics_port", 0))  # type: ignore[attr-defined]  # and this
     role = getattr(config, "role", None)  # forward: actor_fwd | reference; trainer: actor | critic
-    RECORDER.service = command if role in (None, command, "actor") else role if command == "forward" \
-        else f"{command}-{role}"
+    RECORDER.service = (
+        command if role in (None, command, "actor") else role if command == "forward" else f"{command}-{role}"
+    )
 
     async def run() -> None:
         await serve(config, shutdown_event())

@@ -46,8 +46,9 @@ def build_parser(model: type[S], prog: str, description: str | None) -> argparse
         help_text = f"{field.description or ''} [env {env}; default {default!r}]"
         kind = _flag_type(field.annotation)
         if kind is bool:
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=help_text)
+            parser.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text
+            )
         else:
             parser.add_argument(flag, dest=name, type=kind, default=argparse.SUPPRESS, help=help_text)
     return parser

@@ -44,8 +44,9 @@ class SpanRecorder:
         self._open: dict[str, Span] = {}  # the last span of each name, for merge()
         self._lock = threading.Lock()
 
-    def record(self, name: str, start: float, end: float, step: int | None = None,
-               version: int | str | None = None) -> None:
+    def record(
+        self, name: str, start: float, end: float, step: int | None = None, version: int | str | None = None
+    ) -> None:
         span = Span(name, start, end, step, version)
         with self._lock:
             self._spans.append(span)
@@ -53,8 +54,15 @@ class SpanRecorder:
         SPAN_SECONDS.labels(name).inc(max(0.0, end - start))
         SPAN_COUNT.labels(name).inc()
 
-    def merge(self, name: str, start: float, end: float, gap_s: float, step: int | None = None,
-              version: int | str | None = None) -> None:
+    def merge(
+        self,
+        name: str,
+        start: float,
+        end: float,
+        gap_s: float,
+        step: int | None = None,
+        version: int | str | None = None,
+    ) -> None:
         """Record, or extend the last span of this name when it ended less than `gap_s` before `start` with the
         same tags: an engine's back-to-back forward steps become one busy interval, not thousands of spans."""
         with self._lock:

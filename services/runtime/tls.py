@@ -41,11 +41,21 @@ class TLSSettings(BaseSettings):
 
     model_config = SettingsConfigDict(populate_by_name=True)
 
-    tls_cert_file: str = Field("", validation_alias=CERT_ENV, description=(
-        "PEM server certificate (chain): serve HTTPS instead of HTTP; needs --tls-key-file; empty = plain HTTP"))
+    tls_cert_file: str = Field(
+        "",
+        validation_alias=CERT_ENV,
+        description=(
+            "PEM server certificate (chain): serve HTTPS instead of HTTP; needs --tls-key-file; empty = plain HTTP"
+        ),
+    )
     tls_key_file: str = Field("", validation_alias=KEY_ENV, description="PEM private key of --tls-cert-file")
-    tls_client_ca_file: str = Field("", validation_alias=CLIENT_CA_ENV, description=(
-        "PEM CA: require a client certificate signed by it (mutual TLS; with --tls-cert-file); empty = none"))
+    tls_client_ca_file: str = Field(
+        "",
+        validation_alias=CLIENT_CA_ENV,
+        description=(
+            "PEM CA: require a client certificate signed by it (mutual TLS; with --tls-cert-file); empty = none"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_tls_files(self) -> "TLSSettings":
@@ -53,8 +63,11 @@ class TLSSettings(BaseSettings):
             raise TLSError("--tls-cert-file and --tls-key-file go together: give both or neither")
         if self.tls_client_ca_file and not self.tls_cert_file:
             raise TLSError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
-        for flag, path in (("--tls-cert-file", self.tls_cert_file), ("--tls-key-file", self.tls_key_file),
-                           ("--tls-client-ca-file", self.tls_client_ca_file)):
+        for flag, path in (
+            ("--tls-cert-file", self.tls_cert_file),
+            ("--tls-key-file", self.tls_key_file),
+            ("--tls-client-ca-file", self.tls_client_ca_file),
+        ):
             if path:
                 _readable(flag, path)
         return self

@@ -12,8 +12,10 @@ MAX_ERRORS = 20  # a body with a million bad items needs only the first few name
 
 
 def validation_detail(exc: RequestValidationError) -> list[dict]:
-    return [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()[:MAX_ERRORS]]
+    return [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in exc.errors()[:MAX_ERRORS]
+    ]
 
 
 def answer_validation_errors_without_input(app: FastAPI) -> None:

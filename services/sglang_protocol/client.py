@@ -56,7 +56,7 @@ class Generation:
 
     output_ids: list[int]
     log_probs: list[float]
-    finish_reason: str                 # stop | length | abort
+    finish_reason: str  # stop | length | abort
     spans: list[tuple[str, int, int]] = field(default_factory=list)  # (weight version, start, end) over output ids
 
 
@@ -112,17 +112,26 @@ class SGLangClient(LoRAAdapterRoutes):
             raise SGLangError(endpoint, status, message or text[:500])
         return data if isinstance(data, dict) else {"data": data}
 
-    async def _arequest(self, method: str, endpoint: str, body: dict | None = None, params: dict | None = None,
-                        read_timeout_s: float | None = None) -> dict:
+    async def _arequest(
+        self,
+        method: str,
+        endpoint: str,
+        body: dict | None = None,
+        params: dict | None = None,
+        read_timeout_s: float | None = None,
+    ) -> dict:
         """One asynchronous call; read_timeout_s None waits as long as the answer takes (a generation)."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                base_url=self.base_url + "/", headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=0, ssl=self._ssl))  # the rollout bounds its own concurrency
+                base_url=self.base_url + "/",
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=0, ssl=self._ssl),
+            )  # the rollout bounds its own concurrency
         timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout_s, sock_read=read_timeout_s)
         try:
-            async with self._session.request(method, endpoint.lstrip("/"), json=body, params=params,
-                                             timeout=timeout) as response:
+            async with self._session.request(
+                method, endpoint.lstrip("/"), json=body, params=params, timeout=timeout
+            ) as response:
                 content = await response.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}") from exc
@@ -210,8 +219,7 @@ class SGLangClient(LoRAAdapterRoutes):
         tensors back to back in one uint8 broadcast): SGLang from 0.5.6 on, by the version its server info
         reports (0.5.5 and older ignore the field and would wait for one broadcast per tensor), and the built-in
         engine, which announces flat_bucket_update and takes SGLang's form as well. Asked once."""
-        return self.flat_bucket_update() or release_at_least(self._server_args().get("version"),
-                                                             FLATTENED_BUCKET_SINCE)
+        return self.flat_bucket_update() or release_at_least(self._server_args().get("version"), FLATTENED_BUCKET_SINCE)
 
     def served_dtype(self) -> str | None:
         """The dtype the server keeps its weights in: the built-in engine's `weights_dtype` (model info), else
@@ -254,15 +262,22 @@ class SGLangClient(LoRAAdapterRoutes):
         partial output and finish_reason "abort" (the caller resubmits the continuation)."""
         return (await self.generate_batch([input_ids], [sampling_params], None if rid is None else [rid]))[0]
 
-    async def generate_batch(self, inputs: Sequence[Sequence[int]], sampling_params: Sequence[dict],
-                             rids: Sequence[str] | None = None,
-                             adapter: NamedAdapter | None = None) -> list[Generation]:
+    async def generate_batch(
+        self,
+        inputs: Sequence[Sequence[int]],
+        sampling_params: Sequence[dict],
+        rids: Sequence[str] | None = None,
+        adapter: NamedAdapter | None = None,
+    ) -> list[Generation]:
         """Several samples in one /generate call (one input, sampling_params and rid each), in input order.
         Identical inputs, such as the samples of one prompt, share their prefill: the built-in engine copies
         the prompt's KV, SGLang's radix cache reuses it. `adapter`: the LoRA adapter they come from, named
         (`lora_path`) where the server does not merge adapters into its weights (lora_adapters.py)."""
-        body: dict[str, Any] = {"input_ids": [list(x) for x in inputs], "sampling_params": list(sampling_params),
-                                "return_logprob": True}
+        body: dict[str, Any] = {
+            "input_ids": [list(x) for x in inputs],
+            "sampling_params": list(sampling_params),
+            "return_logprob": True,
+        }
         if rids is not None:
             body["rid"] = list(rids)
         named = adapter if adapter is not None and await self.names_adapters() else None
@@ -324,16 +339,37 @@ class SGLangClient(LoRAAdapterRoutes):
 
     # ------------------------------------------------------------ weight updates
 
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  group_name: str, backend: str = "gloo", timeout: float | None = None) -> None:
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str = "gloo",
+        timeout: float | None = None,
+    ) -> None:
         """Blocks until every member joined: call it concurrently with the trainer's own join."""
-        self._check("/init_weights_update_group", self._post("/init_weights_update_group", {
-            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-            "world_size": world_size, "group_name": group_name, "backend": backend}, timeout=timeout))
+        self._check(
+            "/init_weights_update_group",
+            self._post(
+                "/init_weights_update_group",
+                {
+                    "master_address": master_address,
+                    "master_port": master_port,
+                    "rank_offset": rank_offset,
+                    "world_size": world_size,
+                    "group_name": group_name,
+                    "backend": backend,
+                },
+                timeout=timeout,
+            ),
+        )
 
     def destroy_weights_update_group(self, group_name: str) -> None:
-        self._check("/destroy_weights_update_group",
-                    self._post("/destroy_weights_update_group", {"group_name": group_name}))
+        self._check(
+            "/destroy_weights_update_group", self._post("/destroy_weights_update_group", {"group_name": group_name})
+        )
 
     def begin_weight_update(self) -> None:
         """0.5.23 wants updates bracketed; older releases have no such endpoint (404: remembered)."""
@@ -361,31 +397,58 @@ class SGLangClient(LoRAAdapterRoutes):
             return
         self.set_weight_version(version)
 
-    def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
-                                        shapes: Sequence[Sequence[int]], group_name: str, weight_version: str | None,
-                                        flush_cache: bool = True, timeout: float | None = None,
-                                        flat_bucket: dict | None = None, load_format: str | None = None,
-                                        lora_scaling: float | None = None) -> None:
+    def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        group_name: str,
+        weight_version: str | None,
+        flush_cache: bool = True,
+        timeout: float | None = None,
+        flat_bucket: dict | None = None,
+        load_format: str | None = None,
+        lora_scaling: float | None = None,
+    ) -> None:
         """Returns after the engine received and loaded the named tensors: one broadcast per tensor, in this
         order; or one broadcast of the whole bucket, with `flat_bucket={"offsets", "nbytes"}` (a server that says
         flat_bucket_update) or `load_format="flattened_bucket"` (the tensors back to back: a server that says
         flattened_bucket_update). `lora_scaling`: they are a LoRA adapter (lora_adapter_update)."""
-        body: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
-                "group_name": group_name, "flush_cache": flush_cache, "abort_all_requests": False,
-                "weight_version": weight_version, **({"lora_scaling": lora_scaling} if lora_scaling else {})}
+        body: dict[str, Any] = {
+            "names": list(names),
+            "dtypes": list(dtypes),
+            "shapes": [list(s) for s in shapes],
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "abort_all_requests": False,
+            "weight_version": weight_version,
+            **({"lora_scaling": lora_scaling} if lora_scaling else {}),
+        }
         if flat_bucket is not None:
             body["flat_bucket"] = flat_bucket
         if load_format is not None:
             body["load_format"] = load_format
-        self._check("/update_weights_from_distributed",
-                    self._post("/update_weights_from_distributed", body, timeout=timeout))
+        self._check(
+            "/update_weights_from_distributed", self._post("/update_weights_from_distributed", body, timeout=timeout)
+        )
 
-    def update_weights_from_tensor(self, bucket: dict, weight_version: str | None, flush_cache: bool = True,
-                                   timeout: float | None = None, lora_scaling: float | None = None) -> None:
+    def update_weights_from_tensor(
+        self,
+        bucket: dict,
+        weight_version: str | None,
+        flush_cache: bool = True,
+        timeout: float | None = None,
+        lora_scaling: float | None = None,
+    ) -> None:
         """A flat bucket on the server's GPU, by CUDA IPC handle (`bucket`: services/dcs/sync/cuda_ipc.py's
         description plus the tensors' names, dtypes, shapes and offsets); returns once the server copied and
         loaded it. Sluice's JSON form (load_format sluice_cuda_ipc): SGLang's own form is pickled, never sent."""
-        body = {"load_format": "sluice_cuda_ipc", "bucket": bucket, "flush_cache": flush_cache,
-                "abort_all_requests": False, "weight_version": weight_version,
-                **({"lora_scaling": lora_scaling} if lora_scaling else {})}
+        body = {
+            "load_format": "sluice_cuda_ipc",
+            "bucket": bucket,
+            "flush_cache": flush_cache,
+            "abort_all_requests": False,
+            "weight_version": weight_version,
+            **({"lora_scaling": lora_scaling} if lora_scaling else {}),
+        }
         self._check("/update_weights_from_tensor", self._post("/update_weights_from_tensor", body, timeout=timeout))

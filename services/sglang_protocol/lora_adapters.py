@@ -49,7 +49,7 @@ def adapter_name(run_id: str, version: int) -> str:
 def adapter_version(run_id: str, name: str) -> int | None:
     """The version of `run_id`'s adapter `name`; None for any other name (another run's, or not Sluice's)."""
     prefix = f"{run_id}-v"
-    number = name[len(prefix):] if name.startswith(prefix) else ""
+    number = name[len(prefix) :] if name.startswith(prefix) else ""
     return int(number) if number.isdigit() else None
 
 
@@ -71,8 +71,14 @@ class _Client(Protocol):
 
     def _check(self, endpoint: str, response: httpx.Response) -> dict: ...
 
-    async def _arequest(self, method: str, endpoint: str, body: dict | None = None, params: dict | None = None,
-                        read_timeout_s: float | None = None) -> dict: ...
+    async def _arequest(
+        self,
+        method: str,
+        endpoint: str,
+        body: dict | None = None,
+        params: dict | None = None,
+        read_timeout_s: float | None = None,
+    ) -> dict: ...
 
 
 class LoRAAdapterRoutes:
@@ -93,21 +99,26 @@ class LoRAAdapterRoutes:
     def load_lora_adapter(self: _Client, name: str, path: str, timeout: float | None = None) -> dict[str, str]:
         """Load the adapter in directory `path` (on the server's filesystem) as `name`: the adapters then
         loaded, name -> path. SGLangError (HTTP 400) with SGLang's reason when it does not."""
-        data = self._check("/load_lora_adapter", self._post("/load_lora_adapter", {
-            "lora_name": name, "lora_path": path, "pinned": False}, timeout=timeout))
+        data = self._check(
+            "/load_lora_adapter",
+            self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path, "pinned": False}, timeout=timeout),
+        )
         return dict(data.get("loaded_adapters") or {})
 
     def unload_lora_adapter(self: _Client, name: str, timeout: float | None = None) -> dict[str, str]:
         """Unload adapter `name` once the requests using it finished: the adapters left, name -> path."""
-        data = self._check("/unload_lora_adapter", self._post("/unload_lora_adapter", {"lora_name": name},
-                                                              timeout=timeout))
+        data = self._check(
+            "/unload_lora_adapter", self._post("/unload_lora_adapter", {"lora_name": name}, timeout=timeout)
+        )
         return dict(data.get("loaded_adapters") or {})
 
     def set_weight_version(self: _Client, version: str) -> None:
         """Record `version` as the one the server serves (/update_weight_version, SGLang 0.5.6 on), its running
         requests untouched."""
-        self._check("/update_weight_version", self._post("/update_weight_version", {
-            "new_version": version, "abort_all_requests": False}))
+        self._check(
+            "/update_weight_version",
+            self._post("/update_weight_version", {"new_version": version, "abort_all_requests": False}),
+        )
 
     async def names_adapters(self: _Client) -> bool:
         """Whether a generate request names its adapter: not on a server that merges them into its weights (the

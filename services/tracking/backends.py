@@ -17,6 +17,7 @@ COLUMNS = ("prompt", "response", "reward")
 
 def completions_markdown(rows: Sequence[dict]) -> str:
     """A markdown table of the rows (TensorBoard's text plugin renders markdown); cells on one line."""
+
     def cell(value) -> str:
         return str(value).replace("|", "\\|").replace("\n", "\\n")
 
@@ -69,8 +70,15 @@ class WandbTracker:
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(project=project, name=name, dir=run_dir, mode="offline", reinit="create_new",
-                              config=run_config or {}, settings=wandb.Settings(console="off", silent=True))
+        self.run = wandb.init(
+            project=project,
+            name=name,
+            dir=run_dir,
+            mode="offline",
+            reinit="create_new",
+            config=run_config or {},
+            settings=wandb.Settings(console="off", silent=True),
+        )
 
     def log_metrics(self, step: int, metrics: dict, wall_time: float) -> None:
         self.run.log({**scalar_metrics(metrics), "wall_time": wall_time}, step=step)
@@ -99,24 +107,32 @@ class MLflowTracker:
         self.Metric = Metric
         self.client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
         experiment = self.client.get_experiment_by_name(experiment_name)
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(
-            experiment_name, artifact_location=(store / "artifacts").as_uri())
+        experiment_id = (
+            experiment.experiment_id
+            if experiment
+            else self.client.create_experiment(experiment_name, artifact_location=(store / "artifacts").as_uri())
+        )
         self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
         params = [Param(key, str(value)[:6000]) for key, value in flat_params(run_config or {}).items()]
         for start in range(0, len(params), 100):  # MLflow's per-call limit
-            self.client.log_batch(self.run_id, params=params[start:start + 100])
+            self.client.log_batch(self.run_id, params=params[start : start + 100])
 
     def log_metrics(self, step: int, metrics: dict, wall_time: float) -> None:
         ms = int(wall_time * 1000)
-        batch = [self.Metric(key=name.replace(":", "_"), value=value, timestamp=ms, step=step)
-                 for name, value in scalar_metrics(metrics).items()]
+        batch = [
+            self.Metric(key=name.replace(":", "_"), value=value, timestamp=ms, step=step)
+            for name, value in scalar_metrics(metrics).items()
+        ]
         for start in range(0, len(batch), 1000):  # MLflow's per-call limit
-            self.client.log_batch(self.run_id, metrics=batch[start:start + 1000])
+            self.client.log_batch(self.run_id, metrics=batch[start : start + 1000])
 
     def log_completions(self, step: int, rows: Sequence[dict]) -> None:
         # MLflow writes any JSON value (a list here), though its hint names a dict
-        self.client.log_dict(self.run_id, [dict(row) for row in rows],  # type: ignore[arg-type]
-                             f"completions/step_{step:06d}.json")
+        self.client.log_dict(
+            self.run_id,
+            [dict(row) for row in rows],  # type: ignore[arg-type]
+            f"completions/step_{step:06d}.json",
+        )
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id, end_time=int(time.time() * 1000))

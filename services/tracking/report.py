@@ -82,19 +82,32 @@ def summarize(rows: list[dict], thresholds=DEFAULT_THRESHOLDS) -> dict:
     evals = [(r["step"], v) for r in rows if (v := eval_reward(r)) is not None]
     reached = []
     for t in thresholds:
-        hit = next(((r["step"], s) for r, s in zip(rows, times)
-                    if isinstance(r.get("reward_mean"), (int, float)) and r["reward_mean"] >= t), None)
-        reached.append({"threshold": t, "step": hit[0] if hit else None,
-                        "seconds": round(hit[1], 3) if hit else None})
+        hit = next(
+            (
+                (r["step"], s)
+                for r, s in zip(rows, times)
+                if isinstance(r.get("reward_mean"), (int, float)) and r["reward_mean"] >= t
+            ),
+            None,
+        )
+        reached.append({"threshold": t, "step": hit[0] if hit else None, "seconds": round(hit[1], 3) if hit else None})
     samples = sum(r.get("samples", 0) for r in rows)
     tokens = sum(r.get("tokens", 0) for r in rows)
-    return {"steps": len(rows), "first_step": rows[0]["step"], "last_step": rows[-1]["step"],
-            "wall_time_s": round(wall, 3), "reward": _extremes(rewards), "eval_reward": _extremes(evals),
-            "time_to_reward": reached,
-            "throughput": {"samples_per_s": samples / wall if wall > 0 else None,
-                           "tokens_per_s": tokens / wall if wall > 0 else None,
-                           "steps_per_min": 60 * len(rows) / wall if wall > 0 else None},
-            "last_weight_version": rows[-1].get("weight_version")}
+    return {
+        "steps": len(rows),
+        "first_step": rows[0]["step"],
+        "last_step": rows[-1]["step"],
+        "wall_time_s": round(wall, 3),
+        "reward": _extremes(rewards),
+        "eval_reward": _extremes(evals),
+        "time_to_reward": reached,
+        "throughput": {
+            "samples_per_s": samples / wall if wall > 0 else None,
+            "tokens_per_s": tokens / wall if wall > 0 else None,
+            "steps_per_min": 60 * len(rows) / wall if wall > 0 else None,
+        },
+        "last_weight_version": rows[-1].get("weight_version"),
+    }
 
 
 def load_spans(run_dir: str) -> dict[str, list[dict]] | None:
@@ -125,8 +138,14 @@ def _reward_panel(ax, rows: list[dict], xs: list, xlabel: str) -> None:
     ax.plot(x, mean, label="reward (train)", color="tab:blue")
     _, std = _series(rows, "reward_std", xs)
     if len(std) == len(mean):
-        ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                        color="tab:blue", alpha=0.15, label="+- std")
+        ax.fill_between(
+            x,
+            [m - s for m, s in zip(mean, std)],
+            [m + s for m, s in zip(mean, std)],
+            color="tab:blue",
+            alpha=0.15,
+            label="+- std",
+        )
     evals = [(x_, v) for x_, r in zip(xs, rows) if (v := eval_reward(r)) is not None]
     if evals:
         ax.plot([e[0] for e in evals], [e[1] for e in evals], "o-", color="tab:red", label="eval reward")
@@ -150,6 +169,7 @@ def _pair_panel(ax, rows: list[dict], steps: list, keys: tuple[str, str], ylabel
 def draw_report(rows: list[dict], spans: dict[str, list[dict]] | None, path: str, title: str = "") -> None:
     """The report PNG (matplotlib, Agg backend); the timeline panel only when spans are given."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -162,10 +182,14 @@ def draw_report(rows: list[dict], spans: dict[str, list[dict]] | None, path: str
     grid = fig.add_gridspec(3 if spans else 2, 2, height_ratios=[3, 3, 1 + 0.5 * lanes] if spans else [3, 3])
     _reward_panel(fig.add_subplot(grid[0, 0]), rows, steps, "step")
     _reward_panel(fig.add_subplot(grid[0, 1]), rows, [t / scale for t in seconds], f"wall time ({unit})")
-    _pair_panel(fig.add_subplot(grid[1, 0]), rows, steps, ("response_length_mean", "response_length_max"),
-                "response length (tokens)")
-    _pair_panel(fig.add_subplot(grid[1, 1]), rows, steps, ("staleness_mean", "staleness_max"),
-                "staleness (versions)")
+    _pair_panel(
+        fig.add_subplot(grid[1, 0]),
+        rows,
+        steps,
+        ("response_length_mean", "response_length_max"),
+        "response length (tokens)",
+    )
+    _pair_panel(fig.add_subplot(grid[1, 1]), rows, steps, ("staleness_mean", "staleness_max"), "staleness (versions)")
     if spans:
         ax = fig.add_subplot(grid[2, :])
         start = min(s["start"] for lane in spans.values() for s in lane)
@@ -184,15 +208,15 @@ def write_report(run_dir: str, thresholds=DEFAULT_THRESHOLDS) -> dict[str, str]:
     summary = summarize(rows, thresholds)
     png, summary_path = os.path.join(run_dir, PNG_FILE), os.path.join(run_dir, SUMMARY_FILE)
     name = os.path.basename(os.path.normpath(run_dir))
-    draw_report(rows, load_spans(run_dir), png, title=f"{name}: {summary['steps']} steps, "
-                                                      f"{summary['wall_time_s'] / 60:.1f} min")
+    draw_report(
+        rows, load_spans(run_dir), png, title=f"{name}: {summary['steps']} steps, {summary['wall_time_s'] / 60:.1f} min"
+    )
     with open(summary_path, "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     return {"png": png, "summary": summary_path}
 
 
-def report_at_end(run_dir: str, service_urls: dict[str, str] | None = None,
-                  token: str = "") -> dict[str, str] | None:
+def report_at_end(run_dir: str, service_urls: dict[str, str] | None = None, token: str = "") -> dict[str, str] | None:
     """What a launcher does when its run ends, while the services still answer: save their spans
     (`GET /spans` of each URL with the stack's `token`, services/tracking/timeline.py) for the timeline, then
     write the report. Returns
@@ -216,12 +240,21 @@ def _thresholds(text: str) -> tuple[float, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sluice report", description=(
-        "Write report.png and summary.json into a run dir (<trainer --output-dir>/<run_id>) from its steps.jsonl "
-        "(and spans.json, for the per-service timeline); prints their paths as JSON."), formatter_class=HelpWithDefaults)
+    parser = argparse.ArgumentParser(
+        prog="sluice report",
+        description=(
+            "Write report.png and summary.json into a run dir (<trainer --output-dir>/<run_id>) from its steps.jsonl "
+            "(and spans.json, for the per-service timeline); prints their paths as JSON."
+        ),
+        formatter_class=HelpWithDefaults,
+    )
     parser.add_argument("run_dir", help="the run dir: the trainer's <output_dir>/<run_id>")
-    parser.add_argument("--thresholds", type=_thresholds, default=",".join(str(t) for t in DEFAULT_THRESHOLDS),
-                        help="reward thresholds for time-to-reward, comma-separated")
+    parser.add_argument(
+        "--thresholds",
+        type=_thresholds,
+        default=",".join(str(t) for t in DEFAULT_THRESHOLDS),
+        help="reward thresholds for time-to-reward, comma-separated",
+    )
     args = parser.parse_args(argv)
     try:
         paths = write_report(args.run_dir, args.thresholds)

@@ -25,8 +25,13 @@ from services.runtime.tls import client_ssl_context
 WAITING = {"claim", "pause"}  # spans that are waiting, not working
 
 
-def fetch_spans(urls: dict[str, str], since: float = 0.0, timeout_s: float = 10.0, token: str = "",
-                client: httpx.Client | None = None) -> dict[str, list[dict]]:
+def fetch_spans(
+    urls: dict[str, str],
+    since: float = 0.0,
+    timeout_s: float = 10.0,
+    token: str = "",
+    client: httpx.Client | None = None,
+) -> dict[str, list[dict]]:
     """{lane: spans} from each service's /spans (with the stack's `token`, when it has one); a service that
     does not answer gets no lane. `client`: a caller that reads spans again and again passes its own (a new
     client builds an SSL context, ~20 ms of CPU: one per read of every service cost a training run's trainer
@@ -89,17 +94,20 @@ def overlap_summary(spans_by_lane: dict[str, list[dict]], start: float, end: flo
     top = max(busy.values(), default=0.0)
     bound = sum(busy.values()) / top if top > 0 else 0.0
     achieved = sum(busy.values()) / wall if wall > 0 else 0.0
-    return {"window_s": round(wall, 3), "busy_s": {k: round(v, 3) for k, v in lanes.items()},
-            "busy_fraction": {k: round(v / wall, 3) for k, v in lanes.items()} if wall > 0 else {},
-            "stage_busy_s": {k: round(v, 3) for k, v in busy.items()},
-            "ideal_overlap_bound": round(bound, 3), "achieved_overlap": round(achieved, 3),
-            "overlap_efficiency": round(achieved / bound, 3) if bound > 0 else 0.0}
+    return {
+        "window_s": round(wall, 3),
+        "busy_s": {k: round(v, 3) for k, v in lanes.items()},
+        "busy_fraction": {k: round(v / wall, 3) for k, v in lanes.items()} if wall > 0 else {},
+        "stage_busy_s": {k: round(v, 3) for k, v in busy.items()},
+        "ideal_overlap_bound": round(bound, 3),
+        "achieved_overlap": round(achieved, 3),
+        "overlap_efficiency": round(achieved / bound, 3) if bound > 0 else 0.0,
+    }
 
 
 def step_table(spans_by_lane: dict[str, list[dict]], trainer: str = "trainer") -> list[dict]:
     """One row per trained step: its window, the trainer's seconds by span name, other services' busy seconds."""
-    publishes = sorted((s for s in spans_by_lane.get(trainer, []) if s["name"] == "publish"),
-                       key=lambda s: s["end"])
+    publishes = sorted((s for s in spans_by_lane.get(trainer, []) if s["name"] == "publish"), key=lambda s: s["end"])
     rows, previous_end = [], None
     for pub in publishes:
         start = previous_end if previous_end is not None else _first_start(spans_by_lane[trainer], pub["step"])
@@ -109,10 +117,20 @@ def step_table(spans_by_lane: dict[str, list[dict]], trainer: str = "trainer") -
             lo, hi = max(s["start"], start), min(s["end"], end)
             if hi > lo:
                 by_name[s["name"]] += hi - lo
-        others = {lane: round(union_seconds(list(_clipped(spans, start, end))), 3)
-                  for lane, spans in spans_by_lane.items() if lane != trainer}
-        rows.append({"step": pub["step"], "start": start, "wall_s": round(end - start, 3),
-                     "trainer_s": {k: round(v, 3) for k, v in sorted(by_name.items())}, "busy_s": others})
+        others = {
+            lane: round(union_seconds(list(_clipped(spans, start, end))), 3)
+            for lane, spans in spans_by_lane.items()
+            if lane != trainer
+        }
+        rows.append(
+            {
+                "step": pub["step"],
+                "start": start,
+                "wall_s": round(end - start, 3),
+                "trainer_s": {k: round(v, 3) for k, v in sorted(by_name.items())},
+                "busy_s": others,
+            }
+        )
         previous_end = end
     return rows
 
@@ -121,9 +139,17 @@ def _first_start(spans: list[dict], step) -> float:
     return min((s["start"] for s in spans if s.get("step") == step), default=0.0)
 
 
-COLOURS = {"generate": "tab:blue", "reward": "tab:cyan", "put": "tab:olive", "forward": "tab:purple",
-           "advantage": "tab:pink", "train": "tab:red", "checkpoint": "tab:brown", "publish": "tab:orange",
-           "weight_load": "tab:green"}
+COLOURS = {
+    "generate": "tab:blue",
+    "reward": "tab:cyan",
+    "put": "tab:olive",
+    "forward": "tab:purple",
+    "advantage": "tab:pink",
+    "train": "tab:red",
+    "checkpoint": "tab:brown",
+    "publish": "tab:orange",
+    "weight_load": "tab:green",
+}
 
 
 def draw_lanes(ax, spans_by_lane: dict[str, list[dict]], start: float, end: float) -> None:
@@ -151,13 +177,20 @@ def draw_lanes(ax, spans_by_lane: dict[str, list[dict]], start: float, end: floa
     ax.invert_yaxis()
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
     handles.append(plt.Rectangle((0, 0), 1, 1, color="lightgrey"))
-    ax.legend(handles, [*COLOURS, "waiting (claim, pause)"], loc="upper center", ncol=5, fontsize=8,
-              bbox_to_anchor=(0.5, -0.25 if len(lanes) > 3 else -0.4))
+    ax.legend(
+        handles,
+        [*COLOURS, "waiting (claim, pause)"],
+        loc="upper center",
+        ncol=5,
+        fontsize=8,
+        bbox_to_anchor=(0.5, -0.25 if len(lanes) > 3 else -0.4),
+    )
 
 
 def draw_gantt(spans_by_lane: dict[str, list[dict]], path: str, start: float, end: float, title: str = "") -> None:
     """A PNG of `draw_lanes` alone (matplotlib, Agg backend)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -83,8 +83,10 @@ class FanOutTracker:
             try:
                 getattr(backend, call)(*args)
             except Exception as exc:
-                log.warning("tracking backend failed; it is disabled for the rest of the run",
-                            extra={"backend": name, "call": call, "error": repr(exc)})
+                log.warning(
+                    "tracking backend failed; it is disabled for the rest of the run",
+                    extra={"backend": name, "call": call, "error": repr(exc)},
+                )
                 del self.backends[name]
                 if call != "close":
                     try:
@@ -103,8 +105,9 @@ class FanOutTracker:
         self.backends.clear()
 
 
-def open_backend(name: str, settings: TrackingSettings, run_dir: str, run_name: str,
-                 run_config: dict | None = None) -> Tracker:
+def open_backend(
+    name: str, settings: TrackingSettings, run_dir: str, run_name: str, run_config: dict | None = None
+) -> Tracker:
     """The backend `name` of `report_to`, writing under `run_dir` (imported here: each needs its package);
     `run_config` (the run's configuration as JSON) is recorded with the run: its hyper-parameters."""
     from services.tracking import backends
@@ -119,8 +122,9 @@ def open_backend(name: str, settings: TrackingSettings, run_dir: str, run_name: 
     raise ValueError(f"tracking.report_to: unknown backend {name!r}; one of tensorboard, wandb, mlflow, none")
 
 
-def open_trackers(settings: TrackingSettings, run_dir: str, run_name: str,
-                  run_config: dict | None = None) -> FanOutTracker:
+def open_trackers(
+    settings: TrackingSettings, run_dir: str, run_name: str, run_config: dict | None = None
+) -> FanOutTracker:
     """steps.jsonl (and run_config.json) plus every backend of `settings.report_to`; one that cannot start
     (its package missing, its files not writable) is logged and left out, so the run goes on with the others."""
     backends: dict[str, Tracker] = {"steps.jsonl": StepsLog(run_dir, run_config)}
@@ -131,6 +135,8 @@ def open_trackers(settings: TrackingSettings, run_dir: str, run_name: str,
             backends[name] = open_backend(name, settings, run_dir, run_name, run_config)
         except Exception as exc:
             hint = " (pip install 'sluice-rl[tracking]')" if isinstance(exc, ImportError) else ""
-            log.warning(f"tracking backend {name} could not start{hint}; the run goes on without it",
-                        extra={"backend": name, "error": repr(exc)})
+            log.warning(
+                f"tracking backend {name} could not start{hint}; the run goes on without it",
+                extra={"backend": name, "error": repr(exc)},
+            )
     return FanOutTracker(backends)

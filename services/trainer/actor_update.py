@@ -21,16 +21,24 @@ from services.transferqueue.codec import Batch
 def loss_config(run: RunConfig) -> PolicyLossConfig:
     a = run.algorithm
     kl_loss = a.kl_coef if (a.kl_coef > 0 and not a.kl_in_reward) else 0.0
-    return PolicyLossConfig(eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high, dual_clip_c=a.dual_clip_c,
-                            tis_clip=a.tis_clip, behav_cap=a.behav_weight_cap, behav_floor=a.behav_weight_floor,
-                            loss_agg=a.loss_agg, kl_loss_coef=kl_loss, kl_loss_kind=a.kl_kind,
-                            entropy_coef=a.entropy_coef)
+    return PolicyLossConfig(
+        eps_clip=a.eps_clip,
+        eps_clip_high=a.eps_clip_high,
+        dual_clip_c=a.dual_clip_c,
+        tis_clip=a.tis_clip,
+        behav_cap=a.behav_weight_cap,
+        behav_floor=a.behav_weight_floor,
+        loss_agg=a.loss_agg,
+        kl_loss_coef=kl_loss,
+        kl_loss_kind=a.kl_kind,
+        entropy_coef=a.entropy_coef,
+    )
 
 
 def pad(values, width: int) -> torch.Tensor:
     out = torch.zeros(len(values), width)
     for i, v in enumerate(values):
-        out[i, :len(v)] = v
+        out[i, : len(v)] = v
     return out
 
 
@@ -69,8 +77,16 @@ class StepMetrics:
         return out
 
 
-def micro_batch_loss(logits: torch.Tensor, rb, mask: torch.Tensor, batch: Batch, sl: slice, run: RunConfig,
-                     totals: tuple[float, float], device: str = "cpu") -> tuple[torch.Tensor, dict, float]:
+def micro_batch_loss(
+    logits: torch.Tensor,
+    rb,
+    mask: torch.Tensor,
+    batch: Batch,
+    sl: slice,
+    run: RunConfig,
+    totals: tuple[float, float],
+    device: str = "cpu",
+) -> tuple[torch.Tensor, dict, float]:
     """(loss, metrics, tokens) of one micro batch from its response logits `[B, T, V]` (already divided by the
     sampling temperature): the policy loss of services/algorithms/policy_loss.py with the global batch's
     `totals` (tokens, sequences), and how far the trainer's policy is from the one that sampled."""
@@ -81,26 +97,50 @@ def micro_batch_loss(logits: torch.Tensor, rb, mask: torch.Tensor, batch: Batch,
     ref = pad(batch["ref_log_probs"][sl], width).to(device) if cfg.kl_loss_coef > 0 else None
     advantages = pad(batch["advantages"][sl], width).to(device)
     log_probs, entropy = log_probs_and_entropy(logits, rb.response_ids, entropy_grad=cfg.entropy_coef > 0)
-    loss, m = policy_loss(log_probs, old, advantages, mask, cfg,
-                          rollout_log_probs=rollout if run.uses_actor_fwd else None, ref_log_probs=ref,
-                          entropy=entropy, total_tokens=totals[0], total_seqs=totals[1])
+    loss, m = policy_loss(
+        log_probs,
+        old,
+        advantages,
+        mask,
+        cfg,
+        rollout_log_probs=rollout if run.uses_actor_fwd else None,
+        ref_log_probs=ref,
+        entropy=entropy,
+        total_tokens=totals[0],
+        total_seqs=totals[1],
+    )
     tokens = float(mask.sum())
     with torch.no_grad():  # before this update
         diff = (log_probs.detach() - rollout) * mask
-        m = {**m, "rollout_logprob_abs_diff": diff.abs().sum() / max(tokens, 1.0),
-             "rollout_kl_k3": ((torch.exp(-diff) - 1 + diff) * mask).sum() / max(tokens, 1.0)}
+        m = {
+            **m,
+            "rollout_logprob_abs_diff": diff.abs().sum() / max(tokens, 1.0),
+            "rollout_kl_k3": ((torch.exp(-diff) - 1 + diff) * mask).sum() / max(tokens, 1.0),
+        }
     return loss, m, tokens
 
 
 def global_totals(batch: Batch, totals: tuple[float, float] | None) -> tuple[float, float]:
     masks = batch["loss_mask"]
     # a row with no token to train (one that pads an agent episode's chains) is not a sequence of the loss
-    return totals or (float(sum(float(m.sum()) for m in masks)), float(max(1, sum(1 for m in masks if float(m.sum()) > 0))))
+    return totals or (
+        float(sum(float(m.sum()) for m in masks)),
+        float(max(1, sum(1 for m in masks if float(m.sum()) > 0))),
+    )
 
 
-def actor_step(model, optimizer, batch: Batch, run: RunConfig, micro_batch_size: int, device: str = "cpu",
-               totals: tuple[float, float] | None = None, reduce_gradients=None, last_micro_batch=None,
-               precision: str = "fp32") -> StepMetrics:
+def actor_step(
+    model,
+    optimizer,
+    batch: Batch,
+    run: RunConfig,
+    micro_batch_size: int,
+    device: str = "cpu",
+    totals: tuple[float, float] | None = None,
+    reduce_gradients=None,
+    last_micro_batch=None,
+    precision: str = "fp32",
+) -> StepMetrics:
     """One optimizer step over `batch`. With data parallelism `batch` is this rank's share, `totals`
     the (tokens, sequences) of the whole global batch and `reduce_gradients(params)` sums the ranks'
     gradients before clipping. `model`: a causal LM, or the ResponseLogits a trainer backend trains

@@ -32,13 +32,14 @@ BACKENDS = ("torch", "fsdp", "megatron")
 
 class TrainerBackend(Protocol):
     name: str
-    optimizer: torch.optim.Optimizer   # its param_groups carry the learning rate (set per step)
-    gathers: bool                      # the full weights exist only by a collective of every rank
-    data_rank: int                     # which share of each global batch this rank trains ...
-    data_size: int                     # ... of how many (ranks of one model replica train the same rows)
+    optimizer: torch.optim.Optimizer  # its param_groups carry the learning rate (set per step)
+    gathers: bool  # the full weights exist only by a collective of every rank
+    data_rank: int  # which share of each global batch this rank trains ...
+    data_size: int  # ... of how many (ranks of one model replica train the same rows)
 
-    def train(self, batch, run, micro_batch_size: int, device: str = "cpu",
-              totals: tuple[float, float] | None = None) -> StepMetrics:
+    def train(
+        self, batch, run, micro_batch_size: int, device: str = "cpu", totals: tuple[float, float] | None = None
+    ) -> StepMetrics:
         """One optimizer step on this rank's share `batch` of a global batch whose (tokens, sequences) are
         `totals`. Metrics: torch and fsdp report this rank's share's, megatron the global batch's."""
 
@@ -67,12 +68,22 @@ class TorchBackend:
         self.precision = precision  # bf16 weights are loaded so (service.py); bf16-mixed autocasts the forward
         self.data_rank, self.data_size = dp.rank, dp.size
         self.policy = ResponseLogits(hf_model)  # with LoRA a PeftModel: only the adapter is optimized
-        self.optimizer: torch.optim.Optimizer = adamw([p for _, p in trainable(hf_model)], run.optim.lr,
-                                                      run.optim.betas, run.optim.weight_decay, device)
+        self.optimizer: torch.optim.Optimizer = adamw(
+            [p for _, p in trainable(hf_model)], run.optim.lr, run.optim.betas, run.optim.weight_decay, device
+        )
 
     def train(self, batch, run, micro_batch_size: int, device: str = "cpu", totals=None) -> StepMetrics:
-        return actor_step(self.policy, self.optimizer, batch, run, micro_batch_size, device, totals,
-                          reduce_gradients=self.dp.sum_gradients, precision=self.precision)
+        return actor_step(
+            self.policy,
+            self.optimizer,
+            batch,
+            run,
+            micro_batch_size,
+            device,
+            totals,
+            reduce_gradients=self.dp.sum_gradients,
+            precision=self.precision,
+        )
 
     def weight_stream(self):
         return None
@@ -91,9 +102,12 @@ class TorchBackend:
             load_optimizer_state(checkpoint_path, self.optimizer)
             return
         from services.trainer.fsdp_backend import is_dcp, torch_format_optimizer  # torch.distributed.fsdp only here
+
         if not is_dcp(sharded):
-            raise RuntimeError(f"{checkpoint_path} holds megatron's optimizer state, which the torch backend does not "
-                               "read: resume it with --backend megatron and the same TP x PP")
+            raise RuntimeError(
+                f"{checkpoint_path} holds megatron's optimizer state, which the torch backend does not "
+                "read: resume it with --backend megatron and the same TP x PP"
+            )
         names = [n for n, _ in trainable(self.policy.hf)]
         self.optimizer.load_state_dict(torch_format_optimizer(sharded, names))
 
@@ -105,21 +119,36 @@ def live_weights_of(backend: TrainerBackend) -> Callable[[], list]:
     return backend.live_weights
 
 
-def make_backend(name: str, hf_model, run, device: str, dp: DataParallel, param_dtype: str = "",
-                 cpu_offload: bool = False, tp: int = 1, pp: int = 1, sequence_parallel: bool = False,
-                 precision: str = "fp32") -> TrainerBackend:
+def make_backend(
+    name: str,
+    hf_model,
+    run,
+    device: str,
+    dp: DataParallel,
+    param_dtype: str = "",
+    cpu_offload: bool = False,
+    tp: int = 1,
+    pp: int = 1,
+    sequence_parallel: bool = False,
+    precision: str = "fp32",
+) -> TrainerBackend:
     """The backend `name` training `hf_model` (loaded in `precision`'s weights dtype: precision.py)."""
     check_precision(name, precision, param_dtype)  # for callers that skip TrainerConfig's own check
     if run.trainer.lora is not None and name not in ("torch", "fsdp"):
-        raise ValueError(f"trainer.lora trains with the torch or fsdp backend, not {name}: start the trainer with "
-                         "--backend torch or --backend fsdp, or train every weight")
+        raise ValueError(
+            f"trainer.lora trains with the torch or fsdp backend, not {name}: start the trainer with "
+            "--backend torch or --backend fsdp, or train every weight"
+        )
     if name == "torch":
         return TorchBackend(hf_model, run, device, dp, precision)
     if name == "fsdp":
         from services.trainer.fsdp_backend import FSDPBackend  # torch.distributed.fsdp only when asked for
-        return FSDPBackend(hf_model, run, device, dp, param_dtype=fsdp_compute_dtype(precision, param_dtype),
-                           cpu_offload=cpu_offload)
+
+        return FSDPBackend(
+            hf_model, run, device, dp, param_dtype=fsdp_compute_dtype(precision, param_dtype), cpu_offload=cpu_offload
+        )
     if name == "megatron":
         from services.trainer.megatron_backend import MegatronBackend  # megatron-core only when asked for
+
         return MegatronBackend(hf_model, run, device, dp, tp=tp, pp=pp, sequence_parallel=sequence_parallel)
     raise ValueError(f"unknown trainer backend {name!r} ({', '.join(BACKENDS)})")

@@ -24,9 +24,9 @@ from services.trainer.lora import is_lora, published, trainable
 
 @dataclass
 class TrainingStateCopy:
-    model_state: dict[str, torch.Tensor]        # model.state_dict(), cloned
-    optimizer_state: dict                       # optimizer.state_dict(), deep-copied
-    weights: list[tuple[str, torch.Tensor]]     # the named parameters, as the publisher sends them
+    model_state: dict[str, torch.Tensor]  # model.state_dict(), cloned
+    optimizer_state: dict  # optimizer.state_dict(), deep-copied
+    weights: list[tuple[str, torch.Tensor]]  # the named parameters, as the publisher sends them
 
 
 def state_copy_bytes(model: torch.nn.Module) -> int:
@@ -34,8 +34,9 @@ def state_copy_bytes(model: torch.nn.Module) -> int:
     return 3 * sum(p.numel() * p.element_size() for _, p in trainable(model))
 
 
-def copy_if_affordable(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                       max_bytes: int) -> TrainingStateCopy | None:
+def copy_if_affordable(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_bytes: int
+) -> TrainingStateCopy | None:
     """The copy, or None when it would take more than `max_bytes`."""
     return copy_training_state(model, optimizer) if state_copy_bytes(model) <= max_bytes else None
 

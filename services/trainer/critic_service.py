@@ -1,10 +1,10 @@
 """The critic (PPO), one step N at a time (N from where the trainer is):
 
-    wait for train_N (meanwhile: values for earlier steps' replacements of rows lost with a shard)
-    write `values` for every row of train_N (the advantage role's GAE needs them)
-    repeat num_iters_per_train_update times: claim a global batch whose `returns` the advantage role wrote,
-        one optimizer step on the value loss, ack the rows
-    checkpoint when the step is due
+wait for train_N (meanwhile: values for earlier steps' replacements of rows lost with a shard)
+write `values` for every row of train_N (the advantage role's GAE needs them)
+repeat num_iters_per_train_update times: claim a global batch whose `returns` the advantage role wrote,
+    one optimizer step on the value loss, ack the rows
+checkpoint when the step is due
 """
 
 from __future__ import annotations
@@ -63,10 +63,15 @@ class CriticTrainer:
     def __init__(self, config: TrainerConfig, status: RoleStatus):
         self.config = config
         self.status = status
-        self.gauges = gauges("sluice_critic", {"value_loss": "value loss of the last optimizer step",
-                                                "value_clip_fraction": "fraction of tokens whose value was clipped",
-                                                "grad_norm": "gradient norm before clipping",
-                                                "step": "last step trained"})
+        self.gauges = gauges(
+            "sluice_critic",
+            {
+                "value_loss": "value loss of the last optimizer step",
+                "value_clip_fraction": "fraction of tokens whose value was clipped",
+                "grad_norm": "gradient norm before clipping",
+                "step": "last step trained",
+            },
+        )
 
     def run_loop(self, session: RunSession, halt: threading.Event) -> None:
         run = session.run
@@ -95,12 +100,14 @@ class CriticTrainer:
         torch.manual_seed(run.optim.seed)
         ckpt = latest_checkpoint(c.checkpoint_dir, "critic") if c.checkpoint_dir else None
         critic = load_critic(ckpt.path if ckpt else run.model, getattr(torch, weights_dtype(c.precision))).to(c.device)
-        optimizer = adamw(critic.parameters(), run.optim.critic_lr, run.optim.betas, run.optim.weight_decay,
-                          c.device)
+        optimizer = adamw(critic.parameters(), run.optim.critic_lr, run.optim.betas, run.optim.weight_decay, c.device)
         if ckpt:
             load_optimizer_state(ckpt.path, optimizer)
-        membership = session.join(NodeRegistration(role="critic", host=c.advertise_host, ports={"http": c.port},
-                                                   device=c.device, run_id=c.run_id))
+        membership = session.join(
+            NodeRegistration(
+                role="critic", host=c.advertise_host, ports={"http": c.port}, device=c.device, run_id=c.run_id
+            )
+        )
         on = OnRun(run, session.tq, session.steps, critic, optimizer, membership, halt)
         on.tq.register_task(on.task(CRITIC_VALUES_TASK), MODEL_INPUTS, group_size=run.group_rows)
         on.tq.register_task(on.task(CRITIC_TRAIN_TASK), CRITIC_TRAIN_INPUTS, group_size=run.group_rows)
@@ -123,13 +130,28 @@ class CriticTrainer:
                 break
             set_lr(on.optimizer, run.optim.critic_lr, step, run.optim, run.num_steps)
             with span("train", step):
-                m = critic_step(on.critic, on.optimizer, batch, run, run.micro_batch_size, self.config.device,
-                                precision=self.config.precision)
+                m = critic_step(
+                    on.critic,
+                    on.optimizer,
+                    batch,
+                    run,
+                    run.micro_batch_size,
+                    self.config.device,
+                    precision=self.config.precision,
+                )
             on.tq.ack(claimed.lease_id)
             self.report(step, m)
         if self.config.checkpoint_dir and run.checkpoint.due_after(step):
-            save_checkpoint(self.config.checkpoint_dir, "critic", on.critic, on.optimizer, run.model, step + 1, 0,
-                            keep=run.checkpoint.keep_last)
+            save_checkpoint(
+                self.config.checkpoint_dir,
+                "critic",
+                on.critic,
+                on.optimizer,
+                run.model,
+                step + 1,
+                0,
+                keep=run.checkpoint.keep_last,
+            )
 
     def report(self, step: int, m) -> None:
         self.status.update(step=step, value_loss=m.loss)
@@ -143,8 +165,16 @@ class CriticTrainer:
         (None, None) when halted or the partition ran out. `idle` runs between claims that found too little."""
         while True:
             with span("claim", step):
-                claimed = claim_global_batch(on.tq, partition, on.task(CRITIC_TRAIN_TASK), on.run.global_batch_size,
-                                             self.config.lease_s, on.halt, idle, short_ok=True)
+                claimed = claim_global_batch(
+                    on.tq,
+                    partition,
+                    on.task(CRITIC_TRAIN_TASK),
+                    on.run.global_batch_size,
+                    self.config.lease_s,
+                    on.halt,
+                    idle,
+                    short_ok=True,
+                )
             if claimed is None:
                 return None, None
             batch = read_or_give_back(on.tq, claimed, CRITIC_TRAIN_INPUTS)
@@ -160,8 +190,9 @@ class CriticTrainer:
             partition = partition_name(on.run.name, earlier)
             self.write_values(on, partition)
             while earlier < step and not on.halt.is_set():
-                batch = claim_or_done(on.tq, partition, on.task(CRITIC_TRAIN_TASK), on.run.global_batch_size,
-                                      self.config.lease_s)
+                batch = claim_or_done(
+                    on.tq, partition, on.task(CRITIC_TRAIN_TASK), on.run.global_batch_size, self.config.lease_s
+                )
                 if batch is None:
                     break
                 if batch.rows:
@@ -178,5 +209,6 @@ class CriticTrainer:
                 on.critic.eval()
                 out = response_values(on.critic, rb.to_device(self.config.device)).cpu() * rb.mask
             return {"values": rb.to_ragged(out)}
+
         consumer = Consumer(on.task(CRITIC_VALUES_TASK), max(n, on.run.micro_batch_size // n * n), values, "values")
         consume_partition(on.tq, partition, consumer, self.config.lease_s, n, on.safe_point, on.halt, idle=idle)

@@ -14,12 +14,12 @@ from services.trainer.actor_update import StepMetrics, micro_batches, pad
 from services.trainer.precision import autocast
 from services.transferqueue.codec import Batch
 
+
 def load_critic(directory: str, dtype=torch.float32):
     from transformers import AutoModelForTokenClassification
 
     check_model_dir(directory, tokenizer=False)  # a clear error naming the directory and the missing file
-    return AutoModelForTokenClassification.from_pretrained(directory, num_labels=1, dtype=dtype,
-                                                           local_files_only=True)
+    return AutoModelForTokenClassification.from_pretrained(directory, num_labels=1, dtype=dtype, local_files_only=True)
 
 
 def response_values(critic, rb: ResponseBatch) -> torch.Tensor:
@@ -27,8 +27,9 @@ def response_values(critic, rb: ResponseBatch) -> torch.Tensor:
     return rb.gather_response(out.logits)[..., 0].float()
 
 
-def critic_step(critic, optimizer, batch: Batch, run: RunConfig, micro_batch_size: int, device: str = "cpu",
-                precision: str = "fp32") -> StepMetrics:
+def critic_step(
+    critic, optimizer, batch: Batch, run: RunConfig, micro_batch_size: int, device: str = "cpu", precision: str = "fp32"
+) -> StepMetrics:
     """One optimizer step of the value model over `batch`; bf16-mixed runs its forward under bfloat16 autocast
     (its values, and so the loss, are float32: response_values)."""
     masks = batch["loss_mask"]
@@ -40,9 +41,16 @@ def critic_step(critic, optimizer, batch: Batch, run: RunConfig, micro_batch_siz
         width = rb.mask.shape[1]
         with autocast(precision, device):
             values = response_values(critic, rb)
-        loss, m = value_loss(values, pad(batch["values"][sl], width).to(device), pad(batch["returns"][sl], width).to(device),
-                             mask, clip=run.algorithm.value_clip, loss_agg=run.algorithm.loss_agg,
-                             total_tokens=total_tokens, total_seqs=float(len(masks)))
+        loss, m = value_loss(
+            values,
+            pad(batch["values"][sl], width).to(device),
+            pad(batch["returns"][sl], width).to(device),
+            mask,
+            clip=run.algorithm.value_clip,
+            loss_agg=run.algorithm.loss_agg,
+            total_tokens=total_tokens,
+            total_seqs=float(len(masks)),
+        )
         loss.backward()
         metrics.add(m, float(mask.sum()))
         metrics.loss += float(loss.detach())

@@ -36,15 +36,16 @@ def process_group_backend(device: str) -> str:
 class Order(enum.IntEnum):
     """What rank 0 tells the other ranks to do next (DataParallel.order), with a step and a version."""
 
-    STOP = 0        # the run is done: return
-    TRAIN = 1       # train step N (at version V) on this rank's share of each global batch
+    STOP = 0  # the run is done: return
+    TRAIN = 1  # train step N (at version V) on this rank's share of each global batch
     CHECKPOINT = 2  # write the sharded model's files of the final checkpoint (N: its next step)
-    GATHER = 3      # gather the weights with the leader, which publishes them (or sends them again)
+    GATHER = 3  # gather the weights with the leader, which publishes them (or sends them again)
 
 
 class DataParallel:
-    def __init__(self, rank: int = 0, size: int = 1, master: str = "", backend: str = "gloo",
-                 timeout_s: float = 7200.0):
+    def __init__(
+        self, rank: int = 0, size: int = 1, master: str = "", backend: str = "gloo", timeout_s: float = 7200.0
+    ):
         if not 0 <= rank < size:
             raise ValueError(f"dp rank {rank} is outside a group of {size}")
         self.rank, self.size = rank, size
@@ -52,14 +53,20 @@ class DataParallel:
             if not master:
                 raise ValueError("--dp-master host:port is required with --dp-size > 1")
             # ranks wait on each other while rank 0 waits for data: the timeout bounds a whole step
-            dist.init_process_group(backend, init_method=init_method(master), rank=rank, world_size=size,
-                                    timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(
+                backend,
+                init_method=init_method(master),
+                rank=rank,
+                world_size=size,
+                timeout=timedelta(seconds=timeout_s),
+            )
 
     def ensure_group(self, backend: str = "gloo") -> None:
         """A process group even for one rank (FSDP and megatron build theirs on it): a private one on
         loopback."""
         if not dist.is_initialized():
             from services.runtime.processes import free_port
+
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
 
     @property
@@ -97,18 +104,24 @@ class DataParallel:
         offset = 0
         for p, g in zip(params, grads):
             n = g.numel()
-            p.grad = flat[offset:offset + n].view_as(g).to(g.dtype)
+            p.grad = flat[offset : offset + n].view_as(g).to(g.dtype)
             offset += n
 
-    def my_rows(self, rows: list[int], response_lengths: Sequence[int], group_size: int, share: int | None = None,
-                shares: int | None = None) -> list[int]:
+    def my_rows(
+        self,
+        rows: list[int],
+        response_lengths: Sequence[int],
+        group_size: int,
+        share: int | None = None,
+        shares: int | None = None,
+    ) -> list[int]:
         """This rank's whole groups of `rows`, balanced by response tokens (every rank computes the
         same split): share `share` of `shares` (default: this rank's of the group's size; a backend whose
         ranks of one model replica train the same rows passes its data-parallel rank and size)."""
         share, shares = (self.rank, self.size) if share is None else (share, shares)
         assert shares is not None  # a caller that passes a share passes the number of shares with it
-        groups = [rows[i:i + group_size] for i in range(0, len(rows), group_size)]
-        weights = [float(sum(response_lengths[i:i + group_size])) for i in range(0, len(rows), group_size)]
+        groups = [rows[i : i + group_size] for i in range(0, len(rows), group_size)]
+        weights = [float(sum(response_lengths[i : i + group_size])) for i in range(0, len(rows), group_size)]
         return [r for g in balanced_split(weights, shares)[share] for r in groups[g]]
 
     def barrier(self) -> None:

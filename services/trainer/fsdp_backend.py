@@ -30,7 +30,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import (
-    OptimizerStateType, StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict,
+    OptimizerStateType,
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -56,8 +59,7 @@ class FSDPBackend:
     name = "fsdp"
     gathers = True
 
-    def __init__(self, hf_model, run, device: str, dp: DataParallel, param_dtype: str = "",
-                 cpu_offload: bool = False):
+    def __init__(self, hf_model, run, device: str, dp: DataParallel, param_dtype: str = "", cpu_offload: bool = False):
         dp.ensure_group()
         self.dp = dp
         self.data_rank, self.data_size = dp.rank, dp.size
@@ -65,27 +67,44 @@ class FSDPBackend:
         kind = torch.device(device).type
         mesh = init_device_mesh(kind, (dp.size,))
         # param_dtype: compute in it, reduce gradients in float32; else FSDP's defaults (no casts, no offload)
-        mp_policy = (MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype), reduce_dtype=torch.float32)
-                     if param_dtype else MixedPrecisionPolicy())
+        mp_policy = (
+            MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype), reduce_dtype=torch.float32)
+            if param_dtype
+            else MixedPrecisionPolicy()
+        )
         offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
         self.policy = ResponseLogits(hf_model)  # with LoRA a PeftModel: frozen base, trained adapter
         layers = base_of(hf_model).get_submodule("model.layers")
         if not isinstance(layers, torch.nn.ModuleList):
-            raise TypeError(f"fsdp shards a decoder's layers (model.layers, a ModuleList); this model's are a "
-                            f"{type(layers).__name__}")
+            raise TypeError(
+                f"fsdp shards a decoder's layers (model.layers, a ModuleList); this model's are a "
+                f"{type(layers).__name__}"
+            )
         for layer in layers:
             fully_shard(layer, mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
         fully_shard(self.policy, mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
         self.names = [n for n, _ in trainable(hf_model)]  # the optimizer's parameters, in its order
-        self.optimizer: torch.optim.Optimizer = adamw([p for _, p in trainable(self.policy)], run.optim.lr,
-                                                      run.optim.betas, run.optim.weight_decay,
-                                                      "cpu" if cpu_offload else device)
+        self.optimizer: torch.optim.Optimizer = adamw(
+            [p for _, p in trainable(self.policy)],
+            run.optim.lr,
+            run.optim.betas,
+            run.optim.weight_decay,
+            "cpu" if cpu_offload else device,
+        )
 
     def train(self, batch, run, micro_batch_size: int, device: str = "cpu", totals=None) -> StepMetrics:
         # gradients are reduce-scattered after the last micro batch only: the others accumulate locally
-        return actor_step(self.policy, self.optimizer, batch, run, micro_batch_size, device, totals,
-                          reduce_gradients=self.reduce_gradients,
-                          last_micro_batch=self.policy.set_requires_gradient_sync)
+        return actor_step(
+            self.policy,
+            self.optimizer,
+            batch,
+            run,
+            micro_batch_size,
+            device,
+            totals,
+            reduce_gradients=self.reduce_gradients,
+            last_micro_batch=self.policy.set_requires_gradient_sync,
+        )
 
     def reduce_gradients(self, params) -> None:
         for p in params:
@@ -123,14 +142,17 @@ class FSDPBackend:
             set_optimizer_state_dict(self.policy, self.optimizer, state["optimizer"])
             return
         if not os.path.isfile(os.path.join(checkpoint_path, "optimizer.pt")):
-            raise RuntimeError(f"{checkpoint_path} has neither fsdp's optimizer state ({SHARDED}/ in DCP format) nor "
-                               "the torch backend's (optimizer.pt): written by another backend, it holds the "
-                               "weights but not an optimizer state fsdp reads")
+            raise RuntimeError(
+                f"{checkpoint_path} has neither fsdp's optimizer state ({SHARDED}/ in DCP format) nor "
+                "the torch backend's (optimizer.pt): written by another backend, it holds the "
+                "weights but not an optimizer state fsdp reads"
+            )
         saved = torch.load(os.path.join(checkpoint_path, "optimizer.pt"), weights_only=True)
         fqn = [PREFIX + n for n in self.names]
-        whole: OptimizerStateType = {"state": {fqn[int(i)]: s for i, s in saved["state"].items()},
-                                     "param_groups": [{**g, "params": [fqn[int(i)] for i in g["params"]]}
-                                                      for g in saved["param_groups"]]}
+        whole: OptimizerStateType = {
+            "state": {fqn[int(i)]: s for i, s in saved["state"].items()},
+            "param_groups": [{**g, "params": [fqn[int(i)] for i in g["params"]]} for g in saved["param_groups"]],
+        }
         set_optimizer_state_dict(self.policy, self.optimizer, whole, options=StateDictOptions(full_state_dict=True))
 
 

@@ -28,8 +28,13 @@ ADAPTER_FILE, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json
 def lora_config(settings: LoraSettings):
     from peft import LoraConfig
 
-    return LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                      target_modules=list(settings.target_modules), task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules),
+        task_type="CAUSAL_LM",
+    )
 
 
 def with_adapter(base: torch.nn.Module, settings: LoraSettings, checkpoint: str | None = None) -> torch.nn.Module:
@@ -42,12 +47,16 @@ def with_adapter(base: torch.nn.Module, settings: LoraSettings, checkpoint: str 
     if checkpoint is not None:
         path = os.path.join(checkpoint, ADAPTER_FILE)
         if not os.path.isfile(path):
-            raise RuntimeError(f"{checkpoint} holds no LoRA adapter ({ADAPTER_FILE}): it was written by a run "
-                               "that trained every weight; resume it without trainer.lora")
+            raise RuntimeError(
+                f"{checkpoint} holds no LoRA adapter ({ADAPTER_FILE}): it was written by a run "
+                "that trained every weight; resume it without trainer.lora"
+            )
         result = set_peft_model_state_dict(model, load_file(path))
         if result.unexpected_keys:
-            raise RuntimeError(f"{path} does not fit trainer.lora (rank {settings.rank}, target_modules "
-                               f"{settings.target_modules}): it has {sorted(result.unexpected_keys)[:3]}")
+            raise RuntimeError(
+                f"{path} does not fit trainer.lora (rank {settings.rank}, target_modules "
+                f"{settings.target_modules}): it has {sorted(result.unexpected_keys)[:3]}"
+            )
     return model
 
 
@@ -117,8 +126,9 @@ def adapter_config(model: torch.nn.Module) -> dict | None:
     their values); None without LoRA."""
     if not is_lora(model):
         return None
-    return json.loads(json.dumps(adapter_settings(model).to_dict(),
-                                 default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
+    return json.loads(
+        json.dumps(adapter_settings(model).to_dict(), default=lambda v: sorted(v) if isinstance(v, set) else str(v))
+    )
 
 
 def write_adapter(stream, model: torch.nn.Module, directory: str) -> None:

@@ -43,8 +43,9 @@ class MegatronBackend:
     name = "megatron"
     gathers = True
 
-    def __init__(self, hf_model, run, device: str, dp: DataParallel, tp: int = 1, pp: int = 1,
-                 sequence_parallel: bool = False):
+    def __init__(
+        self, hf_model, run, device: str, dp: DataParallel, tp: int = 1, pp: int = 1, sequence_parallel: bool = False
+    ):
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
@@ -62,34 +63,56 @@ class MegatronBackend:
         self.first, self.last = self.stage == 0, self.stage == pp - 1
         self.hf_config = hf_model.config
         hf_state = hf_model.state_dict()
-        model = build_gpt(self.hf_config, tp, pp, pre_process=self.first, post_process=self.last,
-                          sequence_parallel=self.sequence_parallel)
+        model = build_gpt(
+            self.hf_config,
+            tp,
+            pp,
+            pre_process=self.first,
+            post_process=self.last,
+            sequence_parallel=self.sequence_parallel,
+        )
         missing, unexpected = model.load_state_dict(
-            to_megatron(hf_state, self.hf_config, tp, self.tp_rank, pp, self.stage), strict=False)
+            to_megatron(hf_state, self.hf_config, tp, self.tp_rank, pp, self.stage), strict=False
+        )
         if unexpected or any(not k.endswith("_extra_state") for k in missing):
             raise RuntimeError(f"HF -> megatron left tensors unmatched: missing {missing}, unexpected {unexpected}")
         model.config.finalize_model_grads_func = finalize_model_grads  # DP (and embedding) gradient reduction
         self.model = DistributedDataParallel(
-            model.config, DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True),
-            model)
+            model.config, DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True), model
+        )
         o = run.optim
         self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=o.lr, weight_decay=o.weight_decay, adam_beta1=o.betas[0],
-                            adam_beta2=o.betas[1], adam_eps=1e-8, clip_grad=o.grad_clip, bf16=False, fp16=False,
-                            use_distributed_optimizer=True),
-            [self.model], config_overrides={})  # {}: weight decay on every parameter, as torch's AdamW
+            OptimizerConfig(
+                optimizer="adam",
+                lr=o.lr,
+                weight_decay=o.weight_decay,
+                adam_beta1=o.betas[0],
+                adam_beta2=o.betas[1],
+                adam_eps=1e-8,
+                clip_grad=o.grad_clip,
+                bf16=False,
+                fp16=False,
+                use_distributed_optimizer=True,
+            ),
+            [self.model],
+            config_overrides={},
+        )  # {}: weight decay on every parameter, as torch's AdamW
         self.weights = ShardGather(self.model, self.hf_config, hf_state, dp, tp, pp)
 
     # ------------------------------------------------------------------ one step
 
-    def train(self, batch, run, micro_batch_size: int, device: str = "cpu",
-              totals: tuple[float, float] | None = None) -> StepMetrics:
+    def train(
+        self, batch, run, micro_batch_size: int, device: str = "cpu", totals: tuple[float, float] | None = None
+    ) -> StepMetrics:
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
         totals = global_totals(batch, totals)
-        micro = uniform(list(micro_batches(batch, micro_batch_size, device)), micro_batch_size,
-                        self.tp if self.sequence_parallel else 1)
+        micro = uniform(
+            list(micro_batches(batch, micro_batch_size, device)),
+            micro_batch_size,
+            self.tp if self.sequence_parallel else 1,
+        )
         scale = len(micro) * self.data_size
         width = micro[0][1].input_ids.shape[1]
         positions = torch.arange(width)[None].expand(micro_batch_size, -1)
@@ -105,14 +128,21 @@ class MegatronBackend:
                     logits = logits / run.rollout.temperature
                 loss, m, tokens = micro_batch_loss(logits, real, mask, batch, sl, run, totals, device)
                 return loss * scale, {"loss": loss.detach(), "tokens": tokens, **m}
+
             return out, loss_func
 
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         outputs = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(micro), model=[self.model],
-            num_microbatches=len(micro), seq_length=width, micro_batch_size=micro_batch_size, forward_only=False)
+            forward_step_func=forward_step,
+            data_iterator=iter(micro),
+            model=[self.model],
+            num_microbatches=len(micro),
+            seq_length=width,
+            micro_batch_size=micro_batch_size,
+            forward_only=False,
+        )
         _, grad_norm, _ = self.optimizer.step()
         return self._metrics(outputs, float(grad_norm if grad_norm is not None else math.nan))
 
@@ -125,8 +155,9 @@ class MegatronBackend:
             local.add({k: v for k, v in m.items() if k not in ("loss", "tokens")}, float(m["tokens"]))
             local.loss += float(m["loss"])
         present = torch.tensor([float(n in local.sums) for n in METRIC_NAMES])
-        sums = torch.tensor([local.sums.get(n, 0.0) for n in METRIC_NAMES] + [local.loss, local.tokens],
-                            dtype=torch.float64)
+        sums = torch.tensor(
+            [local.sums.get(n, 0.0) for n in METRIC_NAMES] + [local.loss, local.tokens], dtype=torch.float64
+        )
         ratio_max = torch.tensor([local.sums.get("ratio_max", 0.0)], dtype=torch.float64)
         dist.all_reduce(present, op=dist.ReduceOp.MAX)
         dist.all_reduce(sums)
@@ -157,8 +188,11 @@ class MegatronBackend:
             for group in inner.param_groups:
                 for p in group["params"]:
                     if not inner.state[p]:
-                        inner.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
-                                          "exp_avg_sq": torch.zeros_like(p)}
+                        inner.state[p] = {
+                            "step": torch.tensor(0.0),
+                            "exp_avg": torch.zeros_like(p),
+                            "exp_avg_sq": torch.zeros_like(p),
+                        }
 
     def write_checkpoint_files(self, scratch_dir: str) -> ShardedState | None:
         """The DistributedOptimizer's state in megatron's own distributed-optimizer format under `sharded/`, one
@@ -184,8 +218,10 @@ class MegatronBackend:
         rank 0 scatters it). The model was built from the checkpoint's HF export."""
         sharded = os.path.join(checkpoint_path, SHARDED)
         if not os.path.isdir(sharded):
-            raise RuntimeError(f"{checkpoint_path} has no megatron checkpoint ({SHARDED}/): written by another "
-                               "backend, it holds the weights but not megatron's optimizer state")
+            raise RuntimeError(
+                f"{checkpoint_path} has no megatron checkpoint ({SHARDED}/): written by another "
+                "backend, it holds the weights but not megatron's optimizer state"
+            )
         self._init_adam_state()
         for index, optimizer in enumerate(self._optimizers()):
             path = self._shard_file(sharded, index)
@@ -203,8 +239,18 @@ class MegatronBackend:
 
 
 # every metric micro_batch_loss reports (policy_loss's and the rollout distance), summed token-weighted
-METRIC_NAMES = ("pg_loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_max", "kl", "entropy",
-                "tis_weight_mean", "rollout_logprob_abs_diff", "rollout_kl_k3")
+METRIC_NAMES = (
+    "pg_loss",
+    "clip_fraction",
+    "dual_clip_fraction",
+    "approx_kl",
+    "ratio_max",
+    "kl",
+    "entropy",
+    "tis_weight_mean",
+    "rollout_logprob_abs_diff",
+    "rollout_kl_k3",
+)
 
 
 def _response_rows(rb: ResponseBatch, rows: int) -> ResponseBatch:

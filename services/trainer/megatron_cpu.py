@@ -123,6 +123,7 @@ class _TorchOnCPU:
             if "device" in kwargs:
                 kwargs["device"] = _on_cpu(kwargs["device"])
             return value(*args, **kwargs)
+
         return factory
 
 
@@ -151,6 +152,7 @@ def _patch_step_restore() -> None:
 
 def installed_version() -> str:
     from megatron.core import __version__
+
     return __version__
 
 
@@ -162,9 +164,11 @@ def install() -> bool:
 
     version = installed_version()
     if version != MEGATRON_CORE_VERSION:
-        raise RuntimeError(f"megatron-core {version} is installed; the CPU shim (services/trainer/megatron_cpu.py) "
-                           f"is written and tested for {MEGATRON_CORE_VERSION}: install that, or check the shim "
-                           "against the new version and move the pin")
+        raise RuntimeError(
+            f"megatron-core {version} is installed; the CPU shim (services/trainer/megatron_cpu.py) "
+            f"is written and tested for {MEGATRON_CORE_VERSION}: install that, or check the shim "
+            "against the new version and move the pin"
+        )
     if torch.cuda.is_available():
         return False
     if _installed:

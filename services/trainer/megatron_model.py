@@ -32,8 +32,11 @@ def _head_dim(hf_config) -> int:
 def _check(hf_config, tp: int, pp: int) -> None:
     if hf_config.model_type not in ("qwen2", "llama"):
         raise ValueError(f"the megatron backend builds qwen2 and llama models, not {hf_config.model_type!r}")
-    for name, value in (("num_key_value_heads", hf_config.num_key_value_heads),
-                        ("vocab_size", hf_config.vocab_size), ("intermediate_size", hf_config.intermediate_size)):
+    for name, value in (
+        ("num_key_value_heads", hf_config.num_key_value_heads),
+        ("vocab_size", hf_config.vocab_size),
+        ("intermediate_size", hf_config.intermediate_size),
+    ):
         if value % tp:
             raise ValueError(f"tensor-parallel size {tp} does not divide {name} {value}")
     if hf_config.num_hidden_layers % pp:
@@ -55,20 +58,44 @@ def transformer_config(hf_config, tp: int = 1, pp: int = 1, sequence_parallel: b
     _check(hf_config, tp, pp)
     qkv_bias = hf_config.model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False))
     return TransformerConfig(
-        num_layers=hf_config.num_hidden_layers, hidden_size=hf_config.hidden_size,
-        num_attention_heads=hf_config.num_attention_heads, num_query_groups=hf_config.num_key_value_heads,
-        kv_channels=_head_dim(hf_config), ffn_hidden_size=hf_config.intermediate_size,
-        normalization="RMSNorm", layernorm_epsilon=hf_config.rms_norm_eps, gated_linear_unit=True,
-        activation_func=F.silu, add_bias_linear=False, add_qkv_bias=qkv_bias, hidden_dropout=0.0,
-        attention_dropout=0.0, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        num_attention_heads=hf_config.num_attention_heads,
+        num_query_groups=hf_config.num_key_value_heads,
+        kv_channels=_head_dim(hf_config),
+        ffn_hidden_size=hf_config.intermediate_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
         sequence_parallel=sequence_parallel,
-        params_dtype=torch.float32, pipeline_dtype=torch.float32, use_cpu_initialization=True,
-        bf16=False, fp16=False, masked_softmax_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
-        persist_layer_norm=False, gradient_accumulation_fusion=False)
+        params_dtype=torch.float32,
+        pipeline_dtype=torch.float32,
+        use_cpu_initialization=True,
+        bf16=False,
+        fp16=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+    )
 
 
-def build_gpt(hf_config, tp: int = 1, pp: int = 1, pre_process: bool = True, post_process: bool = True,
-              sequence_parallel: bool = False):
+def build_gpt(
+    hf_config,
+    tp: int = 1,
+    pp: int = 1,
+    pre_process: bool = True,
+    post_process: bool = True,
+    sequence_parallel: bool = False,
+):
     """This rank's GPTModel (its pipeline stage's layers, its tensor-parallel shards; model-parallel groups must
     be initialised), with megatron's local (non-TransformerEngine) layers. With `sequence_parallel` the
     activations outside the attention and MLP blocks (norms, residuals, dropout) are split along the sequence
@@ -77,11 +104,17 @@ def build_gpt(hf_config, tp: int = 1, pp: int = 1, pre_process: bool = True, pos
     from megatron.core.models.gpt import GPTModel
 
     config = transformer_config(hf_config, tp, pp, sequence_parallel)
-    return GPTModel(config=config, transformer_layer_spec=_block_spec(config),
-                    vocab_size=hf_config.vocab_size, max_sequence_length=hf_config.max_position_embeddings,
-                    position_embedding_type="rope", rotary_base=_rope_theta(hf_config),
-                    share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
-                    pre_process=pre_process, post_process=post_process)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=_block_spec(config),
+        vocab_size=hf_config.vocab_size,
+        max_sequence_length=hf_config.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=_rope_theta(hf_config),
+        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+        pre_process=pre_process,
+        post_process=post_process,
+    )
 
 
 class RMSNorm:
@@ -104,8 +137,9 @@ def _block_spec(config):
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     layer = get_gpt_layer_local_spec()
-    layer = dataclasses.replace(layer, submodules=dataclasses.replace(
-        layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm))
+    layer = dataclasses.replace(
+        layer, submodules=dataclasses.replace(layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm)
+    )
     return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
 
 
@@ -126,8 +160,9 @@ def stage_layers(hf_config, pp: int, stage: int) -> range:
     return range(stage * per, (stage + 1) * per)
 
 
-def to_megatron(hf: dict[str, torch.Tensor], hf_config, tp: int = 1, tp_rank: int = 0, pp: int = 1,
-                pp_stage: int = 0) -> dict[str, torch.Tensor]:
+def to_megatron(
+    hf: dict[str, torch.Tensor], hf_config, tp: int = 1, tp_rank: int = 0, pp: int = 1, pp_stage: int = 0
+) -> dict[str, torch.Tensor]:
     """The megatron state dict of tensor-parallel rank `tp_rank` of pipeline stage `pp_stage`."""
     _check(hf_config, tp, pp)
     groups = hf_config.num_key_value_heads
@@ -142,11 +177,13 @@ def to_megatron(hf: dict[str, torch.Tensor], hf_config, tp: int = 1, tp_rank: in
     for local, layer in enumerate(stage_layers(hf_config, pp, pp_stage)):
         h, m = f"model.layers.{layer}.", f"decoder.layers.{local}."
         a = h + "self_attn."
-        out[m + "self_attention.linear_qkv.weight"] = column(_fused_qkv(
-            hf[a + "q_proj.weight"], hf[a + "k_proj.weight"], hf[a + "v_proj.weight"], groups))
+        out[m + "self_attention.linear_qkv.weight"] = column(
+            _fused_qkv(hf[a + "q_proj.weight"], hf[a + "k_proj.weight"], hf[a + "v_proj.weight"], groups)
+        )
         if a + "q_proj.bias" in hf:
-            out[m + "self_attention.linear_qkv.bias"] = column(_fused_qkv(
-                hf[a + "q_proj.bias"], hf[a + "k_proj.bias"], hf[a + "v_proj.bias"], groups))
+            out[m + "self_attention.linear_qkv.bias"] = column(
+                _fused_qkv(hf[a + "q_proj.bias"], hf[a + "k_proj.bias"], hf[a + "v_proj.bias"], groups)
+            )
         out[m + "self_attention.linear_proj.weight"] = row(hf[a + "o_proj.weight"])
         out[m + "input_layernorm.weight"] = hf[h + "input_layernorm.weight"].clone()
         out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"].clone()
@@ -174,6 +211,7 @@ def layer_to_hf(shards: list[dict[str, torch.Tensor]], hf_config, local: int, la
 
     def cat(name: str, dim: int = 0) -> torch.Tensor:
         return torch.cat([s[name] for s in shards], dim=dim)
+
     hf: dict[str, torch.Tensor] = {}
     for kind in ("weight", "bias"):
         if m + f"self_attention.linear_qkv.{kind}" in shards[0]:

@@ -29,8 +29,10 @@ class ShardGather:
         self.meta = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in hf_state.items()}
         tied = bool(hf_config.tie_word_embeddings)
         self.names = [k for k in hf_state if not (tied and k == "lm_head.weight")]
-        me = torch.tensor([ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(),
-                           ps.get_data_parallel_rank()], dtype=torch.int64)
+        me = torch.tensor(
+            [ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank()],
+            dtype=torch.int64,
+        )
         table = [torch.zeros(3, dtype=torch.int64) for _ in range(dist.get_world_size())]
         dist.all_gather(table, me)
         self.source = {(int(s), int(r)): rank for rank, (s, r, d) in enumerate(t.tolist() for t in table) if d == 0}
@@ -40,12 +42,18 @@ class ShardGather:
     def units(self) -> list[Unit]:
         cfg, per = self.hf_config, self.hf_config.num_hidden_layers // self.pp
         ends = {"decoder.final_layernorm.weight", "output_layer.weight"}
-        units: list[Unit] = [(0, lambda k: k == "embedding.word_embeddings.weight",
-                              lambda shards: ends_to_hf(shards, cfg, True, False))]
+        units: list[Unit] = [
+            (0, lambda k: k == "embedding.word_embeddings.weight", lambda shards: ends_to_hf(shards, cfg, True, False))
+        ]
         for layer in range(cfg.num_hidden_layers):
             prefix = f"decoder.layers.{layer % per}."
-            units.append((layer // per, lambda k, prefix=prefix: k.startswith(prefix),  # type: ignore[misc]
-                          lambda shards, layer=layer: layer_to_hf(shards, cfg, layer % per, layer)))  # type: ignore[misc]
+            units.append(
+                (
+                    layer // per,
+                    lambda k, prefix=prefix: k.startswith(prefix),  # type: ignore[misc]
+                    lambda shards, layer=layer: layer_to_hf(shards, cfg, layer % per, layer),  # type: ignore[misc]
+                )
+            )
         units.append((self.pp - 1, lambda k: k in ends, lambda shards: ends_to_hf(shards, cfg, False, True)))
         return units
 
@@ -61,8 +69,9 @@ class ShardGather:
 
     def shapes(self, stage: int, rank_in_tp: int) -> dict:
         if (stage, rank_in_tp) not in self._shapes:
-            self._shapes[stage, rank_in_tp] = to_megatron(self.meta, self.hf_config, self.tp, rank_in_tp, self.pp,
-                                                          stage)
+            self._shapes[stage, rank_in_tp] = to_megatron(
+                self.meta, self.hf_config, self.tp, rank_in_tp, self.pp, stage
+            )
         return self._shapes[stage, rank_in_tp]
 
 
@@ -83,7 +92,7 @@ class ShardStream:
         if not self.g.dp.is_leader:
             return []
         out = []
-        for name in self.g.names[self._next:self._next + count]:
+        for name in self.g.names[self._next : self._next + count]:
             while self._unit <= self.g.unit_of(name):
                 self._receive_unit()
             out.append((name, self._ready.pop(name)))

@@ -47,8 +47,10 @@ def fsdp_compute_dtype(precision: str, fsdp_param_dtype: str) -> str:
     if precision == "fp32":
         return fsdp_param_dtype
     if fsdp_param_dtype not in ("", "bfloat16"):
-        raise ValueError(f"--precision {precision} computes in bfloat16 but --fsdp-param-dtype is {fsdp_param_dtype}: "
-                         "leave --fsdp-param-dtype empty (or bfloat16), or use --precision fp32")
+        raise ValueError(
+            f"--precision {precision} computes in bfloat16 but --fsdp-param-dtype is {fsdp_param_dtype}: "
+            "leave --fsdp-param-dtype empty (or bfloat16), or use --precision fp32"
+        )
     # bf16-mixed: float32 master shards, bfloat16 compute; bf16: the shards are bfloat16 already, and the
     # policy (when asked for) only keeps the gradients' reduction in float32
     return "bfloat16" if precision == "bf16-mixed" else fsdp_param_dtype
@@ -58,9 +60,11 @@ def check_precision(backend: str, precision: str, fsdp_param_dtype: str = "") ->
     """ValueError, naming the flags, for a precision the backend does not train in."""
     _known(precision)
     if backend == "megatron" and precision != "fp32":
-        raise ValueError(f"--precision {precision}: the megatron backend trains in float32 only (its bfloat16 "
-                         "path needs megatron's mixed-precision optimizer, not wired here); use --precision fp32, "
-                         "or --backend torch or fsdp")
+        raise ValueError(
+            f"--precision {precision}: the megatron backend trains in float32 only (its bfloat16 "
+            "path needs megatron's mixed-precision optimizer, not wired here); use --precision fp32, "
+            "or --backend torch or fsdp"
+        )
     if backend == "fsdp":
         fsdp_compute_dtype(precision, fsdp_param_dtype)
 

@@ -33,8 +33,9 @@ class WeightsRefused(RuntimeError):
     the same weights again and again."""
 
     def __init__(self, reason: str | None):
-        super().__init__(f"the trainer's weights were refused and no resend can change that, so the run cannot go "
-                         f"on: {reason}")
+        super().__init__(
+            f"the trainer's weights were refused and no resend can change that, so the run cannot go on: {reason}"
+        )
 
 
 class WeightVersions:
@@ -47,9 +48,17 @@ class WeightVersions:
     otherwise the trainer calls `settle_live` before its optimizer touches the weights again. At most one
     publish is in flight: the next one settles it first."""
 
-    def __init__(self, sender: WeightSender, model: torch.nn.Module, run: RunConfig, dcs, run_id: str,
-                 republish_check_s: float, snapshot_max_bytes: int = 2048 << 20,
-                 source: Callable[[], list] | None = None):
+    def __init__(
+        self,
+        sender: WeightSender,
+        model: torch.nn.Module,
+        run: RunConfig,
+        dcs,
+        run_id: str,
+        republish_check_s: float,
+        snapshot_max_bytes: int = 2048 << 20,
+        source: Callable[[], list] | None = None,
+    ):
         self.sender, self.model, self.run, self.dcs, self.run_id = sender, model, run, dcs, run_id
         self.source = source  # the (name, tensor) list to publish, when not the model's live parameters
         sender.adapter_scaling = adapter_scaling(model)  # with LoRA the source yields only the adapter: lora.py
@@ -87,7 +96,7 @@ class WeightVersions:
         version published."""
         for attempt in range(attempts):
             if attempt:  # a receiver that died drops out of the group when its lease lapses
-                time.sleep(min(2.0 ** attempt, 10.0))
+                time.sleep(min(2.0**attempt, 10.0))
             self.sender.receiver_roles = self.receiver_roles(version)
             try:
                 result = self.sender.publish(weights if weights is not None else self._weights(), version)
@@ -111,8 +120,9 @@ class WeightVersions:
         staler than max_staleness allows (this process's skips: a restarted trainer counts from its restart)."""
         return trained - generated - sum(1 for k in self.skipped if generated <= k < trained)
 
-    def publish_later(self, step: int, version: int, then: Callable[[int], None], snapshot: bool = False,
-                      weights: list | None = None) -> None:
+    def publish_later(
+        self, step: int, version: int, then: Callable[[int], None], snapshot: bool = False, weights: list | None = None
+    ) -> None:
         """Publish step N's weights on the worker thread, then call `then(version published)` there. With
         `snapshot` the weights are copied now and `then` must not read the model (it may have moved); `weights`,
         a copy already made (a sharded backend's gathered weights), are published as they are."""
@@ -176,8 +186,9 @@ class WeightVersions:
         rollout was down) holds back admission of the very samples the trainer waits for; only a new publish
         brings it up to date."""
         now = time.monotonic()
-        if now - self._last_lag_check < self.republish_check_s or (self._pending is not None
-                                                                   and not self._pending.done()):
+        if now - self._last_lag_check < self.republish_check_s or (
+            self._pending is not None and not self._pending.done()
+        ):
             return
         self._last_lag_check = now
         lagging = self._behind(self._recorded_engines(), version)
@@ -200,11 +211,15 @@ class WeightVersions:
         if version < 1:  # nothing published yet: every engine holds the run's initial weights
             return []
         left_out = set(self.sender.left_out())
-        return [n.node_id for n in engines if n.alive and (n.weight_version is None or n.weight_version < version)
-                and n.node_id not in left_out]
+        return [
+            n.node_id
+            for n in engines
+            if n.alive and (n.weight_version is None or n.weight_version < version) and n.node_id not in left_out
+        ]
 
-    def catch_up_engines(self, version: int, wait_s: float, stop: threading.Event | None = None,
-                         poll_s: float = 0.25) -> bool:
+    def catch_up_engines(
+        self, version: int, wait_s: float, stop: threading.Event | None = None, poll_s: float = 0.25
+    ) -> bool:
         """After the run's last step is published, before it is recorded (so the rollout still keeps its engines
         registered): every engine of the run serves `version` before the run ends. An engine that restarted
         near the end comes back with its initial weights, and no later publish would reach it (the resend of
@@ -226,9 +241,13 @@ class WeightVersions:
             if len(current) == len(engines):
                 return True
             if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
-                log.warning("the run ends with engines that do not serve its last weights",
-                            extra={"version": version, "engines": [(n.node_id, n.alive, n.weight_version)
-                                                                   for n in engines if n not in current]})
+                log.warning(
+                    "the run ends with engines that do not serve its last weights",
+                    extra={
+                        "version": version,
+                        "engines": [(n.node_id, n.alive, n.weight_version) for n in engines if n not in current],
+                    },
+                )
                 return False
             behind = self._behind(engines, version)
             if not behind:
@@ -239,8 +258,10 @@ class WeightVersions:
     def _send_engines(self, version: int, node_ids: list[str]) -> bool:
         """`version` again, to the engines only: no renumbering, so no sample gets staler. Returns whether the
         sync succeeded (its report then records the engines it reached)."""
-        log.warning("engines lag behind the published weights; sending them again",
-                    extra={"engines": node_ids, "version": version})
+        log.warning(
+            "engines lag behind the published weights; sending them again",
+            extra={"engines": node_ids, "version": version},
+        )
         self.sender.receiver_roles = ["engine"]
         try:
             self.sender.publish(self._weights(), version, announce=False)
@@ -252,8 +273,10 @@ class WeightVersions:
             # an engine that is up and answers every resend with an error would be sent the weights for ever
             self._engine_errors = self._engine_errors + 1 if exc.result.engine_error else 0
             if self._engine_errors >= MAX_ENGINE_ERRORS:
-                raise RuntimeError(f"resending the weights failed {self._engine_errors} times in a row with an "
-                                   f"engine's error: {exc.result.error}") from exc
+                raise RuntimeError(
+                    f"resending the weights failed {self._engine_errors} times in a row with an "
+                    f"engine's error: {exc.result.error}"
+                ) from exc
             log.warning("resending weights to engines failed", extra={"error": repr(exc)})
         except Exception as exc:  # a failed sync, or the coordinator unreachable: tried again at the next check
             log.warning("resending weights to engines failed", extra={"error": repr(exc)})

@@ -21,6 +21,7 @@ def latest_published(t) -> int:
             return 0
         raise
 
+
 def resume_position(t, ckpt) -> tuple[int, int]:
     """(next step, version) to continue from. The checkpoint holds the weights; the progress record
     says how far the previous process got. Steps it finished after the checkpoint are lost with its
@@ -31,8 +32,10 @@ def resume_position(t, ckpt) -> tuple[int, int]:
         t.weights.sender.resume_engines()  # a predecessor killed mid-sync may have left them paused
     step, version = (ckpt.next_step, ckpt.version) if ckpt else (0, 0)
     if progress.next_step > step:
-        log.warning("steps after the checkpoint were lost with the process that trained them",
-                    extra={"from": step, "to": progress.next_step})
+        log.warning(
+            "steps after the checkpoint were lost with the process that trained them",
+            extra={"from": step, "to": progress.next_step},
+        )
         step = progress.next_step
     # steps the checkpoint covers, and finished steps a stopped predecessor left uncleared (its clears run in
     # step order and stop when it is halted mid-wait, so those are the steps just before `step`)
@@ -54,6 +57,7 @@ def resume_position(t, ckpt) -> tuple[int, int]:
         if t.steps.info(held) is not None:
             t.tq.reset_task(partition_name(t.run.name, held), t.actor_task)
     write_progress(t.redis, t.config.run_id, TrainerProgress(next_step=step, version=version))
-    log.info("trainer position", extra={"next_step": step, "version": version,
-                                        "checkpoint": ckpt.path if ckpt else None})
+    log.info(
+        "trainer position", extra={"next_step": step, "version": version, "checkpoint": ckpt.path if ckpt else None}
+    )
     return step, version

@@ -64,19 +64,27 @@ from services.trainer.tracking_hook import NO_TRACKING, Tracker, open_training_t
 
 log = logging.getLogger(__name__)
 ACTOR_GAUGES = {
-    "loss": "loss of the last step", "clip_fraction": "PPO clip fraction", "kl": "KL to the reference",
-    "entropy": "policy entropy", "grad_norm": "gradient norm before clipping", "reward_mean": "mean reward",
+    "loss": "loss of the last step",
+    "clip_fraction": "PPO clip fraction",
+    "kl": "KL to the reference",
+    "entropy": "policy entropy",
+    "grad_norm": "gradient norm before clipping",
+    "reward_mean": "mean reward",
     "rollout_logprob_abs_diff": "mean |train - rollout| log-prob of the same tokens",
-    "tokens_per_s": "trained tokens per second of compute", "wait_s": "seconds waiting for data in the last step",
-    "step": "last finished step", "weight_version": "weight version published"}
+    "tokens_per_s": "trained tokens per second of compute",
+    "wait_s": "seconds waiting for data in the last step",
+    "step": "last finished step",
+    "weight_version": "weight version published",
+}
 
 
 class ActorTrainer:
     """Run by the role host (services/role/role_service.py) with the run's session; `publisher` is the weight
     broadcast's sending end (services/run_state/seams.py). Tests pass in-memory fakes of both."""
 
-    def __init__(self, config: TrainerConfig, status: RoleStatus,
-                 publisher: Callable[..., WeightSender] = WeightPublisher):
+    def __init__(
+        self, config: TrainerConfig, status: RoleStatus, publisher: Callable[..., WeightSender] = WeightPublisher
+    ):
         self.config, self.status = config, status
         self.make_publisher = publisher
         self.version = 0
@@ -97,25 +105,58 @@ class ActorTrainer:
         ckpt = latest_checkpoint(c.checkpoint_dir, "actor") if c.checkpoint_dir else None
         self.model = load_actor(run, ckpt.path if ckpt else None, weights_dtype(c.precision), c.device)
         self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master, backend=process_group_backend(c.device))
-        self.backend = make_backend(c.backend, self.model, run, c.device, self.dp, param_dtype=c.fsdp_param_dtype,
-                                    cpu_offload=c.fsdp_cpu_offload, tp=c.tp_size, pp=c.pp_size,
-                                    sequence_parallel=c.sequence_parallel, precision=c.precision)
+        self.backend = make_backend(
+            c.backend,
+            self.model,
+            run,
+            c.device,
+            self.dp,
+            param_dtype=c.fsdp_param_dtype,
+            cpu_offload=c.fsdp_cpu_offload,
+            tp=c.tp_size,
+            pp=c.pp_size,
+            sequence_parallel=c.sequence_parallel,
+            precision=c.precision,
+        )
         self.optimizer = self.backend.optimizer
         self.sizer = MicroBatchSizer(c.device, c.auto_micro_batch, self.model)
         if ckpt:
             self.backend.load_optimizer(ckpt.path)
         self.membership: Membership | None = None
         if self.dp.is_leader:  # the other ranks follow it through the group, not the coordinator
-            self.membership = session.join(NodeRegistration(
-                role="trainer", host=c.advertise_host, ports={"http": c.port}, device=c.device, run_id=c.run_id,
-                parallel={"dp": c.dp_size}))
-            sender = self.make_publisher(self.dcs, self.membership.node_id, c.master_address,
-                                         bucket_bytes=c.bucket_mb << 20, timeout_s=c.weight_sync_timeout_s,
-                                         pause_mode=c.pause_mode, run_id=c.run_id, backend=c.sync_backend,
-                                         device=c.device, adapter_dir=c.adapter_files_dir)
+            self.membership = session.join(
+                NodeRegistration(
+                    role="trainer",
+                    host=c.advertise_host,
+                    ports={"http": c.port},
+                    device=c.device,
+                    run_id=c.run_id,
+                    parallel={"dp": c.dp_size},
+                )
+            )
+            sender = self.make_publisher(
+                self.dcs,
+                self.membership.node_id,
+                c.master_address,
+                bucket_bytes=c.bucket_mb << 20,
+                timeout_s=c.weight_sync_timeout_s,
+                pause_mode=c.pause_mode,
+                run_id=c.run_id,
+                backend=c.sync_backend,
+                device=c.device,
+                adapter_dir=c.adapter_files_dir,
+            )
             source = self.weight_stream if self.backend.gathers else live_weights_of(self.backend)  # lora: adapter
-            self.weights = WeightVersions(sender, self.model, run, self.dcs, c.run_id, c.republish_check_s,
-                                          snapshot_max_bytes=c.snapshot_publish_mb << 20, source=source)
+            self.weights = WeightVersions(
+                sender,
+                self.model,
+                run,
+                self.dcs,
+                c.run_id,
+                c.republish_check_s,
+                snapshot_max_bytes=c.snapshot_publish_mb << 20,
+                source=source,
+            )
             self.tracking = open_training_tracker(run, c.output_dir, c.run_id, self.redis, self.dcs)
         self.actor_task = task_name(run.name, ACTOR_TASK)  # the run's own task
         self.tq.register_task(self.actor_task, actor_inputs(run), group_size=run.group_rows)
@@ -165,8 +206,7 @@ class ActorTrainer:
             state, copied = self.sharded_state(step), None
             if self.checkpoint_due(step) and not self.backend.gathers:
                 copied = copy_if_affordable(self.model, self.optimizer, self.config.snapshot_publish_mb << 20)
-            then = functools.partial(self.finish, step, ids=ids, metrics=metrics, state=state, copied=copied,
-                                     halt=halt)
+            then = functools.partial(self.finish, step, ids=ids, metrics=metrics, state=state, copied=copied, halt=halt)
             weights.settle()  # the last publish: its version numbers this one
             if self.backend.gathers:  # streamed from every rank's shards, here, with the other ranks
                 weights.publish_now(step, self.version + 1, then)
@@ -175,8 +215,13 @@ class ActorTrainer:
                 # (from a copy of the weights; with the optimizer state when checkpointed: checkpoint_copy.py); a
                 # checkpoint too large to copy is written from the live weights, which train_step lets settle
                 # before the optimizer moves them again
-                weights.publish_later(step, self.version + 1, then, weights=copied.weights if copied else None,
-                                      snapshot=weights.snapshot_fits and not self.checkpoint_due(step))
+                weights.publish_later(
+                    step,
+                    self.version + 1,
+                    then,
+                    weights=copied.weights if copied else None,
+                    snapshot=weights.snapshot_fits and not self.checkpoint_due(step),
+                )
             self.clearing.later(step, halt, recorded=weights.pending)
             step += 1
         weights.settle()
@@ -209,8 +254,18 @@ class ActorTrainer:
 
     def write_checkpoint(self, next_step: int, version: int, state=None, copied: TrainingStateCopy | None = None):
         with span("checkpoint", next_step - 1, version):
-            save_checkpoint(self.config.checkpoint_dir, "actor", self.model, self.optimizer, self.run.model,
-                            next_step, version, keep=self.run.checkpoint.keep_last, state=state, copied=copied)
+            save_checkpoint(
+                self.config.checkpoint_dir,
+                "actor",
+                self.model,
+                self.optimizer,
+                self.run.model,
+                next_step,
+                version,
+                keep=self.run.checkpoint.keep_last,
+                state=state,
+                copied=copied,
+            )
         self.checkpointed = next_step
 
     def final_checkpoint(self, next_step: int, halt: threading.Event) -> None:
@@ -222,22 +277,34 @@ class ActorTrainer:
         if not (self.config.checkpoint_dir and self.run.checkpoint.on_stop) or next_step == self.checkpointed:
             return
         if self.halted_mid_step:
-            log.warning("stopped inside a step whose optimizer steps had begun: no final checkpoint",
-                        extra={"next_step": next_step, "checkpointed": self.checkpointed})
+            log.warning(
+                "stopped inside a step whose optimizer steps had begun: no final checkpoint",
+                extra={"next_step": next_step, "checkpointed": self.checkpointed},
+            )
             return
         state = None
         if self.backend.gathers:  # the other ranks join the gather; stopped, they may have left already
             if halt.is_set():
-                log.warning("stopped: the sharded trainer resumes from its last interval checkpoint",
-                            extra={"next_step": next_step, "checkpointed": self.checkpointed})
+                log.warning(
+                    "stopped: the sharded trainer resumes from its last interval checkpoint",
+                    extra={"next_step": next_step, "checkpointed": self.checkpointed},
+                )
                 return
             self.dp.order(Order.CHECKPOINT, next_step, self.version)
             state = self.backend.write_checkpoint_files(self.scratch(next_step))
         self.write_checkpoint(next_step, self.version, state)
         log.info("final checkpoint", extra={"next_step": next_step, "version": self.version})
 
-    def finish(self, step: int, version: int, ids: list[str], metrics: dict, state=None,
-               copied: TrainingStateCopy | None = None, halt: threading.Event | None = None) -> None:
+    def finish(
+        self,
+        step: int,
+        version: int,
+        ids: list[str],
+        metrics: dict,
+        state=None,
+        copied: TrainingStateCopy | None = None,
+        halt: threading.Event | None = None,
+    ) -> None:
         """Step N is published as `version`: its audit record and the progress past it, its checkpoint if due, then
         its report. The checkpoint follows the record: a process killed between the two resumes past the recorded
         step with the older weights (resumption.py); no trained step goes unrecorded. The last step first waits
@@ -246,8 +313,9 @@ class ActorTrainer:
         self.version = version
         if step == self.run.num_steps - 1:  # before the record, while the rollout keeps its engines registered
             weights.catch_up_engines(version, c.final_sync_wait_s, halt)
-        metrics.update(weight_version=version, publish_s=weights.last_publish_s,
-                       publish_bytes=weights.last_publish_bytes)
+        metrics.update(
+            weight_version=version, publish_s=weights.last_publish_s, publish_bytes=weights.last_publish_bytes
+        )
         finish_step(self.redis, c.run_id, step, ids, metrics, TrainerProgress(next_step=step + 1, version=version))
         if self.checkpoint_due(step):
             self.write_checkpoint(step + 1, version, state, copied)
@@ -313,16 +381,18 @@ class ActorTrainer:
                 info = batch
             else:  # the split needs every row's length; the leader's metrics need every row's ids
                 info = self.tq.get(partition, claimed.rows, STEP_RECORD_INPUTS)
-                mine = dp.my_rows(claimed.rows, info["response_length"].tolist(), n,
-                                  self.backend.data_rank, self.backend.data_size)
+                mine = dp.my_rows(
+                    claimed.rows, info["response_length"].tolist(), n, self.backend.data_rank, self.backend.data_size
+                )
                 batch = self.tq.get(partition, mine, actor_inputs(run))
             version = self._policy_version(it)
             lr = set_lr(self.optimizer, run.optim.lr, step, run.optim, run.num_steps)  # run.optim.lr_schedule
             t1 = time.perf_counter()
             tokens, seqs = loss_totals(batch, run, dp, self.backend.data_size)
             with span("train", step, version):
-                m = self.backend.train(batch, run, self.sizer.rows(run.micro_batch_size, batch), c.device,
-                                       totals=(tokens, seqs))
+                m = self.backend.train(
+                    batch, run, self.sizer.rows(run.micro_batch_size, batch), c.device, totals=(tokens, seqs)
+                )
             compute_s += clock.since(t1)
             if not dp.is_leader:
                 continue
@@ -341,9 +411,18 @@ class ActorTrainer:
             return None, None
         means = [m.means() for m in iteration_metrics]
         metrics = {k: sum(x[k] for x in means if k in x) / len(means) for k in means[0] if k not in ("tokens",)}
-        metrics.update(**sample_stats(rewards, lengths), tokens=totals.tokens, wait_s=wait_s, compute_s=compute_s,
-                       tokens_per_s=totals.tokens / max(compute_s, 1e-9), version_trained=version, dp_size=dp.size,
-                       lr=lr, **self.sizer.observe(clock), **staleness_metrics(step, staleness, run.max_staleness))
+        metrics.update(
+            **sample_stats(rewards, lengths),
+            tokens=totals.tokens,
+            wait_s=wait_s,
+            compute_s=compute_s,
+            tokens_per_s=totals.tokens / max(compute_s, 1e-9),
+            version_trained=version,
+            dp_size=dp.size,
+            lr=lr,
+            **self.sizer.observe(clock),
+            **staleness_metrics(step, staleness, run.max_staleness),
+        )
         return ids, metrics
 
     def _policy_version(self, it: int) -> int:
@@ -371,13 +450,25 @@ class ActorTrainer:
         partition = partition_name(run.name, step)
         if not dp.is_leader:
             got, nonce = dp.share([0, 0])
-            return self.tq.claim_rows(partition, self.actor_task, run.global_batch_size, lease_s=c.lease_s,
-                                      claim_key=f"{nonce}-{it}") if got else None
+            return (
+                self.tq.claim_rows(
+                    partition, self.actor_task, run.global_batch_size, lease_s=c.lease_s, claim_key=f"{nonce}-{it}"
+                )
+                if got
+                else None
+            )
         self.pause_point(halt)
         with span("claim", step, self.version):
-            claimed = claim_global_batch(self.tq, partition, self.actor_task, run.global_batch_size, c.lease_s,
-                                         halt, lambda: self.waiting(step, halt),
-                                         claim_key=f"{nonce}-{it}" + (f"-{retry}" if retry else ""))
+            claimed = claim_global_batch(
+                self.tq,
+                partition,
+                self.actor_task,
+                run.global_batch_size,
+                c.lease_s,
+                halt,
+                lambda: self.waiting(step, halt),
+                claim_key=f"{nonce}-{it}" + (f"-{retry}" if retry else ""),
+            )
         if dp.size > 1:
             dp.share([int(claimed is not None), nonce])  # found, and the claim key's nonce
         return claimed

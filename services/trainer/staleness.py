@@ -12,8 +12,11 @@ log = logging.getLogger(__name__)
 
 
 def staleness_histogram() -> Histogram:
-    return Histogram("sluice_trainer_sample_staleness", "versions between a sample's generation and its training",
-                     buckets=(0, 1, 2, 3, 4, 8, 16))
+    return Histogram(
+        "sluice_trainer_sample_staleness",
+        "versions between a sample's generation and its training",
+        buckets=(0, 1, 2, 3, 4, 8, 16),
+    )
 
 
 def staleness_metrics(step: int, staleness: collections.Counter, max_staleness: int) -> dict:
@@ -21,5 +24,8 @@ def staleness_metrics(step: int, staleness: collections.Counter, max_staleness: 
     violations = sum(n for s, n in staleness.items() if s > max_staleness)
     if violations:
         log.warning("samples exceeded max_staleness", extra={"step": step, "count": violations})
-    return {"staleness": {str(k): v for k, v in sorted(staleness.items())}, "staleness_max": max(staleness),
-            "staleness_violations": violations}
+    return {
+        "staleness": {str(k): v for k, v in sorted(staleness.items())},
+        "staleness_max": max(staleness),
+        "staleness_violations": violations,
+    }

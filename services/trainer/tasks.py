@@ -46,9 +46,17 @@ def read_or_give_back(tq: DataPlane, claimed, fields):
         return None
 
 
-def claim_global_batch(tq: DataPlane, partition: str, task: str, rows: int, lease_s: float,
-                       halt: threading.Event, idle: Callable[[], None] = lambda: None, claim_key: str = "",
-                       short_ok: bool = False):
+def claim_global_batch(
+    tq: DataPlane,
+    partition: str,
+    task: str,
+    rows: int,
+    lease_s: float,
+    halt: threading.Event,
+    idle: Callable[[], None] = lambda: None,
+    claim_key: str = "",
+    short_ok: bool = False,
+):
     """Claim exactly `rows` rows (whole groups) without reading them, waiting while the partition fills;
     None if halted or the partition ran out. `idle` runs between polls (a pause safe point).
     Data-parallel ranks pass the leader's claim_key to get the same lease. With `short_ok`, fewer rows
@@ -57,8 +65,9 @@ def claim_global_batch(tq: DataPlane, partition: str, task: str, rows: int, leas
     while not halt.is_set():
         idle()
         try:  # one long-polling claim that answers once `rows` are ready (fewer only at its deadline)
-            claimed = tq.claim_rows(partition, task, rows, wait_s=2.0, lease_s=lease_s, min_rows=rows,
-                                    claim_key=claim_key)
+            claimed = tq.claim_rows(
+                partition, task, rows, wait_s=2.0, lease_s=lease_s, min_rows=rows, claim_key=claim_key
+            )
         except TQError as exc:
             if partition_gone(exc):
                 return None

@@ -45,9 +45,13 @@ def sample_stats(rewards: Sequence[float], lengths: Sequence[int]) -> dict:
     """reward_mean, reward_std (population), response_length_mean / _max and samples of a step's samples."""
     n = max(len(rewards), 1)
     mean = sum(rewards) / n
-    return {"reward_mean": mean, "reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / n),
-            "response_length_mean": sum(lengths) / max(len(lengths), 1),
-            "response_length_max": max(lengths, default=0), "samples": len(rewards)}
+    return {
+        "reward_mean": mean,
+        "reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / n),
+        "response_length_mean": sum(lengths) / max(len(lengths), 1),
+        "response_length_max": max(lengths, default=0),
+        "samples": len(rewards),
+    }
 
 
 def staleness_mean(histogram: dict | None) -> float | None:
@@ -60,11 +64,16 @@ class TrainingTracker:
     """`latest_eval()` returns the run's newest evaluation result (a dict of numbers with the version it was
     taken at) or None; `tokenizer_dir` is where the run's tokenizer is (the run's model directory)."""
 
-    def __init__(self, run: RunConfig, run_dir: str, tokenizer_dir: str | None = None,
-                 latest_eval: Callable[[], dict | None] | None = None,
-                 open_tracker: Callable[..., FanOutTracker] = open_trackers,
-                 busy_fractions: Callable[[float, float], dict[str, float]] | None = None,
-                 source_rewards: Callable[[int], dict[str, float]] | None = None):
+    def __init__(
+        self,
+        run: RunConfig,
+        run_dir: str,
+        tokenizer_dir: str | None = None,
+        latest_eval: Callable[[], dict | None] | None = None,
+        open_tracker: Callable[..., FanOutTracker] = open_trackers,
+        busy_fractions: Callable[[float, float], dict[str, float]] | None = None,
+        source_rewards: Callable[[int], dict[str, float]] | None = None,
+    ):
         self.run, self.run_dir = run, run_dir
         self.source_rewards = source_rewards
         self.busy_fractions = busy_fractions
@@ -89,8 +98,15 @@ class TrainingTracker:
         if not self.every or step % self.every or step in self._samples or "completions" in self._failed:
             return
         k = min(self.run.tracking.completions_rows, len(batch["reward"]))
-        self._samples[step] = [(batch["tokens"][i], int(batch["prompt_length"][i]),
-                                int(batch["response_length"][i]), float(batch["reward"][i])) for i in range(k)]
+        self._samples[step] = [
+            (
+                batch["tokens"][i],
+                int(batch["prompt_length"][i]),
+                int(batch["response_length"][i]),
+                float(batch["reward"][i]),
+            )
+            for i in range(k)
+        ]
 
     def step_finished(self, step: int, metrics: dict) -> None:
         self._queue.put((step, dict(metrics), time.time(), self._samples.pop(step, None)))
@@ -100,15 +116,17 @@ class TrainingTracker:
         self._queue.put(None)
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            log.warning("tracking did not finish in time; its last records may be missing",
-                        extra={"timeout_s": timeout_s})
+            log.warning(
+                "tracking did not finish in time; its last records may be missing", extra={"timeout_s": timeout_s}
+            )
 
     # ------------------------------------------------------------------ the tracking thread
 
     def _work(self) -> None:
         try:
-            tracker = self.open_tracker(self.run.tracking, self.run_dir, self.run.name,
-                                        self.run.model_dump(mode="json"))
+            tracker = self.open_tracker(
+                self.run.tracking, self.run_dir, self.run.name, self.run.model_dump(mode="json")
+            )
         except Exception as exc:
             log.warning("tracking could not start; the run goes on without it", extra={"error": repr(exc)})
             while self._queue.get() is not None:  # drained, so the trainer never blocks on it
@@ -116,7 +134,9 @@ class TrainingTracker:
             return
         while (item := self._queue.get()) is not None:
             step, metrics, wall_time, samples = item
-            self._guarded("metrics", lambda: tracker.log_metrics(step, self.record(metrics, wall_time, step), wall_time))
+            self._guarded(
+                "metrics", lambda: tracker.log_metrics(step, self.record(metrics, wall_time, step), wall_time)
+            )
             if samples:
                 self._guarded("completions", lambda: tracker.log_completions(step, self.completions(samples)))
         self._guarded("close", tracker.close)
@@ -128,8 +148,10 @@ class TrainingTracker:
             call()
         except Exception as exc:
             self._failed.add(part)
-            log.warning("tracking failed; this part is switched off for the rest of the run",
-                        extra={"part": part, "error": repr(exc)})
+            log.warning(
+                "tracking failed; this part is switched off for the rest of the run",
+                extra={"part": part, "error": repr(exc)},
+            )
 
     def record(self, metrics: dict, wall_time: float, step: int | None = None) -> dict:
         """The step's metrics with step_s, samples_per_s, staleness_mean, busy, reward_by_source and a new eval
@@ -178,10 +200,14 @@ class TrainingTracker:
             self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir, local_files_only=True)
         rows = []
         for tokens, prompt_length, response_length, reward in samples:
-            ids = [int(t) for t in tokens[:prompt_length + response_length]]
-            rows.append({"prompt": self._tokenizer.decode(ids[:prompt_length], skip_special_tokens=True),
-                         "response": self._tokenizer.decode(ids[prompt_length:], skip_special_tokens=True),
-                         "reward": reward})
+            ids = [int(t) for t in tokens[: prompt_length + response_length]]
+            rows.append(
+                {
+                    "prompt": self._tokenizer.decode(ids[:prompt_length], skip_special_tokens=True),
+                    "response": self._tokenizer.decode(ids[prompt_length:], skip_special_tokens=True),
+                    "reward": reward,
+                }
+            )
         return rows
 
 
@@ -223,8 +249,12 @@ def busy_reader(dcs, run_id: str) -> Callable[[float, float], dict[str, float]] 
     client = span_client()  # one for the run: kept open between reads
 
     def busy(start: float, end: float) -> dict[str, float]:
-        urls = {f"{n.role}-{n.rank}": url for nodes in dcs.topology().roles.values() for n in nodes
-                if n.run_id == run_id and n.alive and (url := n.url())}
+        urls = {
+            f"{n.role}-{n.rank}": url
+            for nodes in dcs.topology().roles.values()
+            for n in nodes
+            if n.run_id == run_id and n.alive and (url := n.url())
+        }
         spans = fetch_spans(urls, since=start, timeout_s=5.0, token=dcs.token or "", client=client)
         seconds = stage_busy(spans, start, end)
         return {lane: round(s / max(end - start, 1e-9), 4) for lane, s in seconds.items()}
@@ -232,11 +262,16 @@ def busy_reader(dcs, run_id: str) -> Callable[[float, float], dict[str, float]] 
     return busy
 
 
-def open_training_tracker(run: RunConfig, output_dir: str, run_id: str, redis=None,
-                          dcs=None) -> TrainingTracker | NoTracking:
+def open_training_tracker(
+    run: RunConfig, output_dir: str, run_id: str, redis=None, dcs=None
+) -> TrainingTracker | NoTracking:
     """Rank 0's tracker writing to <output_dir>/<run_id>; NO_TRACKING when output_dir is empty."""
     if not output_dir:
         return NO_TRACKING
-    return TrainingTracker(run, os.path.join(output_dir, run_id), latest_eval=eval_reader(redis, run_id),
-                           busy_fractions=busy_reader(dcs, run_id),
-                           source_rewards=(lambda step: read_source_rewards(redis, run_id, step)) if redis else None)
+    return TrainingTracker(
+        run,
+        os.path.join(output_dir, run_id),
+        latest_eval=eval_reader(redis, run_id),
+        busy_fractions=busy_reader(dcs, run_id),
+        source_rewards=(lambda step: read_source_rewards(redis, run_id, step)) if redis else None,
+    )

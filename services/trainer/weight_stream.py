@@ -14,8 +14,9 @@ class GatheredParameters:
     """(name, parameter) pairs whose full tensor `full(parameter)` gathers from every rank (FSDP2's
     DTensor.full_tensor)."""
 
-    def __init__(self, named: Sequence[tuple[str, torch.Tensor]], full: Callable[[torch.Tensor], torch.Tensor],
-                 keep: bool):
+    def __init__(
+        self, named: Sequence[tuple[str, torch.Tensor]], full: Callable[[torch.Tensor], torch.Tensor], keep: bool
+    ):
         self._named, self._full, self._keep = list(named), full, keep
         self._next = 0
 
@@ -25,7 +26,7 @@ class GatheredParameters:
     def take(self, count: int) -> list[tuple[str, torch.Tensor]]:
         out = []
         with torch.no_grad():
-            for name, p in self._named[self._next:self._next + count]:
+            for name, p in self._named[self._next : self._next + count]:
                 full = self._full(p)  # every rank, in the same order
                 if self._keep:
                     out.append((name, full.to("cpu")))

@@ -51,13 +51,14 @@ def check_int(name: str, value: int, low: int, high: int) -> int:
 def check_rows(name: str, rows, limits: Limits, allow_repeats: bool = False) -> list[int]:
     """A list of row indices: at most max_rows_per_call of them, each in [0, max_partition_rows)."""
     if len(rows) > limits.max_rows_per_call:
-        raise invalid(f"{name} names {len(rows)} rows; at most {limits.max_rows_per_call} per call "
-                      "(--max-rows-per-call): split it")
+        raise invalid(
+            f"{name} names {len(rows)} rows; at most {limits.max_rows_per_call} per call "
+            "(--max-rows-per-call): split it"
+        )
     out = list(rows)
     if out and (min(out) < 0 or max(out) >= limits.max_partition_rows):
         bad = next(r for r in out if r < 0 or r >= limits.max_partition_rows)
-        raise invalid(f"{name}: row index {bad} is outside [0, {limits.max_partition_rows}) "
-                      "(--max-partition-rows)")
+        raise invalid(f"{name}: row index {bad} is outside [0, {limits.max_partition_rows}) (--max-partition-rows)")
     if not allow_repeats and len(set(out)) != len(out):
         raise invalid(f"{name}: row indices repeat")
     return out
@@ -76,8 +77,9 @@ def check_shape(field: str, shape, limits: Limits) -> None:
     if not 1 <= len(shape) <= MAX_TENSOR_RANK or any(d < 1 for d in shape):
         raise invalid(f"tensor field {field} needs a shape of 1-{MAX_TENSOR_RANK} positive dims, got {list(shape)}")
     if any(d > limits.max_row_elements for d in shape) or math.prod(shape) > limits.max_row_elements:
-        raise invalid(f"tensor field {field}: shape {list(shape)} has more than {limits.max_row_elements} "
-                      "elements per row")
+        raise invalid(
+            f"tensor field {field}: shape {list(shape)} has more than {limits.max_row_elements} elements per row"
+        )
 
 
 def check_schemas(fields, limits: Limits) -> None:

@@ -25,9 +25,18 @@ from services.transferqueue.errors import TQError
 from services.transferqueue.pb import transferqueue_pb2 as pb
 from services.transferqueue.wire_format import DTYPE_META, WIRE_TYPES
 
-_TORCH = {"int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
-          "uint8": torch.uint8, "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-          "bfloat16": torch.bfloat16, "bool": torch.bool}
+_TORCH = {
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bool": torch.bool,
+}
 # dtype name -> (torch dtype, numpy dtype of the wire bits, Arrow type of the wire bits)
 DTYPES: dict[str, tuple[torch.dtype, np.dtype, pa.DataType]] = {
     name: (_TORCH[name], np_dtype, arrow_type) for name, (np_dtype, arrow_type) in WIRE_TYPES.items()
@@ -220,17 +229,18 @@ def decode_column(array: pa.Array, arrow_field: pa.Field, padded: bool, pad_valu
         bounds = (offsets - base).tolist()
         lengths = torch.from_numpy(np.diff(offsets))
         if not padded:
-            return [values[bounds[i]:bounds[i + 1]] for i in range(len(array))], None
+            return [values[bounds[i] : bounds[i + 1]] for i in range(len(array))], None
         width = int(lengths.max()) if len(array) else 0
         out = torch.full((len(array), width), pad_value, dtype=values.dtype)
         for i in range(len(array)):
-            out[i, : bounds[i + 1] - bounds[i]] = values[bounds[i]:bounds[i + 1]]
+            out[i, : bounds[i + 1] - bounds[i]] = values[bounds[i] : bounds[i + 1]]
         return out, lengths
     return _numeric(array, dtype, backing), None
 
 
-def decode_table(table: pa.Table | pa.RecordBatch, padded: bool | Sequence[str] = False, pad_value=0,
-                 backing: Backing = _NO_BACKING):
+def decode_table(
+    table: pa.Table | pa.RecordBatch, padded: bool | Sequence[str] = False, pad_value=0, backing: Backing = _NO_BACKING
+):
     """-> (columns, lengths). `padded`: True for every ragged field, or the names of those to pad.
     `backing`: the received buffers the table was read from (lets tensors share their memory)."""
     columns, lengths = {}, {}
@@ -241,4 +251,3 @@ def decode_table(table: pa.Table | pa.RecordBatch, padded: bool | Sequence[str] 
         if lens is not None:
             lengths[arrow_field.name] = lens
     return columns, lengths
-

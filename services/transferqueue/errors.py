@@ -29,13 +29,17 @@ def check_name(kind: str, name: str) -> str:
     task names may start with one scope and a slash ("run-a/train_3")."""
     if kind in _SCOPED_KINDS:
         if not isinstance(name, str) or not _SCOPED_NAME.match(name):
-            raise TQError(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"{kind} name {name!r} is invalid: use 1-128 characters of A-Z a-z 0-9 _ . -, "
-                          "optionally after a scope of the same characters and a slash")
+            raise TQError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{kind} name {name!r} is invalid: use 1-128 characters of A-Z a-z 0-9 _ . -, "
+                "optionally after a scope of the same characters and a slash",
+            )
         return name
     if not isinstance(name, str) or not _NAME.match(name):
-        raise TQError(grpc.StatusCode.INVALID_ARGUMENT,
-                      f"{kind} name {name!r} is invalid: use 1-128 characters of A-Z a-z 0-9 _ . -")
+        raise TQError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{kind} name {name!r} is invalid: use 1-128 characters of A-Z a-z 0-9 _ . -",
+        )
     return name
 
 

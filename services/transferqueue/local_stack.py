@@ -26,9 +26,18 @@ def grpc_serving(address: str, service: str = "") -> bool:
 
 
 class LocalTransferQueue(StopsOnExit):
-    def __init__(self, shards: int = 1, token: str = "", redis_url: str | None = None, log_dir: str | None = None,
-                 shard_args: tuple[str, ...] = (), controller_args: tuple[str, ...] = (), data_dir: str | None = None,
-                 redis_password: str = "", controller_port: int = 0):
+    def __init__(
+        self,
+        shards: int = 1,
+        token: str = "",
+        redis_url: str | None = None,
+        log_dir: str | None = None,
+        shard_args: tuple[str, ...] = (),
+        controller_args: tuple[str, ...] = (),
+        data_dir: str | None = None,
+        redis_password: str = "",
+        controller_port: int = 0,
+    ):
         """`data_dir`: each shard journals to data_dir/<shard id> (a killed shard restarts with its rows);
         `redis_password`: what `redis_url` requires; `controller_port`: the controller's (0 = a free one)."""
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-tq-")
@@ -62,9 +71,19 @@ class LocalTransferQueue(StopsOnExit):
     def start_controller(self) -> ChildProcess:
         self.controller = ChildProcess(
             "tq-controller",
-            sluice_argv("tq-controller", "--host", "127.0.0.1", "--port", str(self.controller_port),
-                        "--redis-url", self.redis_url, *self.controller_args),
-            os.path.join(self.log_dir, "controller.log"), env=self._env())
+            sluice_argv(
+                "tq-controller",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.controller_port),
+                "--redis-url",
+                self.redis_url,
+                *self.controller_args,
+            ),
+            os.path.join(self.log_dir, "controller.log"),
+            env=self._env(),
+        )
         self.controller.wait_until(lambda: grpc_serving(self.controller_address), 30)
         return self.controller
 
@@ -87,11 +106,24 @@ class LocalTransferQueue(StopsOnExit):
         address = f"127.0.0.1:{port}"
         proc = ChildProcess(
             f"tq-shard {shard_id}",
-            sluice_argv("tq-shard", "--host", "127.0.0.1", "--port", str(port), "--advertise-host", "127.0.0.1",
-                        "--shard-id", shard_id, "--controller", self.controller_address,
-                        *(("--data-dir", os.path.join(self.data_dir, shard_id)) if self.data_dir else ()),
-                        *self.shard_args),
-            os.path.join(self.log_dir, f"{shard_id}.log"), env=self._env())
+            sluice_argv(
+                "tq-shard",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--advertise-host",
+                "127.0.0.1",
+                "--shard-id",
+                shard_id,
+                "--controller",
+                self.controller_address,
+                *(("--data-dir", os.path.join(self.data_dir, shard_id)) if self.data_dir else ()),
+                *self.shard_args,
+            ),
+            os.path.join(self.log_dir, f"{shard_id}.log"),
+            env=self._env(),
+        )
         proc.wait_until(lambda: grpc_serving(address), 30)
         return proc
 

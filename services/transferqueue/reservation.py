@@ -53,14 +53,16 @@ def verify(keys: list[bytes], partition: str, row_min: int, row_max: int, reserv
         raise _denied("put carries no reservation: write rows the controller's PreparePut handed out")
     if len(reservation) != SIZE:
         raise _denied(f"put reservation is {len(reservation)} bytes, not {SIZE}: not issued by the controller")
-    head, mac = reservation[:_HEAD.size], reservation[_HEAD.size:]
+    head, mac = reservation[: _HEAD.size], reservation[_HEAD.size :]
     if not any(hmac.compare_digest(mac, _mac(k, partition, head)) for k in keys):
         raise _denied(f"put reservation was not issued by the controller for partition {partition}")
     expiry, lo, hi = _HEAD.unpack(head)
     now = int(time.time() * 1000)
     if now > expiry:
-        raise TQError(grpc.StatusCode.FAILED_PRECONDITION,
-                      f"put reservation expired {now - expiry} ms ago: prepare the put again")
+        raise TQError(
+            grpc.StatusCode.FAILED_PRECONDITION, f"put reservation expired {now - expiry} ms ago: prepare the put again"
+        )
     if row_min < lo or row_max > hi:
-        raise TQError(grpc.StatusCode.FAILED_PRECONDITION,
-                      f"put rows {row_min}..{row_max} are outside its reservation {lo}..{hi}")
+        raise TQError(
+            grpc.StatusCode.FAILED_PRECONDITION, f"put rows {row_min}..{row_max} are outside its reservation {lo}..{hi}"
+        )

@@ -17,8 +17,12 @@ from services.transferqueue.errors import TQError
 log = logging.getLogger(__name__)
 
 RPC_TOTAL = Counter("sluice_tq_rpc_total", "TransferQueue RPCs handled", ["server", "method", "code"])
-RPC_SECONDS = Histogram("sluice_tq_rpc_seconds", "TransferQueue RPC handling time", ["server", "method"],
-                        buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
+RPC_SECONDS = Histogram(
+    "sluice_tq_rpc_seconds",
+    "TransferQueue RPC handling time",
+    ["server", "method"],
+    buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
+)
 
 
 @contextlib.asynccontextmanager

@@ -84,8 +84,10 @@ def check_tensor_type(column: str, typ: pa.DataType, max_row_elements: int, max_
     if width > max_row_elements:
         raise _invalid(f"column {column}: tensor shape {shape} has more than {max_row_elements} elements per row")
     if typ.storage_type.list_size != width:
-        raise _invalid(f"column {column}: tensor storage holds {typ.storage_type.list_size} values per row, "
-                       f"shape {shape} needs {width}")
+        raise _invalid(
+            f"column {column}: tensor storage holds {typ.storage_type.list_size} values per row, "
+            f"shape {shape} needs {width}"
+        )
     if typ.permutation is not None and list(typ.permutation) != list(range(len(shape))):
         raise _invalid(f"column {column}: permuted tensors are not accepted")
 
@@ -121,8 +123,9 @@ def _refuse_compression(buffer: pa.Buffer) -> None:
     try:
         for message in pa.ipc.MessageReader.open_stream(buffer):
             if _body_compressed(message.metadata.to_pybytes()):
-                raise _invalid("compressed Arrow IPC bodies are not accepted "
-                               "(their inflated size is the sender's word)")
+                raise _invalid(
+                    "compressed Arrow IPC bodies are not accepted (their inflated size is the sender's word)"
+                )
     except (pa.ArrowException, ValueError, OSError, struct.error, IndexError, TypeError) as exc:
         raise _invalid(f"malformed Arrow IPC stream: {exc}") from None
 

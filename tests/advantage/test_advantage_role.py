@@ -25,14 +25,28 @@ def _run_role(run: RunConfig, plane: InMemoryDataPlane) -> FakeMembership:
 
 
 def test_grpo_advantages_per_group_on_every_response_token():
-    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=1, algorithm={"estimator": "grpo"})
+    run = RunConfig(
+        name="r",
+        model="/m",
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=1,
+        algorithm={"estimator": "grpo"},
+    )
     plane = InMemoryDataPlane()
     plane.create_partition("r/train_0", group_size=2)
     rewards = [1.0, 0.0, 0.5, 0.5]  # group 0 differs, group 1 ties
     lengths = [3, 2, 1, 4]
-    plane.put("r/train_0", {"reward": torch.tensor(rewards), "response_length": torch.tensor(lengths),
-                          "loss_mask": [torch.ones(n) for n in lengths]})
+    plane.put(
+        "r/train_0",
+        {
+            "reward": torch.tensor(rewards),
+            "response_length": torch.tensor(lengths),
+            "loss_mask": [torch.ones(n) for n in lengths],
+        },
+    )
     plane.seal_partition("r/train_0")
 
     membership = _run_role(run, plane)
@@ -41,7 +55,7 @@ def test_grpo_advantages_per_group_on_every_response_token():
     assert [len(a) for a in advantages] == lengths  # one value per response token
     first, second = advantages[0][0].item(), advantages[1][0].item()
     assert first > 0 > second and abs(first + second) < 1e-6  # the better sample of the group is pushed up
-    assert all(torch.all(a == a[0]) for a in advantages)       # GRPO: one advantage per sample
+    assert all(torch.all(a == a[0]) for a in advantages)  # GRPO: one advantage per sample
     assert all(float(a.abs().max()) == 0.0 for a in advantages[2:])  # a tied group teaches nothing
     assert all(torch.equal(r, a) for r, a in zip(plane.column("r/train_0", "returns"), advantages))
     assert membership.steps == [0]  # progress reported once the step's partition was done
@@ -49,16 +63,36 @@ def test_grpo_advantages_per_group_on_every_response_token():
 
 
 def test_walks_every_step_of_the_run():
-    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2, algorithm={"estimator": "rloo"})
+    run = RunConfig(
+        name="r",
+        model="/m",
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+        algorithm={"estimator": "rloo"},
+    )
     plane = InMemoryDataPlane()
     plane.create_partition("r/train_0", group_size=2)
-    plane.put("r/train_0", {"reward": torch.tensor([1.0, 3.0]), "response_length": torch.tensor([1, 1]),
-                          "loss_mask": [torch.ones(1), torch.ones(1)]})
+    plane.put(
+        "r/train_0",
+        {
+            "reward": torch.tensor([1.0, 3.0]),
+            "response_length": torch.tensor([1, 1]),
+            "loss_mask": [torch.ones(1), torch.ones(1)],
+        },
+    )
     plane.seal_partition("r/train_0")
     plane.create_partition("r/train_1", group_size=2)
-    plane.put("r/train_1", {"reward": torch.tensor([2.0, 2.0]), "response_length": torch.tensor([2, 2]),
-                          "loss_mask": [torch.ones(2), torch.ones(2)]})
+    plane.put(
+        "r/train_1",
+        {
+            "reward": torch.tensor([2.0, 2.0]),
+            "response_length": torch.tensor([2, 2]),
+            "loss_mask": [torch.ones(2), torch.ones(2)],
+        },
+    )
     plane.seal_partition("r/train_1")
 
     membership = _run_role(run, plane)

@@ -32,6 +32,7 @@ def close(got, want, atol=1e-5):
 
 # --- outcome estimators: GRPO, Dr.GRPO, RLOO ---------------------------------------------------
 
+
 def test_grpo_groups_of_two_and_four():
     # groups [1, 0] and [0, 1]: mean 0.5, unbiased std sqrt(0.25 + 0.25) = 0.7071 -> +-0.7071
     close(grpo_advantages(T([1.0, 0.0, 0.0, 1.0]), 2), [H, -H, -H, H])
@@ -105,6 +106,7 @@ def test_discounted_returns_pass_over_masked_out_tokens():
 
 # --- REINFORCE++ --------------------------------------------------------------------------------
 
+
 def test_reinforce_pp_whitens_returns_over_all_masked_tokens():
     mask = T([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
     adv, ret = reinforce_pp_advantages(T([1.0, 0.0, 0.0, 1.0]), mask, group_size=2)
@@ -135,6 +137,7 @@ def test_reinforce_pp_equal_rewards_give_zero_advantages():
 
 
 # --- GAE ----------------------------------------------------------------------------------------
+
 
 def test_gae_by_hand_gamma_09_lam_08():
     r = T([[0.0, 0.0, 1.0, 4.0]])
@@ -181,6 +184,7 @@ def test_whiten_uses_the_population_std_over_masked_entries():
 
 
 # --- dispatch -----------------------------------------------------------------------------------
+
 
 def test_compute_advantages_broadcasts_outcome_advantages_over_masked_tokens():
     mask = T([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
@@ -232,8 +236,7 @@ def test_compute_advantages_ppo_whitens_advantages_not_returns():
     mask = T([[1.0, 1.0], [1.0, 0.0]])
     values = T([[0.5, 0.5], [0.0, 7.0]])
     kl = T([[0.0, 1.0], [0.0, 0.0]])
-    adv, ret = compute_advantages("ppo", T([1.0, 0.0]), mask, 1, values=values, kl=kl, kl_coef=0.5, gamma=1.0,
-                                  lam=1.0)
+    adv, ret = compute_advantages("ppo", T([1.0, 0.0]), mask, 1, values=values, kl=kl, kl_coef=0.5, gamma=1.0, lam=1.0)
     # token rewards [[0, 1 - 0.5], [0, pad]]; returns [[0.5, 0.5], [0, 0]]; raw A = [[0, 0], [0, pad]]
     close(ret, [[0.5, 0.5], [0.0, 0.0]])
     close(adv, [[0.0, 0.0], [0.0, 0.0]])
@@ -274,8 +277,9 @@ def test_compute_advantages_bad_arguments():
 def test_every_estimator_keeps_padding_zero(estimator):
     mask = T([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     garbage = torch.full((4, 4), float("nan")).where(mask == 0, torch.tensor(0.3))
-    adv, ret = compute_advantages(estimator, T([1.0, 0.0, 0.5, 2.0]), mask, 2, values=garbage, kl=garbage,
-                                  kl_coef=0.1, gamma=0.9, lam=0.95)
+    adv, ret = compute_advantages(
+        estimator, T([1.0, 0.0, 0.5, 2.0]), mask, 2, values=garbage, kl=garbage, kl_coef=0.1, gamma=0.9, lam=0.95
+    )
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
     assert (adv[mask == 0] == 0).all() and (ret[mask == 0] == 0).all()
     assert (adv[mask == 1] != 0).any()

@@ -38,6 +38,7 @@ def ratios_as_log_probs(ratios):
 
 # --- clipped surrogate --------------------------------------------------------------------------
 
+
 def test_clipped_and_unclipped_tokens():
     log_probs, old = ratios_as_log_probs([1.1, 1.5, 0.5, 1.5, 1.0])
     # the fifth token is padding and holds garbage: inf log-prob, nan advantage
@@ -93,6 +94,7 @@ def test_eps_clip_high_widens_only_the_upper_side():
 
 # --- off-policy corrections ---------------------------------------------------------------------
 
+
 def test_decoupled_behaviour_weight_and_its_tis_cap():
     log_probs, old = ratios_as_log_probs([1.0, 1.0])
     rollout = old - torch.log(T([[3.0, 0.5]]))  # pi_old / mu = 3 and 0.5
@@ -131,16 +133,18 @@ def test_areal_behaviour_weight_filter_drops_tokens_outside_cap_and_floor():
     close(log_probs.grad, [[0.0, -1.0, 0.25, 0.0]])  # -A r w / 4 on the kept tokens, nothing on the others
 
     log_probs.grad = None  # the filter, then the truncation: 4 -> 2
-    loss, _ = policy_loss(log_probs, old, adv, mask, PolicyLossConfig(behav_cap=5.0, tis_clip=2.0),
-                          rollout_log_probs=rollout)
+    loss, _ = policy_loss(
+        log_probs, old, adv, mask, PolicyLossConfig(behav_cap=5.0, tis_clip=2.0), rollout_log_probs=rollout
+    )
     close(loss, (-2.0 + 1.0 - 0.1) / 4)
 
 
 def test_clip_is_centred_on_the_proximal_policy():
     log_probs, old = ratios_as_log_probs([1.5])
     rollout = old - LN(2.0)
-    loss, m = policy_loss(log_probs, old, T([[1.0]]), torch.ones(1, 1), PolicyLossConfig(eps_clip=0.2),
-                          rollout_log_probs=rollout)
+    loss, m = policy_loss(
+        log_probs, old, T([[1.0]]), torch.ones(1, 1), PolicyLossConfig(eps_clip=0.2), rollout_log_probs=rollout
+    )
     # ratio against pi_old is 1.5 -> clipped to 1.2; behaviour weight 2: -1.2 * 2
     close(loss, -2.4)
     close(m["clip_fraction"], 1.0)
@@ -157,6 +161,7 @@ def test_rollout_log_probs_equal_to_old_change_nothing():
 
 # --- KL and entropy -----------------------------------------------------------------------------
 
+
 def test_kl_estimators_by_hand():
     log_probs = T([-1.0, -1.5, -2.0])
     ref = T([-1.5, -1.0, -2.0])  # log ratio 0.5, -0.5, 0
@@ -171,8 +176,9 @@ def test_kl_loss_term():
     ref = old - T([[0.5, -0.5]])
     adv, mask = torch.zeros(1, 2), torch.ones(1, 2)  # no policy-gradient term
     for kind, kl in [("k1", 0.0), ("k2", 0.125), ("k3", 0.1276259652)]:
-        loss, m = policy_loss(log_probs, old, adv, mask, PolicyLossConfig(kl_loss_coef=0.1, kl_loss_kind=kind),
-                              ref_log_probs=ref)
+        loss, m = policy_loss(
+            log_probs, old, adv, mask, PolicyLossConfig(kl_loss_coef=0.1, kl_loss_kind=kind), ref_log_probs=ref
+        )
         close(loss, 0.1 * kl)
         close(m["kl"], kl)
     # ref given, coefficient 0: monitored, not in the loss
@@ -185,8 +191,7 @@ def test_entropy_bonus():
     log_probs, old = ratios_as_log_probs([1.0, 1.0, 1.0])
     entropy = T([[1.0, 2.0, NAN]])
     mask = T([[1.0, 1.0, 0.0]])
-    loss, m = policy_loss(log_probs, old, torch.zeros(1, 3), mask, PolicyLossConfig(entropy_coef=0.01),
-                          entropy=entropy)
+    loss, m = policy_loss(log_probs, old, torch.zeros(1, 3), mask, PolicyLossConfig(entropy_coef=0.01), entropy=entropy)
     close(loss, -0.01 * 1.5)
     close(m["entropy"], 1.5)
 
@@ -206,6 +211,7 @@ def test_entropy_from_logits():
 
 # --- aggregation --------------------------------------------------------------------------------
 
+
 def test_aggregate_modes_by_hand():
     values = T([[1.0, 2.0, 3.0], [4.0, NAN, 9.0]])
     mask = T([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
@@ -222,8 +228,10 @@ def test_aggregate_modes_by_hand():
 def test_micro_batches_sum_to_the_whole_batch(mode):
     g = torch.Generator().manual_seed(0)
     values = torch.randn(6, 5, generator=g, requires_grad=True)
-    mask = T([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0],
-              [1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.float32)
+    mask = T(
+        [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 0]],
+        dtype=torch.float32,
+    )
     whole = aggregate(values, mask, mode)
     (whole_grad,) = torch.autograd.grad(whole, values)
     totals = dict(total_tokens=mask.sum().item(), total_seqs=6)
@@ -244,12 +252,15 @@ def test_policy_loss_over_micro_batches_equals_the_whole_batch(mode):
     cfg = PolicyLossConfig(loss_agg=mode, kl_loss_coef=0.05, dual_clip_c=3.0)
     whole, _ = policy_loss(log_probs, old, adv, mask, cfg, ref_log_probs=ref)
     totals = dict(total_tokens=mask.sum().item(), total_seqs=4)
-    parts = sum(policy_loss(log_probs[s], old[s], adv[s], mask[s], cfg, ref_log_probs=ref[s], **totals)[0]
-                for s in (slice(0, 1), slice(1, 4)))
+    parts = sum(
+        policy_loss(log_probs[s], old[s], adv[s], mask[s], cfg, ref_log_probs=ref[s], **totals)[0]
+        for s in (slice(0, 1), slice(1, 4))
+    )
     assert torch.allclose(parts, whole, atol=1e-6)
 
 
 # --- value loss ---------------------------------------------------------------------------------
+
 
 def test_value_loss_clipped_and_plain():
     values = T([[1.0, 2.0, NAN]], requires_grad=True)
@@ -271,19 +282,23 @@ def test_value_loss_clipped_and_plain():
 
 # --- bad arguments ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(eps_clip=1.0), "eps_clip must be"),
-    (dict(eps_clip=-0.1), "eps_clip must be"),
-    (dict(eps_clip_high=-0.1), "eps_clip_high"),
-    (dict(dual_clip_c=1.0), "dual_clip_c must be > 1"),
-    (dict(tis_clip=0.0), "tis_clip"),
-    (dict(behav_cap=1.0), "behav_cap must be > 1"),
-    (dict(behav_floor=1.0), "behav_floor must be in"),
-    (dict(loss_agg="mean"), "unknown loss_agg 'mean'"),
-    (dict(kl_loss_coef=-1.0), "kl_loss_coef"),
-    (dict(kl_loss_kind="k4"), "unknown kl_loss_kind 'k4'"),
-    (dict(entropy_coef=-0.1), "entropy_coef"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(eps_clip=1.0), "eps_clip must be"),
+        (dict(eps_clip=-0.1), "eps_clip must be"),
+        (dict(eps_clip_high=-0.1), "eps_clip_high"),
+        (dict(dual_clip_c=1.0), "dual_clip_c must be > 1"),
+        (dict(tis_clip=0.0), "tis_clip"),
+        (dict(behav_cap=1.0), "behav_cap must be > 1"),
+        (dict(behav_floor=1.0), "behav_floor must be in"),
+        (dict(loss_agg="mean"), "unknown loss_agg 'mean'"),
+        (dict(kl_loss_coef=-1.0), "kl_loss_coef"),
+        (dict(kl_loss_kind="k4"), "unknown kl_loss_kind 'k4'"),
+        (dict(entropy_coef=-0.1), "entropy_coef"),
+    ],
+)
 def test_config_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PolicyLossConfig(**kwargs)

@@ -5,12 +5,17 @@ import pytest
 from services.algorithms.overlong import overlong_penalty, truncated
 
 
-@pytest.mark.parametrize("length, expected", [
-    (0, 0.0), (12, 0.0),   # L_max - L_cache = 16 - 4 = 12: no penalty up to there
-    (13, -0.25),           # (12 - 13) / 4 = -0.25
-    (14, -0.5), (16, -1.0),  # at L_max: the whole penalty
-    (17, -1.0),            # beyond L_max (a generator that overran): the whole penalty
-])
+@pytest.mark.parametrize(
+    "length, expected",
+    [
+        (0, 0.0),
+        (12, 0.0),  # L_max - L_cache = 16 - 4 = 12: no penalty up to there
+        (13, -0.25),  # (12 - 13) / 4 = -0.25
+        (14, -0.5),
+        (16, -1.0),  # at L_max: the whole penalty
+        (17, -1.0),  # beyond L_max (a generator that overran): the whole penalty
+    ],
+)
 def test_soft_overlong_punishment_is_linear_over_the_buffer(length, expected):
     assert overlong_penalty(length, max_length=16, buffer=4, penalty=1.0) == pytest.approx(expected)
 

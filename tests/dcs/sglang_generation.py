@@ -40,8 +40,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 # SGLang 0.5.23's normalization of adapter target modules (sglang/srt/lora/utils.py): stacked projections
-STACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
-           "up_proj": "gate_up_proj"}
+STACKED = {
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
+}
 NOT_ENABLED = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
 
 
@@ -138,8 +143,13 @@ class LoraServing:
 
     @staticmethod
     def result(success: bool, error: str | None = None, loaded: dict | None = None) -> JSONResponse:
-        body = {"rid": None, "http_worker_ipc": None, "success": success, "error_message": error,
-                "loaded_adapters": loaded}
+        body = {
+            "rid": None,
+            "http_worker_ipc": None,
+            "success": success,
+            "error_message": error,
+            "loaded_adapters": loaded,
+        }
         return JSONResponse(body, status_code=200 if success else 400)
 
     def load(self, name: str, path: str) -> JSONResponse:
@@ -151,19 +161,23 @@ class LoraServing:
             return self.result(False, NOT_ENABLED)
         try:  # what the backend checks and loads; its errors come back with the adapters it holds
             if not os.path.isdir(path):  # SGLang then asks the Hugging Face hub for a repo of that id
-                raise ValueError(f"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{path}'. "
-                                 "Use `repo_type` argument if needed.")
+                raise ValueError(
+                    f"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{path}'. "
+                    "Use `repo_type` argument if needed."
+                )
             with open(os.path.join(path, "adapter_config.json")) as f:
                 config = json.load(f)
             if name in self.loaded:
                 raise ValueError(f"Failed to load LoRA adapter {name} because it is already loaded")
             targets = self.lora.lora_target_modules or []
             if config["r"] > (self.lora.max_lora_rank or 0) or not (
-                    "all" in targets or normalized(config["target_modules"]) <= normalized(targets)):
+                "all" in targets or normalized(config["target_modules"]) <= normalized(targets)
+            ):
                 raise ValueError(
                     f"LoRA adapter {name} with rank {config['r']} is incompatible with the current LoRA memory pool "
                     "configuration. Please ensure that the LoRA adapter's rank is within the configured "
-                    "`--max-lora-rank` and that the target modules are included in `--lora-target-modules`.")
+                    "`--max-lora-rank` and that the target modules are included in `--lora-target-modules`."
+                )
             self.models[name] = merged(self.base, path, config)
         except (OSError, ValueError, KeyError) as exc:
             return self.result(False, str(exc), dict(self.loaded))
@@ -189,19 +203,24 @@ class LoraServing:
         """A generate request's adapters, as the tokenizer manager resolves them (ValueError: its 400)."""
         wanted = [n for n in names if n]
         if wanted and not self.lora.enable_lora:
-            raise ValueError(f"LoRA adapter '{wanted[0]}' was requested, but LoRA is not enabled. Please launch the "
-                             "server with --enable-lora flag and preload adapters using --lora-paths or "
-                             "/load_lora_adapter endpoint.")
+            raise ValueError(
+                f"LoRA adapter '{wanted[0]}' was requested, but LoRA is not enabled. Please launch the "
+                "server with --enable-lora flag and preload adapters using --lora-paths or "
+                "/load_lora_adapter endpoint."
+            )
         for name in dict.fromkeys(wanted):
             if name in self.loaded:
                 continue
             if name not in self.ever_loaded:
-                raise ValueError(f"Got LoRA adapter that has never been loaded: {name}\n"
-                                 f"All loaded adapters: {self.ever_loaded.keys()}.")
+                raise ValueError(
+                    f"Got LoRA adapter that has never been loaded: {name}\n"
+                    f"All loaded adapters: {self.ever_loaded.keys()}."
+                )
             answer = self._load(name, self.ever_loaded[name])  # SGLang loads it again from its path
             if answer.status_code != 200:
-                raise ValueError(f"Failed to implicitly load LoRA adapter {name}: "
-                                 f"{json.loads(answer.body)['error_message']}")
+                raise ValueError(
+                    f"Failed to implicitly load LoRA adapter {name}: {json.loads(answer.body)['error_message']}"
+                )
             self.events[-1][0] = "reload"
 
     def generate(self, body: dict, weight_version: str):
@@ -222,8 +241,12 @@ class LoraServing:
         out = []
         for prompt, p, model in zip(inputs, params, models):
             s = sample(model, prompt, p, self.eos)
-            meta = {"finish_reason": s["finish_reason"], "prompt_tokens": len(prompt),
-                    "completion_tokens": len(s["output_ids"]), "weight_version": weight_version}
+            meta = {
+                "finish_reason": s["finish_reason"],
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(s["output_ids"]),
+                "weight_version": weight_version,
+            }
             if body.get("return_logprob"):
                 meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(s["logprobs"], s["output_ids"])]
             out.append({"output_ids": s["output_ids"], "meta_info": meta})

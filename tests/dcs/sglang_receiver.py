@@ -39,21 +39,38 @@ torch.set_num_threads(1)
 PAUSED_HEALTH_S = 20.0
 
 
-def custom_process_group(backend: str, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                         group_name: str, timeout_s: float = 30.0):
+def custom_process_group(
+    backend: str,
+    master_address: str,
+    master_port: int,
+    rank_offset: int,
+    world_size: int,
+    group_name: str,
+    timeout_s: float = 30.0,
+):
     """The group as SGLang 0.5.23 joins it (`WeightUpdater.init_weights_update_group` calls
     sglang/srt/utils/common.py `init_custom_process_group` with init_method tcp://address:port and rank =
     rank_offset + tp_rank): torch's tcp rendezvous, PrefixStore(group_name), then torch's own
     `_new_process_group_helper`, which adds its prefixes and registers the group, as SGLang's code does."""
-    from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper, _world,
-                                                    rendezvous)
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
+
     timeout = datetime.timedelta(seconds=timeout_s)
-    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank_offset, world_size,
-                                              timeout=timeout))
+    store, rank, world_size = next(
+        rendezvous(f"tcp://{master_address}:{master_port}", rank_offset, world_size, timeout=timeout)
+    )
     store.set_timeout(timeout)
     store = PrefixStore(group_name, store)
-    pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name,
-                                      backend_options=None, timeout=timeout, device_id=None)
+    pg, _ = _new_process_group_helper(
+        world_size,
+        rank,
+        [],
+        Backend(backend),
+        store,
+        group_name=group_name,
+        backend_options=None,
+        timeout=timeout,
+        device_id=None,
+    )
     _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     return pg
 
@@ -97,22 +114,34 @@ def receive_flattened(release: str, body: dict, group) -> dict[str, torch.Tensor
     else:
         parts = [torch.empty(shape, dtype=dtype) for dtype, shape in zip(dtypes, shapes)]
         sizes = [p.numel() * p.element_size() for p in parts]
-        ends = [sum(sizes[:i + 1]) for i in range(len(sizes))]
-        layout = [(n, d, p.shape, end - size, end) for n, d, p, size, end in zip(body["names"], dtypes, parts,
-                                                                                   sizes, ends)]
+        ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+        layout = [
+            (n, d, p.shape, end - size, end) for n, d, p, size, end in zip(body["names"], dtypes, parts, sizes, ends)
+        ]
         buffer = torch.cat([p.flatten().view(torch.uint8) for p in parts])
     torch.distributed.broadcast(buffer, src=0, group=group)
     return {name: buffer[start:end].view(dtype).reshape(shape) for name, dtype, shape, start, end in layout}
 
 
-def build(release: str, fail_version: str | None, model_path: str | None = None,
-          lora: LoraArgs | None = None) -> FastAPI:
+def build(
+    release: str, fail_version: str | None, model_path: str | None = None, lora: LoraArgs | None = None
+) -> FastAPI:
     """The stand-in of `release`; with `model_path` (a model directory) it also generates, and serves LoRA
     adapters as `lora` says (tests/dcs/sglang_generation.py)."""
     app = FastAPI()
     lora = lora or LoraArgs()
-    state = {"weights": weights(0, torch.float32), "version": "default", "groups": {}, "pauses": [],
-             "continues": 0, "paused": False, "updating": False, "serving": True, "updates": 0, "calls": []}
+    state = {
+        "weights": weights(0, torch.float32),
+        "version": "default",
+        "groups": {},
+        "pauses": [],
+        "continues": 0,
+        "paused": False,
+        "updating": False,
+        "serving": True,
+        "updates": 0,
+        "calls": [],
+    }
 
     def ok(message: str = "ok"):
         return {"success": True, "message": message}
@@ -151,8 +180,14 @@ def build(release: str, fail_version: str | None, model_path: str | None = None,
     @app.post("/init_weights_update_group")
     def init_group(body: dict):
         try:
-            group = custom_process_group(body.get("backend", "gloo"), body["master_address"], body["master_port"],
-                                         body["rank_offset"], body["world_size"], body["group_name"])
+            group = custom_process_group(
+                body.get("backend", "gloo"),
+                body["master_address"],
+                body["master_port"],
+                body["rank_offset"],
+                body["world_size"],
+                body["group_name"],
+            )
         except Exception as exc:
             return bad(f"Failed to initialize custom process group: {exc}.")
         state["groups"][body["group_name"]] = group
@@ -166,6 +201,7 @@ def build(release: str, fail_version: str | None, model_path: str | None = None,
         return ok()
 
     if release == "0.5.23":
+
         @app.post("/begin_weight_update")
         async def begin():
             if state["updating"]:  # 0.5.23 refuses a second begin without an end
@@ -188,12 +224,16 @@ def build(release: str, fail_version: str | None, model_path: str | None = None,
         # 0.5.5's request has no load_format field: it is dropped, and every tensor is its own broadcast
         flattened = release != "0.5.5" and body.get("load_format") == "flattened_bucket"
         try:
-            received = (receive_flattened(release, body, group) if flattened else
-                        receive_each(body, group))
+            received = receive_flattened(release, body, group) if flattened else receive_each(body, group)
         except Exception as exc:  # each release answers success: false (HTTP 400), naming the error
             return bad(f"the weights were not received: {exc}")
-        state["calls"].append({"load_format": body.get("load_format"), "names": len(body["names"]),
-                               "broadcasts": 1 if flattened else len(body["names"])})
+        state["calls"].append(
+            {
+                "load_format": body.get("load_format"),
+                "names": len(body["names"]),
+                "broadcasts": 1 if flattened else len(body["names"]),
+            }
+        )
         if fail_version is not None and body.get("weight_version") == fail_version:
             state["serving"] = False  # partially written: must not serve until a full update succeeds
             return bad("weights partially written; update failed")
@@ -206,17 +246,20 @@ def build(release: str, fail_version: str | None, model_path: str | None = None,
         return ok("updated")
 
     if release != "0.5.5":
+
         @app.post("/update_weight_version")
         async def update_weight_version(body: dict):
             state["version"] = body["new_version"]
             return ok()
 
     if release in ("0.5.5", "0.5.6"):
+
         @app.get("/get_weight_version")
         async def get_version():
             return {"weight_version": state["version"]}
 
     if release != "0.5.5":
+
         @app.get("/weight_version")
         async def version():
             if release == "0.5.23":
@@ -243,10 +286,17 @@ def build(release: str, fail_version: str | None, model_path: str | None = None,
 
     @app.get("/stats")
     async def stats():
-        return {"pauses": state["pauses"], "continues": state["continues"], "version": state["version"],
-                "digest": digest(state["weights"]), "serving": state["serving"], "updates": state["updates"],
-                "calls": state["calls"], "lora": serving.events if serving else [],
-                "generated": serving.generated if serving else []}
+        return {
+            "pauses": state["pauses"],
+            "continues": state["continues"],
+            "version": state["version"],
+            "digest": digest(state["weights"]),
+            "serving": state["serving"],
+            "updates": state["updates"],
+            "calls": state["calls"],
+            "lora": serving.events if serving else [],
+            "generated": serving.generated if serving else [],
+        }
 
     return app
 
@@ -264,8 +314,9 @@ def main() -> None:
     p.add_argument("--lora-target-modules", nargs="*", default=None)
     args = p.parse_args()
     dcs = DCSClient(args.dcs)
-    node = dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": args.port},
-                                         run_id=args.run_id))
+    node = dcs.register(
+        NodeRegistration(role="engine", host="127.0.0.1", ports={"http": args.port}, run_id=args.run_id)
+    )
 
     def beat():
         while True:
@@ -277,8 +328,12 @@ def main() -> None:
 
     threading.Thread(target=beat, daemon=True).start()
     lora = LoraArgs(args.enable_lora, args.max_lora_rank, args.lora_target_modules)
-    uvicorn.run(build(args.release, args.fail_version, args.model_path, lora), host="127.0.0.1", port=args.port,
-                log_level="warning")
+    uvicorn.run(
+        build(args.release, args.fail_version, args.model_path, lora),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+    )
 
 
 if __name__ == "__main__":

@@ -24,9 +24,13 @@ from services.dcs.sync.publisher import SyncFailed, WeightPublisher
 from services.dcs.sync.receiver import NotInGroup, WeightReceiver
 
 torch.set_num_threads(1)
-SHAPES = {"model.embed_tokens.weight": (256, 64), "model.layers.0.self_attn.q_proj.weight": (64, 64),
-          "model.layers.0.mlp.up_proj.weight": (128, 64), "model.layers.0.input_layernorm.weight": (64,),
-          "lm_head.weight": (256, 64)}
+SHAPES = {
+    "model.embed_tokens.weight": (256, 64),
+    "model.layers.0.self_attn.q_proj.weight": (64, 64),
+    "model.layers.0.mlp.up_proj.weight": (128, 64),
+    "model.layers.0.input_layernorm.weight": (64,),
+    "lm_head.weight": (256, 64),
+}
 
 
 def weights(version: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -72,8 +76,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--until", type=int, default=2)
     p.add_argument("--die-at", default="", help="V:K -> SIGKILL itself after bucket K of version V")
     p.add_argument("--stop-at", default="", help="V:K -> SIGSTOP itself after bucket K of version V")
-    p.add_argument("--rejoin-version", type=int, default=0,
-                   help="trainer: before publishing this version, wait for --receivers live receivers again")
+    p.add_argument(
+        "--rejoin-version",
+        type=int,
+        default=0,
+        help="trainer: before publishing this version, wait for --receivers live receivers again",
+    )
     p.add_argument("--timeout-s", type=float, default=3.0)
     p.add_argument("--bucket-bytes", type=int, default=40_000)
     p.add_argument("--retry-after-s", type=float, default=2.0)
@@ -92,7 +100,7 @@ class RecordingStream:
 
     def take(self, count: int):
         assert not self.closed, "taken after close"
-        out = [(n, t.clone()) for n, t in self.named[self.next:self.next + count]]
+        out = [(n, t.clone()) for n, t in self.named[self.next : self.next + count]]
         self.next += len(out)
         self.takes.append(count)
         return out
@@ -104,8 +112,15 @@ class RecordingStream:
 def publish_versions(args, dcs: DCSClient, node_id: str, out) -> None:
     dtype = getattr(torch, args.dtype)
     wait_for_receivers(dcs, args.run_id, args.receivers)
-    publisher = WeightPublisher(dcs, node_id, "127.0.0.1", bucket_bytes=args.bucket_bytes,
-                                timeout_s=args.timeout_s, receiver_roles=["actor_fwd"], run_id=args.run_id)
+    publisher = WeightPublisher(
+        dcs,
+        node_id,
+        "127.0.0.1",
+        bucket_bytes=args.bucket_bytes,
+        timeout_s=args.timeout_s,
+        receiver_roles=["actor_fwd"],
+        run_id=args.run_id,
+    )
     for version in range(1, args.versions + 1):
         if version == args.rejoin_version:
             wait_for_receivers(dcs, args.run_id, args.receivers)
@@ -114,11 +129,32 @@ def publish_versions(args, dcs: DCSClient, node_id: str, out) -> None:
         taken = (lambda: {"takes": stream.takes, "closed": stream.closed}) if stream else dict
         try:
             res = publisher.publish(stream or tensors.items(), version)
-            out.write(json.dumps({"event": "published", "version": version, "digest": digest(tensors),
-                                  "world_size": res.world_size, "seconds": res.seconds, **taken()}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "event": "published",
+                        "version": version,
+                        "digest": digest(tensors),
+                        "world_size": res.world_size,
+                        "seconds": res.seconds,
+                        **taken(),
+                    }
+                )
+                + "\n"
+            )
         except SyncFailed as exc:
-            out.write(json.dumps({"event": "failed", "version": version, "error": exc.result.error,
-                                  "seconds": exc.result.seconds, **taken()}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "event": "failed",
+                        "version": version,
+                        "error": exc.result.error,
+                        "seconds": exc.result.seconds,
+                        **taken(),
+                    }
+                )
+                + "\n"
+            )
             time.sleep(args.retry_after_s)  # let the dead member's lease lapse
         time.sleep(0.3)  # receivers see each version
     publisher.close()
@@ -152,8 +188,12 @@ def receive_versions(args, dcs: DCSClient, node_id: str, out, state: dict) -> No
             receiver.version = published.version
             continue
         except Exception as exc:
-            out.write(json.dumps({"event": "failed", "version": published.version, "error": str(exc),
-                                  "serving": digest(current)}) + "\n")
+            out.write(
+                json.dumps(
+                    {"event": "failed", "version": published.version, "error": str(exc), "serving": digest(current)}
+                )
+                + "\n"
+            )
             receiver.version = published.version  # that version is gone; wait for the next
             continue
         start = time.perf_counter()

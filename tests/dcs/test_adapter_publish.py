@@ -36,9 +36,26 @@ def model_dir(tmp_path_factory):
 
 def _engine(tmp_path, dcs_url: str, run_id: str, model_dir: str, *lora: str) -> tuple[ChildProcess, str]:
     port = free_port()
-    proc = ChildProcess(f"sglang-{port}", [sys.executable, "-m", "tests.dcs.sglang_receiver", "--port", str(port),
-                                           "--dcs", dcs_url, "--run-id", run_id, "--release", "0.5.23",
-                                           "--model-path", model_dir, *lora], str(tmp_path / f"sglang-{port}.log"))
+    proc = ChildProcess(
+        f"sglang-{port}",
+        [
+            sys.executable,
+            "-m",
+            "tests.dcs.sglang_receiver",
+            "--port",
+            str(port),
+            "--dcs",
+            dcs_url,
+            "--run-id",
+            run_id,
+            "--release",
+            "0.5.23",
+            "--model-path",
+            model_dir,
+            *lora,
+        ],
+        str(tmp_path / f"sglang-{port}.log"),
+    )
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/stats"), 120)
     return proc, url
@@ -53,20 +70,37 @@ def _adapter(model_dir: str, seed: int):
             if "lora_B" in name:
                 p.normal_(0, 0.5)
     tensors = [(n, t.detach().clone()) for n, t in get_peft_model_state_dict(model).items()]
-    config = json.loads(json.dumps(model.peft_config["default"].to_dict(),
-                                   default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
+    config = json.loads(
+        json.dumps(
+            model.peft_config["default"].to_dict(), default=lambda v: sorted(v) if isinstance(v, set) else str(v)
+        )
+    )
     return tensors, config, model.merge_and_unload()
 
 
 def _greedy(url: str, adapter: str | None) -> list[int]:
-    return httpx.post(url + "/generate", json={"input_ids": PROMPT, "lora_path": adapter, "sampling_params": {
-        "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}, timeout=60).json()["output_ids"]
+    return httpx.post(
+        url + "/generate",
+        json={
+            "input_ids": PROMPT,
+            "lora_path": adapter,
+            "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+        },
+        timeout=60,
+    ).json()["output_ids"]
 
 
 def _publisher(dcs: DCSClient, run_id: str, adapter_dir: str | None, config: dict) -> WeightPublisher:
     trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id=run_id))
-    publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", timeout_s=20, receiver_roles=["engine"],
-                                run_id=run_id, adapter_dir=adapter_dir)
+    publisher = WeightPublisher(
+        dcs,
+        trainer.node_id,
+        "127.0.0.1",
+        timeout_s=20,
+        receiver_roles=["engine"],
+        run_id=run_id,
+        adapter_dir=adapter_dir,
+    )
     publisher.adapter_scaling, publisher.adapter_config = LORA.lora_alpha / LORA.r, config
     return publisher
 
@@ -75,8 +109,21 @@ def test_each_version_is_loaded_by_name_switched_to_and_the_ones_before_the_last
     adapters = [_adapter(model_dir, seed) for seed in (1, 2, 3)]
     files = tmp_path / "adapters"
     with LocalDCS(log_dir=str(tmp_path)) as local, DCSClient(local.url) as dcs:
-        procs = [_engine(tmp_path, local.url, "lr", model_dir, "--enable-lora", "--max-lora-rank", "8",
-                         "--lora-target-modules", "q_proj", "v_proj") for _ in range(2)]
+        procs = [
+            _engine(
+                tmp_path,
+                local.url,
+                "lr",
+                model_dir,
+                "--enable-lora",
+                "--max-lora-rank",
+                "8",
+                "--lora-target-modules",
+                "q_proj",
+                "v_proj",
+            )
+            for _ in range(2)
+        ]
         try:
             _wait_engines(dcs, "lr", 2)
             publisher = _publisher(dcs, "lr", str(files), adapters[0][1])
@@ -84,8 +131,9 @@ def test_each_version_is_loaded_by_name_switched_to_and_the_ones_before_the_last
                 result = publisher.publish(tensors, version)
                 assert result.ok and result.transfer == "adapter_files" and result.world_size == 3
                 assert result.bytes == sum(t.numel() * 4 for _, t in tensors)
-                want = merged.generate(torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False, eos_token_id=None,
-                                       pad_token_id=0)[0, 3:].tolist()
+                want = merged.generate(
+                    torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0
+                )[0, 3:].tolist()
                 for _, url in procs:
                     assert httpx.get(url + "/model_info").json()["weight_version"] == str(version)
                     assert _greedy(url, f"lr-v{version}") == want != _greedy(url, None)
@@ -94,8 +142,7 @@ def test_each_version_is_loaded_by_name_switched_to_and_the_ones_before_the_last
             for _, url in procs:
                 stats = httpx.get(url + "/stats").json()
                 assert stats["pauses"] == [] and stats["calls"] == []  # neither paused nor broadcast to
-                assert stats["lora"] == [["load", "lr-v1"], ["load", "lr-v2"], ["load", "lr-v3"],
-                                         ["unload", "lr-v1"]]
+                assert stats["lora"] == [["load", "lr-v1"], ["load", "lr-v2"], ["load", "lr-v3"], ["unload", "lr-v1"]]
             assert sorted(os.listdir(files)) == ["lr-v2", "lr-v3"]
             assert sorted(os.listdir(files / "lr-v3")) == ["adapter_config.json", "adapter_model.safetensors"]
             latest = dcs.latest_weights("lr")  # recorded with the coordinator, nothing to broadcast
@@ -121,13 +168,24 @@ def test_an_engine_without_lora_or_a_trainer_without_a_directory_refuses_for_goo
             publisher.close()
         finally:
             proc.stop()
-        proc, url = _engine(tmp_path, local.url, "nd", model_dir, "--enable-lora", "--max-lora-rank", "2",
-                            "--lora-target-modules", "q_proj", "v_proj")
+        proc, url = _engine(
+            tmp_path,
+            local.url,
+            "nd",
+            model_dir,
+            "--enable-lora",
+            "--max-lora-rank",
+            "2",
+            "--lora-target-modules",
+            "q_proj",
+            "v_proj",
+        )
         try:
             _wait_engines(dcs, "nd", 1)
-            for directory, reason in ((None, "no directory to write them to"),
-                                      (str(tmp_path / "small"), f"the SGLang server at {url} did not load LoRA "
-                                       "adapter nd-v1 from")):
+            for directory, reason in (
+                (None, "no directory to write them to"),
+                (str(tmp_path / "small"), f"the SGLang server at {url} did not load LoRA adapter nd-v1 from"),
+            ):
                 publisher = _publisher(dcs, "nd", directory, config)
                 with pytest.raises(SyncFailed) as exc:
                     publisher.publish(tensors, 1)

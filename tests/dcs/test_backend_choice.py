@@ -16,25 +16,31 @@ SGLANG = ReceiverPlace("engine", None)  # a real SGLang server says nothing of i
 FORWARD_HERE = ReceiverPlace("actor_fwd", GPU0)
 
 
-@pytest.mark.parametrize("trainer_gpu,receivers,chosen", [
-    (None, [ENGINE_HERE], "gloo"),                          # a CPU trainer
-    (GPU0, [ENGINE_ELSEWHERE, SGLANG], "nccl"),             # nobody on the trainer's GPU
-    (GPU0, [ENGINE_HERE], "ipc"),                           # one GPU: the engine maps the trainer's buckets
-    (GPU0, [ENGINE_HERE, ENGINE_ELSEWHERE], "gloo"),        # some share it, some do not: NCCL would refuse
-    (GPU0, [ENGINE_HERE, FORWARD_HERE], "gloo"),            # a forward role takes no IPC handles
-    (GPU0, [], "nccl"),
-])
+@pytest.mark.parametrize(
+    "trainer_gpu,receivers,chosen",
+    [
+        (None, [ENGINE_HERE], "gloo"),  # a CPU trainer
+        (GPU0, [ENGINE_ELSEWHERE, SGLANG], "nccl"),  # nobody on the trainer's GPU
+        (GPU0, [ENGINE_HERE], "ipc"),  # one GPU: the engine maps the trainer's buckets
+        (GPU0, [ENGINE_HERE, ENGINE_ELSEWHERE], "gloo"),  # some share it, some do not: NCCL would refuse
+        (GPU0, [ENGINE_HERE, FORWARD_HERE], "gloo"),  # a forward role takes no IPC handles
+        (GPU0, [], "nccl"),
+    ],
+)
 def test_auto_picks_by_who_shares_the_trainers_gpu(trainer_gpu, receivers, chosen):
     assert choose_backend("auto", trainer_gpu, receivers) == chosen
 
 
-@pytest.mark.parametrize("requested,trainer_gpu,receivers,why", [
-    ("nccl", None, [ENGINE_ELSEWHERE], "nccl needs the trainer on a GPU"),
-    ("nccl", GPU0, [ENGINE_HERE], "engine shares the trainer's"),
-    ("ipc", GPU0, [ENGINE_ELSEWHERE], "not: engine"),
-    ("ipc", None, [ENGINE_HERE], "ipc needs the trainer on a GPU"),
-    ("mpi", GPU0, [], "unknown sync backend 'mpi'"),
-])
+@pytest.mark.parametrize(
+    "requested,trainer_gpu,receivers,why",
+    [
+        ("nccl", None, [ENGINE_ELSEWHERE], "nccl needs the trainer on a GPU"),
+        ("nccl", GPU0, [ENGINE_HERE], "engine shares the trainer's"),
+        ("ipc", GPU0, [ENGINE_ELSEWHERE], "not: engine"),
+        ("ipc", None, [ENGINE_HERE], "ipc needs the trainer on a GPU"),
+        ("mpi", GPU0, [], "unknown sync backend 'mpi'"),
+    ],
+)
 def test_an_explicit_choice_that_cannot_work_is_refused_naming_why(requested, trainer_gpu, receivers, why):
     with pytest.raises(ValueError, match=why):
         choose_backend(requested, trainer_gpu, receivers)
@@ -47,8 +53,16 @@ def test_explicit_choices_that_work_are_kept():
 
 
 def test_a_shared_bucket_description_must_stay_inside_its_storage():
-    fields = dict(device=0, handle="aGFuZGxl", storage_size_bytes=64, storage_offset_bytes=0,
-                  ref_counter_handle="cmVm", ref_counter_offset=0, tensor_offset=16, numel=48)
+    fields = dict(
+        device=0,
+        handle="aGFuZGxl",
+        storage_size_bytes=64,
+        storage_offset_bytes=0,
+        ref_counter_handle="cmVm",
+        ref_counter_offset=0,
+        tensor_offset=16,
+        numel=48,
+    )
     assert SharedBucket(**fields).numel == 48
     with pytest.raises(ValidationError, match="overrun a storage of 64"):
         SharedBucket(**{**fields, "numel": 49})

@@ -11,19 +11,30 @@ import pytest
 from services.dcs.client import DCSClient, DCSError
 from services.dcs.local import LocalDCS
 from services.dcs.models import (
-    Heartbeat, NodeRegistration, RunConfig, SyncGroupRequest, SyncReport, WeightMetadata, WeightTensor,
+    Heartbeat,
+    NodeRegistration,
+    RunConfig,
+    SyncGroupRequest,
+    SyncReport,
+    WeightMetadata,
+    WeightTensor,
 )
 
 
 @pytest.fixture(scope="module")
 def dcs(tmp_path_factory):
     with LocalDCS(log_dir=str(tmp_path_factory.mktemp("dcs"))) as d:  # the default 10 s lease: no node of a
-        yield d                                                         # test dies while a loaded machine stalls
+        yield d  # test dies while a loaded machine stalls
 
 
 def _meta(version: int) -> WeightMetadata:
-    return WeightMetadata(version=version, bucket_bytes=[64], tensors=[
-        WeightTensor(name="model.embed_tokens.weight", dtype="float32", shape=[4, 4], bucket=0, offset=0, nbytes=64)])
+    return WeightMetadata(
+        version=version,
+        bucket_bytes=[64],
+        tensors=[
+            WeightTensor(name="model.embed_tokens.weight", dtype="float32", shape=[4, 4], bucket=0, offset=0, nbytes=64)
+        ],
+    )
 
 
 def _node(c: DCSClient, role: str, run_id: str, **kw):
@@ -114,16 +125,19 @@ def test_runs_keep_their_own_weights_cursors_groups_and_reports(client, uniq):
     assert err.value.status == 409 and b in err.value.detail
     trainer_a, trainer_b = _node(client, "trainer", a), _node(client, "trainer", b)
     engine_a, engine_b = _node(client, "engine", a), _node(client, "engine", b)
-    ga = client.sync_group(a, SyncGroupRequest(source_node=trainer_a.node_id, master_address="127.0.0.1",
-                                               master_port=29501))
-    gb = client.sync_group(b, SyncGroupRequest(source_node=trainer_b.node_id, master_address="127.0.0.1",
-                                               master_port=29502))
+    ga = client.sync_group(
+        a, SyncGroupRequest(source_node=trainer_a.node_id, master_address="127.0.0.1", master_port=29501)
+    )
+    gb = client.sync_group(
+        b, SyncGroupRequest(source_node=trainer_b.node_id, master_address="127.0.0.1", master_port=29502)
+    )
     assert [m.node_id for m in ga.members] == [trainer_a.node_id, engine_a.node_id]
     assert [m.node_id for m in gb.members] == [trainer_b.node_id, engine_b.node_id] and ga.name != gb.name
     assert client.current_group(a) == ga and client.current_group(b) == gb
     with pytest.raises(DCSError) as err:  # a's trainer cannot make b's group
-        client.sync_group(b, SyncGroupRequest(source_node=trainer_a.node_id, master_address="127.0.0.1",
-                                              master_port=29503))
+        client.sync_group(
+            b, SyncGroupRequest(source_node=trainer_a.node_id, master_address="127.0.0.1", master_port=29503)
+        )
     assert err.value.status == 409 and a in err.value.detail and b in err.value.detail
     client.report_sync(a, SyncReport(version=3, group=ga.name, node_id=trainer_a.node_id, ok=True))
     assert [r.group for r in client.sync_reports(a)] == [ga.name] and client.sync_reports(b) == []
@@ -143,8 +157,17 @@ def test_sync_group_reused_until_membership_changes(client, uniq):
     g2 = client.sync_group(run, req)
     assert g2.generation > g1.generation and g2.name != g1.name and g2.world_size == 3
     assert [m.node_id for m in g2.members] == [trainer.node_id, e1.node_id]
-    client.report_sync(run, SyncReport(version=1, group=g2.name, node_id=trainer.node_id, ok=True,
-                                       seconds={"broadcast": 0.1, "total": 0.2}, bytes=1000))
+    client.report_sync(
+        run,
+        SyncReport(
+            version=1,
+            group=g2.name,
+            node_id=trainer.node_id,
+            ok=True,
+            seconds={"broadcast": 0.1, "total": 0.2},
+            bytes=1000,
+        ),
+    )
     assert client.sync_reports(run, 1)[0].group == g2.name
 
 
@@ -187,7 +210,10 @@ def test_bad_input_is_4xx_and_changes_nothing(dcs, client):
     before = _registrations(client)
     with httpx.Client(base_url=dcs.url) as http:
         assert http.post("/v1/nodes", json={"role": "Bad Role!", "host": "h"}).status_code == 422
-        assert http.post("/v1/nodes", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
+        assert (
+            http.post("/v1/nodes", content=b"{not json", headers={"content-type": "application/json"}).status_code
+            == 422
+        )
         r = http.post("/v1/runs", json={"name": "x", "model": "/m", "mode": "colocate", "max_staleness": 2})
         assert r.status_code == 422 and "colocate" in r.text
         bad = _meta(10**6).model_dump()
@@ -218,8 +244,7 @@ def test_coordinator_restart_loses_nothing(tmp_path):
 def test_token_required_on_every_endpoint_but_health(tmp_path):
     with LocalDCS(log_dir=str(tmp_path), token="s3cret") as d:
         with httpx.Client(base_url=d.url) as http:
-            for path in ("/openapi.json", "/docs", "/metrics", "/v1/topology", "/v1/runs/r/weights/latest",
-                         "/v1/runs"):
+            for path in ("/openapi.json", "/docs", "/metrics", "/v1/topology", "/v1/runs/r/weights/latest", "/v1/runs"):
                 assert http.get(path).status_code == 401, path
             assert http.post("/v1/nodes", json={"role": "trainer", "host": "h"}).status_code == 401
             assert http.get("/healthz").status_code == 200 and http.get("/readyz").status_code == 200

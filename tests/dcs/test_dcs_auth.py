@@ -17,8 +17,14 @@ from services.runtime.processes import free_port
 
 TOKEN = "dcs-s3cret-from-a-file"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
-RUN = {"name": "r", "model": "/m", "n_samples_per_prompt": 2, "rollout_batch_size": 2, "global_batch_size": 4,
-       "micro_batch_size": 2}
+RUN = {
+    "name": "r",
+    "model": "/m",
+    "n_samples_per_prompt": 2,
+    "rollout_batch_size": 2,
+    "global_batch_size": 4,
+    "micro_batch_size": 2,
+}
 
 
 @pytest.fixture(scope="module")
@@ -26,16 +32,18 @@ def dcs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dcs-auth")
     (tmp / "token").write_text(TOKEN + "\n")
     metrics_port = free_port()
-    with LocalDCS(log_dir=str(tmp), args=("--auth-token-file", str(tmp / "token"),
-                                          "--metrics-port", str(metrics_port))) as d:
+    with LocalDCS(
+        log_dir=str(tmp), args=("--auth-token-file", str(tmp / "token"), "--metrics-port", str(metrics_port))
+    ) as d:
         d.metrics_port = metrics_port
         yield d
 
 
 def test_every_route_refuses_a_missing_or_wrong_token(dcs):
     spec = httpx.get(dcs.url + "/openapi.json", headers=AUTH).json()
-    routes = [(method.upper(), re.sub(r"\{[^}]+\}", "x", path)) for path, ops in spec["paths"].items()
-              for method in ops]
+    routes = [
+        (method.upper(), re.sub(r"\{[^}]+\}", "x", path)) for path, ops in spec["paths"].items() for method in ops
+    ]
     assert len(routes) >= 20
     for method, path in routes + [("GET", "/docs"), ("GET", "/metrics")]:
         for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": TOKEN}):
@@ -71,8 +79,10 @@ def _http_total(dcs, route: str, status: str) -> float:
 
 
 def test_requests_are_counted_by_route_template_and_status(dcs):
-    before = {key: _http_total(dcs, *key) for key in
-              [("unauthenticated", "401"), ("/v1/runs/{run_id}", "404"), ("/v1/topology", "200")]}
+    before = {
+        key: _http_total(dcs, *key)
+        for key in [("unauthenticated", "401"), ("/v1/runs/{run_id}", "404"), ("/v1/topology", "200")]
+    }
     httpx.get(dcs.url + "/v1/topology", headers={"authorization": "Bearer wrong"})
     httpx.get(dcs.url + "/v1/runs/nope", headers=AUTH)
     httpx.get(dcs.url + "/v1/runs/nope-either", headers=AUTH)

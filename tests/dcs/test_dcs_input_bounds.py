@@ -11,8 +11,14 @@ import pytest
 
 from services.dcs.local import LocalDCS
 
-RUN = {"name": "r", "model": "/m", "n_samples_per_prompt": 2, "rollout_batch_size": 2, "global_batch_size": 4,
-       "micro_batch_size": 2}
+RUN = {
+    "name": "r",
+    "model": "/m",
+    "n_samples_per_prompt": 2,
+    "rollout_batch_size": 2,
+    "global_batch_size": 4,
+    "micro_batch_size": 2,
+}
 MARK = 987654321987654321987654321  # a number whose digits would show if the input were echoed
 
 
@@ -27,11 +33,19 @@ def _post(url: str, body) -> httpx.Response:
     return httpx.post(url, content=json.dumps(body), headers={"content-type": "application/json"}, timeout=30)
 
 
-@pytest.mark.parametrize("change", [
-    {"optim": {"lr": float("inf")}}, {"algorithm": {"kl_coef": float("nan")}}, {"num_steps": MARK},
-    {"optim": {"seed": -1}}, {"optim": {"betas": [0.9, 1.0]}}, {"rollout": {"temperature": float("-inf")}},
-    {"checkpoint": {"interval": MARK}}, {"rollout_batch_size": MARK},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"optim": {"lr": float("inf")}},
+        {"algorithm": {"kl_coef": float("nan")}},
+        {"num_steps": MARK},
+        {"optim": {"seed": -1}},
+        {"optim": {"betas": [0.9, 1.0]}},
+        {"rollout": {"temperature": float("-inf")}},
+        {"checkpoint": {"interval": MARK}},
+        {"rollout_batch_size": MARK},
+    ],
+)
 def test_a_run_with_a_bad_number_is_refused_and_not_created(dcs, change):
     r = _post(dcs + "/v1/runs", {**RUN, **change})
     assert r.status_code == 422, r.text
@@ -49,13 +63,18 @@ def test_node_weight_and_cursor_numbers_are_bounded(dcs):
         r = _post(f"{dcs}/v1/nodes/{node}/heartbeat", beat)
         assert r.status_code == 422 and str(MARK) not in r.text, beat
     tensor = {"name": "w", "dtype": "float32", "shape": [2], "bucket": 0, "offset": 0, "nbytes": 8}
-    for meta in ({"version": MARK, "tensors": [tensor], "bucket_bytes": [8]},
-                 {"version": 1, "tensors": [{**tensor, "shape": [MARK]}], "bucket_bytes": [8]},
-                 {"version": 1, "tensors": [tensor], "bucket_bytes": [1 << 60]}):
+    for meta in (
+        {"version": MARK, "tensors": [tensor], "bucket_bytes": [8]},
+        {"version": 1, "tensors": [{**tensor, "shape": [MARK]}], "bucket_bytes": [8]},
+        {"version": 1, "tensors": [tensor], "bucket_bytes": [1 << 60]},
+    ):
         assert _post(dcs + "/v1/runs/r/weights", meta).status_code == 422
     assert httpx.get(dcs + "/v1/runs/r/weights/latest").status_code == 404  # nothing was published
-    r = httpx.put(dcs + "/v1/runs/r/cursors/engine", content=json.dumps({"version": float("nan")}),
-                  headers={"content-type": "application/json"})
+    r = httpx.put(
+        dcs + "/v1/runs/r/cursors/engine",
+        content=json.dumps({"version": float("nan")}),
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 422
     assert httpx.get(dcs + "/v1/runs/r/cursors").json() == {"cursors": {}}
 
@@ -69,8 +88,10 @@ def test_a_body_over_the_cap_is_refused_before_it_is_read(dcs):
     where = urlsplit(dcs)
     before = httpx.get(dcs + "/v1/runs").json()
     with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % (65 << 20))
+        sock.sendall(
+            b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (65 << 20)
+        )
         status_line = sock.recv(4096).split(b"\r\n", 1)[0]
     assert status_line.split()[1] == b"413"
     assert httpx.get(dcs + "/v1/runs").json() == before

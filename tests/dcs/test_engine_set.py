@@ -15,8 +15,17 @@ from services.dcs.models import Heartbeat, NodeRegistration, RunConfig
 
 
 def _run(client: DCSClient, name: str) -> None:
-    client.create_run(RunConfig(name=name, model="/m", n_samples_per_prompt=2, rollout_batch_size=1,
-                                global_batch_size=2, micro_batch_size=2, rollout={"prompts": "demo:arith"}))
+    client.create_run(
+        RunConfig(
+            name=name,
+            model="/m",
+            n_samples_per_prompt=2,
+            rollout_batch_size=1,
+            global_batch_size=2,
+            micro_batch_size=2,
+            rollout={"prompts": "demo:arith"},
+        )
+    )
 
 
 def _engine(client: DCSClient, run: str, port: int, **kw):
@@ -35,7 +44,10 @@ def test_added_engines_are_listed_once_in_order_and_removal_keeps_them_out(clien
     client.heartbeat(own.node_id, Heartbeat())
     listing = client.engines(run)
     assert [(e.url, e.source) for e in listing.engines] == [
-        ("http://localhost:31001", "added"), ("https://127.0.0.1:443", "added"), ("http://127.0.0.1:31003", "self")]
+        ("http://localhost:31001", "added"),
+        ("https://127.0.0.1:443", "added"),
+        ("http://127.0.0.1:31003", "self"),
+    ]
     assert listing.engines[2].alive and listing.engines[2].weight_version == 4
 
     message = client.remove_engine(run, "http://127.0.0.1:31003")
@@ -60,14 +72,23 @@ def test_bad_engine_requests_are_4xx_and_change_nothing(dcs, client, uniq):
     run = uniq("run")
     _run(client, run)
     headers = {"authorization": f"Bearer {client.token}"} if client.token else {}
-    for body in ({"url": "ftp://h:1"}, {"url": "http://h:1/path"}, {"url": "http://user:pw@h:1"},
-                 {"url": "http://h:99999"}, {"url": ""}, {"url": "http://h:1", "extra": 1}):
+    for body in (
+        {"url": "ftp://h:1"},
+        {"url": "http://h:1/path"},
+        {"url": "http://user:pw@h:1"},
+        {"url": "http://h:99999"},
+        {"url": ""},
+        {"url": "http://h:1", "extra": 1},
+    ):
         r = httpx.post(f"{dcs.url}/v1/runs/{run}/engines", json=body, headers=headers)
         assert r.status_code == 422, (body, r.text)
     r = httpx.delete(f"{dcs.url}/v1/runs/{run}/engines", params={"url": "nope://x"}, headers=headers)
     assert r.status_code == 422 and "scheme" in r.text
-    for call in (lambda: client.add_engine("no-such-run", "http://h:1"), lambda: client.engines("no-such-run"),
-                 lambda: client.remove_engine(run, "http://h:1")):
+    for call in (
+        lambda: client.add_engine("no-such-run", "http://h:1"),
+        lambda: client.engines("no-such-run"),
+        lambda: client.remove_engine(run, "http://h:1"),
+    ):
         with pytest.raises(DCSError) as err:
             call()
         assert err.value.status == 404
@@ -79,8 +100,9 @@ def test_a_removed_engines_membership_stops_instead_of_registering_again(tmp_pat
         run = uniq("run")
         _run(client, run)
         client.add_engine(run, "http://127.0.0.1:31005")
-        membership = RunMembership(client, NodeRegistration(role="engine", host="127.0.0.1", run_id=run,
-                                                            ports={"http": 31005}), interval_s=0.1)
+        membership = RunMembership(
+            client, NodeRegistration(role="engine", host="127.0.0.1", run_id=run, ports={"http": 31005}), interval_s=0.1
+        )
         try:
             assert client.engines(run).engines[0].alive
             client.remove_engine(run, "http://127.0.0.1:31005")
@@ -89,6 +111,7 @@ def test_a_removed_engines_membership_stops_instead_of_registering_again(tmp_pat
                 time.sleep(0.05)
             assert membership.removed
             assert "engine" not in client.topology().roles or all(
-                n.run_id != run for n in client.topology().roles["engine"])
+                n.run_id != run for n in client.topology().roles["engine"]
+            )
         finally:
             membership.close()

@@ -7,12 +7,15 @@ import pytest
 from services.dcs.models import NodeRegistration, engine_url
 
 
-@pytest.mark.parametrize("given, canonical", [
-    ("http://Engine-0:30000/", "http://engine-0:30000"),
-    ("https://10.0.0.7", "https://10.0.0.7:443"),
-    ("http://[::1]:30000", "http://[::1]:30000"),
-    ("http://[FE80::1]", "http://[fe80::1]:80"),
-])
+@pytest.mark.parametrize(
+    "given, canonical",
+    [
+        ("http://Engine-0:30000/", "http://engine-0:30000"),
+        ("https://10.0.0.7", "https://10.0.0.7:443"),
+        ("http://[::1]:30000", "http://[::1]:30000"),
+        ("http://[FE80::1]", "http://[fe80::1]:80"),
+    ],
+)
 def test_engine_urls_take_one_form(given, canonical):
     assert engine_url(given) == canonical
     assert engine_url(canonical) == canonical

@@ -12,18 +12,37 @@ from services.dcs.models import Heartbeat, NodeRegistration, RunConfig, SyncRepo
 
 
 def _run(client: DCSClient, name: str) -> None:
-    client.create_run(RunConfig(name=name, model="/m", n_samples_per_prompt=2, rollout_batch_size=1,
-                                global_batch_size=2, micro_batch_size=2, rollout={"prompts": "demo:arith"}))
+    client.create_run(
+        RunConfig(
+            name=name,
+            model="/m",
+            n_samples_per_prompt=2,
+            rollout_batch_size=1,
+            global_batch_size=2,
+            micro_batch_size=2,
+            rollout={"prompts": "demo:arith"},
+        )
+    )
 
 
 def _engine(client: DCSClient, run: str, port: int, version: int | None):
-    return client.register(NodeRegistration(role="engine", host="127.0.0.1", run_id=run, ports={"http": port},
-                                            weight_version=version))
+    return client.register(
+        NodeRegistration(role="engine", host="127.0.0.1", run_id=run, ports={"http": port}, weight_version=version)
+    )
 
 
 def _report(client: DCSClient, run: str, version: int, engines: list[str], ok: bool = True) -> None:
-    client.report_sync(run, SyncReport(version=version, group="g", node_id="trainer", ok=ok, engines=engines,
-                                       error=None if ok else "an engine did not answer"))
+    client.report_sync(
+        run,
+        SyncReport(
+            version=version,
+            group="g",
+            node_id="trainer",
+            ok=ok,
+            engines=engines,
+            error=None if ok else "an engine did not answer",
+        ),
+    )
 
 
 def _held(client: DCSClient, run: str) -> dict[str, int | None]:
@@ -42,23 +61,30 @@ def test_an_engine_holds_its_registered_version_until_an_ok_sync_naming_it_recor
     unsaid = _engine(client, run, 32003, None)  # registered by a client that did not say
     elsewhere = _engine(client, other, 32001, 2)
     assert (a.weight_version, b.weight_version, unsaid.weight_version) == (0, 7, None)
-    assert _held(client, run) == {"http://127.0.0.1:32001": 0, "http://127.0.0.1:32002": 7,
-                                  "http://127.0.0.1:32003": None}
+    assert _held(client, run) == {
+        "http://127.0.0.1:32001": 0,
+        "http://127.0.0.1:32002": 7,
+        "http://127.0.0.1:32003": None,
+    }
 
     _report(client, run, 8, [a.node_id, b.node_id, unsaid.node_id])
-    assert _held(client, run) == {"http://127.0.0.1:32001": 8, "http://127.0.0.1:32002": 8,
-                                  "http://127.0.0.1:32003": 8}
+    assert _held(client, run) == {"http://127.0.0.1:32001": 8, "http://127.0.0.1:32002": 8, "http://127.0.0.1:32003": 8}
     _report(client, run, 9, [a.node_id], ok=False)  # a failed sync: nobody is known to hold 9
     _report(client, run, 9, [b.node_id, elsewhere.node_id])  # another run's engine is not this report's to set
-    assert _held(client, run) == {"http://127.0.0.1:32001": 8, "http://127.0.0.1:32002": 9,
-                                  "http://127.0.0.1:32003": 8}
+    assert _held(client, run) == {"http://127.0.0.1:32001": 8, "http://127.0.0.1:32002": 9, "http://127.0.0.1:32003": 8}
     assert _held(client, other) == {"http://127.0.0.1:32001": 2}
 
     # everyone reads the same record: the topology, the run's status
     assert {n.node_id: n.weight_version for n in client.topology().roles["engine"] if n.run_id == run} == {
-        a.node_id: 8, b.node_id: 9, unsaid.node_id: 8}
+        a.node_id: 8,
+        b.node_id: 9,
+        unsaid.node_id: 8,
+    }
     assert {s.node_id: s.weight_version for s in client.status(run).services} == {
-        a.node_id: 8, b.node_id: 9, unsaid.node_id: 8}
+        a.node_id: 8,
+        b.node_id: 9,
+        unsaid.node_id: 8,
+    }
 
 
 def test_heartbeats_carry_no_engine_version_and_a_node_that_left_is_not_brought_back(client, uniq):
@@ -84,9 +110,21 @@ def test_heartbeats_carry_no_engine_version_and_a_node_that_left_is_not_brought_
 
 def test_only_an_engine_registers_a_weight_version(client, uniq):
     with pytest.raises(DCSError) as err:
-        client.register(NodeRegistration.model_construct(
-            role="actor_fwd", rank=0, host="h", ports={}, device="cpu", parallel={}, master_port=None,
-            run_id=uniq("run"), weights_dtype=None, gpu=None, weight_version=2))
+        client.register(
+            NodeRegistration.model_construct(
+                role="actor_fwd",
+                rank=0,
+                host="h",
+                ports={},
+                device="cpu",
+                parallel={},
+                master_port=None,
+                run_id=uniq("run"),
+                weights_dtype=None,
+                gpu=None,
+                weight_version=2,
+            )
+        )
     assert err.value.status == 422 and "engines only" in str(err.value.detail)
     with pytest.raises(ValueError, match="engines only"):
         NodeRegistration(role="actor_fwd", host="h", weight_version=2)

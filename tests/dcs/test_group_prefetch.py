@@ -33,8 +33,15 @@ class Coordinator:
 
     def sync_group(self, run_id: str, request):
         self.group_requests.append(request)
-        return SyncGroup(name="g-1", generation=1, master_address="127.0.0.1", master_port=self.port, world_size=1,
-                         backend="gloo", members=[GroupMember(node_id="trainer-0", role="trainer", rank=0)])
+        return SyncGroup(
+            name="g-1",
+            generation=1,
+            master_address="127.0.0.1",
+            master_port=self.port,
+            world_size=1,
+            backend="gloo",
+            members=[GroupMember(node_id="trainer-0", role="trainer", rank=0)],
+        )
 
     def publish_weights(self, run_id: str, metadata) -> None:
         self.published.append(metadata.version)
@@ -113,17 +120,27 @@ class EchoingCoordinator(Coordinator):
 
     def sync_group(self, run_id: str, request):
         self.group_requests.append(request)
-        return SyncGroup(name=f"g-{request.backend}", generation=1, master_address="127.0.0.1",
-                         master_port=self.port, world_size=2, backend=request.backend,
-                         members=[GroupMember(node_id="trainer-0", role="trainer", rank=0),
-                                  GroupMember(node_id="fwd-0", role="actor_fwd", rank=1, gpu=self.gpu)])
+        return SyncGroup(
+            name=f"g-{request.backend}",
+            generation=1,
+            master_address="127.0.0.1",
+            master_port=self.port,
+            world_size=2,
+            backend=request.backend,
+            members=[
+                GroupMember(node_id="trainer-0", role="trainer", rank=0),
+                GroupMember(node_id="fwd-0", role="actor_fwd", rank=1, gpu=self.gpu),
+            ],
+        )
 
 
 def test_auto_asks_again_for_the_backend_its_members_call_for_and_an_impossible_one_fails_for_good():
     from services.dcs.sync.publisher import SyncFailed, UnusableBackend
+
     dcs = EchoingCoordinator(gpu="GPU-1")
-    publisher = WeightPublisher(dcs, "trainer-0", "127.0.0.1", timeout_s=20, receiver_roles=["actor_fwd"],
-                                run_id="r", backend="auto")
+    publisher = WeightPublisher(
+        dcs, "trainer-0", "127.0.0.1", timeout_s=20, receiver_roles=["actor_fwd"], run_id="r", backend="auto"
+    )
     publisher._trainer_gpu = "GPU-0"  # as on a GPU trainer (this machine has none)
     try:
         spec = publisher._resolved_group()

@@ -32,8 +32,9 @@ def dcs(tmp_path_factory):
     """A coordinator with a run `fz` and a trainer node of it (long lease: nothing expires while fuzzing)."""
     with LocalDCS(log_dir=str(tmp_path_factory.mktemp("dcs-fuzz")), args=("--node-lease-s", "3600")) as local:
         httpx.post(local.url + "/v1/runs", json=RUN, timeout=10).raise_for_status()
-        node = httpx.post(local.url + "/v1/nodes", json={"role": "trainer", "host": "127.0.0.1", "run_id": "fz"},
-                          timeout=10)
+        node = httpx.post(
+            local.url + "/v1/nodes", json={"role": "trainer", "host": "127.0.0.1", "run_id": "fz"}, timeout=10
+        )
         node.raise_for_status()
         client = redis.Redis.from_url(local.redis_url)
         yield local, client, node.json()["node_id"]
@@ -78,7 +79,6 @@ def test_no_input_causes_a_server_error_or_a_rejected_change(dcs):
     assert local.proc.alive()
 
 
-
 @pytest.fixture
 def http(dcs):
     """JSON calls to the coordinator on one connection (a client per call costs ~30 ms)."""
@@ -91,11 +91,16 @@ def test_non_finite_numbers_are_refused_and_change_nothing(dcs, http):
     and not a key of Redis touched; numeric query and path parameters likewise (4xx)."""
     local, client, node_id = dcs
     spec = httpx.get(local.url + "/openapi.json", timeout=10).json()
-    cases = number_cases(spec, {"run_id": "fz", "node_id": node_id, "role": "trainer"}, NON_FINITE,
-                         NON_FINITE_TEXT)
+    cases = number_cases(spec, {"run_id": "fz", "node_id": node_id, "role": "trainer"}, NON_FINITE, NON_FINITE_TEXT)
     fields = {(c.method, c.path.split("/")[-1], c.field[-1]) for c in cases}
-    for expected in (("POST", "nodes", "rank"), ("POST", "heartbeat", "step"), ("POST", "weights", "offset"),
-                     ("POST", "syncs", "metadata"), ("POST", "runs", "lr"), ("GET", "next", "wait_s")):
+    for expected in (
+        ("POST", "nodes", "rank"),
+        ("POST", "heartbeat", "step"),
+        ("POST", "weights", "offset"),
+        ("POST", "syncs", "metadata"),
+        ("POST", "runs", "lr"),
+        ("GET", "next", "wait_s"),
+    ):
         assert expected in fields, expected
     before, statuses, failures = redis_digest(client), collections.Counter(), []
     for case in cases:

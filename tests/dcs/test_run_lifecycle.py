@@ -80,9 +80,14 @@ def test_bad_failure_reports_are_422_and_change_nothing(dcs, client, run_id):
     before = client.run(run_id)
     with httpx.Client(base_url=dcs.url) as http:
         path = f"/v1/runs/{run_id}/fail"
-        for body in ({"message": "no role"}, {"role": "trainer"}, {"role": "trainer", "message": ""},
-                     {"role": "Trainer!", "message": "m"}, {"role": "trainer", "message": "m", "extra": 1},
-                     {"role": "trainer", "message": "x" * (MAX_FAILURE_MESSAGE + 1)}):
+        for body in (
+            {"message": "no role"},
+            {"role": "trainer"},
+            {"role": "trainer", "message": ""},
+            {"role": "Trainer!", "message": "m"},
+            {"role": "trainer", "message": "m", "extra": 1},
+            {"role": "trainer", "message": "x" * (MAX_FAILURE_MESSAGE + 1)},
+        ):
             r = http.post(path, json=body)
             assert r.status_code == 422, (body, r.text)
         r = http.post(path, content=b"{not json", headers={"content-type": "application/json"})
@@ -116,13 +121,15 @@ def test_lifecycle_routes_need_the_token(tmp_path):
 
 def test_a_stopped_run_releases_a_role_waiting_at_a_pause(client, run_id):
     client.pause(run_id)
-    membership = RunMembership(client, NodeRegistration(role="advantage", host="127.0.0.1", run_id=run_id),
-                               interval_s=0.1)
+    membership = RunMembership(
+        client, NodeRegistration(role="advantage", host="127.0.0.1", run_id=run_id), interval_s=0.1
+    )
     released = threading.Event()
 
     def wait_at_safe_point():
         membership.safe_point()
         released.set()
+
     waiter = threading.Thread(target=wait_at_safe_point, daemon=True)
     try:
         waiter.start()
@@ -170,8 +177,10 @@ def test_an_ended_run_is_deleted_with_its_state_and_its_id_starts_afresh(dcs, cl
 
 
 def test_a_node_dead_for_the_ttl_is_dropped_from_the_topology(tmp_path):
-    with LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "0.5", "--dead-node-ttl-s", "1")) as d, \
-            DCSClient(d.url) as c:
+    with (
+        LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "0.5", "--dead-node-ttl-s", "1")) as d,
+        DCSClient(d.url) as c,
+    ):
         gone = c.register(NodeRegistration(role="engine", host="h", run_id="x"))
         kept = c.register(NodeRegistration(role="rollout", host="h", run_id="x"))
         deadline = time.monotonic() + 10

@@ -30,9 +30,12 @@ GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 
 def _server(tmp_path, model_dir: str, *flags: str) -> tuple[ChildProcess, str]:
     port = free_port()
-    proc = ChildProcess(f"sglang-{port}", [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir,
-                                           "--port", str(port), *flags], str(tmp_path / f"sglang-{port}.log"),
-                        env={"PYTHONPATH": os.pathsep.join([str(FAKE), str(ROOT)])})
+    proc = ChildProcess(
+        f"sglang-{port}",
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--port", str(port), *flags],
+        str(tmp_path / f"sglang-{port}.log"),
+        env={"PYTHONPATH": os.pathsep.join([str(FAKE), str(ROOT)])},
+    )
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/health"), 120)
     return proc, url
@@ -43,8 +46,10 @@ def _adapter(model_dir: str, directory: str, rank: int, seed: int):
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
-    model = get_peft_model(load_causal_lm(model_dir)[0], LoraConfig(
-        r=rank, lora_alpha=2.0 * rank, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        load_causal_lm(model_dir)[0],
+        LoraConfig(r=rank, lora_alpha=2.0 * rank, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -54,8 +59,9 @@ def _adapter(model_dir: str, directory: str, rank: int, seed: int):
 
 
 def _greedy(model) -> list[int]:
-    return model.generate(torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False, eos_token_id=None,
-                          pad_token_id=0)[0, 3:].tolist()
+    return model.generate(torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)[
+        0, 3:
+    ].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +71,17 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lora_server(model_dir, tmp_path_factory):
-    proc, url = _server(tmp_path_factory.mktemp("lora"), model_dir, "--enable-lora", "--max-lora-rank", "4",
-                        "--lora-target-modules", "q_proj", "k_proj", "v_proj")
+    proc, url = _server(
+        tmp_path_factory.mktemp("lora"),
+        model_dir,
+        "--enable-lora",
+        "--max-lora-rank",
+        "4",
+        "--lora-target-modules",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+    )
     yield url
     proc.stop()
 
@@ -77,6 +92,7 @@ def _generate(client: SGLangClient, adapter: NamedAdapter | None):
             return (await client.generate_batch([PROMPT], [GREEDY], adapter=adapter))[0]
         finally:
             await client.aclose()
+
     return asyncio.run(go())
 
 
@@ -93,8 +109,10 @@ def test_a_loaded_adapter_serves_what_peft_merges_and_unloading_it_leaves_the_ba
     assert base.output_ids == _greedy(load_causal_lm(model_dir)[0])
 
     _adapter(model_dir, str(tmp_path / "b"), rank=2, seed=1)
-    assert client.load_lora_adapter("run-v2", str(tmp_path / "b")) == {"run-v1": str(tmp_path / "a"),
-                                                                       "run-v2": str(tmp_path / "b")}
+    assert client.load_lora_adapter("run-v2", str(tmp_path / "b")) == {
+        "run-v1": str(tmp_path / "a"),
+        "run-v2": str(tmp_path / "b"),
+    }
     assert client.unload_lora_adapter("run-v1") == {"run-v2": str(tmp_path / "b")}
     listed = httpx.get(lora_server + "/v1/models").json()["data"]
     assert [(m["id"], m["root"]) for m in listed[1:]] == [("run-v2", str(tmp_path / "b"))]
@@ -117,7 +135,8 @@ def test_sglangs_refusals_come_back_with_its_reasons(lora_server, model_dir, tmp
     refusals = {
         "already loaded": lambda: client.load_lora_adapter("r-v1", str(tmp_path / "a")),
         "with rank 8 is incompatible with the current LoRA memory pool": lambda: client.load_lora_adapter(
-            "r-v2", str(tmp_path / "big")),
+            "r-v2", str(tmp_path / "big")
+        ),
         "Repo id must be in the form": lambda: client.load_lora_adapter("r-v3", str(tmp_path / "nowhere")),
         "Got LoRA adapter that has never been loaded: r-v9": lambda: _generate(client, run_adapter("r", 9)),
     }
@@ -143,9 +162,12 @@ def test_a_server_launched_without_lora_refuses_adapters(model_dir, tmp_path):
         proc.stop()
     # SGLang's start check: LoRA with neither adapters to preload nor the pool's rank and modules
     port = free_port()
-    proc = ChildProcess("no-rank", [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir,
-                                    "--port", str(port), "--enable-lora"], str(tmp_path / "no-rank.log"),
-                        env={"PYTHONPATH": os.pathsep.join([str(FAKE), str(ROOT)])})
+    proc = ChildProcess(
+        "no-rank",
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--port", str(port), "--enable-lora"],
+        str(tmp_path / "no-rank.log"),
+        env={"PYTHONPATH": os.pathsep.join([str(FAKE), str(ROOT)])},
+    )
     assert proc.proc.wait(timeout=120) != 0
     assert "you need to specify both --max-lora-rank and --lora-target-modules" in proc.log_tail()
 

@@ -24,9 +24,24 @@ pytestmark = pytest.mark.slow  # several processes end to end; ./dev test runs i
 
 def _engine(tmp_path, dcs_url, run_id, release, *extra) -> tuple[ChildProcess, str]:
     port = free_port()
-    proc = ChildProcess(f"engine-{release}", [sys.executable, "-m", "tests.dcs.sglang_receiver", "--port", str(port),
-                                              "--dcs", dcs_url, "--run-id", run_id, "--release", release, *extra],
-                        str(tmp_path / f"engine-{release}-{port}.log"))
+    proc = ChildProcess(
+        f"engine-{release}",
+        [
+            sys.executable,
+            "-m",
+            "tests.dcs.sglang_receiver",
+            "--port",
+            str(port),
+            "--dcs",
+            dcs_url,
+            "--run-id",
+            run_id,
+            "--release",
+            release,
+            *extra,
+        ],
+        str(tmp_path / f"engine-{release}-{port}.log"),
+    )
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/stats"), 60)
     return proc, url
@@ -47,8 +62,16 @@ def test_engines_of_every_release_get_the_weights_and_version(tmp_path, dtype):
             with DCSClient(local.url) as dcs:
                 _wait_engines(dcs, "r", 3)
                 trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="r"))
-                publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", bucket_bytes=50_000, timeout_s=20,
-                                            receiver_roles=["engine"], pause_mode="retract", run_id="r")
+                publisher = WeightPublisher(
+                    dcs,
+                    trainer.node_id,
+                    "127.0.0.1",
+                    bucket_bytes=50_000,
+                    timeout_s=20,
+                    receiver_roles=["engine"],
+                    pause_mode="retract",
+                    run_id="r",
+                )
                 for version in (1, 2):
                     tensors = weights(version, dtype)
                     result = publisher.publish(tensors.items(), version)
@@ -78,8 +101,9 @@ def test_failed_engine_update_fails_the_sync_and_generation_still_continues(tmp_
             with DCSClient(local.url) as dcs:
                 _wait_engines(dcs, "f", 1)
                 trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="f"))
-                publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", timeout_s=20, receiver_roles=["engine"],
-                                            run_id="f")
+                publisher = WeightPublisher(
+                    dcs, trainer.node_id, "127.0.0.1", timeout_s=20, receiver_roles=["engine"], run_id="f"
+                )
                 publisher.publish(weights(1, torch.float32).items(), 1)
                 with pytest.raises(SyncFailed) as err:
                     publisher.publish(weights(2, torch.float32).items(), 2)
@@ -138,6 +162,7 @@ def test_the_version_route_is_found_on_the_event_loop_even_when_every_worker_thr
                 await held
                 await client.aclose()
                 client.close()
+
         try:
             assert asyncio.run(discover()) == "default"
         finally:

@@ -21,8 +21,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available()
 
 
 def _greedy(url: str, prompt: list[int]) -> list[int]:
-    r = httpx.post(url + "/generate", json={"input_ids": prompt, "sampling_params": {
-        "max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}, timeout=60)
+    r = httpx.post(
+        url + "/generate",
+        json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}},
+        timeout=60,
+    )
     return r.json()["output_ids"]
 
 
@@ -31,9 +34,18 @@ def _publish_to(engine_url: str, tmp_path, named, device: str) -> object:
         port = int(engine_url.rsplit(":", 1)[1])
         dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": port}, run_id="w"))
         trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="w", device=device))
-        publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", bucket_bytes=100_000, timeout_s=60,
-                                    receiver_roles=["engine"], pause_mode="auto", run_id="w", backend="auto",
-                                    device=device)
+        publisher = WeightPublisher(
+            dcs,
+            trainer.node_id,
+            "127.0.0.1",
+            bucket_bytes=100_000,
+            timeout_s=60,
+            receiver_roles=["engine"],
+            pause_mode="auto",
+            run_id="w",
+            backend="auto",
+            device=device,
+        )
         try:
             return publisher.publish(named, 1)
         finally:
@@ -43,8 +55,10 @@ def _publish_to(engine_url: str, tmp_path, named, device: str) -> object:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     base = tmp_path_factory.mktemp("models")
-    return (init_model(str(base / "start"), preset="tiny", arch="qwen2", seed=7),
-            init_model(str(base / "trained"), preset="tiny", arch="qwen2", seed=99))
+    return (
+        init_model(str(base / "start"), preset="tiny", arch="qwen2", seed=7),
+        init_model(str(base / "trained"), preset="tiny", arch="qwen2", seed=99),
+    )
 
 
 def test_a_trainer_on_the_engines_gpu_sends_by_cuda_ipc_in_the_engines_dtype(models, tmp_path):
@@ -72,8 +86,13 @@ def test_a_trainer_on_another_gpu_broadcasts_over_nccl(models, tmp_path):
         weights = load_causal_lm(trained, "float32", "cuda:0")[0]
         result = _publish_to(url, tmp_path, list(weights.named_parameters()), "cuda:0")
         assert result.ok and result.backend == "nccl", result
-        expected = weights.generate(torch.tensor([[11, 22, 33]], device="cuda:0"), max_new_tokens=8,
-                                    do_sample=False, eos_token_id=None, pad_token_id=0)[0, 3:].tolist()
+        expected = weights.generate(
+            torch.tensor([[11, 22, 33]], device="cuda:0"),
+            max_new_tokens=8,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, 3:].tolist()
         assert _greedy(url, [11, 22, 33]) == expected
     finally:
         engine.stop()

@@ -20,34 +20,77 @@ def _events(path) -> list[dict]:
 
 
 def _worker(tmp_path, name, *args) -> ChildProcess:
-    return ChildProcess(name, [sys.executable, "-m", "tests.dcs.sync_worker", *args],
-                        str(tmp_path / f"{name}.log"))
+    return ChildProcess(name, [sys.executable, "-m", "tests.dcs.sync_worker", *args], str(tmp_path / f"{name}.log"))
 
 
-def start_three(tmp_path, dcs_url: str, run_id: str, versions: int, faulty: str, fault: list[str],
-                trainer_args: tuple[str, ...] = ()) -> tuple[ChildProcess, ChildProcess, ChildProcess]:
+def start_three(
+    tmp_path,
+    dcs_url: str,
+    run_id: str,
+    versions: int,
+    faulty: str,
+    fault: list[str],
+    trainer_args: tuple[str, ...] = (),
+) -> tuple[ChildProcess, ChildProcess, ChildProcess]:
     """A trainer publishing `versions` versions to two receivers, "survivor" and `faulty` (which takes the
     `fault` flags); each writes its events to <name>.jsonl. Callers give the coordinator a 3 s node lease: the
     trainer retries a failed sync after 4 s, once the dead member has been dropped."""
     common = ["--dcs", dcs_url, "--run-id", run_id, "--timeout-s", "3"]
-    survivor = _worker(tmp_path, "survivor", "receiver", *common, "--until", str(versions),
-                       "--out", str(tmp_path / "survivor.jsonl"))
-    other = _worker(tmp_path, faulty, "receiver", *common, "--until", str(versions), *fault,
-                    "--out", str(tmp_path / f"{faulty}.jsonl"))
-    trainer = _worker(tmp_path, "trainer", "trainer", *common, "--versions", str(versions), "--retry-after-s", "4",
-                      *trainer_args, "--out", str(tmp_path / "trainer.jsonl"))
+    survivor = _worker(
+        tmp_path, "survivor", "receiver", *common, "--until", str(versions), "--out", str(tmp_path / "survivor.jsonl")
+    )
+    other = _worker(
+        tmp_path,
+        faulty,
+        "receiver",
+        *common,
+        "--until",
+        str(versions),
+        *fault,
+        "--out",
+        str(tmp_path / f"{faulty}.jsonl"),
+    )
+    trainer = _worker(
+        tmp_path,
+        "trainer",
+        "trainer",
+        *common,
+        "--versions",
+        str(versions),
+        "--retry-after-s",
+        "4",
+        *trainer_args,
+        "--out",
+        str(tmp_path / "trainer.jsonl"),
+    )
     return survivor, other, trainer
 
 
-@pytest.mark.parametrize("dtype,streamed", [("float32", False), ("bfloat16", False), ("float32", True)],
-                         ids=["float32", "bfloat16", "streamed"])
+@pytest.mark.parametrize(
+    "dtype,streamed",
+    [("float32", False), ("bfloat16", False), ("float32", True)],
+    ids=["float32", "bfloat16", "streamed"],
+)
 def test_trainer_and_two_receivers_get_bit_identical_tensors(tmp_path, dtype, streamed):
     with LocalDCS(log_dir=str(tmp_path)) as dcs:
         common = ["--dcs", dcs.url, "--run-id", "r", "--dtype", dtype]
-        receivers = [_worker(tmp_path, f"recv{i}", "receiver", *common, "--until", "2",
-                             "--out", str(tmp_path / f"recv{i}.jsonl")) for i in range(2)]
-        trainer = _worker(tmp_path, "trainer", "trainer", *common, "--versions", "2",
-                          "--out", str(tmp_path / "trainer.jsonl"), *(["--streamed"] if streamed else []))
+        receivers = [
+            _worker(
+                tmp_path, f"recv{i}", "receiver", *common, "--until", "2", "--out", str(tmp_path / f"recv{i}.jsonl")
+            )
+            for i in range(2)
+        ]
+        trainer = _worker(
+            tmp_path,
+            "trainer",
+            "trainer",
+            *common,
+            "--versions",
+            "2",
+            "--out",
+            str(tmp_path / "trainer.jsonl"),
+            *(["--streamed"] if streamed else []),
+        )
         assert trainer.proc.wait(120) == 0, trainer.log_tail()
         for r in receivers:
             assert r.proc.wait(60) == 0, r.log_tail()
@@ -71,8 +114,9 @@ def test_trainer_and_two_receivers_get_bit_identical_tensors(tmp_path, dtype, st
 @pytest.mark.parametrize("streamed", [False, True], ids=["list", "streamed"])
 def test_receiver_killed_mid_sync_fails_it_on_time_and_the_next_sync_succeeds(tmp_path, streamed):
     with LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "3.0")) as dcs:
-        survivor, doomed, trainer = start_three(tmp_path, dcs.url, "k", 3, "doomed", ["--die-at", "2:1"],
-                                                trainer_args=("--streamed",) if streamed else ())
+        survivor, doomed, trainer = start_three(
+            tmp_path, dcs.url, "k", 3, "doomed", ["--die-at", "2:1"], trainer_args=("--streamed",) if streamed else ()
+        )
         assert trainer.proc.wait(120) == 0, trainer.log_tail()
         assert survivor.proc.wait(60) == 0, survivor.log_tail()
         assert doomed.proc.wait(10) == -9  # it really died mid-sync

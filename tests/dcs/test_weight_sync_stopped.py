@@ -27,8 +27,9 @@ def _wait_for(path, predicate, timeout_s: float = 60.0) -> list[dict]:
 
 def test_a_receiver_stopped_mid_sync_is_left_out_then_rejoins_after_sigcont(tmp_path):
     with LocalDCS(log_dir=str(tmp_path), args=("--node-lease-s", "3.0")) as dcs:
-        survivor, frozen, trainer = start_three(tmp_path, dcs.url, "s", 4, "frozen", ["--stop-at", "2:1"],
-                                                ("--rejoin-version", "4"))
+        survivor, frozen, trainer = start_three(
+            tmp_path, dcs.url, "s", 4, "frozen", ["--stop-at", "2:1"], ("--rejoin-version", "4")
+        )
         try:
             published = _wait_for(tmp_path / "trainer.jsonl", lambda es: any(e["version"] == 3 for e in es))
             assert frozen.alive()  # stopped, not dead
@@ -45,8 +46,9 @@ def test_a_receiver_stopped_mid_sync_is_left_out_then_rejoins_after_sigcont(tmp_
         assert events[3]["event"] == "published" and events[3]["world_size"] == 2  # without the frozen one
         assert events[4]["event"] == "published" and events[4]["world_size"] == 3  # it is back
         assert published  # the SIGCONT came after version 3 was out
-        survivor_got = {e["version"]: e["digest"] for e in _events(tmp_path / "survivor.jsonl")
-                        if e["event"] == "received"}
+        survivor_got = {
+            e["version"]: e["digest"] for e in _events(tmp_path / "survivor.jsonl") if e["event"] == "received"
+        }
         assert survivor_got == {1: events[1]["digest"], 3: events[3]["digest"], 4: events[4]["digest"]}
         frozen_events = _events(tmp_path / "frozen.jsonl")
         frozen_got = {e["version"]: e["digest"] for e in frozen_events if e["event"] == "received"}

@@ -17,8 +17,9 @@ def finite_numbers(metrics: dict) -> list:
     return [v for v in metrics.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-def assert_run_complete(lr: LocalRun, run: RunConfig, staleness_bounded: bool = True,
-                        engine_urls: list[str] | None = None) -> dict[int, dict]:
+def assert_run_complete(
+    lr: LocalRun, run: RunConfig, staleness_bounded: bool = True, engine_urls: list[str] | None = None
+) -> dict[int, dict]:
     """`engine_urls`: the engines that must serve the last weights (default: the run's own); the stack's
     token (lr.token), when it has one, is sent to its services."""
     steps = lr.trained_steps()
@@ -28,8 +29,12 @@ def assert_run_complete(lr: LocalRun, run: RunConfig, staleness_bounded: bool = 
     with lr.redis_client() as r:
         skipped = skipped_prompts(r, run.name)
     trained = [i for rec in steps.values() for i in rec["samples"]]
-    expected = {f"{p}:{k}" for p in range(run.num_steps * run.rollout_batch_size + len(skipped))
-                if p not in skipped for k in range(run.group_rows)}
+    expected = {
+        f"{p}:{k}"
+        for p in range(run.num_steps * run.rollout_batch_size + len(skipped))
+        if p not in skipped
+        for k in range(run.group_rows)
+    }
     assert len(trained) == len(set(trained)) and set(trained) == expected
     for rec in steps.values():
         m = rec["metrics"]

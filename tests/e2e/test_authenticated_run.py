@@ -30,9 +30,17 @@ def every_process(lr: LocalRun) -> dict:
 
 
 def test_a_run_with_a_token_trains_and_the_token_is_on_no_command_line(model_dir, tmp_path):
-    run = RunConfig(name="authed", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2,
-                    global_batch_size=4, micro_batch_size=2, num_steps=2, rollout={"max_new_tokens": 8},
-                    optim={"lr": 1e-4})
+    run = RunConfig(
+        name="authed",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+        rollout={"max_new_tokens": 8},
+        optim={"lr": 1e-4},
+    )
     with LocalRun(run, log_dir=str(tmp_path), token=TOKEN) as lr:
         lr.wait_for_step(run.num_steps, 400)
         procs = every_process(lr)
@@ -45,10 +53,14 @@ def test_a_run_with_a_token_trains_and_the_token_is_on_no_command_line(model_dir
         assert version >= 1
         engine = lr.engine_urls[0]
         assert httpx.get(engine + "/weight_version", headers=AUTH).json()["weight_version"] == str(version)
-        for url, paths in [(engine, ("/metrics", "/weight_version", "/openapi.json", "/docs"))] + \
-                [(lr.procs[r].status_url, ("/status", "/metrics", "/spans", "/openapi.json"))
-                 for r in ("rollout", "advantage", "trainer")] + \
-                [(lr.dcs.url, ("/v1/topology", "/metrics", "/openapi.json"))]:
+        for url, paths in (
+            [(engine, ("/metrics", "/weight_version", "/openapi.json", "/docs"))]
+            + [
+                (lr.procs[r].status_url, ("/status", "/metrics", "/spans", "/openapi.json"))
+                for r in ("rollout", "advantage", "trainer")
+            ]
+            + [(lr.dcs.url, ("/v1/topology", "/metrics", "/openapi.json"))]
+        ):
             for path in paths:
                 assert httpx.get(url + path).status_code == 401, url + path
                 assert httpx.get(url + path, headers={"authorization": "Bearer wrong"}).status_code == 401

@@ -40,8 +40,18 @@ from tests.e2e.test_sluice_run import start, write_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-FAULTS = ["rollout", "trainer", "actor_fwd", "reference", "advantage", "tq-controller", "tq-shard shard-0", "dcs",
-          "engine-0", "redis"]
+FAULTS = [
+    "rollout",
+    "trainer",
+    "actor_fwd",
+    "reference",
+    "advantage",
+    "tq-controller",
+    "tq-shard shard-0",
+    "dcs",
+    "engine-0",
+    "redis",
+]
 STEPS_PER_FAULT = 2
 
 
@@ -75,8 +85,11 @@ class Ledger:
 
     def engine_completed(self) -> float:
         text = httpx.get(self.lr.engine_urls[0] + "/metrics", headers=_auth(self.lr), timeout=10).text
-        return sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith("sluice_engine_requests_total{") and 'finish="abort"' not in line)
+        return sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("sluice_engine_requests_total{") and 'finish="abort"' not in line
+        )
 
     def completed(self) -> float:
         return self.dead_engines_completed + _retry(self.engine_completed)
@@ -86,6 +99,7 @@ class Ledger:
             with self.lr.redis_client() as r:
                 frontier = int(r.get(run_key(self.lr.run.name, "rollout", "frontier")) or 0)
                 return frontier + r.scard(run_key(self.lr.run.name, "rollout", "written"))
+
         return _retry(read) * self.lr.run.n_samples_per_prompt
 
     def regenerated(self) -> float:
@@ -172,15 +186,25 @@ def _inject(lr: LocalRun, ledger: Ledger, fault: str) -> dict:
         assert time.monotonic() - killed < 300, f"no step finished within 300 s of killing {fault}"
         time.sleep(0.2)
     others = sorted({r.name for r in lr.supervisor.restarts[restarts_before:] if r.name != fault})
-    return {"fault": fault, "at_step": at_step, "recover_s": round(time.monotonic() - killed, 1),
-            "regenerated": max(0, round(ledger.regenerated() - regenerated)), "also_restarted": others}
+    return {
+        "fault": fault,
+        "at_step": at_step,
+        "recover_s": round(time.monotonic() - killed, 1),
+        "regenerated": max(0, round(ledger.regenerated() - regenerated)),
+        "also_restarted": others,
+    }
 
 
 def _table(rows: list[dict]) -> str:
-    lines = ["| fault (kill -9) | at step | time to recover (s) | samples regenerated | samples lost | also restarted |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['fault']} | {r['at_step']} | {r['recover_s']} | {r['regenerated']} | {r['lost']} | "
-              f"{', '.join(r['also_restarted']) or '-'} |" for r in rows]
+    lines = [
+        "| fault (kill -9) | at step | time to recover (s) | samples regenerated | samples lost | also restarted |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['fault']} | {r['at_step']} | {r['recover_s']} | {r['regenerated']} | {r['lost']} | "
+        f"{', '.join(r['also_restarted']) or '-'} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -188,16 +212,32 @@ def test_every_service_killed_once_and_the_run_trains_every_sample_once(model_di
     seed = int(os.environ.get("SLUICE_CHAOS_SEED", "0")) or random.randrange(1, 1 << 30)
     rng = random.Random(seed)
     order = rng.sample(FAULTS, len(FAULTS))
-    run_file = RunFile(name="chaos", model=model_dir, max_staleness=1, n_samples_per_prompt=4,
-                       rollout_batch_size=2, global_batch_size=4, micro_batch_size=4, num_steps=5 * len(FAULTS),
-                       checkpoint_interval=1, ref_update_interval=2, algorithm={"decoupled": True, "kl_coef": 0.01},
-                       rollout={"max_new_tokens": 16}, optim={"lr": 1e-4},
-                       stack={"output_dir": str(tmp_path / "runs"), "coordinator_port": 0,
-                              "engine_flags": {"weight_sync_timeout_s": 10},
-                              "role_flags": {"actor_fwd": {"lease_s": 3, "weight_sync_timeout_s": 10},
-                                             "reference": {"lease_s": 3, "weight_sync_timeout_s": 10},
-                                             "advantage": {"lease_s": 3},
-                                             "trainer": {"weight_sync_timeout_s": 10, "republish_check_s": 2}}})
+    run_file = RunFile(
+        name="chaos",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=4,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=4,
+        num_steps=5 * len(FAULTS),
+        checkpoint_interval=1,
+        ref_update_interval=2,
+        algorithm={"decoupled": True, "kl_coef": 0.01},
+        rollout={"max_new_tokens": 16},
+        optim={"lr": 1e-4},
+        stack={
+            "output_dir": str(tmp_path / "runs"),
+            "coordinator_port": 0,
+            "engine_flags": {"weight_sync_timeout_s": 10},
+            "role_flags": {
+                "actor_fwd": {"lease_s": 3, "weight_sync_timeout_s": 10},
+                "reference": {"lease_s": 3, "weight_sync_timeout_s": 10},
+                "advantage": {"lease_s": 3},
+                "trainer": {"weight_sync_timeout_s": 10, "republish_check_s": 2},
+            },
+        },
+    )
     run = run_file.run_config()
     token, _ = stack_token("", run_file.directories()["run"])  # as `sluice run` makes one
     with start_stack(run_file, token) as lr:
@@ -275,6 +315,10 @@ def test_sluice_run_with_its_defaults_survives_its_redis_killed(tmp_path):
         server.stop()
     assert sorted(steps) == list(range(run.num_steps))
     trained = [i for rec in steps.values() for i in rec["samples"]]
-    expected = {f"{p}:{k}" for p in range(run.num_steps * run.rollout_batch_size + len(skipped))
-                if p not in skipped for k in range(run.group_rows)}
+    expected = {
+        f"{p}:{k}"
+        for p in range(run.num_steps * run.rollout_batch_size + len(skipped))
+        if p not in skipped
+        for k in range(run.group_rows)
+    }
     assert len(trained) == len(set(trained)) and set(trained) == expected

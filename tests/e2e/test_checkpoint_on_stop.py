@@ -26,9 +26,19 @@ def model_dir(tmp_path_factory):
 
 
 def test_sigterm_checkpoints_the_last_step_and_the_restart_resumes_after_it(model_dir, tmp_path):
-    run = RunConfig(name="sigterm", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=8, micro_batch_size=4, num_steps=10, checkpoint={"keep_last": 1},
-                    rollout={"max_new_tokens": 12}, optim={"lr": 1e-4})
+    run = RunConfig(
+        name="sigterm",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=4,
+        rollout_batch_size=2,
+        global_batch_size=8,
+        micro_batch_size=4,
+        num_steps=10,
+        checkpoint={"keep_last": 1},
+        rollout={"max_new_tokens": 12},
+        optim={"lr": 1e-4},
+    )
     ckpt = str(tmp_path / "ckpt")
     with LocalRun(run, log_dir=str(tmp_path / "logs"), checkpoint_dir=ckpt) as lr:
         lr.wait_for_step(2, 300)

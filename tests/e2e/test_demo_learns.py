@@ -11,13 +11,20 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the whole default demo (~2-4 min on two cores); ./dev test runs it
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+]  # the whole default demo (~2-4 min on two cores); ./dev test runs it
 
 
 def test_the_default_demo_climbs_from_at_most_0_3_to_at_least_0_8(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "services.cli", "demo", "--view", "json", "--workdir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=1200,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "demo", "--view", "json", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     steps = [x for x in lines if "step" in x]
@@ -27,7 +34,7 @@ def test_the_default_demo_climbs_from_at_most_0_3_to_at_least_0_8(tmp_path):
     # read from the report below
     evals = [x["eval_reward"] for x in steps]
     known = [e for e in evals if e is not None]
-    assert known and evals.index(known[0]) < 10 and all(e is not None for e in evals[evals.index(known[0]):])
+    assert known and evals.index(known[0]) < 10 and all(e is not None for e in evals[evals.index(known[0]) :])
     assert known[0] <= 0.3, evals[:5]
     assert max(known) >= 0.8, evals[-20:]
     summary = lines[-1]

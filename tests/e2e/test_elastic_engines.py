@@ -31,8 +31,9 @@ def _until(predicate, timeout_s: float, what: str) -> None:
 
 
 def _sluice_engines(lr: LocalRun, *args: str) -> None:
-    done = subprocess.run(sluice_argv("engines", *args, "--coordinator", lr.dcs.url), capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        sluice_argv("engines", *args, "--coordinator", lr.dcs.url), capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -43,9 +44,21 @@ def _rollout_engines(lr: LocalRun) -> dict[str, dict]:
 
 def _engine(lr: LocalRun, name: str, *args: str) -> tuple[ChildProcess, str]:
     port = free_port()
-    proc = ChildProcess(name, sluice_argv("engine", "--model", lr.run.model, "--host", "127.0.0.1", "--port",
-                                          str(port), "--allow-unauthenticated-weight-updates", *args),
-                        os.path.join(lr.log_dir, f"{name}.log"))
+    proc = ChildProcess(
+        name,
+        sluice_argv(
+            "engine",
+            "--model",
+            lr.run.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--allow-unauthenticated-weight-updates",
+            *args,
+        ),
+        os.path.join(lr.log_dir, f"{name}.log"),
+    )
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/health"), 120)
     return proc, url
@@ -69,12 +82,25 @@ def _resumed(lr: LocalRun, name: str) -> None:
 
 def test_engines_join_and_leave_a_running_run_and_every_sample_is_trained_once(tmp_path):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
-    run = RunConfig(name="elastic", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=8, micro_batch_size=4, num_steps=48, optim={"lr": 1e-4},
-                    rollout={"max_new_tokens": 16, "reward": "import:tests.e2e.slow_rewards:letters_slowly"})
+    run = RunConfig(
+        name="elastic",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=4,
+        rollout_batch_size=2,
+        global_batch_size=8,
+        micro_batch_size=4,
+        num_steps=48,
+        optim={"lr": 1e-4},
+        rollout={"max_new_tokens": 16, "reward": "import:tests.e2e.slow_rewards:letters_slowly"},
+    )
     extra: list[ChildProcess] = []
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), engines=1,
-                  role_args={"rollout": ["--engine-poll-s", "0.5", "--version-wait-s", "1"]}) as lr:
+    with LocalRun(
+        run,
+        log_dir=str(tmp_path / "logs"),
+        engines=1,
+        role_args={"rollout": ["--engine-poll-s", "0.5", "--version-wait-s", "1"]},
+    ) as lr:
         try:
             first = lr.engine_urls[0]
             added_proc, added = _engine(lr, "engine-added")  # up before its turn: a tiny run's steps are fast

@@ -35,13 +35,26 @@ def _until(predicate, timeout_s: float, what: str) -> None:
 
 def test_a_stopped_engine_is_left_out_generation_goes_on_and_it_rejoins_after_sigcont(tmp_path):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
-    run = RunConfig(name="stopped", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=8, micro_batch_size=4, num_steps=40, rollout={"max_new_tokens": 16},
-                    optim={"lr": 1e-4})
+    run = RunConfig(
+        name="stopped",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=4,
+        rollout_batch_size=2,
+        global_batch_size=8,
+        micro_batch_size=4,
+        num_steps=40,
+        rollout={"max_new_tokens": 16},
+        optim={"lr": 1e-4},
+    )
     deadline = str(SYNC_DEADLINE_S)
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), engines=2, engine_args=("--weight-sync-timeout-s", deadline),
-                  role_args={"trainer": ["--weight-sync-timeout-s", deadline],
-                             "rollout": ["--version-wait-s", "1"]}) as lr:
+    with LocalRun(
+        run,
+        log_dir=str(tmp_path / "logs"),
+        engines=2,
+        engine_args=("--weight-sync-timeout-s", deadline),
+        role_args={"trainer": ["--weight-sync-timeout-s", deadline], "rollout": ["--version-wait-s", "1"]},
+    ) as lr:
         lr.wait_for_step(3, 180)
         engine0, engine1 = lr.engine_urls
         frozen = lr.processes()["engine-1"].proc

@@ -82,6 +82,9 @@ def judge_state(run_dir) -> tuple[str, str, list[str], float]:
     version = httpx.get(stack["judge_url"] + "/weight_version", headers=auth, timeout=10).json()["weight_version"]
     engines = httpx.get(f"{stack['coordinator']}/v1/runs/{stack['run_id']}/engines", headers=auth, timeout=10)
     metrics = httpx.get(stack["judge_url"] + "/metrics", headers=auth, timeout=10).text
-    judged = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                 if line.startswith("sluice_engine_requests_total{"))
+    judged = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("sluice_engine_requests_total{")
+    )
     return version, stack["judge_url"], [e["url"] for e in engines.json()["engines"]], judged

@@ -43,9 +43,19 @@ def test_rows_lost_with_a_shard_are_generated_again_and_trained_once(tmp_path, a
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
     # max_staleness 2: the trainer claims the next step's rows while it publishes, so it may be stopped holding
     # them with its publish unfinished; at max_staleness 1 the rollout could then write nothing nobody has taken
-    run = RunConfig(name="lost", model=model_dir, max_staleness=2, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=8, micro_batch_size=4, num_steps=30, rollout={"max_new_tokens": 16},
-                    optim={"lr": 1e-4}, algorithm=algorithm)
+    run = RunConfig(
+        name="lost",
+        model=model_dir,
+        max_staleness=2,
+        n_samples_per_prompt=4,
+        rollout_batch_size=2,
+        global_batch_size=8,
+        micro_batch_size=4,
+        num_steps=30,
+        rollout={"max_new_tokens": 16},
+        optim={"lr": 1e-4},
+        algorithm=algorithm,
+    )
     with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
         lr.wait_for_step(3, 300)
         trainer = lr.procs["trainer"].proc
@@ -64,6 +74,9 @@ def test_rows_lost_with_a_shard_are_generated_again_and_trained_once(tmp_path, a
         lr.wait_for_step(run.num_steps, 400)
         assert_run_complete(lr, run)
         metrics = httpx.get(lr.service_urls()["rollout"] + "/metrics").text
-        regenerated = [float(line.split()[1]) for line in metrics.splitlines()
-                       if line.startswith("sluice_rollout_groups_regenerated_total ")]
+        regenerated = [
+            float(line.split()[1])
+            for line in metrics.splitlines()
+            if line.startswith("sluice_rollout_groups_regenerated_total ")
+        ]
         assert regenerated and regenerated[0] >= 1, lost

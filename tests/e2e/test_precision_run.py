@@ -31,6 +31,7 @@ def test_a_bfloat16_engine_with_a_float32_trainer_trains_every_sample_once(model
             trainer = [r for r in dcs.sync_reports(run.name, 200) if "pack" in r.seconds]
             engine_version = dcs.status(run.name).latest_weight_version
     from services.model.loading import load_causal_lm
+
     fp32_bytes = sum(p.numel() * 4 for p in load_causal_lm(model_dir)[0].parameters())
     assert trainer and all(r.ok and r.bytes < 0.55 * fp32_bytes for r in trainer), trainer  # sent in bf16
     assert engine_version == 3

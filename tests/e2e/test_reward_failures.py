@@ -24,12 +24,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 def test_a_reward_that_raises_on_some_prompts_skips_their_groups_and_the_run_finishes(tmp_path):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
-    run = RunConfig(name="flaky-reward", model=model_dir, max_staleness=1, n_samples_per_prompt=2,
-                    rollout_batch_size=4, global_batch_size=8, micro_batch_size=4, num_steps=3,
-                    rollout={"prompts": "demo:letters", "reward": "import:tests.e2e.failing_rewards:letters_unless_a",
-                             "reward_fallback": "skip_group", "max_new_tokens": 8},
-                    eval={"prompts": "demo:letters", "every_n_versions": 2, "max_prompts": 4, "max_new_tokens": 8},
-                    optim={"lr": 1e-4})
+    run = RunConfig(
+        name="flaky-reward",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=2,
+        rollout_batch_size=4,
+        global_batch_size=8,
+        micro_batch_size=4,
+        num_steps=3,
+        rollout={
+            "prompts": "demo:letters",
+            "reward": "import:tests.e2e.failing_rewards:letters_unless_a",
+            "reward_fallback": "skip_group",
+            "max_new_tokens": 8,
+        },
+        eval={"prompts": "demo:letters", "every_n_versions": 2, "max_prompts": 4, "max_new_tokens": 8},
+        optim={"lr": 1e-4},
+    )
     source = open_prompt_source("demo:letters")
     with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
         lr.wait_for_step(run.num_steps, 400)
@@ -54,12 +66,25 @@ def test_a_reward_that_raises_on_some_prompts_skips_their_groups_and_the_run_fin
 
 def test_dynamic_sampling_drops_groups_without_variance_and_every_sample_is_trained_once(tmp_path):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
-    run = RunConfig(name="filtered", model=model_dir, max_staleness=1, n_samples_per_prompt=2,
-                    rollout_batch_size=4, global_batch_size=8, micro_batch_size=4, num_steps=3,
-                    rollout={"prompts": "demo:letters", "reward": "import:tests.e2e.failing_rewards:flat_when_a",
-                             "filter_groups": "zero_variance", "max_new_tokens": 8},
-                    # a prompt's samples all cut at 8 tokens lose the same: its group keeps its (zero) variance
-                    reward_shaping={"overlong": {"buffer": 4, "penalty": 0.5}}, optim={"lr": 1e-4})
+    run = RunConfig(
+        name="filtered",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=2,
+        rollout_batch_size=4,
+        global_batch_size=8,
+        micro_batch_size=4,
+        num_steps=3,
+        rollout={
+            "prompts": "demo:letters",
+            "reward": "import:tests.e2e.failing_rewards:flat_when_a",
+            "filter_groups": "zero_variance",
+            "max_new_tokens": 8,
+        },
+        # a prompt's samples all cut at 8 tokens lose the same: its group keeps its (zero) variance
+        reward_shaping={"overlong": {"buffer": 4, "penalty": 0.5}},
+        optim={"lr": 1e-4},
+    )
     source = open_prompt_source("demo:letters")
     with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
         lr.wait_for_step(run.num_steps, 400)

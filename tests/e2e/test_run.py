@@ -26,10 +26,20 @@ def model_dir(tmp_path_factory):
 
 
 def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
-    run = RunConfig(name="async", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=4, micro_batch_size=2, num_steps=8, ref_update_interval=2,
-                    algorithm={"decoupled": True, "tis_clip": 2.0, "kl_coef": 0.01, "entropy_coef": 0.001},
-                    rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
+    run = RunConfig(
+        name="async",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=4,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=8,
+        ref_update_interval=2,
+        algorithm={"decoupled": True, "tis_clip": 2.0, "kl_coef": 0.01, "entropy_coef": 0.001},
+        rollout={"max_new_tokens": 16},
+        optim={"lr": 1e-4},
+    )
     with LocalRun(run, log_dir=str(tmp_path / "logs"), engines=2) as lr:
         assert set(lr.procs) >= {"trainer", "rollout", "advantage", "actor_fwd", "reference"}
         lr.wait_for_step(1, 300)
@@ -64,8 +74,11 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
         # both engines generated (requests balanced across them)
         for url in lr.engine_urls:
             assert "sluice_engine_requests_total" in httpx.get(url + "/metrics").text
-            counts = [line for line in httpx.get(url + "/metrics").text.splitlines()
-                      if line.startswith("sluice_engine_requests_total{")]
+            counts = [
+                line
+                for line in httpx.get(url + "/metrics").text.splitlines()
+                if line.startswith("sluice_engine_requests_total{")
+            ]
             assert sum(float(line.split()[-1]) for line in counts) > 0
         with lr.dcs_client() as dcs:  # actor_fwd took every version, the reference every second one
             cursors = dcs.cursors(run.name)
@@ -95,9 +108,18 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
 
 
 def test_data_parallel_trainer_ranks_share_each_global_batch(model_dir, tmp_path):
-    run = RunConfig(name="dp", model=model_dir, max_staleness=1, n_samples_per_prompt=2, rollout_batch_size=4,
-                    global_batch_size=8, micro_batch_size=2, num_steps=3, rollout={"max_new_tokens": 12},
-                    optim={"lr": 1e-4})
+    run = RunConfig(
+        name="dp",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=2,
+        rollout_batch_size=4,
+        global_batch_size=8,
+        micro_batch_size=2,
+        num_steps=3,
+        rollout={"max_new_tokens": 12},
+        optim={"lr": 1e-4},
+    )
     with LocalRun(run, log_dir=str(tmp_path / "logs"), trainer_ranks=2) as lr:
         lr.wait_for_step(run.num_steps, 400)
         steps = assert_run_complete(lr, run)
@@ -113,11 +135,20 @@ def test_data_parallel_trainer_ranks_share_each_global_batch(model_dir, tmp_path
 
 
 def test_colocate_ppo_with_critic_and_kl_reward(model_dir, tmp_path):
-    run = RunConfig(name="colocate", model=model_dir, mode="colocate", max_staleness=0, n_samples_per_prompt=4,
-                    rollout_batch_size=2, global_batch_size=8, micro_batch_size=4, num_steps=3,
-                    algorithm={"estimator": "ppo", "kl_coef": 0.01, "kl_in_reward": True, "lam": 0.95,
-                               "decoupled": True},
-                    rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
+    run = RunConfig(
+        name="colocate",
+        model=model_dir,
+        mode="colocate",
+        max_staleness=0,
+        n_samples_per_prompt=4,
+        rollout_batch_size=2,
+        global_batch_size=8,
+        micro_batch_size=4,
+        num_steps=3,
+        algorithm={"estimator": "ppo", "kl_coef": 0.01, "kl_in_reward": True, "lam": 0.95, "decoupled": True},
+        rollout={"max_new_tokens": 16},
+        optim={"lr": 1e-4},
+    )
     with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
         assert set(lr.procs) >= {"trainer", "critic", "rollout", "advantage", "reference", "actor_fwd"}
         lr.wait_for_step(run.num_steps, 400)
@@ -132,14 +163,31 @@ def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating
     # 12 steps: the engine restarted after step 6 must generate some of the steps after it (the rollout runs
     # at most a couple of steps ahead), so publishes follow its return (docs/operations.md: one that comes back
     # after the last publish keeps its initial weights)
-    run = RunConfig(name="restart", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=2,
-                    global_batch_size=4, micro_batch_size=4, num_steps=12, checkpoint_interval=1,
-                    algorithm={"decoupled": True}, rollout={"max_new_tokens": 16}, optim={"lr": 1e-4})
+    run = RunConfig(
+        name="restart",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=4,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=4,
+        num_steps=12,
+        checkpoint_interval=1,
+        algorithm={"decoupled": True},
+        rollout={"max_new_tokens": 16},
+        optim={"lr": 1e-4},
+    )
     ckpt = tmp_path / "ckpt"
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), checkpoint_dir=str(ckpt),
-                  engine_args=("--weight-sync-timeout-s", "20"),
-                  role_args={"actor_fwd": ["--lease-s", "3"],
-                             "trainer": ["--weight-sync-timeout-s", "20", "--republish-check-s", "2"]}) as lr:
+    with LocalRun(
+        run,
+        log_dir=str(tmp_path / "logs"),
+        checkpoint_dir=str(ckpt),
+        engine_args=("--weight-sync-timeout-s", "20"),
+        role_args={
+            "actor_fwd": ["--lease-s", "3"],
+            "trainer": ["--weight-sync-timeout-s", "20", "--republish-check-s", "2"],
+        },
+    ) as lr:
         lr.wait_for_step(2, 300)
         lr.procs["trainer"].kill()  # SIGKILL: no clean shutdown
         killed_at = lr.progress()
@@ -174,6 +222,7 @@ def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating
         latest = sorted(os.listdir(ckpt / "actor"))[-1]
         assert latest == f"step_{run.num_steps:08d}"
         from transformers import AutoModelForCausalLM
+
         AutoModelForCausalLM.from_pretrained(str(ckpt / "actor" / latest), local_files_only=True)
 
 
@@ -182,12 +231,39 @@ def test_sluice_demo_warm_starts_trains_and_evaluates(tmp_path):
     the run through the front door with held-out evaluation, every sample trained once."""
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-m", "services.cli", "demo", "--steps", "2", "--groups-per-step", "2",
-                          "--n-samples", "4", "--preset", "tiny", "--warm-start-steps", "5", "--eval-every", "1",
-                          "--eval-prompts", "4", "--view", "json", "--workdir", str(tmp_path),
-                          "--filter-groups", "none"],  # 5 warm-start steps: every reward 0, every group filtered
-                         capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "demo",
+            "--steps",
+            "2",
+            "--groups-per-step",
+            "2",
+            "--n-samples",
+            "4",
+            "--preset",
+            "tiny",
+            "--warm-start-steps",
+            "5",
+            "--eval-every",
+            "1",
+            "--eval-prompts",
+            "4",
+            "--view",
+            "json",
+            "--workdir",
+            str(tmp_path),
+            "--filter-groups",
+            "none",
+        ],  # 5 warm-start steps: every reward 0, every group filtered
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     warm = [json.loads(line) for line in out.stderr.splitlines() if line.startswith('{"event": "warm_start"')]
     assert len(warm) == 1 and warm[0]["steps"] == 5 and os.path.isfile(tmp_path / "warm" / "config.json")
@@ -199,12 +275,27 @@ def test_sluice_demo_warm_starts_trains_and_evaluates(tmp_path):
 
 
 def test_fsdp_trainer_over_two_ranks_trains_publishes_and_checkpoints(model_dir, tmp_path):
-    run = RunConfig(name="fsdp", model=model_dir, max_staleness=1, n_samples_per_prompt=2, rollout_batch_size=4,
-                    global_batch_size=8, micro_batch_size=2, num_steps=3, checkpoint_interval=2,
-                    rollout={"max_new_tokens": 12}, optim={"lr": 1e-4})
+    run = RunConfig(
+        name="fsdp",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=2,
+        rollout_batch_size=4,
+        global_batch_size=8,
+        micro_batch_size=2,
+        num_steps=3,
+        checkpoint_interval=2,
+        rollout={"max_new_tokens": 12},
+        optim={"lr": 1e-4},
+    )
     fsdp = ["--backend", "fsdp"]
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), trainer_ranks=2, checkpoint_dir=str(tmp_path / "ckpt"),
-                  role_args={"trainer": fsdp, "trainer-1": fsdp}) as lr:
+    with LocalRun(
+        run,
+        log_dir=str(tmp_path / "logs"),
+        trainer_ranks=2,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        role_args={"trainer": fsdp, "trainer-1": fsdp},
+    ) as lr:
         lr.wait_for_step(run.num_steps, 400)
         steps = assert_run_complete(lr, run)  # engines included: they serve the last published version
         assert all(steps[s]["metrics"]["dp_size"] == 2 for s in steps)
@@ -219,17 +310,34 @@ def test_fsdp_trainer_over_two_ranks_trains_publishes_and_checkpoints(model_dir,
         assert (tmp_path / "ckpt" / "actor" / name / "model.safetensors").is_file()
         assert (tmp_path / "ckpt" / "actor" / name / "sharded" / ".metadata").is_file()
     final = tmp_path / "ckpt" / "actor" / names[-1]
-    assert json.loads((final / "trainer_state.json").read_text()) == {"next_step": run.num_steps,
-                                                                      "version": last_version}
+    assert json.loads((final / "trainer_state.json").read_text()) == {
+        "next_step": run.num_steps,
+        "version": last_version,
+    }
 
 
 def test_megatron_trainer_with_tensor_parallel_two_trains_publishes_and_checkpoints(model_dir, tmp_path):
-    run = RunConfig(name="megatron", model=model_dir, max_staleness=1, n_samples_per_prompt=2, rollout_batch_size=4,
-                    global_batch_size=8, micro_batch_size=2, num_steps=3, checkpoint_interval=2,
-                    rollout={"max_new_tokens": 12}, optim={"lr": 1e-4})
+    run = RunConfig(
+        name="megatron",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=2,
+        rollout_batch_size=4,
+        global_batch_size=8,
+        micro_batch_size=2,
+        num_steps=3,
+        checkpoint_interval=2,
+        rollout={"max_new_tokens": 12},
+        optim={"lr": 1e-4},
+    )
     megatron = ["--backend", "megatron", "--tp-size", "2"]
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), trainer_ranks=2, checkpoint_dir=str(tmp_path / "ckpt"),
-                  role_args={"trainer": megatron, "trainer-1": megatron}) as lr:
+    with LocalRun(
+        run,
+        log_dir=str(tmp_path / "logs"),
+        trainer_ranks=2,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        role_args={"trainer": megatron, "trainer-1": megatron},
+    ) as lr:
         lr.wait_for_step(run.num_steps, 400)
         assert_run_complete(lr, run)  # engines included: they serve the last published version
         status = httpx.get(lr.procs["trainer-1"].status_url + "/status").json()

@@ -25,9 +25,17 @@ def model_dir(tmp_path_factory):
 
 
 def small_run(name: str, model: str, num_steps: int = 2, **rollout) -> RunConfig:
-    return RunConfig(name=name, model=model, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                     micro_batch_size=2, num_steps=num_steps, rollout={"max_new_tokens": 8, **rollout},
-                     optim={"lr": 1e-4})
+    return RunConfig(
+        name=name,
+        model=model,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=num_steps,
+        rollout={"max_new_tokens": 8, **rollout},
+        optim={"lr": 1e-4},
+    )
 
 
 def wait_for_status(lr: LocalRun, run_id: str, wanted: str, timeout_s: float) -> RunStatus:
@@ -76,6 +84,7 @@ def test_runs_that_cannot_start_fail_loudly_and_their_roles_exit(model_dir, tmp_
             with lr2.dcs_client() as dcs:
                 later = dcs.status(no_config.name).later_failures
             assert all("config.json is missing" in f.message for f in later), later
+
 
 def test_a_stopped_run_ends_cleanly_and_the_stack_trains_the_next_run(model_dir, tmp_path):
     first = small_run("long", model_dir, num_steps=1000)

@@ -40,20 +40,34 @@ stack:
 {stack}"""
 
 
-def write_run(directory, name: str, steps: int = 3, model: str = "model", stack: str = "", reward: str = "",
-              interval: int = 1) -> str:
+def write_run(
+    directory, name: str, steps: int = 3, model: str = "model", stack: str = "", reward: str = "", interval: int = 1
+) -> str:
     path = os.path.join(directory, "run.yaml")
     with open(path, "w") as f:
-        f.write(RUN.format(name=name, steps=steps, model=model, stack=stack, interval=interval,
-                           reward=f"  reward: {reward}\n" if reward else ""))
+        f.write(
+            RUN.format(
+                name=name,
+                steps=steps,
+                model=model,
+                stack=stack,
+                interval=interval,
+                reward=f"  reward: {reward}\n" if reward else "",
+            )
+        )
     return path
 
 
 def start(path: str, *flags: str, cwd: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "services.cli", "run", path, "--view", "json", *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=cwd or os.path.dirname(path))
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "run", path, "--view", "json", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd or os.path.dirname(path),
+    )
 
 
 def lines_of(text: str) -> list[dict]:
@@ -91,8 +105,12 @@ def test_sluice_run_trains_to_the_end_and_prints_a_line_per_step_and_a_summary(t
     (tmp_path / "my_scorer.py").write_text("def score(response, fields, prompt):\n    return len(response) % 2\n")
     (tmp_path / "elsewhere").mkdir()
     try:
-        proc = start(write_run(str(tmp_path), "cli-run", reward="import:my_scorer:score"), "--redis-url", redis_url,
-                     cwd=str(tmp_path / "elsewhere"))
+        proc = start(
+            write_run(str(tmp_path), "cli-run", reward="import:my_scorer:score"),
+            "--redis-url",
+            redis_url,
+            cwd=str(tmp_path / "elsewhere"),
+        )
         lines, services, finished_at = [], {}, None
         for line in proc.stdout:  # until it exits (its services write to their logs, not this pipe)
             lines.append(json.loads(line))
@@ -188,12 +206,14 @@ def test_an_operator_stop_from_another_terminal_ends_sluice_run_with_3(tmp_path)
     assert httpx.get(f"{coordinator}/v1/runs/cli-stop", timeout=10).status_code == 401
     env = {**os.environ, "SLUICE_COORDINATOR_URL": coordinator}
     env.pop("SLUICE_AUTH_TOKEN", None)
-    refused = subprocess.run([sys.executable, "-m", "services.cli", "stop", "cli-stop"], capture_output=True,
-                             text=True, env=env, timeout=60)
+    refused = subprocess.run(
+        [sys.executable, "-m", "services.cli", "stop", "cli-stop"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert refused.returncode == 1 and "401" in refused.stderr
     env["SLUICE_AUTH_TOKEN_FILE"] = token_file
-    stop = subprocess.run([sys.executable, "-m", "services.cli", "stop", "cli-stop"], capture_output=True, text=True,
-                          env=env, timeout=60)
+    stop = subprocess.run(
+        [sys.executable, "-m", "services.cli", "stop", "cli-stop"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert stop.returncode == 0, stop.stderr
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 3, err[-3000:]

@@ -47,14 +47,35 @@ def watch_partitions(tq: TransferQueue, runs: dict[str, LocalRun], timeout_s: fl
 
 def test_two_runs_on_one_stack_never_mix(model_dir, tmp_path):
     # different group sizes, batch sizes, step counts and roles: mixing any of it would show
-    a = RunConfig(name="run-a", model=model_dir, max_staleness=1, n_samples_per_prompt=2, rollout_batch_size=2,
-                  global_batch_size=4, micro_batch_size=2, num_steps=2, algorithm={"decoupled": True},
-                  rollout={"max_new_tokens": 8}, optim={"lr": 1e-4})
-    b = RunConfig(name="run-b", model=model_dir, max_staleness=1, n_samples_per_prompt=4, rollout_batch_size=1,
-                  global_batch_size=4, micro_batch_size=4, num_steps=3, rollout={"max_new_tokens": 8},
-                  optim={"lr": 1e-4, "seed": 1})
-    with LocalRun(a, log_dir=str(tmp_path / "a"), submit=False) as lr_a, \
-            LocalRun(b, log_dir=str(tmp_path / "b"), stack=lr_a, submit=False) as lr_b:
+    a = RunConfig(
+        name="run-a",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+        algorithm={"decoupled": True},
+        rollout={"max_new_tokens": 8},
+        optim={"lr": 1e-4},
+    )
+    b = RunConfig(
+        name="run-b",
+        model=model_dir,
+        max_staleness=1,
+        n_samples_per_prompt=4,
+        rollout_batch_size=1,
+        global_batch_size=4,
+        micro_batch_size=4,
+        num_steps=3,
+        rollout={"max_new_tokens": 8},
+        optim={"lr": 1e-4, "seed": 1},
+    )
+    with (
+        LocalRun(a, log_dir=str(tmp_path / "a"), submit=False) as lr_a,
+        LocalRun(b, log_dir=str(tmp_path / "b"), stack=lr_a, submit=False) as lr_b,
+    ):
         assert lr_b.dcs is lr_a.dcs and lr_b.tq is lr_a.tq and lr_b.redis_url == lr_a.redis_url
         assert "actor_fwd" in lr_a.procs and "actor_fwd" not in lr_b.procs
         lr_a.submit()  # both runs start at once, their roles already waiting
@@ -70,8 +91,10 @@ def test_two_runs_on_one_stack_never_mix(model_dir, tmp_path):
             assert dcs.cursors(a.name) == {"actor_fwd": 2} and dcs.cursors(b.name) == {}
             reports = {run.name: dcs.sync_reports(run.name, 1000) for run in (a, b)}
             for run in (a, b):
-                assert reports[run.name] and all(r.group.startswith(f"sluice-sync-{run.name}-")
-                                                 and r.version <= run.num_steps for r in reports[run.name])
+                assert reports[run.name] and all(
+                    r.group.startswith(f"sluice-sync-{run.name}-") and r.version <= run.num_steps
+                    for r in reports[run.name]
+                )
             # no node reported in both runs: each run's trainer, actor_fwd and engine are its own
             nodes = {name: {r.node_id for r in rs} for name, rs in reports.items()}
             assert not nodes[a.name] & nodes[b.name]

@@ -17,17 +17,20 @@ def tiny_model_dir(tmp_path_factory):
     return init_model(str(tmp_path_factory.mktemp("tiny-qwen2")), preset="tiny", arch="qwen2", seed=7)
 
 
-def start_engine(model_dir: str, log_dir, *args: str, token: str = "",
-                 open_weight_updates: bool = True) -> tuple[ChildProcess, str]:
+def start_engine(
+    model_dir: str, log_dir, *args: str, token: str = "", open_weight_updates: bool = True
+) -> tuple[ChildProcess, str]:
     """An engine process with `token` (in its environment); without one, its weight updates are open unless
     `open_weight_updates` is False (tests of weight sync run without a token)."""
     port = free_port()
     if not token and open_weight_updates:
         args = ("--allow-unauthenticated-weight-updates", *args)
-    proc = ChildProcess("engine", sluice_argv("engine", "--model", model_dir, "--host", "127.0.0.1",
-                                              "--port", str(port), *args),
-                        os.path.join(str(log_dir), f"engine-{port}.log"),
-                        env={"HF_HUB_OFFLINE": "1", **token_env(token)})
+    proc = ChildProcess(
+        "engine",
+        sluice_argv("engine", "--model", model_dir, "--host", "127.0.0.1", "--port", str(port), *args),
+        os.path.join(str(log_dir), f"engine-{port}.log"),
+        env={"HF_HUB_OFFLINE": "1", **token_env(token)},
+    )
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/health"), 90)
     return proc, url
@@ -41,9 +44,14 @@ def engine(tiny_model_dir, tmp_path_factory):
 
 
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
-ADD = {"type": "function", "function": {"name": "add", "description": "a + b",
-                                         "parameters": {"type": "object", "properties": {
-                                             "a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "a + b",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+    },
+}
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 
 
@@ -55,7 +63,7 @@ def teach_tool_call(model, tok, model_dir: str, call: str) -> None:
     ids = torch.tensor([prompt + tok.encode(call, add_special_tokens=False) + turn_end_ids(tok)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(400):
-        loss = torch.nn.functional.cross_entropy(model(ids).logits[0, len(prompt) - 1:-1], ids[0, len(prompt):])
+        loss = torch.nn.functional.cross_entropy(model(ids).logits[0, len(prompt) - 1 : -1], ids[0, len(prompt) :])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

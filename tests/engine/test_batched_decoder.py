@@ -19,8 +19,14 @@ def model(request, tmp_path_factory):
 
 def _decoder(model, slots: int = 8, slot_len: int = 64) -> BatchedDecoder:
     cfg = model.config
-    pool = KVPool(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
-                  slots, slot_len, dtype=next(model.parameters()).dtype)
+    pool = KVPool(
+        cfg.num_hidden_layers,
+        cfg.num_key_value_heads,
+        cfg.hidden_size // cfg.num_attention_heads,
+        slots,
+        slot_len,
+        dtype=next(model.parameters()).dtype,
+    )
     return BatchedDecoder(model, pool)
 
 
@@ -56,8 +62,9 @@ def test_greedy_decoding_equals_transformers_generate(model):
             o.append(t)
         logits, _ = dec.forward(slots, [[t] for t in nxt])
     for p, o in zip(prompts, out):
-        ref = model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)[0, len(p):]
+        ref = model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)[
+            0, len(p) :
+        ]
         assert o == ref.tolist()
 
 
@@ -149,10 +156,9 @@ def test_long_chunks_short_inputs_and_decodes_in_one_step_match_full_forward(mod
     seqs = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (90, 50, 21, 8)]
     slots = [dec.pool.allocate() for _ in seqs]
     # step 1: long chunks of the first two, whole prompts of the others
-    _, first = dec.forward(slots, [seqs[0][:SHORT_INPUT + 20], seqs[1][:45], seqs[2][:20], seqs[3][:7]], [True] * 4)
+    _, first = dec.forward(slots, [seqs[0][: SHORT_INPUT + 20], seqs[1][:45], seqs[2][:20], seqs[3][:7]], [True] * 4)
     # step 2: a long chunk, a 5-token input, a single token, a single token
-    _, second = dec.forward(slots, [seqs[0][SHORT_INPUT + 20:], seqs[1][45:], seqs[2][20:], seqs[3][7:]],
-                            [True] * 4)
+    _, second = dec.forward(slots, [seqs[0][SHORT_INPUT + 20 :], seqs[1][45:], seqs[2][20:], seqs[3][7:]], [True] * 4)
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     for i, s in enumerate(seqs):
         mine = torch.cat([first[i], second[i]]).float()
@@ -172,8 +178,14 @@ def test_rows_nobody_reads_skip_the_last_layer_but_leave_their_keys(model):
     prompts = [s[:-1] for s in seqs]
     slots = [dec.pool.allocate() for _ in seqs]
     assert len(prompts[0]) > SHORT_INPUT
-    read = dec._read_rows(slots, [0] * 4, [len(p) for p in prompts], [79, 118, 129, 158],
-                          torch.zeros(158, dtype=torch.long), [False, False, False, True])
+    read = dec._read_rows(
+        slots,
+        [0] * 4,
+        [len(p) for p in prompts],
+        [79, 118, 129, 158],
+        torch.zeros(158, dtype=torch.long),
+        [False, False, False, True],
+    )
     assert read[2] == [1, 1, 1, 29]  # the rows read: one per prompt, all of the one asking for full logits
     last, full = dec.forward(slots, prompts, [False, False, False, True])
     for i, p in enumerate(prompts):

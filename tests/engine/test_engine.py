@@ -61,44 +61,63 @@ def test_logprobs_equal_teacher_forcing_with_requests_joining_mid_flight(engine,
 def test_greedy_equals_transformers_generate(engine, reference, tiny_model_dir):
     prompt = [12, 34, 56, 78]
     out = _gen(engine, input_ids=prompt, sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True})
-    ref = reference.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)[0, len(prompt):].tolist()
+    ref = reference.generate(
+        torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(prompt) :].tolist()
     assert out["output_ids"] == ref
 
 
 def test_same_seed_same_samples_and_n(engine):
-    body = dict(text="What is 3 + 4?", sampling_params={"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 42,
-                                                         "n": 3, "ignore_eos": True})
+    body = dict(
+        text="What is 3 + 4?",
+        sampling_params={"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 42, "n": 3, "ignore_eos": True},
+    )
     a, b = _gen(engine, **body), _gen(engine, **body)
     assert [x["output_ids"] for x in a] == [x["output_ids"] for x in b]
     assert len({tuple(x["output_ids"]) for x in a}) > 1  # the n children differ
 
 
 def test_stop_conditions_and_streaming(engine):
-    out = _gen(engine, input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 30, "temperature": 0, "ignore_eos": True})
+    out = _gen(
+        engine, input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 30, "temperature": 0, "ignore_eos": True}
+    )
     third = out["output_ids"][2]
-    stopped = _gen(engine, input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 30, "temperature": 0,
-                                                                  "ignore_eos": True, "stop_token_ids": [third]})
+    stopped = _gen(
+        engine,
+        input_ids=[1, 2, 3],
+        sampling_params={"max_new_tokens": 30, "temperature": 0, "ignore_eos": True, "stop_token_ids": [third]},
+    )
     assert stopped["output_ids"] == out["output_ids"][:3]
     assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": third}
-    with httpx.stream("POST", engine + "/generate", json={"input_ids": [1, 2, 3], "stream": True,
-                      "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}}, timeout=60) as r:
+    with httpx.stream(
+        "POST",
+        engine + "/generate",
+        json={
+            "input_ids": [1, 2, 3],
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True},
+        },
+        timeout=60,
+    ) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
     assert chunks[-1]["output_ids"] == out["output_ids"][:5]  # the ids so far in each event, as SGLang's
-    assert all(a["output_ids"] == b["output_ids"][:len(a["output_ids"])] for a, b in zip(chunks, chunks[1:]))
+    assert all(a["output_ids"] == b["output_ids"][: len(a["output_ids"])] for a, b in zip(chunks, chunks[1:]))
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
 
 
-@pytest.mark.parametrize("body", [
-    {"text": "a", "input_ids": [1]},
-    {"input_ids": []},
-    {"text": "a", "sampling_params": {"max_new_tokens": -1}},
-    {"text": "a", "sampling_params": {"temperature": "hot"}},
-    {"text": "a", "sampling_params": {"bogus_key": 1}},
-    {"input_ids": [10 ** 9]},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"text": "a", "input_ids": [1]},
+        {"input_ids": []},
+        {"text": "a", "sampling_params": {"max_new_tokens": -1}},
+        {"text": "a", "sampling_params": {"temperature": "hot"}},
+        {"text": "a", "sampling_params": {"bogus_key": 1}},
+        {"input_ids": [10**9]},
+    ],
+)
 def test_bad_requests_get_400_and_the_server_keeps_serving(engine, body):
     r = httpx.post(engine + "/generate", json=body, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["message"]
@@ -106,8 +125,9 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(engine, body):
 
 
 def test_a_body_that_does_not_validate_gets_a_message_naming_the_field(engine):
-    r = httpx.post(engine + "/generate", json={"input_ids": [1, 2], "sampling_params": {"temperature": "hot"}},
-                   timeout=30)
+    r = httpx.post(
+        engine + "/generate", json={"input_ids": [1, 2], "sampling_params": {"temperature": "hot"}}, timeout=30
+    )
     assert r.status_code == 400 and "sampling_params" in r.json()["error"]["message"]
     assert "temperature" in r.json()["error"]["message"]
     for raw in (b"{not json", b"", b"[1, 2]", b"null"):
@@ -151,8 +171,11 @@ def test_pause_modes_under_load(engine):
     assert meta["finish_reason"]["type"] == "abort" and 0 < len(ids) < 2000
     # while paused, a new request is held open
     held = {}
-    h = threading.Thread(target=lambda: held.update(r=_gen(engine, input_ids=[1], sampling_params={
-        "max_new_tokens": 3, "temperature": 0})))
+    h = threading.Thread(
+        target=lambda: held.update(
+            r=_gen(engine, input_ids=[1], sampling_params={"max_new_tokens": 3, "temperature": 0})
+        )
+    )
     h.start()
     time.sleep(0.5)
     assert h.is_alive() and "r" not in held
@@ -182,8 +205,10 @@ def _steps(url: str) -> float:
 
 
 def test_greedy_requests_draft_from_earlier_ones_until_the_cache_is_flushed(engine):
-    body = {"input_ids": [31, 32, 33, 34], "sampling_params": {"max_new_tokens": 40, "temperature": 0,
-                                                                "ignore_eos": True}}
+    body = {
+        "input_ids": [31, 32, 33, 34],
+        "sampling_params": {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True},
+    }
 
     def steps_of_one() -> tuple[float, list[int]]:
         before = _steps(engine)
@@ -192,7 +217,7 @@ def test_greedy_requests_draft_from_earlier_ones_until_the_cache_is_flushed(engi
 
     assert httpx.post(engine + "/flush_cache").status_code == 200
     cold, first = steps_of_one()
-    warm, again = steps_of_one()       # drafts its whole output from the first request's context
+    warm, again = steps_of_one()  # drafts its whole output from the first request's context
     assert httpx.post(engine + "/flush_cache").status_code == 200
     flushed, last = steps_of_one()
     assert first == again == last
@@ -211,20 +236,31 @@ def test_abort_request_by_rid_prefix(engine):
 
 
 def test_stop_strings_cut_the_text(engine):
-    out = _gen(engine, input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 30, "temperature": 0, "ignore_eos": True})
+    out = _gen(
+        engine, input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 30, "temperature": 0, "ignore_eos": True}
+    )
     text = out["text"]
     assert text
-    needle = text[len(text) // 2: len(text) // 2 + 2]
-    cut = _gen(engine, input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 30, "temperature": 0,
-                                                              "ignore_eos": True, "stop": [needle]})
+    needle = text[len(text) // 2 : len(text) // 2 + 2]
+    cut = _gen(
+        engine,
+        input_ids=[1, 2, 3],
+        sampling_params={"max_new_tokens": 30, "temperature": 0, "ignore_eos": True, "stop": [needle]},
+    )
     assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": needle}
     assert needle not in cut["text"] and text.startswith(cut["text"])
 
 
 def test_prompt_and_top_logprobs(engine, reference):
     prompt = [9, 8, 7, 6, 5]
-    out = _gen(engine, input_ids=prompt, return_logprob=True, logprob_start_len=0, top_logprobs_num=3,
-               sampling_params={"max_new_tokens": 4, "temperature": 0, "ignore_eos": True})
+    out = _gen(
+        engine,
+        input_ids=prompt,
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=3,
+        sampling_params={"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
+    )
     meta = out["meta_info"]
     with torch.no_grad():
         logprobs = torch.log_softmax(reference(torch.tensor([prompt + out["output_ids"]])).logits[0], dim=-1)
@@ -236,17 +272,24 @@ def test_prompt_and_top_logprobs(engine, reference):
         ref = torch.topk(logprobs[len(prompt) - 1 + step], 3)
         assert [t[1] for t in top] == ref.indices.tolist()
         assert top[0][1] == out["output_ids"][step]  # greedy picks the top token
-    assert "input_token_logprobs" not in _gen(engine, input_ids=prompt, return_logprob=True, sampling_params={
-        "max_new_tokens": 1})["meta_info"]
+    assert (
+        "input_token_logprobs"
+        not in _gen(engine, input_ids=prompt, return_logprob=True, sampling_params={"max_new_tokens": 1})["meta_info"]
+    )
 
 
 def test_a_group_in_one_batch_request_prefills_its_prompt_once(engine, reference):
     """A rollout sends a GRPO group as one batch of the same prompt (one seed and rid each): the prompt is
     computed once and copied (cached_tokens), and every sample is still exact and reproducible."""
     prompt = [7, 70, 700, 17, 170]
-    body = dict(input_ids=[prompt] * 4, rid=[f"grp-{k}" for k in range(4)], return_logprob=True,
-                sampling_params=[{"max_new_tokens": 10, "temperature": 1.0, "sampling_seed": 100 + k,
-                                  "ignore_eos": True} for k in range(4)])
+    body = dict(
+        input_ids=[prompt] * 4,
+        rid=[f"grp-{k}" for k in range(4)],
+        return_logprob=True,
+        sampling_params=[
+            {"max_new_tokens": 10, "temperature": 1.0, "sampling_seed": 100 + k, "ignore_eos": True} for k in range(4)
+        ],
+    )
     first, again = _gen(engine, **body), _gen(engine, **body)
     assert sorted(r["meta_info"]["cached_tokens"] for r in first) == [0, 5, 5, 5]
     assert [r["meta_info"]["id"] for r in first] == [f"grp-{k}" for k in range(4)]
@@ -291,14 +334,38 @@ def test_client_errors_name_the_endpoint_and_tell_unreachable_from_refused(engin
 
 # Request bodies as slime's and AReaL's rollouts build them for SGLang's /generate (field for field; values made
 # up): the engine serves them as SGLang does, ignoring the keys it does not know and honouring the ones it does.
-SLIME_BODY = {"input_ids": [5, 6, 7], "return_logprob": True,
-              "sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 6,
-                                  "stop": None, "stop_token_ids": None, "skip_special_tokens": False,
-                                  "no_stop_trim": True, "spaces_between_special_tokens": False}}
-AREAL_BODY = {"input_ids": [5, 6, 7], "image_data": None, "return_logprob": True, "stream": False,
-              "sampling_params": {"top_p": 1.0, "top_k": 100000000, "max_new_tokens": 6, "temperature": 0.0,
-                                  "stop_token_ids": [2], "frequency_penalty": 0.0, "ignore_eos": True},
-              "lora_path": None, "some_future_key": {"ignored": True}}
+SLIME_BODY = {
+    "input_ids": [5, 6, 7],
+    "return_logprob": True,
+    "sampling_params": {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "max_new_tokens": 6,
+        "stop": None,
+        "stop_token_ids": None,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+        "spaces_between_special_tokens": False,
+    },
+}
+AREAL_BODY = {
+    "input_ids": [5, 6, 7],
+    "image_data": None,
+    "return_logprob": True,
+    "stream": False,
+    "sampling_params": {
+        "top_p": 1.0,
+        "top_k": 100000000,
+        "max_new_tokens": 6,
+        "temperature": 0.0,
+        "stop_token_ids": [2],
+        "frequency_penalty": 0.0,
+        "ignore_eos": True,
+    },
+    "lora_path": None,
+    "some_future_key": {"ignored": True},
+}
 
 
 @pytest.mark.parametrize("body", [SLIME_BODY, AREAL_BODY], ids=["slime", "areal"])
@@ -307,21 +374,29 @@ def test_request_bodies_of_sglang_clients_are_served(engine, body):
     assert len(out["output_ids"]) == len(out["meta_info"]["output_token_logprobs"]) <= 6
 
 
-@pytest.mark.parametrize("body,names", [
-    ({"input_ids": [1], "sampling_params": {"frequency_penalty": 0.5}}, "frequency_penalty"),
-    ({"input_ids": [1], "sampling_params": {"regex": "a+"}}, "regex"),
-    ({"input_ids": [1], "image_data": "http://x/y.png"}, "image_data"),
-    ({"input_ids": [1], "lora_path": "adapter"}, "lora_path"),
-    ({"input_ids": [[1], [2]], "return_logprob": [True]}, "one return_logprob per input"),
-])
+@pytest.mark.parametrize(
+    "body,names",
+    [
+        ({"input_ids": [1], "sampling_params": {"frequency_penalty": 0.5}}, "frequency_penalty"),
+        ({"input_ids": [1], "sampling_params": {"regex": "a+"}}, "regex"),
+        ({"input_ids": [1], "image_data": "http://x/y.png"}, "image_data"),
+        ({"input_ids": [1], "lora_path": "adapter"}, "lora_path"),
+        ({"input_ids": [[1], [2]], "return_logprob": [True]}, "one return_logprob per input"),
+    ],
+)
 def test_what_sglang_serves_and_this_engine_does_not_is_refused_by_name(engine, body, names):
     r = httpx.post(engine + "/generate", json=body, timeout=30)
     assert r.status_code == 400 and names in r.json()["error"]["message"], r.text
 
 
 def test_log_probs_may_be_asked_for_per_input(engine):
-    out = _gen(engine, input_ids=[[1, 2], [3, 4, 5]], return_logprob=[False, True], top_logprobs_num=[0, 2],
-               sampling_params={"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+    out = _gen(
+        engine,
+        input_ids=[[1, 2], [3, 4, 5]],
+        return_logprob=[False, True],
+        top_logprobs_num=[0, 2],
+        sampling_params={"max_new_tokens": 3, "temperature": 0, "ignore_eos": True},
+    )
     assert "output_token_logprobs" not in out[0]["meta_info"] or out[0]["meta_info"]["output_token_logprobs"] is None
     assert len(out[1]["meta_info"]["output_token_logprobs"]) == 3
     assert all(len(top) == 2 for top in out[1]["meta_info"]["output_top_logprobs"])

@@ -19,8 +19,9 @@ GENERATE = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "te
 @pytest.fixture(scope="module")
 def secured(tiny_model_dir, tmp_path_factory):
     metrics_port = free_port()
-    proc, url = start_engine(tiny_model_dir, tmp_path_factory.mktemp("engine-auth"), "--metrics-port",
-                             str(metrics_port), token=TOKEN)
+    proc, url = start_engine(
+        tiny_model_dir, tmp_path_factory.mktemp("engine-auth"), "--metrics-port", str(metrics_port), token=TOKEN
+    )
     yield proc, url, metrics_port
     proc.stop()
 
@@ -33,13 +34,21 @@ def every_route(url: str) -> list[tuple[str, str]]:
 def test_every_route_but_health_refuses_a_missing_or_wrong_token_and_changes_nothing(secured):
     _, url, _ = secured
     routes = every_route(url)
-    for needed in ("/generate", "/init_weights_update_group", "/update_weights_from_distributed", "/metrics",
-                   "/spans", "/pause_generation", "/weight_version"):
+    for needed in (
+        "/generate",
+        "/init_weights_update_group",
+        "/update_weights_from_distributed",
+        "/metrics",
+        "/spans",
+        "/pause_generation",
+        "/weight_version",
+    ):
         assert any(path == needed for _, path in routes), needed
     for method, path in routes + [("GET", "/docs"), ("GET", "/openapi.json")]:
         for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": TOKEN}):
-            r = httpx.request(method, url + path, headers=headers, timeout=30,
-                              json={"mode": "abort"} if method == "POST" else None)
+            r = httpx.request(
+                method, url + path, headers=headers, timeout=30, json={"mode": "abort"} if method == "POST" else None
+            )
             expected = 200 if path == "/health" else 401
             assert r.status_code == expected, (method, path, headers, r.text)
     # the refused pause and weight-update calls left the engine serving its initial weights
@@ -64,10 +73,18 @@ def test_a_separate_metrics_port_serves_only_metrics_without_the_token(secured):
 def test_without_a_token_weight_updates_are_refused_unless_allowed(tiny_model_dir, tmp_path):
     proc, url = start_engine(tiny_model_dir, tmp_path, open_weight_updates=False)
     try:
-        for path in ("/init_weights_update_group", "/update_weights_from_distributed", "/begin_weight_update",
-                     "/end_weight_update", "/destroy_weights_update_group", "/update_weights_from_tensor",
-                     "/update_weights_from_disk", "/update_weight_version", "/release_memory_occupation",
-                     "/resume_memory_occupation"):
+        for path in (
+            "/init_weights_update_group",
+            "/update_weights_from_distributed",
+            "/begin_weight_update",
+            "/end_weight_update",
+            "/destroy_weights_update_group",
+            "/update_weights_from_tensor",
+            "/update_weights_from_disk",
+            "/update_weight_version",
+            "/release_memory_occupation",
+            "/resume_memory_occupation",
+        ):
             r = httpx.post(url + path, json={})
             assert r.status_code == 403, (path, r.text)
             assert "--allow-unauthenticated-weight-updates" in r.json()["error"]["message"]

@@ -57,9 +57,14 @@ def reference(tiny_model_dir):
 def test_float32_logprobs_and_greedy_match_transformers_on_the_gpu(cuda_engine, reference):
     prompts = [[5, 17, 300, 2, 9], [44, 9], [100, 200, 300, 400, 500, 600, 700], [3]]
     temperatures = [1.0, 0, 0.7, 0]
-    body = dict(input_ids=prompts, return_logprob=True,
-                sampling_params=[{"max_new_tokens": 24, "temperature": t, "sampling_seed": i, "ignore_eos": True}
-                                 for i, t in enumerate(temperatures)])
+    body = dict(
+        input_ids=prompts,
+        return_logprob=True,
+        sampling_params=[
+            {"max_new_tokens": 24, "temperature": t, "sampling_seed": i, "ignore_eos": True}
+            for i, t in enumerate(temperatures)
+        ],
+    )
     for prompt, t, out in zip(prompts, temperatures, _gen(cuda_engine, **body)):
         lps = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
         ref = _teacher_forced(reference, prompt, out["output_ids"], t or 1.0)
@@ -67,15 +72,27 @@ def test_float32_logprobs_and_greedy_match_transformers_on_the_gpu(cuda_engine, 
         if t == 0:
             ids = torch.tensor([prompt], device="cuda")
             greedy = reference.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
-            assert out["output_ids"] == greedy[0, len(prompt):].tolist()
+            assert out["output_ids"] == greedy[0, len(prompt) :].tolist()
 
 
 @needs_cuda
 def test_seeded_samples_repeat_and_a_group_prefills_once(cuda_engine):
     prompt = [7, 70, 700, 17, 170]
-    body = dict(input_ids=[prompt] * 4, return_logprob=True,
-                sampling_params=[{"max_new_tokens": 16, "temperature": 1.0, "top_p": 0.9, "top_k": 50,
-                                  "sampling_seed": 100 + k, "ignore_eos": True} for k in range(4)])
+    body = dict(
+        input_ids=[prompt] * 4,
+        return_logprob=True,
+        sampling_params=[
+            {
+                "max_new_tokens": 16,
+                "temperature": 1.0,
+                "top_p": 0.9,
+                "top_k": 50,
+                "sampling_seed": 100 + k,
+                "ignore_eos": True,
+            }
+            for k in range(4)
+        ],
+    )
     first, again = _gen(cuda_engine, **body), _gen(cuda_engine, **body)
     assert [r["output_ids"] for r in first] == [r["output_ids"] for r in again]
     assert len({tuple(r["output_ids"]) for r in first}) > 1
@@ -88,8 +105,12 @@ def test_bfloat16_serves_with_logprobs_close_to_its_own_forward(tiny_model_dir, 
     proc, url = start_engine(tiny_model_dir, tmp_path, "--device", "cuda", "--dtype", "bfloat16")
     try:
         prompt = [12, 34, 56, 78]
-        out = _gen(url, input_ids=prompt, return_logprob=True,
-                   sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
+        out = _gen(
+            url,
+            input_ids=prompt,
+            return_logprob=True,
+            sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True},
+        )
         lps = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
         assert len(out["output_ids"]) == 32
         # bfloat16 keeps 8 bits of mantissa: batched and unbatched kernels round differently
@@ -104,16 +125,23 @@ def test_a_weight_update_from_a_cpu_trainer_reaches_the_gpu_engine(cuda_engine, 
     group with the engine, broadcasts every tensor from the CPU, and the engine receives onto its GPU."""
     other = load_causal_lm(init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99))[0]
     prompt = [11, 22, 33]
-    expected = other.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)[0, 3:].tolist()
+    expected = other.generate(
+        torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, 3:].tolist()
     greedy = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     client, port, named = SGLangClient(cuda_engine), free_port(), list(other.state_dict().items())
     with ThreadPoolExecutor(1) as pool:
         joined = pool.submit(client.init_weights_update_group, "127.0.0.1", port, 1, 2, "g", "gloo")
         group = BroadcastGroup.open("g", "gloo", "127.0.0.1", port, 0, 2, 60)
         joined.result(60)
-        loaded = pool.submit(client.update_weights_from_distributed, [n for n, _ in named],
-                             ["float32"] * len(named), [list(t.shape) for _, t in named], "g", "7")
+        loaded = pool.submit(
+            client.update_weights_from_distributed,
+            [n for n, _ in named],
+            ["float32"] * len(named),
+            [list(t.shape) for _, t in named],
+            "g",
+            "7",
+        )
         for _, tensor in named:
             group.broadcast(tensor.contiguous(), 0)
         loaded.result(60)
@@ -131,12 +159,14 @@ def test_the_pool_fits_the_memory_fraction(tiny_model_dir, tmp_path):
     weights = sum(p.numel() * 4 for p in model.parameters())
     total = torch.cuda.get_device_properties(0).total_memory
     fraction = (weights + 2.5 * 256 * token_bytes) / total
-    proc, url = start_engine(tiny_model_dir, tmp_path, "--device", "cuda", "--context-length", "256",
-                             "--mem-fraction-static", repr(fraction))
+    proc, url = start_engine(
+        tiny_model_dir, tmp_path, "--device", "cuda", "--context-length", "256", "--mem-fraction-static", repr(fraction)
+    )
     try:
         assert '"slots": 2,' in proc.log_tail()
-        out = _gen(url, input_ids=[[1, 2, 3]] * 4,
-                   sampling_params={"max_new_tokens": 16, "temperature": 0, "ignore_eos": True})
+        out = _gen(
+            url, input_ids=[[1, 2, 3]] * 4, sampling_params={"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+        )
         assert [len(r["output_ids"]) for r in out] == [16] * 4
     finally:
         proc.stop()

@@ -34,8 +34,16 @@ def _queued(url: str) -> float:
 @pytest.fixture(scope="module")
 def small_engine(tiny_model_dir, tmp_path_factory):
     """One KV slot, two queued samples at most, max_new_tokens at most 2000."""
-    proc, url = start_engine(tiny_model_dir, tmp_path_factory.mktemp("limits"), "--max-running", "1",
-                             "--max-queued-requests", "2", "--max-new-tokens-limit", "2000")
+    proc, url = start_engine(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("limits"),
+        "--max-running",
+        "1",
+        "--max-queued-requests",
+        "2",
+        "--max-new-tokens-limit",
+        "2000",
+    )
     yield url
     proc.stop()
 
@@ -47,8 +55,11 @@ def test_requests_over_a_limit_get_400_and_a_full_queue_503(small_engine):
     # a prompt as long as the context (the engine's default: the tiny model's max_position_embeddings, 2048)
     # leaves no room: refused, with the length named, single or in a batch, as ids or as text
     context = 2048
-    for body in ({"input_ids": [5] * context}, {"input_ids": [[1, 2], [5] * (context + 7)]},
-                 {"text": "a " * (4 * context)}):
+    for body in (
+        {"input_ids": [5] * context},
+        {"input_ids": [[1, 2], [5] * (context + 7)]},
+        {"text": "a " * (4 * context)},
+    ):
         long = _post(url, {**body, "sampling_params": {"max_new_tokens": 1}})
         assert long.status_code == 400, long.text
         assert f"the context length is {context}" in long.json()["error"]["message"]
@@ -56,13 +67,22 @@ def test_requests_over_a_limit_get_400_and_a_full_queue_503(small_engine):
     too_many = _post(url, {"input_ids": [1, 2, 3], "sampling_params": {"n": 3, "max_new_tokens": 4}})
     assert too_many.status_code == 400 and "--max-queued-requests" in too_many.json()["error"]["message"]
     for bad in ({"temperature": float("inf")}, {"top_p": float("nan")}, {"sampling_seed": 1 << 64}):
-        r = httpx.post(url + "/generate", content=f'{{"input_ids": [1, 2], "sampling_params": '
-                       f'{_json(bad)}}}', headers={"content-type": "application/json"}, timeout=30)
+        r = httpx.post(
+            url + "/generate",
+            content=f'{{"input_ids": [1, 2], "sampling_params": {_json(bad)}}}',
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
         assert r.status_code == 400, (bad, r.text)
     # paused, nothing leaves the queue: two samples fill it, the next request is refused with 503
     httpx.post(url + "/pause_generation", json={"mode": "in_place"}, timeout=30).raise_for_status()
-    queued = [threading.Thread(target=_post, args=(url, {"input_ids": [4, 5], "sampling_params": {
-        "max_new_tokens": 2, "ignore_eos": True}}, 120)) for _ in range(2)]
+    queued = [
+        threading.Thread(
+            target=_post,
+            args=(url, {"input_ids": [4, 5], "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}, 120),
+        )
+        for _ in range(2)
+    ]
     for t in queued:
         t.start()
     _wait_until(lambda: _queued(url) == 2)
@@ -85,6 +105,7 @@ def _wait_until(condition, timeout_s: float = 30) -> None:
 def _json(params: dict) -> str:
     """Python's JSON, which writes (and FastAPI's parser reads) NaN, Infinity and big ints."""
     import json
+
     return json.dumps(params)
 
 
@@ -111,8 +132,15 @@ def test_a_failing_step_fails_its_requests_and_exits_non_zero(tiny_model_dir, tm
             port = int(url.rsplit(":", 1)[1])
             dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": port}, run_id="nan"))
             trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="nan"))
-            publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", timeout_s=20, receiver_roles=["engine"],
-                                        pause_mode="in_place", run_id="nan")
+            publisher = WeightPublisher(
+                dcs,
+                trainer.node_id,
+                "127.0.0.1",
+                timeout_s=20,
+                receiver_roles=["engine"],
+                pause_mode="in_place",
+                run_id="nan",
+            )
             assert publisher.publish(poisoned.items(), 1).ok
             publisher.close()
         r = _post(url, {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "temperature": 1.0}})

@@ -21,8 +21,9 @@ def loaded(tiny_model_dir):
 def _scheduler(loaded, slots: int = 8, chunk: int = 4096) -> tuple[Scheduler, list[int]]:
     model, tokenizer = loaded
     cfg = model.config
-    pool = KVPool(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
-                  slots, 128)
+    pool = KVPool(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads, slots, 128
+    )
     sched = Scheduler(BatchedDecoder(model, pool), tokenizer, chunked_prefill_size=chunk)
     forwarded: list[int] = []
     real = sched.decoder.forward
@@ -38,8 +39,10 @@ def _scheduler(loaded, slots: int = 8, chunk: int = 4096) -> tuple[Scheduler, li
 def _group(prompt, rid="r", n=1, **params) -> list[Generation]:
     """n requests for one prompt, named as the engine names the children of sampling_params.n."""
     p = SamplingParams(**{"temperature": 0, "ignore_eos": True, **params})
-    reqs = [Generation(rid=rid if n == 1 else f"{rid}-{i}", prompt=list(prompt), params=p, on_update=lambda r: None)
-            for i in range(n)]
+    reqs = [
+        Generation(rid=rid if n == 1 else f"{rid}-{i}", prompt=list(prompt), params=p, on_update=lambda r: None)
+        for i in range(n)
+    ]
     [group] = share_prompts(reqs)
     return group
 

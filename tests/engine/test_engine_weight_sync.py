@@ -21,8 +21,11 @@ pytestmark = pytest.mark.slow  # several processes end to end; ./dev test runs i
 
 
 def _greedy(url: str, prompt: list[int]) -> list[int]:
-    r = httpx.post(url + "/generate", json={"input_ids": prompt, "sampling_params": {
-        "max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}, timeout=60)
+    r = httpx.post(
+        url + "/generate",
+        json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}},
+        timeout=60,
+    )
     return r.json()["output_ids"]
 
 
@@ -34,8 +37,9 @@ def _trained_elsewhere(tmp_path):
     once those weights reached it)."""
     other_dir = init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99)
     other = load_causal_lm(other_dir)[0]
-    expected = other.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)[0, 3:].tolist()
+    expected = other.generate(
+        torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, 3:].tolist()
     return other_dir, other, expected
 
 
@@ -44,8 +48,16 @@ def _publisher(dcs: DCSClient, engine_url: str, bucket_bytes: int, pause_mode: s
     port = int(engine_url.rsplit(":", 1)[1])
     dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": port}, run_id="w"))
     trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="w"))
-    return WeightPublisher(dcs, trainer.node_id, "127.0.0.1", bucket_bytes=bucket_bytes, timeout_s=20,
-                           receiver_roles=["engine"], pause_mode=pause_mode, run_id="w")
+    return WeightPublisher(
+        dcs,
+        trainer.node_id,
+        "127.0.0.1",
+        bucket_bytes=bucket_bytes,
+        timeout_s=20,
+        receiver_roles=["engine"],
+        pause_mode=pause_mode,
+        run_id="w",
+    )
 
 
 def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights(tiny_model_dir, tmp_path):
@@ -63,7 +75,10 @@ def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights
             assert SGLangClient(url).weight_version() == "1"
             # a request running across an in-place update reports the spans of both versions
             from tests.engine.test_engine import LONG, _Streaming
-            crossing = _Streaming(url, input_ids=prompt, sampling_params=LONG)  # 2000 tokens: still running when the sync pauses it
+
+            crossing = _Streaming(
+                url, input_ids=prompt, sampling_params=LONG
+            )  # 2000 tokens: still running when the sync pauses it
             assert crossing.started.wait(30)
             assert publisher.publish(other.state_dict().items(), 2).ok
             ids, meta = crossing.result()
@@ -72,9 +87,18 @@ def test_weight_update_through_dcs_changes_outputs_and_failure_keeps_old_weights
             assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == len(ids)
             # a failed update: the engine is told to receive, nobody sends; it times out
             group = result.group
-            r = httpx.post(url + "/update_weights_from_distributed", json={
-                "names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [list(other.lm_head.weight.shape)],
-                "group_name": group, "flush_cache": True, "weight_version": "3"}, timeout=60)
+            r = httpx.post(
+                url + "/update_weights_from_distributed",
+                json={
+                    "names": ["lm_head.weight"],
+                    "dtypes": ["float32"],
+                    "shapes": [list(other.lm_head.weight.shape)],
+                    "group_name": group,
+                    "flush_cache": True,
+                    "weight_version": "3",
+                },
+                timeout=60,
+            )
             assert r.status_code == 400 and "previous weights keep serving" in r.json()["message"]
             assert _greedy(url, prompt) == expected
             assert SGLangClient(url).weight_version() == "2"
@@ -109,6 +133,7 @@ def test_live_update_keeps_generating_and_wakes_version_long_polls(tiny_model_di
             poller = threading.Thread(target=long_poll)
             poller.start()
             from tests.engine.test_engine import LONG, _Streaming
+
             crossing = _Streaming(url, input_ids=[11, 22, 33], sampling_params=LONG)
             assert crossing.started.wait(30)
             result = publisher.publish(other.state_dict().items(), 1)  # several buckets, loaded at once
@@ -121,12 +146,16 @@ def test_live_update_keeps_generating_and_wakes_version_long_polls(tiny_model_di
             assert meta["finish_reason"]["type"] == "length"
             # no pause was recorded by the engine: it generated through the update
             assert not [s for s in httpx.get(url + "/spans").json()["spans"] if s["name"] == "pause"]
-            assert _greedy(url, [11, 22, 33]) == other.generate(
-                torch.tensor([[11, 22, 33]]), max_new_tokens=8, do_sample=False, eos_token_id=None,
-                pad_token_id=0)[0, 3:].tolist()
+            assert (
+                _greedy(url, [11, 22, 33])
+                == other.generate(
+                    torch.tensor([[11, 22, 33]]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0
+                )[0, 3:].tolist()
+            )
             publisher.close()
-        waiting = threading.Thread(target=lambda: httpx.get(
-            url + "/weight_version", params={"newer_than": "1", "wait_s": 60}, timeout=90))
+        waiting = threading.Thread(
+            target=lambda: httpx.get(url + "/weight_version", params={"newer_than": "1", "wait_s": 60}, timeout=90)
+        )
         waiting.start()
         time.sleep(0.5)
         began = time.monotonic()
@@ -144,8 +173,7 @@ def test_a_bfloat16_engine_takes_float32_weights_at_half_the_bytes_and_refuses_a
     says no resend can help, and the old weights keep serving."""
     other_dir = init_model(str(tmp_path / "other"), preset="tiny", arch="qwen2", seed=99)
     other = load_causal_lm(other_dir)[0]
-    wrong = load_causal_lm(init_model(str(tmp_path / "wrong"), preset="tiny", arch="qwen2", seed=5,
-                                      vocab_size=512))[0]
+    wrong = load_causal_lm(init_model(str(tmp_path / "wrong"), preset="tiny", arch="qwen2", seed=5, vocab_size=512))[0]
     prompt = [11, 22, 33]
     proc, url = start_engine(tiny_model_dir, tmp_path, "--dtype", "bfloat16", "--weight-sync-timeout-s", "5")
     reference, reference_url = start_engine(other_dir, tmp_path, "--dtype", "bfloat16")
@@ -177,6 +205,7 @@ def test_an_sglang_style_trainer_joins_the_engines_group_and_its_broadcasts_land
 
     from services.runtime.processes import free_port
     from tests.dcs.sglang_receiver import custom_process_group
+
     _, other, expected = _trained_elsewhere(tmp_path)
     prompt = PROMPT
     proc, url = start_engine(tiny_model_dir, tmp_path, "--weight-sync-timeout-s", "20")
@@ -184,16 +213,35 @@ def test_an_sglang_style_trainer_joins_the_engines_group_and_its_broadcasts_land
     try:
         before = _greedy(url, prompt)
         with ThreadPoolExecutor(1) as pool:
-            joined = pool.submit(httpx.post, url + "/init_weights_update_group", json={
-                "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-                "group_name": "slime-group", "backend": "gloo"}, timeout=60)
+            joined = pool.submit(
+                httpx.post,
+                url + "/init_weights_update_group",
+                json={
+                    "master_address": "127.0.0.1",
+                    "master_port": port,
+                    "rank_offset": 1,
+                    "world_size": 2,
+                    "group_name": "slime-group",
+                    "backend": "gloo",
+                },
+                timeout=60,
+            )
             group = custom_process_group("gloo", "127.0.0.1", port, 0, 2, "slime-group", timeout_s=20)
             assert joined.result().status_code == 200, joined.result().text
             named = list(other.named_parameters())
-            update = pool.submit(httpx.post, url + "/update_weights_from_distributed", json={
-                "names": [n for n, _ in named], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
-                "shapes": [list(t.shape) for _, t in named], "group_name": "slime-group", "flush_cache": True,
-                "weight_version": "7"}, timeout=60)
+            update = pool.submit(
+                httpx.post,
+                url + "/update_weights_from_distributed",
+                json={
+                    "names": [n for n, _ in named],
+                    "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
+                    "shapes": [list(t.shape) for _, t in named],
+                    "group_name": "slime-group",
+                    "flush_cache": True,
+                    "weight_version": "7",
+                },
+                timeout=60,
+            )
             for _, tensor in named:
                 torch.distributed.broadcast(tensor.detach().contiguous(), src=0, group=group)
             assert update.result().status_code == 200, update.result().text
@@ -202,10 +250,19 @@ def test_an_sglang_style_trainer_joins_the_engines_group_and_its_broadcasts_land
             # FlattenedTensorBucket lays them out), here the starting weights again
             start = load_causal_lm(tiny_model_dir)[0]
             named = [(n, t.detach()) for n, t in start.named_parameters()]
-            update = pool.submit(httpx.post, url + "/update_weights_from_distributed", json={
-                "names": [n for n, _ in named], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
-                "shapes": [list(t.shape) for _, t in named], "group_name": "slime-group",
-                "load_format": "flattened_bucket", "weight_version": "8"}, timeout=60)
+            update = pool.submit(
+                httpx.post,
+                url + "/update_weights_from_distributed",
+                json={
+                    "names": [n for n, _ in named],
+                    "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
+                    "shapes": [list(t.shape) for _, t in named],
+                    "group_name": "slime-group",
+                    "load_format": "flattened_bucket",
+                    "weight_version": "8",
+                },
+                timeout=60,
+            )
             flat = torch.cat([t.contiguous().flatten().view(torch.uint8) for _, t in named])
             torch.distributed.broadcast(flat, src=0, group=group)
             assert update.result().status_code == 200, update.result().text
@@ -227,9 +284,11 @@ def test_weights_from_disk_as_areal_sends_them_and_pickles_are_never_read(tiny_m
         r = httpx.post(url + "/update_weights_from_disk", json={"model_path": str(pickled)}, timeout=60)
         assert r.status_code == 400 and "no .safetensors" in r.json()["message"]
         assert _greedy(url, prompt) == before
-        r = httpx.post(url + "/update_weights_from_disk", json={
-            "model_path": other_dir, "load_format": "auto", "abort_all_requests": False, "weight_version": "d1"},
-            timeout=60)
+        r = httpx.post(
+            url + "/update_weights_from_disk",
+            json={"model_path": other_dir, "load_format": "auto", "abort_all_requests": False, "weight_version": "d1"},
+            timeout=60,
+        )
         assert r.status_code == 200, r.text
         assert _greedy(url, prompt) == expected and SGLangClient(url).weight_version() == "d1"
     finally:

@@ -37,8 +37,14 @@ async def greedy_answer(url: str, text: str, max_new_tokens: int) -> str:
 
 
 async def judged(url: str, response: str, key: str | None = TOKEN, **settings) -> float:
-    reward = build_reward("model:judge", judge_urls={"judge": url}, engine_key=key, timeout_s=30, retries=1,
-                          judge=JudgeSettings(template=TEMPLATE, max_new_tokens=12, **settings))
+    reward = build_reward(
+        "model:judge",
+        judge_urls={"judge": url},
+        engine_key=key,
+        timeout_s=30,
+        retries=1,
+        judge=JudgeSettings(template=TEMPLATE, max_new_tokens=12, **settings),
+    )
     try:
         return await reward.score(RECORD, response)
     finally:

@@ -24,7 +24,8 @@ TEMPLATE = (
     "{%- if m.tool_calls %}{% for c in m.tool_calls %}"
     '{{ {"name": c.function.name, "parameters": c.function.arguments} | tojson }}{% endfor %}'
     "{%- else %}{{ m.content }}{%- endif %}<|im_end|>\n{% endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 CALL = json.dumps({"name": "add", "parameters": {"a": 2, "b": 3}})
 
 
@@ -52,14 +53,19 @@ def test_the_templates_format_is_read_and_the_call_parsed_whole_and_streamed(ser
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     [call] = choice.message.tool_calls
     assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 2, "b": 3}
-    chunks = list(client.chat.completions.create(model="m", messages=QUESTION, tools=[ADD], temperature=0,
-                                                 max_tokens=100, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=QUESTION, tools=[ADD], temperature=0, max_tokens=100, stream=True
+        )
+    )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join(d.content or "" for d in deltas) == ""  # the call is not streamed as text
     [streamed] = [tc for d in deltas for tc in (d.tool_calls or [])]
     assert streamed.function.name == "add" and json.loads(streamed.function.arguments) == {"a": 2, "b": 3}
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     # the call sent back renders as the template writes it, and the next turn goes on from there
-    follow = QUESTION + [choice.message.model_dump(exclude_none=True),
-                         {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+    follow = QUESTION + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "5"},
+    ]
     assert CALL in tok.decode(render_chat(tok, follow, [ADD]))

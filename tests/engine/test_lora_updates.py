@@ -43,21 +43,28 @@ def _adapter(model_dir: str, seed: int):
 
 
 def _greedy_hf(model) -> list[int]:
-    return model.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False, eos_token_id=None,
-                          pad_token_id=0)[0, 3:].tolist()
+    return model.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)[
+        0, 3:
+    ].tolist()
 
 
 def _greedy(url: str) -> list[int]:
-    r = httpx.post(url + "/generate", json={"input_ids": PROMPT, "sampling_params": {
-        "max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}, timeout=60)
+    r = httpx.post(
+        url + "/generate",
+        json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}},
+        timeout=60,
+    )
     return r.json()["output_ids"]
 
 
 async def _generate_named(url: str, adapter):
     client = SGLangClient(url)
     try:
-        return (await client.generate_batch([PROMPT], [{"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}],
-                                            adapter=adapter))[0]
+        return (
+            await client.generate_batch(
+                [PROMPT], [{"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}], adapter=adapter
+            )
+        )[0]
     finally:
         await client.aclose()
         client.close()
@@ -76,8 +83,16 @@ def test_engine_serves_the_merged_adapter_and_the_next_one_replaces_it(tiny_mode
             port = int(url.rsplit(":", 1)[1])
             dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": port}, run_id="w"))
             trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1", run_id="w"))
-            publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", bucket_bytes=4096, timeout_s=20,
-                                        receiver_roles=["engine"], pause_mode="auto", run_id="w")
+            publisher = WeightPublisher(
+                dcs,
+                trainer.node_id,
+                "127.0.0.1",
+                bucket_bytes=4096,
+                timeout_s=20,
+                receiver_roles=["engine"],
+                pause_mode="auto",
+                run_id="w",
+            )
             publisher.adapter_scaling = SCALING
             for version, (tensors, want) in enumerate(zip((first, second, first), expected + expected[:1]), 1):
                 result = publisher.publish(list(tensors.items()), version)

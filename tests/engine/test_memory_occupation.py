@@ -37,8 +37,14 @@ def http(tiny_model_dir, tmp_path_factory):
 
 
 def _greedy(http: httpx.Client, prompt: list[int] = PROMPT, n: int = 8) -> dict:
-    r = http.post("/generate", json={"input_ids": prompt, "return_logprob": True, "sampling_params": {
-        "max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+    r = http.post(
+        "/generate",
+        json={
+            "input_ids": prompt,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -49,8 +55,11 @@ def _memory(http: httpx.Client) -> dict:
 
 def _gauges(http: httpx.Client) -> dict[str, float]:
     lines = http.get("/metrics").text.splitlines()
-    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in lines
-            if line.startswith(("sluice_engine_memory_bytes{", "sluice_engine_memory_released{"))}
+    return {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in lines
+        if line.startswith(("sluice_engine_memory_bytes{", "sluice_engine_memory_released{"))
+    }
 
 
 def _call(http: httpx.Client, route: str, tags: list[str] | None = None, method: str = "POST") -> httpx.Response:
@@ -87,8 +96,7 @@ def test_release_frees_memory_refuses_work_and_resume_serves_the_same_tokens(htt
     assert held["released"] == [] and held["weights_bytes"] > 0 and held["kv_cache_bytes"] > 0
     r = _call(http, "/release_memory_occupation")  # no tags: all three, as SGLang's
     assert r.status_code == 200 and r.json() is None, r.text
-    assert _memory(http) == {"released": ALL, "weights_bytes": 0, "kv_cache_bytes": 0,
-                             "device_reserved_bytes": None}
+    assert _memory(http) == {"released": ALL, "weights_bytes": 0, "kv_cache_bytes": 0, "device_reserved_bytes": None}
     gauges = _gauges(http)
     assert gauges['sluice_engine_memory_bytes{region="weights"}'] == 0
     assert gauges['sluice_engine_memory_bytes{region="kv_cache"}'] == 0

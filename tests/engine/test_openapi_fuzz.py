@@ -37,9 +37,21 @@ GAUGES = ("sluice_engine_running_requests", "sluice_engine_waiting_requests", "s
 def fuzzed_engine(tiny_model_dir, tmp_path_factory):
     """Small limits keep every generated request short: at most 4 new tokens, a 64-token context and 8 queued
     samples (a bigger ask is a 400); a weight-update group that cannot be joined fails in under a second."""
-    proc, url = start_engine(tiny_model_dir, tmp_path_factory.mktemp("engine-fuzz"), "--context-length", "64",
-                             "--max-new-tokens-limit", str(MAX_NEW_TOKENS), "--max-running", "2",
-                             "--max-queued-requests", "8", "--weight-sync-timeout-s", "0.1", token=TOKEN)
+    proc, url = start_engine(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("engine-fuzz"),
+        "--context-length",
+        "64",
+        "--max-new-tokens-limit",
+        str(MAX_NEW_TOKENS),
+        "--max-running",
+        "2",
+        "--max-queued-requests",
+        "8",
+        "--weight-sync-timeout-s",
+        "0.1",
+        token=TOKEN,
+    )
     # one connection for the test's own calls (a client per call costs ~30 ms)
     with httpx.Client(base_url=url, headers=AUTH, timeout=30) as http:
         yield proc, url, http
@@ -64,8 +76,10 @@ def _unchanged(http: httpx.Client, baseline: tuple) -> bool:
 
 
 def _generates(http: httpx.Client) -> bool:
-    r = http.post("/generate", json={"input_ids": [5, 6, 7], "sampling_params": {
-        "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}})
+    r = http.post(
+        "/generate",
+        json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}},
+    )
     return r.status_code == 200 and len(r.json()["output_ids"]) == MAX_NEW_TOKENS
 
 
@@ -109,7 +123,7 @@ def _servable(case):
     body["input_ids"] = prompts if isinstance(ids[0], list) else prompts[0]
     params = body.get("sampling_params") or {}  # absent: the default max_new_tokens is over the limit
     if isinstance(params, list):  # one per prompt, or else one for all
-        params = params[:len(prompts)] if len(params) >= len(prompts) else (params or [{}])[0]
+        params = params[: len(prompts)] if len(params) >= len(prompts) else (params or [{}])[0]
     body["sampling_params"] = params
     for p in params if isinstance(params, list) else [params]:
         p["max_new_tokens"] = p.get("max_new_tokens", 1) % (MAX_NEW_TOKENS + 1)
@@ -119,10 +133,10 @@ def _servable(case):
         value = body.get(key, default)  # one for all inputs or one each (SGLang's); None: the default
         values = value if isinstance(value, list) else [default if value is None else value]
         values = [v % bound if isinstance(v, int) and v >= 0 else default for v in values] or [default]
-        body[key] = values[:len(prompts)] if isinstance(value, list) and len(values) >= len(prompts) else values[0]
+        body[key] = values[: len(prompts)] if isinstance(value, list) and len(values) >= len(prompts) else values[0]
     if isinstance(body.get("return_logprob"), list):
         flags = body["return_logprob"]
-        body["return_logprob"] = flags[:len(prompts)] if len(flags) >= len(prompts) else bool(flags and flags[0])
+        body["return_logprob"] = flags[: len(prompts)] if len(flags) >= len(prompts) else bool(flags and flags[0])
     if isinstance(body.get("rid"), list) and len(body["rid"]) != len(prompts):
         del body["rid"]
     return case
@@ -156,8 +170,13 @@ def test_no_generated_input_causes_a_server_error_or_changes_state(fuzzed_engine
     proc, url, http = fuzzed_engine
     schema = schemathesis.openapi.from_url(url + "/openapi.json", headers=AUTH)
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert {op.path for op in operations} >= {"/generate", "/pause_generation", "/init_weights_update_group",
-                                              "/update_weights_from_distributed", "/weight_version"}
+    assert {op.path for op in operations} >= {
+        "/generate",
+        "/pause_generation",
+        "/init_weights_update_group",
+        "/update_weights_from_distributed",
+        "/weight_version",
+    }
     closed_port, statuses, served, failures = free_port(), collections.Counter(), collections.Counter(), []
     session = requests.Session()
     baseline = _state(http)
@@ -187,8 +206,10 @@ def test_no_generated_input_causes_a_server_error_or_changes_state(fuzzed_engine
 
         fuzz()
         assert proc.proc.poll() is None, f"the engine died fuzzing {operation.method} {operation.path}"
-    print(f"\nengine schemathesis: {sum(statuses.values())} calls, statuses {dict(sorted(statuses.items()))}, "
-          f"{served['/generate']} generations")
+    print(
+        f"\nengine schemathesis: {sum(statuses.values())} calls, statuses {dict(sorted(statuses.items()))}, "
+        f"{served['/generate']} generations"
+    )
     assert failures == []
     assert sum(statuses.values()) >= 250 and served["/generate"] >= 30 and statuses[400] > 0
     assert httpx.get(url + "/health", timeout=10).status_code == 200
@@ -199,15 +220,23 @@ def _cases(http: httpx.Client, values: tuple, texts: tuple) -> list:
     """The numeric fields of every body and query, in bodies the engine would serve: one input, a few new
     tokens, log-probs on, and a weight-update group on a local port nobody listens on."""
     spec = http.get("/openapi.json").json()
-    bases = {"/generate": {"text": None, "rid": None, "stop": None, "return_logprob": True,
-                           "sampling_params": {"max_new_tokens": 2}},
-             "/init_weights_update_group": {"master_address": "127.0.0.1", "master_port": free_port()}}
+    bases = {
+        "/generate": {
+            "text": None,
+            "rid": None,
+            "stop": None,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 2},
+        },
+        "/init_weights_update_group": {"master_address": "127.0.0.1", "master_port": free_port()},
+    }
     return number_cases(spec, {}, values, texts, bases)
 
 
 def _send(http: httpx.Client, case) -> httpx.Response:
-    return http.request(case.method, case.path, params=case.query, content=case.content,
-                        headers={"content-type": "application/json"})
+    return http.request(
+        case.method, case.path, params=case.query, content=case.content, headers={"content-type": "application/json"}
+    )
 
 
 def test_non_finite_numbers_in_any_body_or_query_are_refused_and_change_nothing(fuzzed_engine):
@@ -215,8 +244,11 @@ def test_non_finite_numbers_in_any_body_or_query_are_refused_and_change_nothing(
     request body gets each of them, and the answer is a 400 naming the field."""
     proc, _, http = fuzzed_engine
     cases = _cases(http, NON_FINITE, NON_FINITE_TEXT)
-    assert {c.path for c in cases if c.body is not None} >= {"/generate", "/init_weights_update_group",
-                                                            "/update_weights_from_distributed"}
+    assert {c.path for c in cases if c.body is not None} >= {
+        "/generate",
+        "/init_weights_update_group",
+        "/update_weights_from_distributed",
+    }
     assert any(c.field[-1] == "temperature" for c in cases) and any(c.field[-1] == "nbytes" for c in cases)
     baseline, statuses, failures = _state(http), collections.Counter(), []
     for case in cases:

@@ -9,8 +9,14 @@ import httpx
 import pytest
 import torch
 
-from services.engine.parallel_forward import (MIN_SPLIT_SEQS, MIN_SPLIT_TOKENS, ParallelForward, StrategyChooser,
-                                              split_points, step_kind)
+from services.engine.parallel_forward import (
+    MIN_SPLIT_SEQS,
+    MIN_SPLIT_TOKENS,
+    ParallelForward,
+    StrategyChooser,
+    split_points,
+    step_kind,
+)
 from services.engine.config import EngineConfig
 from services.engine.request import Generation, share_prompts
 from services.engine.sampling import SamplingParams
@@ -21,8 +27,8 @@ from tests.engine.conftest import start_engine
 
 
 def test_a_narrow_step_is_not_split():
-    assert split_points([1] * (MIN_SPLIT_SEQS - 1) + [MIN_SPLIT_TOKENS], 2) == []   # too few sequences
-    assert split_points([1] * (MIN_SPLIT_TOKENS - 1), 2) == []                     # too few tokens
+    assert split_points([1] * (MIN_SPLIT_SEQS - 1) + [MIN_SPLIT_TOKENS], 2) == []  # too few sequences
+    assert split_points([1] * (MIN_SPLIT_TOKENS - 1), 2) == []  # too few tokens
     assert split_points([2] * 64, 1) == []
 
 
@@ -115,8 +121,10 @@ def test_a_step_on_two_workers_computes_what_one_worker_does(tiny_model_dir, how
     slots = list(range(20))
     outputs = {}
     for name, decoder in (("whole", whole), ("split", split)):  # a prefill step of every prompt, then `step`
-        outputs[name] = [decoder.forward(slots, prompts, [i % 3 == 0 for i in range(20)]),
-                         decoder.forward(slots, step, [len(t) > 1 for t in step])]
+        outputs[name] = [
+            decoder.forward(slots, prompts, [i % 3 == 0 for i in range(20)]),
+            decoder.forward(slots, step, [len(t) > 1 for t in step]),
+        ]
     for (last_w, full_w), (last_s, full_s) in zip(outputs["whole"], outputs["split"]):
         torch.testing.assert_close(last_s, last_w, rtol=1e-5, atol=1e-5)
         assert full_s.keys() == full_w.keys() and full_w
@@ -132,9 +140,15 @@ def _greedy_outputs(model_dir, workers: int, workload) -> list[list[int]]:
     model, tokenizer = load_causal_lm(model_dir)
     config = EngineConfig(model=model_dir, forward_workers=workers)
     sched = make_scheduler(BatchedDecoder(model, make_pool(model, config)), tokenizer, config)
-    gens = [Generation(rid=f"r{i}", prompt=p, on_update=lambda g: None,
-                       params=SamplingParams(max_new_tokens=m, temperature=0, ignore_eos=True))
-            for i, (p, m) in enumerate(workload)]
+    gens = [
+        Generation(
+            rid=f"r{i}",
+            prompt=p,
+            on_update=lambda g: None,
+            params=SamplingParams(max_new_tokens=m, temperature=0, ignore_eos=True),
+        )
+        for i, (p, m) in enumerate(workload)
+    ]
     for group in share_prompts(gens):
         sched.submit(group)
     while sched.waiting or sched.running:
@@ -144,8 +158,9 @@ def _greedy_outputs(model_dir, workers: int, workload) -> list[list[int]]:
 
 def test_a_scheduler_with_two_workers_generates_what_one_does(tiny_model_dir):
     rng = random.Random(1)
-    workload = [([rng.randrange(3, 200) for _ in range(rng.randint(4, 30))], rng.choice([8, 16, 48]))
-                for _ in range(24)]
+    workload = [
+        ([rng.randrange(3, 200) for _ in range(rng.randint(4, 30))], rng.choice([8, 16, 48])) for _ in range(24)
+    ]
     assert _greedy_outputs(tiny_model_dir, 2, workload) == _greedy_outputs(tiny_model_dir, 1, workload)
 
 

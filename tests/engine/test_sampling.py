@@ -71,12 +71,13 @@ def test_a_seeded_row_draws_the_same_token_whatever_else_is_in_the_batch():
     params = [SamplingParams(temperature=1.0, top_p=0.9)] * 6
 
     def seeded_tokens(others_seeded: bool) -> list[int]:
-        generators = [torch.Generator().manual_seed(100 + i) if i % 2 == 0 or others_seeded else None
-                      for i in range(6)]
+        generators = [torch.Generator().manual_seed(100 + i) if i % 2 == 0 or others_seeded else None for i in range(6)]
         return sample_batch(logits, params, generators, [[]] * 6)[0]
 
-    alone = [sample_batch(logits[i:i + 1], params[:1], [torch.Generator().manual_seed(100 + i)], [[]])[0][0]
-             for i in range(0, 6, 2)]
+    alone = [
+        sample_batch(logits[i : i + 1], params[:1], [torch.Generator().manual_seed(100 + i)], [[]])[0][0]
+        for i in range(0, 6, 2)
+    ]
     for others_seeded in (False, True):
         assert seeded_tokens(others_seeded)[0::2] == alone
 

@@ -20,11 +20,11 @@ from services.model.loading import load_causal_lm
 def test_drafter_copies_what_followed_the_latest_longest_match():
     d = NgramDrafter(max_ngram=3)
     d.extend([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3])
-    assert d.draft(2) == [7, 5]      # the latest earlier [1, 2, 3] was followed by 7, 5
+    assert d.draft(2) == [7, 5]  # the latest earlier [1, 2, 3] was followed by 7, 5
     assert d.draft(0) == []
-    d.extend([4])                    # [2, 3, 4], [3, 4] and [4] never occurred before
+    d.extend([4])  # [2, 3, 4], [3, 4] and [4] never occurred before
     assert d.draft(3) == []
-    d.extend([8, 3])                 # no earlier [4, 8, 3] or [8, 3]; the latest earlier [3] was followed by 4, 8
+    d.extend([8, 3])  # no earlier [4, 8, 3] or [8, 3]; the latest earlier [3] was followed by 4, 8
     assert d.draft(2) == [4, 8]
 
 
@@ -34,13 +34,13 @@ def test_grams_of_different_lengths_and_large_ids_are_told_apart():
     big = (1 << 32) - 1
     d = NgramDrafter(max_ngram=2)
     d.extend([0, 5, 11, big, 5, 12, 7, 0, 5])
-    assert d.draft(1) == [11]        # the latest earlier [0, 5] was followed by 11, though [5] last by 12
+    assert d.draft(1) == [11]  # the latest earlier [0, 5] was followed by 11, though [5] last by 12
     d.extend([big])
-    assert d.draft(1) == [5]         # [5, big] never occurred (only [11, big]); the earlier [big] was followed by 5
+    assert d.draft(1) == [5]  # [5, big] never occurred (only [11, big]); the earlier [big] was followed by 5
     shared = SharedNgrams()
     a, b = NgramDrafter(max_ngram=2, shared=shared), NgramDrafter(max_ngram=2, shared=shared)
     a.extend([3, 0, 4, 8])
-    b.extend([9, 4])                 # [9, 4] is nowhere; [4] is in a's context, followed by 8
+    b.extend([9, 4])  # [9, 4] is nowhere; [4] is in a's context, followed by 8
     assert b.draft(1) == [8] and b.source == ("shared", 1)
     with pytest.raises(ValueError, match="max_ngram"):
         NgramDrafter(max_ngram=16)
@@ -61,14 +61,14 @@ def test_drafter_falls_back_to_another_requests_context():
     a, b = NgramDrafter(shared=shared), NgramDrafter(shared=shared)
     a.extend([1, 2, 3, 4, 5, 6])
     b.extend([9, 2, 3])
-    assert b.draft(3) == [4, 5, 6]   # [2, 3] never occurred in b before: a's continuation
-    assert b.draft(9) == [4, 5, 6]   # a foreign copy stops at the end of that context
+    assert b.draft(3) == [4, 5, 6]  # [2, 3] never occurred in b before: a's continuation
+    assert b.draft(9) == [4, 5, 6]  # a foreign copy stops at the end of that context
     b.extend([8, 9])
-    assert b.draft(2) == [2, 3]      # b's own earlier [9] goes before a's nothing
+    assert b.draft(2) == [2, 3]  # b's own earlier [9] goes before a's nothing
     a.extend([9, 2, 3, 7])
     b.extend([2, 3])
-    assert b.draft(1) == [8]         # own [9, 2, 3] (followed by 8) before a's later [9, 2, 3] (followed by 7)
-    c = NgramDrafter()               # not sharing: sees only itself
+    assert b.draft(1) == [8]  # own [9, 2, 3] (followed by 8) before a's later [9, 2, 3] (followed by 7)
+    c = NgramDrafter()  # not sharing: sees only itself
     c.extend([2, 3])
     assert c.draft(3) == []
 
@@ -123,9 +123,9 @@ def test_the_drafter_names_its_source_and_skips_a_declined_one():
 
 def test_draft_sizes_share_the_step_budget():
     assert draft_sizes(0, 8, 64) == 0
-    assert draft_sizes(4, 8, 64) == 8     # capped per request
+    assert draft_sizes(4, 8, 64) == 8  # capped per request
     assert draft_sizes(32, 8, 64) == 2
-    assert draft_sizes(100, 8, 64) == 1   # never less than one
+    assert draft_sizes(100, 8, 64) == 1  # never less than one
 
 
 def test_accept_greedy_takes_the_agreeing_prefix_and_the_bonus_token():
@@ -139,8 +139,8 @@ def test_accept_greedy_takes_the_agreeing_prefix_and_the_bonus_token():
 
     first, second, third = rows([3, 4, 1]), rows([2, 2]), rows([0, 5, 5])
     result = accept_greedy([first, second, third], [[3, 4], [1], [0, 5]])
-    assert result[0][0] == [3, 4, 1]          # both drafts agree: two accepted and the bonus
-    assert result[1][0] == [2]                # the first draft disagrees: only the model's own token
+    assert result[0][0] == [3, 4, 1]  # both drafts agree: two accepted and the bonus
+    assert result[1][0] == [2]  # the first draft disagrees: only the model's own token
     assert result[2][0] == [0, 5, 5]
     expected = torch.log_softmax(first[0], -1)[3].item()
     assert result[0][1][0] == pytest.approx(expected)
@@ -158,8 +158,10 @@ def _run(loaded, drafts: int, prompts: list[list[int]], **params) -> tuple[Sched
     pool = KVPool(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads, 8, 160)
     sched = Scheduler(BatchedDecoder(model, pool), tokenizer, num_draft_tokens=drafts, draft_budget=16)
     p = {"temperature": 0, "ignore_eos": True, "max_new_tokens": 60, **params}
-    reqs = [Generation(rid=f"r{i}", prompt=list(prompt), params=SamplingParams(**p), on_update=lambda r: None)
-            for i, prompt in enumerate(prompts)]
+    reqs = [
+        Generation(rid=f"r{i}", prompt=list(prompt), params=SamplingParams(**p), on_update=lambda r: None)
+        for i, prompt in enumerate(prompts)
+    ]
     for req in reqs:
         sched.submit([req])
     for _ in range(1000):

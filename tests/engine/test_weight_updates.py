@@ -33,13 +33,22 @@ def _updates(bracket_timeout_s: float = 60.0):
     model = torch.nn.Linear(3, 2, bias=True)
     scheduler = FakeScheduler()
     moved = []
-    return WeightUpdates(model, scheduler, "cpu", lambda: moved.append(scheduler.weight_version),
-                         bracket_timeout_s), model, scheduler, moved
+    return (
+        WeightUpdates(model, scheduler, "cpu", lambda: moved.append(scheduler.weight_version), bracket_timeout_s),
+        model,
+        scheduler,
+        moved,
+    )
 
 
 def _body(group: str, version: str, named, flat: bool = False) -> UpdateWeightsRequest:
-    body = {"group_name": group, "names": [n for n, _ in named], "dtypes": ["float32"] * len(named),
-            "shapes": [list(t.shape) for _, t in named], "weight_version": version}
+    body = {
+        "group_name": group,
+        "names": [n for n, _ in named],
+        "dtypes": ["float32"] * len(named),
+        "shapes": [list(t.shape) for _, t in named],
+        "weight_version": version,
+    }
     if flat:
         entries, sizes = plan_buckets(named, 1 << 20)
         body["flat_bucket"] = {"offsets": [e.offset for e in entries], "nbytes": sizes[0]}
@@ -108,6 +117,7 @@ def test_a_failed_receive_keeps_the_old_weights_and_a_lost_end_expires():
 
 def test_a_received_mismatch_is_refused_at_once_and_nothing_is_staged():
     from services.dcs.sync.precision import WeightMismatch
+
     updates, model, scheduler, _ = _updates()
     w = torch.full((2, 3), 4.0)
     updates.groups["g"] = FakeGroup([w, torch.zeros(3, 3)])

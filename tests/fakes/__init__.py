@@ -9,5 +9,15 @@ from tests.fakes.run_state import FakeMembership, InMemoryEvaluations, InMemoryL
 from tests.fakes.session import FakeRunSession
 from tests.fakes.weights import InMemoryCoordinator
 
-__all__ = ["AsyncInMemoryDataPlane", "FakeEngines", "FakeMembership", "FakeRunSession", "InMemoryCoordinator", "InMemoryDataPlane",
-           "InMemoryEvaluations", "InMemoryLedger", "InMemoryRedis", "ProgressBox"]
+__all__ = [
+    "AsyncInMemoryDataPlane",
+    "FakeEngines",
+    "FakeMembership",
+    "FakeRunSession",
+    "InMemoryCoordinator",
+    "InMemoryDataPlane",
+    "InMemoryEvaluations",
+    "InMemoryLedger",
+    "InMemoryRedis",
+    "ProgressBox",
+]

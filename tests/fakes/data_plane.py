@@ -113,8 +113,10 @@ class InMemoryDataPlane:
     def partition(self, name: str) -> PartitionInfo:
         with self._lock:
             p = self._get(name)
-            tasks = [SimpleNamespace(task=t, consumed=len(rows), lost=len(p.lost.get(t, ())))
-                     for t, rows in p.consumed.items()]
+            tasks = [
+                SimpleNamespace(task=t, consumed=len(rows), lost=len(p.lost.get(t, ())))
+                for t, rows in p.consumed.items()
+            ]
             return PartitionInfo(name, len(p.rows), p.sealed, len(p.rows), tasks, p.lost_rows)
 
     def put(self, partition: str, columns: Mapping[str, Any], rows: Sequence[int] | None = None) -> list[int]:
@@ -136,9 +138,13 @@ class InMemoryDataPlane:
         p, required = self._get(partition), self.tasks[task]
         taken = {r for part, t, rows in self.leases.values() if (part, t) == (partition, task) for r in rows}
         done = p.consumed.setdefault(task, set())
-        return [r for r in range(0, len(p.rows) - len(p.rows) % p.group_size, p.group_size)
-                if all(all(f in p.rows[r + k] for f in required) for k in range(p.group_size))
-                and r not in done and r not in taken]
+        return [
+            r
+            for r in range(0, len(p.rows) - len(p.rows) % p.group_size, p.group_size)
+            if all(all(f in p.rows[r + k] for f in required) for k in range(p.group_size))
+            and r not in done
+            and r not in taken
+        ]
 
     def _nothing_more(self, partition: str, task: str, ready: int) -> bool:
         """Sealed, and every row not yet consumed or leased is ready: as the controller, answer a claim with
@@ -152,25 +158,54 @@ class InMemoryDataPlane:
         p = self._get(partition)
         return p.sealed and len(p.consumed.setdefault(task, set())) == len(p.rows)
 
-    def claim_rows(self, partition: str, task: str, batch_size: int, wait_s: float = 0.0, lease_s: float = 0.0,
-                   min_rows: int = 0, claim_key: str = "") -> SimpleNamespace:
+    def claim_rows(
+        self,
+        partition: str,
+        task: str,
+        batch_size: int,
+        wait_s: float = 0.0,
+        lease_s: float = 0.0,
+        min_rows: int = 0,
+        claim_key: str = "",
+    ) -> SimpleNamespace:
         p = self._get(partition)
         ready = self.wait_ready(partition, task, max(min_rows, 1), wait_s).ready_rows
         if ready < min_rows and not self._nothing_more(partition, task, ready):
-            return SimpleNamespace(partition=partition, task=task, lease_id="", rows=[],
-                                   complete=self._complete(partition, task), group_size=p.group_size)
+            return SimpleNamespace(
+                partition=partition,
+                task=task,
+                lease_id="",
+                rows=[],
+                complete=self._complete(partition, task),
+                group_size=p.group_size,
+            )
         with self._lock:
             ready = self._ready_groups(partition, task)
-            rows = [r + k for r in ready[:max(1, batch_size // p.group_size)] for k in range(p.group_size)]
+            rows = [r + k for r in ready[: max(1, batch_size // p.group_size)] for k in range(p.group_size)]
             lease = f"lease-{next(self._ids)}" if rows else ""
             if rows:
                 self.leases[lease] = (partition, task, rows)
-            return SimpleNamespace(partition=partition, task=task, lease_id=lease, rows=rows,
-                                   complete=not rows and self._complete(partition, task), group_size=p.group_size)
+            return SimpleNamespace(
+                partition=partition,
+                task=task,
+                lease_id=lease,
+                rows=rows,
+                complete=not rows and self._complete(partition, task),
+                group_size=p.group_size,
+            )
 
-    def claim(self, partition: str, task: str, batch_size: int, fields: Sequence[str] | None = None,
-              wait_s: float = 0.0, lease_s: float = 0.0, min_rows: int = 0, padded: bool = False,
-              pad_value: int = 0) -> Batch:
+    def claim(
+        self,
+        partition: str,
+        task: str,
+        batch_size: int,
+        fields: Sequence[str] | None = None,
+        wait_s: float = 0.0,
+        lease_s: float = 0.0,
+        min_rows: int = 0,
+        padded: bool = False,
+        pad_value: int = 0,
+    ) -> Batch:
         claimed = self.claim_rows(partition, task, batch_size, wait_s, lease_s, min_rows)
         if not claimed.rows:
             return Batch(partition, [], {}, complete=claimed.complete)
@@ -195,8 +230,9 @@ class InMemoryDataPlane:
     def read_claimed(self, claimed, fields: Sequence[str], padded: bool = False, pad_value: int = 0) -> Batch:
         return self._batch(claimed.partition, list(claimed.rows), list(fields), claimed.lease_id)
 
-    def get(self, partition: str, rows: Sequence[int], fields: Sequence[str], padded: bool = False,
-            pad_value: int = 0) -> Batch:
+    def get(
+        self, partition: str, rows: Sequence[int], fields: Sequence[str], padded: bool = False, pad_value: int = 0
+    ) -> Batch:
         return self._batch(partition, list(rows), list(fields), "")
 
     def ack(self, lease: str | Batch, rows: Sequence[int] = ()) -> int:
@@ -232,8 +268,9 @@ class InMemoryDataPlane:
         for name in fields:
             values = [p.rows[r][name] for r in rows]
             scalar = all(torch.as_tensor(v).dim() == 0 for v in values)
-            columns[name] = torch.stack([torch.as_tensor(v) for v in values]) if scalar else \
-                [torch.as_tensor(v) for v in values]
+            columns[name] = (
+                torch.stack([torch.as_tensor(v) for v in values]) if scalar else [torch.as_tensor(v) for v in values]
+            )
         return Batch(partition=partition, rows=rows, columns=columns, lease_id=lease)
 
 
@@ -244,8 +281,9 @@ class AsyncInMemoryDataPlane:
         self.plane = plane
         self.closed = False
 
-    async def create_partition(self, name: str, group_size: int = 1, exist_ok: bool = False,
-                               placement_block: int = 0) -> None:
+    async def create_partition(
+        self, name: str, group_size: int = 1, exist_ok: bool = False, placement_block: int = 0
+    ) -> None:
         self.plane.create_partition(name, group_size, exist_ok)
 
     async def list_partitions(self, prefix: str = "") -> list[PartitionInfo]:
@@ -260,9 +298,18 @@ class AsyncInMemoryDataPlane:
     async def put(self, partition: str, columns: Mapping[str, Any], rows: Sequence[int] | None = None) -> list[int]:
         return self.plane.put(partition, columns, rows)
 
-    async def claim(self, partition: str, task: str, batch_size: int, fields: Sequence[str] | None = None,
-                    wait_s: float = 0.0, lease_s: float = 0.0, min_rows: int = 0, padded: bool = False,
-                    pad_value: int = 0) -> Batch:
+    async def claim(
+        self,
+        partition: str,
+        task: str,
+        batch_size: int,
+        fields: Sequence[str] | None = None,
+        wait_s: float = 0.0,
+        lease_s: float = 0.0,
+        min_rows: int = 0,
+        padded: bool = False,
+        pad_value: int = 0,
+    ) -> Batch:
         return self.plane.claim(partition, task, batch_size, fields)
 
     async def release(self, lease: str | Batch) -> int:

@@ -109,8 +109,9 @@ class FakeEngines:
         if cut is not None and start + cut < end:
             end, reason = start + cut, "abort"
         ids = [token(seed, j) for j in range(start, end)]
-        return Generation(ids, [log_prob(self.version, j) for j in range(start, end)], reason,
-                          [(str(self.version), 0, len(ids))])
+        return Generation(
+            ids, [log_prob(self.version, j) for j in range(start, end)], reason, [(str(self.version), 0, len(ids))]
+        )
 
     async def generate(self, url: str, inputs, sampling_params, rids) -> list[Generation]:
         if url in self.stopped:
@@ -140,8 +141,9 @@ class FakeEngineClient:
             await self.fleet._wait_moved(self.url, newer_than, wait_s)
         return str(self.fleet.serves(self.url))
 
-    async def generate_batch(self, inputs: Sequence[Sequence[int]], sampling_params: Sequence[dict],
-                             rids: Sequence[str] | None = None) -> list[Generation]:
+    async def generate_batch(
+        self, inputs: Sequence[Sequence[int]], sampling_params: Sequence[dict], rids: Sequence[str] | None = None
+    ) -> list[Generation]:
         return await self.fleet.generate(self.url, inputs, sampling_params, rids)
 
     async def aclose(self) -> None:

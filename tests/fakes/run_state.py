@@ -41,8 +41,8 @@ class FakeMembership:
 
 class InMemoryLedger:
     """The prompt ledger's semantics (services/run_state/prompt_ledger.py): positions below `frontier` are
-    written, positions at or above it iff in `written`; a repeated mark is not counted again; a skipped group's
-slot holds the next spare prompt position."""
+        written, positions at or above it iff in `written`; a repeated mark is not counted again; a skipped group's
+    slot holds the next spare prompt position."""
 
     def __init__(self, frontier: int = 0, written=(), steps: dict[int, set[int]] | None = None):
         self.frontier = frontier
@@ -51,7 +51,7 @@ slot holds the next spare prompt position."""
         self.marks: list[int] = []  # every mark_written call, in order
         self.rows: dict[int, dict[int, list[int]]] = {}  # step -> slot -> its TransferQueue rows
         self.replaced: dict[int, int] = {}  # slot -> the spare prompt position it holds
-        self.skipped: dict[int, str] = {}   # prompt position -> why its group was dropped
+        self.skipped: dict[int, str] = {}  # prompt position -> why its group was dropped
         self.filtered_by_step: dict[int, int] = {}  # step -> groups dynamic sampling dropped
 
     async def load(self) -> tuple[int, set[int]]:
@@ -84,8 +84,9 @@ slot holds the next spare prompt position."""
     async def replacements(self) -> dict[int, int]:
         return dict(self.replaced)
 
-    async def skip(self, slot: int, position: int, reason: str, first_spare: int,
-                   filtered_step: int | None = None) -> int:
+    async def skip(
+        self, slot: int, position: int, reason: str, first_spare: int, filtered_step: int | None = None
+    ) -> int:
         """The slot's group is dropped; it holds the next spare prompt position from now on (a group dynamic
         sampling dropped is counted for its step)."""
         if self.replaced.get(slot, slot) != position:  # a repeat: nothing more is allocated

@@ -16,10 +16,21 @@ from tests.fakes.run_state import FakeMembership, InMemoryLedger, ProgressBox
 
 
 class FakeRunSession:
-    def __init__(self, run: RunConfig, plane: InMemoryDataPlane | None = None, *, coordinator=None, redis=None,
-                 progress: ProgressBox | None = None, ledger: InMemoryLedger | None = None, evaluations=None,
-                 source_rewards=None, run_id: str = "default", poll_s: float = 0.0,
-                 membership: Callable[..., object] = FakeMembership):
+    def __init__(
+        self,
+        run: RunConfig,
+        plane: InMemoryDataPlane | None = None,
+        *,
+        coordinator=None,
+        redis=None,
+        progress: ProgressBox | None = None,
+        ledger: InMemoryLedger | None = None,
+        evaluations=None,
+        source_rewards=None,
+        run_id: str = "default",
+        poll_s: float = 0.0,
+        membership: Callable[..., object] = FakeMembership,
+    ):
         self.run, self.run_id = run, run_id
         self.plane = plane if plane is not None else InMemoryDataPlane()
         self.tq, self.atq = self.plane, AsyncInMemoryDataPlane(self.plane)

@@ -63,8 +63,13 @@ class InMemoryCoordinator:
 
     # ------------------------------------------------------------ the broadcast
 
-    def publish(self, named: Iterable[tuple[str, torch.Tensor]], version: int, receiver_roles: Iterable[str],
-                announce: bool = True) -> Published:
+    def publish(
+        self,
+        named: Iterable[tuple[str, torch.Tensor]],
+        version: int,
+        receiver_roles: Iterable[str],
+        announce: bool = True,
+    ) -> Published:
         published = Published(version, {n: t.detach().clone() for n, t in named}, list(receiver_roles), announce)
         with self._changed:
             self.published.append(published)
@@ -73,9 +78,11 @@ class InMemoryCoordinator:
 
     def next_after(self, version: int, wait_s: float) -> Published | None:
         """The newest announced version after `version`, waiting (briefly: callers loop) up to wait_s."""
+
         def newest():
             newer = [p for p in self.published if p.announced and p.version > version]
             return newer[-1] if newer else None
+
         with self._changed:
             if newest() is None and wait_s > 0:
                 self._changed.wait(min(wait_s, 0.05))
@@ -86,8 +93,9 @@ class InMemoryCoordinator:
         self.publishers.append(FakeWeightPublisher(self))
         return self.publishers[-1]
 
-    def receiver(self, dcs, node_id: str, role: str, timeout_s: float = 60.0,
-                 device: str = "cpu", *, run_id: str) -> "FakeWeightReceiver":
+    def receiver(
+        self, dcs, node_id: str, role: str, timeout_s: float = 60.0, device: str = "cpu", *, run_id: str
+    ) -> "FakeWeightReceiver":
         """Made as WeightReceiver is: a forward role's `receiver` seam."""
         self.receivers.append(FakeWeightReceiver(self, role))
         return self.receivers[-1]
@@ -107,8 +115,13 @@ class FakeWeightPublisher:
             raise AssertionError(f"version {version} is not newer than the latest published {announced[-1]}")
         time.sleep(self.coordinator.broadcast_s)
         self.coordinator.publish(named, version, self.receiver_roles, announce)
-        return SimpleNamespace(version=version, ok=True, seconds={"total": 0.0}, announced=announce,
-                               engines=list(self.coordinator.engines_loading()))
+        return SimpleNamespace(
+            version=version,
+            ok=True,
+            seconds={"total": 0.0},
+            announced=announce,
+            engines=list(self.coordinator.engines_loading()),
+        )
 
     def prefetch_group(self, receiver_roles: list[str]) -> None:
         self.prefetched.append(list(receiver_roles))

@@ -29,14 +29,28 @@ def model_dir(tmp_path_factory):
 
 def _sample_rows(plane: InMemoryDataPlane, partition: str, prompts, responses) -> None:
     tokens = [torch.tensor(p + r) for p, r in zip(prompts, responses)]
-    plane.put(partition, {"tokens": tokens, "prompt_length": torch.tensor([len(p) for p in prompts]),
-                          "response_length": torch.tensor([len(r) for r in responses])})
+    plane.put(
+        partition,
+        {
+            "tokens": tokens,
+            "prompt_length": torch.tensor([len(p) for p in prompts]),
+            "response_length": torch.tensor([len(r) for r in responses]),
+        },
+    )
 
 
 def test_reference_writes_teacher_forced_log_probs_of_every_response(model_dir):
     torch.set_num_threads(1)
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=1, algorithm={"kl_coef": 0.1})
+    run = RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=1,
+        algorithm={"kl_coef": 0.1},
+    )
     plane = InMemoryDataPlane()
     plane.create_partition("r/train_0", group_size=2)
     prompts, responses = [[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]], [[1, 2], [3], [4, 5, 6], [8]]
@@ -51,22 +65,28 @@ def test_reference_writes_teacher_forced_log_probs_of_every_response(model_dir):
 
     written = plane.column("r/train_0", "ref_log_probs")
     model, _ = load_causal_lm(model_dir)
-    batch = ResponseBatch.build([torch.tensor(p + r) for p, r in zip(prompts, responses)],
-                                [len(p) for p in prompts], [len(r) for r in responses])
+    batch = ResponseBatch.build(
+        [torch.tensor(p + r) for p, r in zip(prompts, responses)],
+        [len(p) for p in prompts],
+        [len(r) for r in responses],
+    )
     expected = response_log_probs(model, batch, run.rollout.temperature)
     for row, response in enumerate(responses):
         assert written[row].shape == (len(response),)
-        torch.testing.assert_close(written[row], expected[row, :len(response)], atol=1e-5, rtol=0)
+        torch.testing.assert_close(written[row], expected[row, : len(response)], atol=1e-5, rtol=0)
     assert plane.partitions["r/train_0"].consumed["r/reference"] == {0, 1, 2, 3}
     assert session.membership.closed
 
 
 def _expected(model, prompts, responses, temperature: float) -> list[torch.Tensor]:
-    batch = ResponseBatch.build([torch.tensor(p + r) for p, r in zip(prompts, responses)],
-                                [len(p) for p in prompts], [len(r) for r in responses])
+    batch = ResponseBatch.build(
+        [torch.tensor(p + r) for p, r in zip(prompts, responses)],
+        [len(p) for p in prompts],
+        [len(r) for r in responses],
+    )
     with torch.no_grad():
         out = response_log_probs(model, batch, temperature)
-    return [out[i, :len(r)] for i, r in enumerate(responses)]
+    return [out[i, : len(r)] for i, r in enumerate(responses)]
 
 
 def _wait(condition, timeout_s: float = 30.0) -> None:
@@ -80,8 +100,16 @@ def test_actor_fwd_writes_each_step_under_the_weights_that_step_is_trained_with(
     """Step 1 is trained with version 1: actor_fwd waits for it before claiming train_1, though the rows are
     there from the start, and writes the teacher-forced log-probs of the version it holds."""
     torch.set_num_threads(1)
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2, algorithm={"decoupled": True, "proximal_policy": "current"})
+    run = RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+        algorithm={"decoupled": True, "proximal_policy": "current"},
+    )
     plane, coordinator, progress = InMemoryDataPlane(), InMemoryCoordinator(), ProgressBox()
     prompts, responses = [[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]], [[1, 2], [3], [4, 5, 6], [8]]
     for step in range(2):
@@ -121,8 +149,16 @@ def test_actor_fwd_scores_each_step_with_the_version_before_the_one_it_trains_wi
     and step 2 with version 1. Version 1 is published before step 0 is scored: the role keeps version 0 beside it
     and scores steps 0 and 1 with that copy, then waits for nothing more before step 2."""
     torch.set_num_threads(1)
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=3, algorithm={"decoupled": True})
+    run = RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=3,
+        algorithm={"decoupled": True},
+    )
     assert run.algorithm.proximal_policy == "previous"  # the default
     plane, coordinator, progress = InMemoryDataPlane(), InMemoryCoordinator(), ProgressBox()
     prompts, responses = [[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]], [[1, 2], [3], [4, 5, 6], [8]]

@@ -12,7 +12,8 @@ DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 def test_the_committed_configuration_doc_is_current():
     assert DOC.read_text() == configuration_markdown(), (
-        "docs/configuration.md is stale: run `python -m services.front_door.config_reference > docs/configuration.md`")
+        "docs/configuration.md is stale: run `python -m services.front_door.config_reference > docs/configuration.md`"
+    )
 
 
 def test_the_doc_lists_every_field_of_every_section():

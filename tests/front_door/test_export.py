@@ -51,8 +51,13 @@ def test_export_round_trip_loads_in_transformers_with_the_trained_logits(model_d
     source = export_checkpoint(os.path.join(root, "actor", "step_00000002"), str(out))
     assert source.endswith("step_00000002")
     names = set(os.listdir(out))
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-            "tokenizer_config.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    } <= names
     assert not names & {"optimizer.pt", "trainer_state.json"}
     exported = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True, dtype=torch.float32).eval()
     ids = torch.randint(3, 500, (3, 16), generator=torch.Generator().manual_seed(2))
@@ -103,10 +108,20 @@ def test_export_refuses_bad_input_and_writes_nothing(checkpoint, tmp_path):
 def test_sluice_export_command(checkpoint, tmp_path):
     root, _ = checkpoint
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "services.cli", "export", root, str(tmp_path / "hf")],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "export", root, str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "hf" / "model.safetensors").exists()
-    bad = subprocess.run([sys.executable, "-m", "services.cli", "export", str(tmp_path / "nope"), str(tmp_path / "x")],
-                         capture_output=True, text=True, env=env, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "services.cli", "export", str(tmp_path / "nope"), str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "nope" in bad.stderr and "does not exist" in bad.stderr

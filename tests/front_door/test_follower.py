@@ -12,8 +12,15 @@ from services.dcs.models import Failure, Run, RunConfig, RunStatus, ServiceStatu
 from services.front_door.follower import RunFollower, exit_code
 from services.front_door.live_view import JsonLinesView, RichLiveView, render
 
-CONFIG = RunConfig(name="r", model="m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                   micro_batch_size=2, num_steps=3)
+CONFIG = RunConfig(
+    name="r",
+    model="m",
+    n_samples_per_prompt=2,
+    rollout_batch_size=2,
+    global_batch_size=4,
+    micro_batch_size=2,
+    num_steps=3,
+)
 
 
 class ScriptedCoordinator:
@@ -28,18 +35,36 @@ class ScriptedCoordinator:
 
     def status(self, run_id):
         state, failure, _ = self._now()
-        run = Run(run_id=run_id, config=CONFIG, desired_state="running", pause_seq=0, created_at=0.0, status=state,
-                  failure=failure)
-        trainer = ServiceStatus(node_id="n1", role="trainer", rank=0, state="dead" if failure else "running", step=1,
-                                weight_version=2, last_heartbeat=0.0, pause_acknowledged=False)
+        run = Run(
+            run_id=run_id,
+            config=CONFIG,
+            desired_state="running",
+            pause_seq=0,
+            created_at=0.0,
+            status=state,
+            failure=failure,
+        )
+        trainer = ServiceStatus(
+            node_id="n1",
+            role="trainer",
+            rank=0,
+            state="dead" if failure else "running",
+            step=1,
+            weight_version=2,
+            last_heartbeat=0.0,
+            pause_acknowledged=False,
+        )
         return RunStatus(run=run, status=state, failure=failure, latest_weight_version=0, services=[trainer])
 
     def steps(self, run_id, first=0, limit=100):
         _, _, recorded = self._now()
         self.polls += 1
-        records = [StepRecord(step=s, metrics={"reward_mean": 0.1 * s, "loss": 1.0, "weight_version": s + 1,
-                                               "staleness": {"0": 4}})
-                   for s in range(first, min(recorded, first + limit))]
+        records = [
+            StepRecord(
+                step=s, metrics={"reward_mean": 0.1 * s, "loss": 1.0, "weight_version": s + 1, "staleness": {"0": 4}}
+            )
+            for s in range(first, min(recorded, first + limit))
+        ]
         return StepsPage(next_step=recorded, weight_version=recorded, steps=records)
 
 
@@ -81,8 +106,9 @@ def test_a_failure_on_the_coordinator_ends_it_with_the_role_and_message():
 
 
 def test_a_dead_local_service_ends_it_as_failed():
-    progress, lines = follow(ScriptedCoordinator([("running", None, 1)]),
-                             liveness=lambda: "trainer exited with code 1: boom")
+    progress, lines = follow(
+        ScriptedCoordinator([("running", None, 1)]), liveness=lambda: "trainer exited with code 1: boom"
+    )
     assert (lines[-1]["event"], lines[-1]["failure"]) == ("failed", "trainer exited with code 1: boom")
     assert exit_code(progress) == 1
 
@@ -110,8 +136,13 @@ class RedisRestarting(ScriptedCoordinator):
 
 
 def test_a_coordinator_answering_503_while_its_redis_restarts_does_not_end_the_run():
-    script = [("running", None, 0), ("running", None, 1), ("running", None, 1), ("running", None, 2),
-              ("finished", None, 3)]
+    script = [
+        ("running", None, 0),
+        ("running", None, 1),
+        ("running", None, 1),
+        ("running", None, 2),
+        ("finished", None, 3),
+    ]
     progress, lines = follow(RedisRestarting(script, unavailable={1, 2}))
     assert progress.state == "finished" and exit_code(progress) == 0
     assert [line.get("step") for line in lines[:-1]] == [0, 1, 2]
@@ -125,8 +156,14 @@ def test_a_coordinator_answering_503_for_too_long_fails_the_run():
 
 def test_an_interrupt_pauses_then_shows_the_steps_that_finished_meanwhile():
     paused = []
-    follower = RunFollower(ScriptedCoordinator([("running", None, 2)]), "r", 3, 4, poll_s=0,
-                           on_interrupt=lambda progress: paused.append(progress.state))
+    follower = RunFollower(
+        ScriptedCoordinator([("running", None, 2)]),
+        "r",
+        3,
+        4,
+        poll_s=0,
+        on_interrupt=lambda progress: paused.append(progress.state),
+    )
     follower.interrupt.set()
     out = io.StringIO()
     progress = follower.follow(JsonLinesView(out))
@@ -169,22 +206,45 @@ def test_the_panel_shows_eta_rates_staleness_version_and_eval():
 
     from services.front_door.follower import RunProgress, StepSeen
 
-    progress = RunProgress(run_id="r", num_steps=10, rows_per_step=4, started_at=0.0, next_step=4, weight_version=4,
-                           state="running", eval_reward=0.625, first_poll_at=100.0)
-    progress.steps = [StepSeen(step=s, metrics={"reward_mean": 0.5, "loss": 0.25, "tokens_per_s": 1234.0,
-                                                "staleness_max": 1}, seen_at=100.0 + 2.0 * s) for s in (1, 2, 3)]
+    progress = RunProgress(
+        run_id="r",
+        num_steps=10,
+        rows_per_step=4,
+        started_at=0.0,
+        next_step=4,
+        weight_version=4,
+        state="running",
+        eval_reward=0.625,
+        first_poll_at=100.0,
+    )
+    progress.steps = [
+        StepSeen(
+            step=s,
+            metrics={"reward_mean": 0.5, "loss": 0.25, "tokens_per_s": 1234.0, "staleness_max": 1},
+            seen_at=100.0 + 2.0 * s,
+        )
+        for s in (1, 2, 3)
+    ]
     console = Console(file=io.StringIO(), width=160, force_terminal=False)
     console.print(render(progress))
     panel = console.file.getvalue()
     # 3 steps of 4 rows in 6 s: 2 rows/s; 6 steps left: 12 s
     assert "step 4/10" in panel and "ETA 0m12s" in panel
     header = next(line for line in panel.splitlines() if "tokens/s" in line).split()
-    values = panel.splitlines()[panel.splitlines().index(next(
-        line for line in panel.splitlines() if "tokens/s" in line)) + 1].split()
+    values = panel.splitlines()[
+        panel.splitlines().index(next(line for line in panel.splitlines() if "tokens/s" in line)) + 1
+    ].split()
     shown = dict(zip(["reward", "eval", "loss", "samples/s", "tokens/s", "staleness", "version"], values))
     assert header[-3:] == ["tokens/s", "staleness", "version"]
-    assert shown == {"reward": "0.5", "eval": "0.625", "loss": "0.25", "samples/s": "2", "tokens/s": "1234",
-                     "staleness": "1", "version": "4"}
+    assert shown == {
+        "reward": "0.5",
+        "eval": "0.625",
+        "loss": "0.25",
+        "samples/s": "2",
+        "tokens/s": "1234",
+        "staleness": "1",
+        "version": "4",
+    }
 
 
 def test_auto_view_is_the_panel_on_a_terminal_and_json_lines_otherwise(monkeypatch):

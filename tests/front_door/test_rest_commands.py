@@ -34,19 +34,31 @@ def env(dcs, monkeypatch):
 
 def run_file(tmp_path, name: str, extra: str = "") -> str:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(f"name: {name}\nmodel: /nowhere/model\nnum_steps: 3\nn_samples_per_prompt: 2\n"
-                    f"rollout_batch_size: 2\nglobal_batch_size: 4\nmicro_batch_size: 2\n"
-                    f"stack:\n  engines: 2\n{extra}")
+    path.write_text(
+        f"name: {name}\nmodel: /nowhere/model\nnum_steps: 3\nn_samples_per_prompt: 2\n"
+        f"rollout_batch_size: 2\nglobal_batch_size: 4\nmicro_batch_size: 2\n"
+        f"stack:\n  engines: 2\n{extra}"
+    )
     return str(path)
 
 
 def test_submit_then_status_pause_resume_and_stop(env, dcs, tmp_path, capsys):
     assert sluice(["submit", "--no-preflight", run_file(tmp_path, "rest1")]) == 0
-    assert json.loads(capsys.readouterr().out) == {"event": "submitted", "run": "rest1", "status": "running",
-                                                   "coordinator": dcs.url}
+    assert json.loads(capsys.readouterr().out) == {
+        "event": "submitted",
+        "run": "rest1",
+        "status": "running",
+        "coordinator": dcs.url,
+    }
     with redis.Redis.from_url(dcs.redis_url, decode_responses=True) as r:  # the trainer's record of step 0
-        finish_step(r, "rest1", 0, ["p0-0"], {"reward_mean": 0.25, "loss": 0.5, "weight_version": 1},
-                    TrainerProgress(next_step=1, version=1))
+        finish_step(
+            r,
+            "rest1",
+            0,
+            ["p0-0"],
+            {"reward_mean": 0.25, "loss": 0.5, "weight_version": 1},
+            TrainerProgress(next_step=1, version=1),
+        )
     assert sluice(["status", "rest1"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert (status["status"], status["step"], status["num_steps"]) == ("running", 1, 3)
@@ -114,8 +126,14 @@ def test_attach_follows_a_run_on_a_coordinator_to_its_end(env, dcs, tmp_path, ca
         client.create_run(load_run_file(run_file(tmp_path, "attached")).run_config())
         with redis.Redis.from_url(dcs.redis_url, decode_responses=True) as r:
             for step in range(3):
-                finish_step(r, "attached", step, [f"p{step}-0"], {"reward_mean": step / 10, "weight_version": step + 1},
-                            TrainerProgress(next_step=step + 1, version=step + 1))
+                finish_step(
+                    r,
+                    "attached",
+                    step,
+                    [f"p{step}-0"],
+                    {"reward_mean": step / 10, "weight_version": step + 1},
+                    TrainerProgress(next_step=step + 1, version=step + 1),
+                )
         client.finish_run("attached")
         client.create_run(load_run_file(run_file(tmp_path, "attached-failing")).run_config())
         client.fail_run("attached-failing", "rollout", "reward function raised KeyError: 'label'")
@@ -136,8 +154,11 @@ def test_logs_follow_prints_what_is_appended_until_ctrl_c(tmp_path):
     log = logs / "rollout.log"
     log.write_text("old 1\nold 2\n")
     (tmp_path / "run" / "stack.json").write_text(json.dumps({"log_dir": str(logs)}))
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "logs", "rollout", "-f", "-n", "1", "--run-dir",
-                             str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "logs", "rollout", "-f", "-n", "1", "--run-dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline() == "old 2\n"
         with open(log, "a") as f:
@@ -157,9 +178,13 @@ def test_ctrl_c_while_attached_detaches_and_leaves_the_run_going(dcs, tmp_path, 
     name = f"watched-{int(delay_s * 1000)}"
     with DCSClient(dcs.url, token=TOKEN) as client:
         client.create_run(load_run_file(run_file(tmp_path, name)).run_config())
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "run", "--attach", dcs.url, name, "--view",
-                                 "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "SLUICE_AUTH_TOKEN": TOKEN})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "run", "--attach", dcs.url, name, "--view", "json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "SLUICE_AUTH_TOKEN": TOKEN},
+        )
         try:
             assert json.loads(proc.stdout.readline())["event"] == "attached"
             time.sleep(delay_s)
@@ -178,8 +203,12 @@ def test_engines_add_list_and_remove(env, tmp_path, capsys):
     capsys.readouterr()
     assert sluice(["engines", "add", "rest_engines", "http://gpu-0:30000"]) == 0
     added = json.loads(capsys.readouterr().out)
-    assert (added["event"], added["url"], added["source"], added["alive"]) == ("added", "http://gpu-0:30000",
-                                                                              "added", False)
+    assert (added["event"], added["url"], added["source"], added["alive"]) == (
+        "added",
+        "http://gpu-0:30000",
+        "added",
+        False,
+    )
     assert sluice(["engines", "list", "rest_engines"]) == 0
     assert [e["url"] for e in json.loads(capsys.readouterr().out)["engines"]] == ["http://gpu-0:30000"]
     assert sluice(["engines", "remove", "rest_engines", "http://gpu-0:30000"]) == 0

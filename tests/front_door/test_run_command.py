@@ -25,12 +25,16 @@ def test_a_bad_file_exits_2_naming_each_problem(tmp_path, capsys):
     assert sluice(["run", path]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"sluice run: {path}:4:3: rollout.max_new_tokens: Input should be greater than or equal to 1",
-        f"sluice run: {path}:5:3: rollout.temprature: unknown key"]
+        f"sluice run: {path}:5:3: rollout.temprature: unknown key",
+    ]
 
 
 def test_preflight_problems_are_named_by_key_and_place(tmp_path, model_dir, capsys):
-    path = write(tmp_path, f"name: r\nmodel: {model_dir}\nrollout:\n  prompts: data/missing.jsonl\n"
-                           "  reward: import:no_such_module_here:score\n")
+    path = write(
+        tmp_path,
+        f"name: r\nmodel: {model_dir}\nrollout:\n  prompts: data/missing.jsonl\n"
+        "  reward: import:no_such_module_here:score\n",
+    )
     assert sluice(["run", path]) == 2
     err = capsys.readouterr().err
     assert f"sluice run: {path}:4:3: rollout.prompts: " in err and "missing.jsonl" in err
@@ -41,8 +45,10 @@ def test_preflight_problems_are_named_by_key_and_place(tmp_path, model_dir, caps
 def test_a_checkpoint_is_continued_only_with_resume_and_resume_needs_one(tmp_path, model_dir, capsys):
     path = write(tmp_path, f"name: r\nmodel: {model_dir}\nstack:\n  checkpoint_dir: ckpt\n")
     assert sluice(["run", path, "--resume"]) == 2
-    assert f"{path}:4:3: stack.checkpoint_dir: --resume, but {tmp_path / 'ckpt'} holds no checkpoint" \
+    assert (
+        f"{path}:4:3: stack.checkpoint_dir: --resume, but {tmp_path / 'ckpt'} holds no checkpoint"
         in capsys.readouterr().err
+    )
     state = tmp_path / "ckpt" / "actor" / "step_00000003"
     state.mkdir(parents=True)
     (state / "trainer_state.json").write_text('{"next_step": 3, "version": 3}')

@@ -39,8 +39,9 @@ def test_a_missing_key_a_bad_choice_and_a_list_item_are_each_named():
 
 def test_a_rule_across_fields_names_the_top_level():
     text = "name: r\nmodel: m\nmode: colocate\nmax_staleness: 2\n"
-    assert problems(text) == ["run.yaml:1:1: (top level): Value error, colocate mode is synchronous: "
-                              "max_staleness must be 0"]
+    assert problems(text) == [
+        "run.yaml:1:1: (top level): Value error, colocate mode is synchronous: max_staleness must be 0"
+    ]
 
 
 def test_an_engine_flag_that_does_not_exist_or_that_the_stack_sets_is_refused():
@@ -50,14 +51,16 @@ def test_an_engine_flag_that_does_not_exist_or_that_the_stack_sets_is_refused():
     (port,) = problems("name: r\nmodel: m\nstack:\n  engine_flags: {port: 1}\n")
     assert "'port' is not an engine flag" in port
     (value,) = problems("name: r\nmodel: m\nstack:\n  engine_flags: {max_running: 0}\n")
-    assert value == ("run.yaml:4:3: stack.engine_flags: Value error, max_running: Input should be greater than or "
-                     "equal to 1")
+    assert value == (
+        "run.yaml:4:3: stack.engine_flags: Value error, max_running: Input should be greater than or equal to 1"
+    )
 
 
 def test_invalid_yaml_duplicate_keys_and_a_file_that_is_not_a_mapping():
     assert problems("name: r\nmodel: [m\n")[0].startswith("run.yaml:3:1: not valid YAML:")
     assert problems("name: r\nmodel: m\nrollout:\n  top_k: 1\n  top_k: 2\n") == [
-        "run.yaml:5:3: rollout.top_k: duplicate key (it is given twice)"]
+        "run.yaml:5:3: rollout.top_k: duplicate key (it is given twice)"
+    ]
     not_a_mapping = "run.yaml:1:1: the run file must be a mapping of settings (name: ..., model: ...)"
     assert problems("- name: r\n") == [not_a_mapping]
     assert problems("") == [not_a_mapping]
@@ -72,10 +75,12 @@ def test_an_unreadable_file_is_named(tmp_path):
 def test_relative_paths_are_relative_to_the_file_and_the_run_splits_from_the_stack(tmp_path):
     path = tmp_path / "sub" / "run.yaml"
     path.parent.mkdir()
-    path.write_text("name: r1\nmodel: ../m\nrollout: {prompts: data/p.jsonl}\neval: {prompts: data/e.jsonl}\n"
-                    "stack:\n  engines: 2\n"
-                    "  engine_flags: {max_total_tokens: 512, device: cpu}\n"
-                    "  role_flags: {trainer: {pause_mode: abort, verbose: false}}\n")
+    path.write_text(
+        "name: r1\nmodel: ../m\nrollout: {prompts: data/p.jsonl}\neval: {prompts: data/e.jsonl}\n"
+        "stack:\n  engines: 2\n"
+        "  engine_flags: {max_total_tokens: 512, device: cpu}\n"
+        "  role_flags: {trainer: {pause_mode: abort, verbose: false}}\n"
+    )
     run_file = load_run_file(str(path))
     assert run_file.model == str(tmp_path / "m")
     assert run_file.rollout.prompts == str(tmp_path / "sub" / "data" / "p.jsonl")
@@ -84,8 +89,9 @@ def test_relative_paths_are_relative_to_the_file_and_the_run_splits_from_the_sta
     run_dir = tmp_path / "sub" / "runs" / "r1"
     assert dirs == {"run": str(run_dir), "logs": str(run_dir / "logs"), "checkpoints": str(run_dir / "checkpoints")}
     assert run_file.engine_argv() == ("--max-total-tokens", "512", "--device", "cpu")
-    assert run_file.role_argv() == {"trainer": ["--output-dir", str(tmp_path / "sub" / "runs"), "--pause-mode",
-                                                "abort", "--no-verbose"]}
+    assert run_file.role_argv() == {
+        "trainer": ["--output-dir", str(tmp_path / "sub" / "runs"), "--pause-mode", "abort", "--no-verbose"]
+    }
     config = run_file.run_config()
     assert type(config).__name__ == "RunConfig" and "stack" not in config.model_dump()
     assert config.model == run_file.model
@@ -95,8 +101,11 @@ def test_demo_prompts_stay_as_they_are(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("name: r\nmodel: /abs/m\nrollout: {prompts: 'demo:letters'}\neval: {prompts: 'demo:letters'}\n")
     run_file = load_run_file(str(path))
-    assert (run_file.model, run_file.rollout.prompts, run_file.eval.prompts) == ("/abs/m", "demo:letters",
-                                                                                "demo:letters")
+    assert (run_file.model, run_file.rollout.prompts, run_file.eval.prompts) == (
+        "/abs/m",
+        "demo:letters",
+        "demo:letters",
+    )
 
 
 def test_the_printed_defaults_load_back_as_the_defaults(tmp_path):

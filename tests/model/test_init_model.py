@@ -16,8 +16,24 @@ from services.model.loading import load_causal_lm
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_init_model_writes_a_loadable_model_and_tokenizer(tmp_path, arch):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    subprocess.run([sys.executable, "-m", "services.cli", "init-model", str(tmp_path / "a"), "--arch", arch,
-                    "--preset", "tiny", "--seed", "3"], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "init-model",
+            str(tmp_path / "a"),
+            "--arch",
+            arch,
+            "--preset",
+            "tiny",
+            "--seed",
+            "3",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     init_model(str(tmp_path / "b"), preset="tiny", arch=arch, seed=3)
     model, tokenizer = load_causal_lm(str(tmp_path / "a"))
     other, _ = load_causal_lm(str(tmp_path / "b"))
@@ -30,8 +46,9 @@ def test_init_model_writes_a_loadable_model_and_tokenizer(tmp_path, arch):
     ids = tokenizer(text).input_ids
     assert tokenizer.decode(ids) == text and len(ids) < len(text)  # BPE merges, lossless
     assert tokenizer.eos_token_id is not None and tokenizer.pad_token_id is not None
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt.endswith("<|im_start|>assistant\n")
     out = model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)
     assert out.shape == (1, len(ids) + 4) or int(out[0, -1]) == tokenizer.eos_token_id

@@ -38,12 +38,15 @@ def test_a_path_that_does_not_exist_is_an_error_about_the_path(path):
         assert "repo" not in str(exc.value).lower()
 
 
-@pytest.mark.parametrize("remove, problem", [
-    ("config.json", "config.json is missing"),
-    ("model.safetensors", "no weights"),
-    ("tokenizer_config.json", "tokenizer_config.json is missing"),
-    ("tokenizer.json", "no tokenizer vocabulary"),
-])
+@pytest.mark.parametrize(
+    "remove, problem",
+    [
+        ("config.json", "config.json is missing"),
+        ("model.safetensors", "no weights"),
+        ("tokenizer_config.json", "tokenizer_config.json is missing"),
+        ("tokenizer.json", "no tokenizer vocabulary"),
+    ],
+)
 def test_a_missing_file_is_named(copy, remove, problem):
     os.remove(copy / remove)
     with pytest.raises(ModelDirError) as exc:
@@ -56,10 +59,9 @@ def test_the_tokenizer_alone_needs_no_weights(copy):
     assert load_tokenizer(str(copy)).eos_token == "<|endoftext|>"  # the rollout loads only the tokenizer
 
 
-@pytest.mark.parametrize("content, problem", [
-    ("{not json", "config.json is not valid JSON"),
-    ('{"hidden_size": 8}', "no model_type"),
-])
+@pytest.mark.parametrize(
+    "content, problem", [("{not json", "config.json is not valid JSON"), ('{"hidden_size": 8}', "no model_type")]
+)
 def test_a_malformed_config_is_named(copy, content, problem):
     (copy / "config.json").write_text(content)
     with pytest.raises(ModelDirError, match=problem):
@@ -83,8 +85,12 @@ def test_an_engine_given_a_missing_directory_exits_with_one_line_naming_it(tmp_p
     import sys
 
     missing = str(tmp_path / "no-model")
-    out = subprocess.run([sys.executable, "-m", "services.cli", "engine", "--model", missing, "--port", "0"],
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "engine", "--model", missing, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 2
     assert f"model directory '{missing}': does not exist" in out.stderr and "Traceback" not in out.stderr

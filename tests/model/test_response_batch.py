@@ -22,8 +22,8 @@ def test_padded_batch_log_probs_equal_each_sample_alone(model):
     for i, (p, r) in enumerate(samples):
         logits = model(input_ids=torch.tensor([p + r])).logits[0].log_softmax(-1)
         want = torch.stack([logits[len(p) - 1 + j, tok] for j, tok in enumerate(r)])
-        torch.testing.assert_close(got[i, :len(r)], want, atol=1e-5, rtol=0)
-        assert torch.all(got[i, len(r):] == 0) and batch.mask[i].sum() == len(r)
+        torch.testing.assert_close(got[i, : len(r)], want, atol=1e-5, rtol=0)
+        assert torch.all(got[i, len(r) :] == 0) and batch.mask[i].sum() == len(r)
     assert [len(x) for x in batch.to_ragged(got)] == [2, 5, 1]
 
 

@@ -22,8 +22,10 @@ def _samples(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(4, 200, (n,), generator=g) for n in (11, 7, 5)]
     order = [0, 1, 0, 1, 1, 0, 2, 0, 1]
-    tokens = [torch.cat([prompts[k], torch.randint(4, 200, (int(torch.randint(1, 10, (1,), generator=g)),),
-                                                   generator=g)]) for k in order]
+    tokens = [
+        torch.cat([prompts[k], torch.randint(4, 200, (int(torch.randint(1, 10, (1,), generator=g)),), generator=g)])
+        for k in order
+    ]
     prompt_lengths = [len(prompts[k]) for k in order]
     return tokens, prompt_lengths, [len(t) - p for t, p in zip(tokens, prompt_lengths)]
 
@@ -53,8 +55,10 @@ def test_packed_gradients_equal_the_padded_batch(model):
         loss.backward()
         return [p.grad.clone() for p in model.parameters()]
 
-    for a, b in zip(grads(ResponseBatch.build(tokens, pls, rls)),
-                    grads(build_response_batch(tokens, pls, rls, hidden_size=model.config.hidden_size))):
+    for a, b in zip(
+        grads(ResponseBatch.build(tokens, pls, rls)),
+        grads(build_response_batch(tokens, pls, rls, hidden_size=model.config.hidden_size)),
+    ):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
     model.zero_grad(set_to_none=True)
 

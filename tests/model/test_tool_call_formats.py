@@ -17,18 +17,21 @@ def _args(calls):
 
 
 def test_hermes_calls_between_tags_leave_the_rest_as_text():
-    text = f'Let me add.\n<tool_call>\n{json.dumps({"name": "add", "arguments": ADD})}\n</tool_call>'
+    text = f"Let me add.\n<tool_call>\n{json.dumps({'name': 'add', 'arguments': ADD})}\n</tool_call>"
     content, calls = parse_tool_calls(text, HERMES)
     assert content == "Let me add." and _args(calls) == [("add", ADD)]
     broken = "<tool_call>{not json}</tool_call>"
     assert parse_tool_calls(broken, HERMES) == (broken, [])
 
 
-@pytest.mark.parametrize("text", [
-    json.dumps({"name": "add", "parameters": ADD}),
-    "<|python_tag|>" + json.dumps({"name": "add", "parameters": ADD}),
-    "  " + json.dumps({"name": "add", "arguments": ADD}) + "\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps({"name": "add", "parameters": ADD}),
+        "<|python_tag|>" + json.dumps({"name": "add", "parameters": ADD}),
+        "  " + json.dumps({"name": "add", "arguments": ADD}) + "\n",
+    ],
+)
 def test_llama3_a_reply_that_is_a_json_call_is_the_call(text):
     assert parse_tool_calls(text, LLAMA3)[0] is None and _args(parse_tool_calls(text, LLAMA3)[1]) == [("add", ADD)]
 
@@ -41,19 +44,24 @@ def test_llama3_several_calls_and_text_that_is_not_a_call():
 
 
 def test_mistral_calls_follow_the_marker_as_a_json_list():
-    text = "Sure. [TOOL_CALLS] " + json.dumps([{"name": "add", "arguments": ADD}, {"name": "neg", "arguments": {"a": 1}}])
+    text = "Sure. [TOOL_CALLS] " + json.dumps(
+        [{"name": "add", "arguments": ADD}, {"name": "neg", "arguments": {"a": 1}}]
+    )
     content, calls = parse_tool_calls(text, MISTRAL)
     assert content == "Sure." and _args(calls) == [("add", ADD), ("neg", {"a": 1})]
     assert parse_tool_calls("[TOOL_CALLS] [oops", MISTRAL) == ("[TOOL_CALLS] [oops", [])
 
 
-@pytest.mark.parametrize("template,want", [
-    ("{% for t in tools %}<tools>{{ t }}</tools>{% endfor %}<tool_call>", HERMES),
-    ("{%- if tools %}[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]", MISTRAL),
-    ('{%- if tools %}Respond in the format {"name": function name, "parameters": dictionary}{% endif %}', LLAMA3),
-    ("{{- '<|python_tag|>' + tool_call.name }}", LLAMA3),
-    ("{% for m in messages %}{{ m.content }}{% endfor %}", None),
-])
+@pytest.mark.parametrize(
+    "template,want",
+    [
+        ("{% for t in tools %}<tools>{{ t }}</tools>{% endfor %}<tool_call>", HERMES),
+        ("{%- if tools %}[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]", MISTRAL),
+        ('{%- if tools %}Respond in the format {"name": function name, "parameters": dictionary}{% endif %}', LLAMA3),
+        ("{{- '<|python_tag|>' + tool_call.name }}", LLAMA3),
+        ("{% for m in messages %}{{ m.content }}{% endfor %}", None),
+    ],
+)
 def test_the_format_is_the_one_the_template_writes(template, want):
     assert tool_call_format(SimpleNamespace(chat_template=template)) is want
     assert tool_call_format(SimpleNamespace(chat_template=None)) is None

@@ -22,7 +22,7 @@ class ListStream:
         return [(n, torch.empty(t.shape, dtype=t.dtype, device="meta")) for n, t in self.named]
 
     def take(self, count):
-        out = self.named[self.taken:self.taken + count]
+        out = self.named[self.taken : self.taken + count]
         self.taken += len(out)
         return out if self.keep else []
 

@@ -1,16 +1,16 @@
 """A small remote reward endpoint for test_rewards.py, run as a real process:
 
-    python -m tests.rollout.reward_server --port P
+python -m tests.rollout.reward_server --port P
 
-    POST /score          {"reward": 1.0 if the stripped response equals fields["label"] else 0.0}
-    POST /flaky?fail=K   503 for the first K requests of each fields["key"], then /score
-    POST /slow?sleep_s=S sleeps S seconds, then /score
-    POST /reject         422 (the request's fault: must not be retried)
-    POST /auth           401 unless "authorization: Bearer secret", then /score
-    POST /nan            {"reward": NaN}
-    POST /not_a_number   {"reward": "high"}
-    GET  /requests/KEY   how many requests with fields["key"] == KEY each path got, and the last body
-                         and authorization header"""
+POST /score          {"reward": 1.0 if the stripped response equals fields["label"] else 0.0}
+POST /flaky?fail=K   503 for the first K requests of each fields["key"], then /score
+POST /slow?sleep_s=S sleeps S seconds, then /score
+POST /reject         422 (the request's fault: must not be retried)
+POST /auth           401 unless "authorization: Bearer secret", then /score
+POST /nan            {"reward": NaN}
+POST /not_a_number   {"reward": "high"}
+GET  /requests/KEY   how many requests with fields["key"] == KEY each path got, and the last body
+                     and authorization header"""
 
 from __future__ import annotations
 

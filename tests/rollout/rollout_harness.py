@@ -20,7 +20,7 @@ from tests.fakes import FakeEngines, FakeMembership, FakeRunSession, InMemoryDat
 from tests.fakes.engines import sample_length, token
 
 PROMPTS = ["What is 1 + 1?", "Name a colour.", "What is 2 + 5?"]  # row i has label i
-N = 2                                                              # samples per prompt
+N = 2  # samples per prompt
 RUN_ID = "default"
 
 
@@ -30,10 +30,21 @@ def score(response, fields, prompt):
 
 
 def make_run(model_dir: str, prompts: str, groups_per_step: int = 2, **fields) -> RunConfig:
-    return RunConfig(name="r", model=model_dir, n_samples_per_prompt=N, rollout_batch_size=groups_per_step,
-                     global_batch_size=groups_per_step * N, micro_batch_size=N, **fields,
-                     rollout={"prompts": prompts, "reward": "import:tests.rollout.rollout_harness:score",
-                              "apply_chat_template": False, "max_new_tokens": 8})
+    return RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=N,
+        rollout_batch_size=groups_per_step,
+        global_batch_size=groups_per_step * N,
+        micro_batch_size=N,
+        **fields,
+        rollout={
+            "prompts": prompts,
+            "reward": "import:tests.rollout.rollout_harness:score",
+            "apply_chat_template": False,
+            "max_new_tokens": 8,
+        },
+    )
 
 
 @dataclass
@@ -63,20 +74,34 @@ class Rollout:
 
     def go(self) -> "Rollout":
         """Run the role until the run's steps are generated and trained."""
-        session = FakeRunSession(self.run, self.plane, progress=self.progress, ledger=self.ledger,
-                                 evaluations=self.evaluations, source_rewards=self.source_rewards, run_id=RUN_ID)
+        session = FakeRunSession(
+            self.run,
+            self.plane,
+            progress=self.progress,
+            ledger=self.ledger,
+            evaluations=self.evaluations,
+            source_rewards=self.source_rewards,
+            run_id=RUN_ID,
+        )
         self.memberships = session.memberships  # the rollout's own first, then its engines'
 
         def pool(config):
             self.pools.append(EnginePool(config.engine_urls, client=self.engines.client))
             return self.pools[-1]
-        config = RolloutConfig(run_id=RUN_ID, engine_url="http://engine-0:1,http://engine-1:1",
-                               register_engines=False, version_poll_s=0.01, lost_check_s=0.01)
+
+        config = RolloutConfig(
+            run_id=RUN_ID,
+            engine_url="http://engine-0:1,http://engine-1:1",
+            register_engines=False,
+            version_poll_s=0.01,
+            lost_check_s=0.01,
+        )
         seams = {"judge_client": self.judge_client} if self.judge_client is not None else {}
         self.service = service = RolloutService(config, RoleStatus("rollout"), engines=pool, **seams)
 
         async def both():
             await asyncio.wait_for(asyncio.gather(service.run_loop(session, asyncio.Event()), self.play_trainer()), 60)
+
         asyncio.run(both())
         return self
 

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import json
 
-ADD = {"type": "function", "function": {"name": "add", "description": "a + b",
-                                         "parameters": {"type": "object", "properties": {
-                                             "a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "a + b",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+    },
+}
 CALLS: dict[tuple[int, int], list[dict]] = {}
 BEFORE_LAST_CALL: list = []  # callables a test runs before each episode's last call (a weight update there)
 
@@ -20,8 +25,14 @@ def agent(sample, client):
 
     def ask(messages, max_tokens=8, **kwargs):
         reply = client.chat.completions.create(model="policy", messages=messages, max_tokens=max_tokens, **kwargs)
-        calls.append({"messages": messages, **reply.choices[0].model_extra,
-                      "finish_reason": reply.choices[0].finish_reason, "tool_calls": reply.choices[0].message.tool_calls})
+        calls.append(
+            {
+                "messages": messages,
+                **reply.choices[0].model_extra,
+                "finish_reason": reply.choices[0].finish_reason,
+                "tool_calls": reply.choices[0].message.tool_calls,
+            }
+        )
         return reply.choices[0].message
 
     first = ask(question, max_tokens=100, tools=[ADD])

@@ -25,6 +25,7 @@ def setup(tokenizer, limits: EpisodeLimits):
         out.append([5, 6], [-0.1, -0.2], [("3", 0, 2)])
         out.finish_reason = "length"
         return out
+
     episodes.attach(generate, tokenizer, {"temperature": 0.7, "top_p": 1.0, "top_k": -1}, limits, "m")
     app = build_status_app(RoleStatus("rollout"), STACK, [episodes.router()])
     return episodes, calls, TestClient(app)
@@ -32,8 +33,9 @@ def setup(tokenizer, limits: EpisodeLimits):
 
 def ask(http, episode, key, **body):
     body = {"messages": [{"role": "user", "content": "hi"}], **body}
-    return http.post(f"/episodes/{episode.id}/v1/chat/completions", json=body,
-                     headers={"Authorization": f"Bearer {key}"})
+    return http.post(
+        f"/episodes/{episode.id}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    )
 
 
 def test_an_episode_answers_only_to_its_own_key(tokenizer):
@@ -80,6 +82,7 @@ def _answers(tokenizer):
         out.append(ids, [-0.5] * len(ids), [("1", 0, len(ids))])
         out.finish_reason = "stop"
         return out
+
     episodes.attach(generate, tokenizer, {"temperature": 1.0}, EpisodeLimits(), "m")
     http = TestClient(build_status_app(RoleStatus("rollout"), STACK, [episodes.router()]))
     return episodes, http, replies
@@ -95,7 +98,7 @@ def test_n_completions_are_n_turns_and_the_next_call_continues_the_one_sent_back
     chosen = reply["choices"][1]["message"]
     ask(http, ep, ep.key, messages=question + [chosen, {"role": "user", "content": "sure?"}])
     third = ep.turns[2]
-    assert third.prompt_ids[:len(ep.turns[1].prompt_ids) + len(replies[1])] == ep.turns[1].prompt_ids + replies[1]
+    assert third.prompt_ids[: len(ep.turns[1].prompt_ids) + len(replies[1])] == ep.turns[1].prompt_ids + replies[1]
 
 
 def test_a_streamed_call_is_the_whole_answer_in_chunks_for_the_openai_client(tokenizer):
@@ -103,8 +106,11 @@ def test_a_streamed_call_is_the_whole_answer_in_chunks_for_the_openai_client(tok
     ep = episodes.open("a")
     client = openai.OpenAI(base_url=f"http://testserver/episodes/{ep.id}/v1", api_key=ep.key, http_client=http)
     whole = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-    chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True, stream_options={"include_usage": True}
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content == tokenizer.decode(replies[0])
     assert [c.choices[0].finish_reason for c in chunks if c.choices] == [None, "stop"]
@@ -122,6 +128,7 @@ def test_an_answer_with_tool_calls_starts_the_tool_wait_and_the_next_call_ends_i
         out.append(call, [-0.5] * len(call), [("0", 0, len(call))])
         out.finish_reason = "stop"
         return out
+
     episodes.attach(generate, tokenizer, {"temperature": 1.0}, EpisodeLimits(), "m")
     http = TestClient(build_status_app(RoleStatus("rollout"), STACK, [episodes.router()]))
     ep = episodes.open("a")

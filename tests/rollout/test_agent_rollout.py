@@ -54,6 +54,7 @@ class Environment(http.server.ThreadingHTTPServer):
 
             def log_message(self, *args):
                 pass
+
         super().__init__(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -62,17 +63,31 @@ class Environment(http.server.ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}/episode"
 
 
-def run_rollout(model_dir: str, prompts: str, engine_url: str, agent: str, num_steps: int = 2,
-                chains: int = 1) -> InMemoryDataPlane:
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=N, rollout_batch_size=1,
-                    global_batch_size=N * chains, micro_batch_size=N, num_steps=num_steps, max_staleness=8,
-                    rollout={"prompts": prompts, "agent": agent, "temperature": 1e-7, "agent_max_turns": 4,
-                             "agent_chains": chains})
+def run_rollout(
+    model_dir: str, prompts: str, engine_url: str, agent: str, num_steps: int = 2, chains: int = 1
+) -> InMemoryDataPlane:
+    run = RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=N,
+        rollout_batch_size=1,
+        global_batch_size=N * chains,
+        micro_batch_size=N,
+        num_steps=num_steps,
+        max_staleness=8,
+        rollout={"prompts": prompts, "agent": agent, "temperature": 1e-7, "agent_max_turns": 4, "agent_chains": chains},
+    )
     plane, ledger, progress = InMemoryDataPlane(), InMemoryLedger(), ProgressBox()
 
     session = FakeRunSession(run, plane, progress=progress, ledger=ledger)
-    config = RolloutConfig(run_id="default", engine_url=engine_url, register_engines=False, version_poll_s=0.01,
-                           host="127.0.0.1", port=free_port())
+    config = RolloutConfig(
+        run_id="default",
+        engine_url=engine_url,
+        register_engines=False,
+        version_poll_s=0.01,
+        host="127.0.0.1",
+        port=free_port(),
+    )
     config._auth_token = TOKEN  # the stack's token, as SLUICE_AUTH_TOKEN would give it
     status = RoleStatus("rollout")
     service = RolloutService(config, status)
@@ -92,6 +107,7 @@ def run_rollout(model_dir: str, prompts: str, engine_url: str, agent: str, num_s
         finally:
             http_stop.set()
             await http
+
     asyncio.run(main())
     return plane
 
@@ -130,7 +146,7 @@ def test_each_call_continues_the_last_one_token_for_token(episodes, tool_model):
         # ids as the model wrote them), then the template's tokens for what was added
         for before, after in ((turns[0], turns[1]), (turns[2], turns[3])):
             context = before["prompt_token_ids"] + before["token_ids"]
-            assert after["prompt_token_ids"][:len(context)] == context
+            assert after["prompt_token_ids"][: len(context)] == context
         assert "<tool_response>\n5\n</tool_response>" in tok.decode(turns[1]["prompt_token_ids"])
 
 
@@ -145,8 +161,9 @@ def test_the_sample_is_the_last_chain_with_model_tokens_masked_in(episodes):
         assert tokens[:prompt_length] == third["prompt_token_ids"]
         assert tokens == fourth["prompt_token_ids"] + fourth["token_ids"]
         inserted = len(fourth["prompt_token_ids"]) - len(third["prompt_token_ids"]) - len(third["token_ids"])
-        assert row["loss_mask"].tolist() == [1.0] * len(third["token_ids"]) + [0.0] * inserted + \
-            [1.0] * len(fourth["token_ids"])
+        assert row["loss_mask"].tolist() == [1.0] * len(third["token_ids"]) + [0.0] * inserted + [1.0] * len(
+            fourth["token_ids"]
+        )
         assert int(row["response_length"]) == len(tokens) - prompt_length
 
 
@@ -157,7 +174,7 @@ def test_rollout_log_probs_are_the_models_under_teacher_forcing(episodes, tool_m
         tokens, start = row["tokens"], int(row["prompt_length"])
         with torch.no_grad():  # greedy sampling reports log-probs of the raw logits
             logp = torch.log_softmax(model(tokens[None]).logits[0].float(), dim=-1)
-        forced = logp[start - 1:-1].gather(-1, tokens[start:, None])[:, 0]
+        forced = logp[start - 1 : -1].gather(-1, tokens[start:, None])[:, 0]
         mask = row["loss_mask"].bool()
         torch.testing.assert_close(row["rollout_log_probs"][mask], forced[mask], atol=2e-4, rtol=0)
         assert (row["rollout_log_probs"][~mask] == 0).all()
@@ -172,8 +189,9 @@ def test_with_agent_chains_two_each_chain_is_its_own_sample_with_the_episodes_re
     proc, url = start_engine(model_dir, tmp_path, token=TOKEN)
     try:
         scripted_agent.CALLS.clear()
-        plane = run_rollout(model_dir, str(prompts), url, "import:tests.rollout.scripted_agent:agent", num_steps=1,
-                            chains=2)
+        plane = run_rollout(
+            model_dir, str(prompts), url, "import:tests.rollout.scripted_agent:agent", num_steps=1, chains=2
+        )
     finally:
         proc.stop()
     partition = plane.partitions[partition_name("r", 0)]
@@ -185,6 +203,6 @@ def test_with_agent_chains_two_each_chain_is_its_own_sample_with_the_episodes_re
         turns = scripted_agent.CALLS[(int(first["prompt_position"]), k)]
         for row, (a, b) in ((first, turns[:2]), (second, turns[2:])):
             assert row["tokens"].tolist() == b["prompt_token_ids"] + b["token_ids"]
-            assert row["tokens"].tolist()[:int(row["prompt_length"])] == a["prompt_token_ids"]
+            assert row["tokens"].tolist()[: int(row["prompt_length"])] == a["prompt_token_ids"]
             assert float(row["loss_mask"].sum()) == len(a["token_ids"]) + len(b["token_ids"])
         assert float(first["reward"]) == float(second["reward"]) == 1.0

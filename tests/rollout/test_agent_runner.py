@@ -50,8 +50,16 @@ class FakeAgent:
 def run(behaviours: list, retries: int = 1, chains: int = 1, timeout_s: float = 5, tool_timeout_s: float = 5):
     episodes = Episodes()
     agent = FakeAgent(episodes, behaviours)
-    runner = AgentRunner(agent, episodes, "http://127.0.0.1:1", reward=None, timeout_s=timeout_s, retries=retries,
-                         chains_per_episode=chains, tool_timeout_s=tool_timeout_s)
+    runner = AgentRunner(
+        agent,
+        episodes,
+        "http://127.0.0.1:1",
+        reward=None,
+        timeout_s=timeout_s,
+        retries=retries,
+        chains_per_episode=chains,
+        tool_timeout_s=tool_timeout_s,
+    )
     try:
         return asyncio.run(runner.episode(RECORD, 1, "r-3-1")), agent
     finally:

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def _teacher_forced(model, tokens: torch.Tensor, start: int) -> torch.Tensor:
     with torch.no_grad():  # greedy sampling reports log-probs of the raw logits
         logp = torch.log_softmax(model(tokens[None]).logits[0].float(), dim=-1)
-    return logp[start - 1:-1].gather(-1, tokens[start:, None])[:, 0]
+    return logp[start - 1 : -1].gather(-1, tokens[start:, None])[:, 0]
 
 
 def test_each_turn_keeps_the_version_and_log_probs_of_the_weights_that_made_it(tool_model, tmp_path):
@@ -44,18 +44,21 @@ def test_each_turn_keeps_the_version_and_log_probs_of_the_weights_that_made_it(t
         with LocalDCS(token=TOKEN, log_dir=str(tmp_path)) as local, DCSClient(local.url, token=TOKEN) as dcs:
             dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": int(url.rsplit(":", 1)[1])}))
             trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1"))
-            publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", timeout_s=30, receiver_roles=["engine"],
-                                        run_id="default")
+            publisher = WeightPublisher(
+                dcs, trainer.node_id, "127.0.0.1", timeout_s=30, receiver_roles=["engine"], run_id="default"
+            )
             published = []
 
             def publish():  # once both episodes of the group wait before their last call
                 published.append(publisher.publish(new.state_dict().items(), 1).ok)
+
             barrier = threading.Barrier(N, action=publish, timeout=120)
             scripted_agent.CALLS.clear()
             scripted_agent.BEFORE_LAST_CALL[:] = [barrier.wait]
             try:
-                plane = run_rollout(model_dir, str(prompts), url, "import:tests.rollout.scripted_agent:agent",
-                                    num_steps=1)
+                plane = run_rollout(
+                    model_dir, str(prompts), url, "import:tests.rollout.scripted_agent:agent", num_steps=1
+                )
             finally:
                 scripted_agent.BEFORE_LAST_CALL.clear()
                 publisher.close()

@@ -22,13 +22,18 @@ SAMPLINGS = [{"sampling_seed": s, "temperature": 1.0} for s in range(4)]
 
 
 def _groups(pool: EnginePool, first: int, count: int):
-    return [pool.generate_group([1, 2, 3], SAMPLINGS, 16, [f"g{g}-{s}" for s in range(4)])
-            for g in range(first, first + count)]
+    return [
+        pool.generate_group([1, 2, 3], SAMPLINGS, 16, [f"g{g}-{s}" for s in range(4)])
+        for g in range(first, first + count)
+    ]
 
 
 def _complete(done) -> bool:
-    return all(sample.output_ids == [token(s, j) for j in range(sample_length(s))]
-               for group in done for s, sample in enumerate(group))
+    return all(
+        sample.output_ids == [token(s, j) for j in range(sample_length(s))]
+        for group in done
+        for s, sample in enumerate(group)
+    )
 
 
 def test_a_joining_engine_gets_requests_only_once_it_serves_the_newest_weights():

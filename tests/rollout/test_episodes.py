@@ -25,8 +25,8 @@ def test_turns_that_extend_the_context_make_one_chain_with_inserted_tokens_maske
 
 def test_a_rewritten_history_starts_a_new_chain_and_a_branch_rejoins_its_own():
     a = turn([1, 2], [10])
-    rewrite = turn([1, 9], [30])               # the history changed: not a continuation of a
-    back_to_a = turn([1, 2, 10, 7], [11])      # continues a (the earlier chain), not the rewrite
+    rewrite = turn([1, 9], [30])  # the history changed: not a continuation of a
+    back_to_a = turn([1, 2, 10, 7], [11])  # continues a (the earlier chain), not the rewrite
     after_rewrite = turn([1, 9, 30, 8], [31])
     first, second = chains([a, rewrite, back_to_a, after_rewrite])
     assert (first.prompt_ids, first.response_ids, first.loss_mask) == ([1, 2], [10, 7, 11], [1, 0, 1])

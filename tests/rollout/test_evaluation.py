@@ -27,16 +27,21 @@ def eval_prompts(tmp_path):
 
 def eval_run(model_dir, prompts, eval_prompts, num_steps: int = 4, **eval_settings) -> RunConfig:
     run = make_run(model_dir, prompts, num_steps=num_steps, max_staleness=1)
-    settings = {"prompts": eval_prompts, "every_n_versions": 2, "n_samples": 3, "pass_threshold": 15.0,
-                **eval_settings}
+    settings = {"prompts": eval_prompts, "every_n_versions": 2, "n_samples": 3, "pass_threshold": 15.0, **eval_settings}
     return RunConfig.model_validate({**run.model_dump(), "eval": settings})
 
 
 def evaluator(run: RunConfig, engines: FakeEngines, store: InMemoryEvaluations, tokenizer) -> Evaluator:
     pool = EnginePool(["http://engine-0:1"], client=engines.client)
-    return Evaluator(run, pool, build_reward(run.rollout.reward), store,
-                     lambda prompt: tokenizer.encode(prompt, add_special_tokens=False),
-                     lambda ids: tokenizer.decode(ids, skip_special_tokens=True), lambda: False)
+    return Evaluator(
+        run,
+        pool,
+        build_reward(run.rollout.reward),
+        store,
+        lambda prompt: tokenizer.encode(prompt, add_special_tokens=False),
+        lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        lambda: False,
+    )
 
 
 def test_a_run_with_eval_records_the_baseline_and_the_last_version(model_dir, prompts, eval_prompts):
@@ -82,6 +87,7 @@ def test_a_greedy_eval_of_the_same_weights_gives_the_same_result(model_dir, prom
 
     async def twice():
         return await e.evaluate(0), await e.evaluate(0)
+
     first, second = asyncio.run(twice())
     assert (first.mean_reward, first.pass_at_k) == (second.mean_reward, second.pass_at_k)
     half = len(engines.requests) // 2
@@ -106,6 +112,7 @@ def test_a_failed_eval_is_tried_again_when_the_version_moves(model_dir, prompts,
             await asyncio.sleep(0.01)
         loop.cancel()
         watcher.cancel()
+
     asyncio.run(asyncio.wait_for(scenario(), 30))
     assert list(store.recorded) == [1]
 
@@ -125,5 +132,6 @@ def test_evaluations_that_cannot_be_read_back_do_not_stop_the_eval(model_dir, pr
             assert not loop.done()
             await asyncio.sleep(0.01)
         loop.cancel()
+
     asyncio.run(asyncio.wait_for(scenario(), 30))
     assert list(store.recorded) == [0]

@@ -23,6 +23,7 @@ def row(prompt="What is 6 x 7?", **fields) -> PromptRecord:
 
 # ------------------------------------------------------------------------------------- the template
 
+
 def test_template_fills_prompt_response_and_fields():
     template = "Q: {prompt}\nA: {response}\nExpected {label} ({difficulty}, {tags}). {{not a field}}"
     text = render_prompt(template, row(label="42", difficulty=2, tags=["x", "y"]), "It is 42")
@@ -43,15 +44,18 @@ def test_a_field_the_row_lacks_is_a_reward_failure_naming_it():
         render_prompt("{response} vs {label}", row(other=1), "x")
 
 
-@pytest.mark.parametrize("template, message", [
-    ("Rate this.", "must hold {response}"),
-    ("{response} {label.upper}", r"placeholder \{label.upper\} must be a plain name"),
-    ("{response} {fields[0]}", "must be a plain name"),
-    ("{response!r}", r"placeholder \{response!r\}"),
-    ("{response:>10}", r"placeholder \{response:>10\}"),
-    ("{response} {}", "must be a plain name"),
-    ("{response} }", "not a valid template"),
-])
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("Rate this.", "must hold {response}"),
+        ("{response} {label.upper}", r"placeholder \{label.upper\} must be a plain name"),
+        ("{response} {fields[0]}", "must be a plain name"),
+        ("{response!r}", r"placeholder \{response!r\}"),
+        ("{response:>10}", r"placeholder \{response:>10\}"),
+        ("{response} {}", "must be a plain name"),
+        ("{response} }", "not a valid template"),
+    ],
+)
 def test_bad_templates_are_refused_with_the_config(template, message):
     with pytest.raises(ValidationError, match=message):
         JudgeSettings(template=template)
@@ -59,47 +63,70 @@ def test_bad_templates_are_refused_with_the_config(template, message):
 
 # ------------------------------------------------------------------------------------- the parser
 
-@pytest.mark.parametrize("answer, expected", [
-    ("Yes, it is right.", 1.0), (" no.", 0.0), ("NO", 0.0), ("yes or no? no", 1.0),  # the first one counts
-    ("Nope, yesterday", None), ("", None), ("The answer is correct", None),
-])
+
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        ("Yes, it is right.", 1.0),
+        (" no.", 0.0),
+        ("NO", 0.0),
+        ("yes or no? no", 1.0),  # the first one counts
+        ("Nope, yesterday", None),
+        ("", None),
+        ("The answer is correct", None),
+    ],
+)
 def test_yes_no(answer, expected):
     assert parse_answer(answer, "yes_no") == expected
 
 
-@pytest.mark.parametrize("answer, parser, expected", [
-    ("Score: 7/10", r"regex:Score:\s*(\d+)", 7.0),
-    ("Score: 7/10 and Score: 2", r"regex:Score:\s*(\d+)", 7.0),     # the first match
-    ("rating -0.5", r"regex:rating (\S+)", -0.5),
-    ("3/4", r"regex:\d+/\d+", 0.75),                                 # no group: the whole match
-    ("Score: none", r"regex:Score:\s*(\w+)", None),                  # the group is not a number
-    ("no score here", r"regex:Score:\s*(\d+)", None),
-    ("grade A", r"regex:(\d+)?\s*A", None),                          # the group did not take part
-])
+@pytest.mark.parametrize(
+    "answer, parser, expected",
+    [
+        ("Score: 7/10", r"regex:Score:\s*(\d+)", 7.0),
+        ("Score: 7/10 and Score: 2", r"regex:Score:\s*(\d+)", 7.0),  # the first match
+        ("rating -0.5", r"regex:rating (\S+)", -0.5),
+        ("3/4", r"regex:\d+/\d+", 0.75),  # no group: the whole match
+        ("Score: none", r"regex:Score:\s*(\w+)", None),  # the group is not a number
+        ("no score here", r"regex:Score:\s*(\d+)", None),
+        ("grade A", r"regex:(\d+)?\s*A", None),  # the group did not take part
+    ],
+)
 def test_regex(answer, parser, expected):
     assert parse_answer(answer, parser) == expected
 
 
-@pytest.mark.parametrize("parser, message", [
-    ("likert", "yes_no or regex:PATTERN"),
-    ("regex:(", "not a valid regular expression"),
-    (r"regex:(\d+)/(\d+)", "2 capturing groups"),
-])
+@pytest.mark.parametrize(
+    "parser, message",
+    [
+        ("likert", "yes_no or regex:PATTERN"),
+        ("regex:(", "not a valid regular expression"),
+        (r"regex:(\d+)/(\d+)", "2 capturing groups"),
+    ],
+)
 def test_bad_parsers_are_refused_with_the_config(parser, message):
     with pytest.raises(ValidationError, match=message):
         JudgeSettings(parser=parser)
 
 
-@pytest.mark.parametrize("spec, problem", [
-    ("model:http://judge:30000", None), ("model:judge", None), ("model:judge-2.b", None),
-    ("model:http://", "names no host"), ("model:", "expected model:http"), ("model:a b", "expected model:http"),
-])
+@pytest.mark.parametrize(
+    "spec, problem",
+    [
+        ("model:http://judge:30000", None),
+        ("model:judge", None),
+        ("model:judge-2.b", None),
+        ("model:http://", "names no host"),
+        ("model:", "expected model:http"),
+        ("model:a b", "expected model:http"),
+    ],
+)
 def test_reward_spec_forms(spec, problem):
     found = check_reward_spec(spec, "data.jsonl")
     assert found == problem if problem is None else problem in found
 
 
 # ------------------------------------------------------------------------------------- against an engine
+
 
 class ScriptedJudge:
     """An in-memory judge engine client: answers (or raises) from a script, one entry per request."""
@@ -131,9 +158,16 @@ class ScriptedJudge:
 
 def judge(script, **settings) -> tuple[JudgeReward, ScriptedJudge]:
     client = ScriptedJudge(script)
-    reward = build_reward("model:judge", judge=JudgeSettings(template="{response} ok?", **settings),
-                          judge_urls={"judge": "http://judge:1"}, engine_key="stack-token", judge_client=client,
-                          timeout_s=5, retries=2, token="third-party")
+    reward = build_reward(
+        "model:judge",
+        judge=JudgeSettings(template="{response} ok?", **settings),
+        judge_urls={"judge": "http://judge:1"},
+        engine_key="stack-token",
+        judge_client=client,
+        timeout_s=5,
+        retries=2,
+        token="third-party",
+    )
     reward.backoff_s = 0.001
     return reward, client
 
@@ -200,6 +234,7 @@ def test_an_unnamed_judge_is_refused_naming_the_flag():
 
 # ------------------------------------------------------------------------------------- in the rollout role
 
+
 class ParityJudge(ScriptedJudge):
     """Judges by the response's length: "yes" when even; the template puts the response between [ and ]."""
 
@@ -208,7 +243,7 @@ class ParityJudge(ScriptedJudge):
 
     async def generate_text(self, text, sampling_params):
         self.requests.append((text, sampling_params))
-        response = text[text.index("[") + 1:text.rindex("]")]
+        response = text[text.index("[") + 1 : text.rindex("]")]
         return " Yes" if len(response) % 2 == 0 else " no, wrong"
 
 
@@ -229,7 +264,9 @@ def test_the_rollout_writes_the_judges_verdicts_as_rewards(model_dir, prompts, t
             text = tokenizer.decode(expected_response(position, k)[1], skip_special_tokens=True)
             verdicts.add(float(row["reward"]))
             assert float(row["reward"]) == (1.0 if len(text) % 2 == 0 else 0.0)
-            assert (f"{PROMPTS[position % len(PROMPTS)]} -> [{text}] label {position % len(PROMPTS)}?",
-                    {"max_new_tokens": 16, "temperature": 0.0}) in client.requests
+            assert (
+                f"{PROMPTS[position % len(PROMPTS)]} -> [{text}] label {position % len(PROMPTS)}?",
+                {"max_new_tokens": 16, "temperature": 0.0},
+            ) in client.requests
     assert verdicts == {0.0, 1.0}  # the judge told samples apart
     assert len(client.requests) == len(groups) * N and client.url == "http://judge:9" and client.closed

@@ -14,8 +14,9 @@ MAX_NEW = 5
 def test_cut_off_samples_are_punished_by_length_and_masked_out(model_dir, prompts, tokenizer):
     run = make_run(model_dir, prompts, num_steps=2, max_staleness=1)
     shaping = RewardShaping(overlong={"buffer": 2, "penalty": 1.0}, overlong_filter=True)
-    run = run.model_copy(update={"rollout": run.rollout.model_copy(update={"max_new_tokens": MAX_NEW}),
-                                 "reward_shaping": shaping})
+    run = run.model_copy(
+        update={"rollout": run.rollout.model_copy(update={"max_new_tokens": MAX_NEW}), "reward_shaping": shaping}
+    )
     r = Rollout(run).go()
     seen_cut = seen_whole = 0
     for position, rows in r.groups().items():
@@ -36,4 +37,5 @@ def test_cut_off_samples_are_punished_by_length_and_masked_out(model_dir, prompt
 
 def pytest_approx(value: float):
     import pytest
+
     return pytest.approx(value, abs=1e-5)

@@ -45,14 +45,22 @@ def test_aborted_request_resumes_under_new_weights_with_both_spans(tiny_model_di
         with LocalDCS(log_dir=str(tmp_path)) as local, DCSClient(local.url) as dcs:
             dcs.register(NodeRegistration(role="engine", host="127.0.0.1", ports={"http": int(url.rsplit(":", 1)[1])}))
             trainer = dcs.register(NodeRegistration(role="trainer", host="127.0.0.1"))
-            publisher = WeightPublisher(dcs, trainer.node_id, "127.0.0.1", timeout_s=30, receiver_roles=["engine"],
-                                        pause_mode="abort", run_id="default")
+            publisher = WeightPublisher(
+                dcs,
+                trainer.node_id,
+                "127.0.0.1",
+                timeout_s=30,
+                receiver_roles=["engine"],
+                pause_mode="abort",
+                run_id="default",
+            )
             pool = EnginePool([url])
             result = {}
 
             def generate():
-                result["sample"] = asyncio.run(pool.generate(
-                    prompt, {"temperature": 0, "ignore_eos": True}, max_new_tokens=N, rid="partial"))
+                result["sample"] = asyncio.run(
+                    pool.generate(prompt, {"temperature": 0, "ignore_eos": True}, max_new_tokens=N, rid="partial")
+                )
 
             worker = threading.Thread(target=generate)
             worker.start()

@@ -91,7 +91,11 @@ def test_skip_group_replaces_the_prompt_and_keeps_every_position_once(model_dir,
     groups = r.groups()
     assert sorted(groups) == [0, 2, 3, 5]
     assert {p: rows[0]["partition"] for p, rows in groups.items()} == {
-        0: partition_name("r", 0), 5: partition_name("r", 0), 2: partition_name("r", 1), 3: partition_name("r", 1)}
+        0: partition_name("r", 0),
+        5: partition_name("r", 0),
+        2: partition_name("r", 1),
+        3: partition_name("r", 1),
+    }
     trained = {(p, int(row["sample_index"])) for p, rows in groups.items() for row in rows}
     assert len(trained) == sum(len(rows) for rows in groups.values()) == 4 * N  # no sample twice
     # exactly once: every position below slots + spares used is trained or skipped, never both

@@ -40,29 +40,29 @@ async def score(spec: str, record: PromptRecord, response: str, **kwargs) -> flo
 MATH_CASES = [
     # (response, label, reward)
     (r"so the answer is \boxed{42}", "42", 1.0),
-    (r"\boxed{41} no wait, \boxed{42}", "42", 1.0),               # the last box counts
+    (r"\boxed{41} no wait, \boxed{42}", "42", 1.0),  # the last box counts
     (r"\boxed{42} no wait, \boxed{41}", "42", 0.0),
     (r"\boxed{1,000}", "1000", 1.0),
     (r"\boxed{1,000}", "1,000", 1.0),
-    (r"\boxed{\frac{1}{2}}", "0.5", 1.0),                         # nested braces
+    (r"\boxed{\frac{1}{2}}", "0.5", 1.0),  # nested braces
     (r"\boxed{\dfrac{7}{2}}", "7/2", 1.0),
     (r"\boxed{-\frac{3}{4}}", "-0.75", 1.0),
     (r"\boxed{x = 5}", "5", 1.0),
     (r"\boxed{\$3.50}", "3.5", 1.0),
     (r"\boxed{{12}}", "12", 1.0),
-    (r"I think \boxed{12} ... then \boxed{13", "12", 1.0),       # a box cut off mid-way is skipped
+    (r"I think \boxed{12} ... then \boxed{13", "12", 1.0),  # a box cut off mid-way is skipped
     ("It costs $3.50.", "3.5", 1.0),
     ("It costs $3.50.", "$3.50", 1.0),
     ("7/2", "3.5", 1.0),
     ("half of 7 is 7/2", "3.5", 1.0),
-    ("3 apples, then 5 more: 8", "8", 1.0),                        # the last number
+    ("3 apples, then 5 more: 8", "8", 1.0),  # the last number
     ("3 apples, then 5 more: 8", "5", 0.0),
     ("We get 2,500,000 in total.", "2500000", 1.0),
     ("x = -12", "-12", 1.0),
     ("10-3=7", "7", 1.0),
     ("0.50", ".5", 1.0),
     ("42.0", "42", 1.0),
-    ("forty-two", "42", 0.0),                                      # no number at all
+    ("forty-two", "42", 0.0),  # no number at all
     ("", "42", 0.0),
     ("1/0", "1", 0.0),
 ]
@@ -74,7 +74,7 @@ async def test_math_answer(response, label, expected):
 
 
 async def test_math_answer_labels():
-    assert await score("math_answer", row(42), r"\boxed{42}") == 1.0          # a JSON number label
+    assert await score("math_answer", row(42), r"\boxed{42}") == 1.0  # a JSON number label
     assert await score("math_answer", row(answer="7"), "7", label_field="answer") == 1.0
     with pytest.raises(RewardError, match="math_answer: the label 'seven' is not a number"):
         await score("math_answer", row("seven"), "7")
@@ -82,13 +82,16 @@ async def test_math_answer_labels():
         await score("math_answer", row(answer="7"), "7")
 
 
-@pytest.mark.parametrize("response, label, expected", [
-    ("Paris", "Paris", 1.0),
-    ("  Paris\n", " Paris ", 1.0),
-    ("paris", "Paris", 0.0),
-    ("Paris.", "Paris", 0.0),
-    ("4", 4, 1.0),
-])
+@pytest.mark.parametrize(
+    "response, label, expected",
+    [
+        ("Paris", "Paris", 1.0),
+        ("  Paris\n", " Paris ", 1.0),
+        ("paris", "Paris", 0.0),
+        ("Paris.", "Paris", 0.0),
+        ("4", 4, 1.0),
+    ],
+)
 async def test_exact_match(response, label, expected):
     assert await score("exact_match", row(label), response) == expected
 
@@ -102,14 +105,17 @@ async def test_arith_verifies_the_demo_task():
         assert await reward.score(record, rf"\boxed{{{int(record.fields['label']) + 1}}}") == 0.0
 
 
-@pytest.mark.parametrize("response, expected", [
-    ("ace", 1.0),
-    ("Ace!", 1.0),            # case and punctuation do not count
-    ("axe", 2 / 3),
-    ("xyz", 0.0),
-    ("123 ...", 0.0),         # no letters
-    ("", 0.0),
-])
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("ace", 1.0),
+        ("Ace!", 1.0),  # case and punctuation do not count
+        ("axe", 2 / 3),
+        ("xyz", 0.0),
+        ("123 ...", 0.0),  # no letters
+        ("", 0.0),
+    ],
+)
 async def test_letters(response, expected):
     assert await score("letters", row(letters="abcde"), response) == pytest.approx(expected)
 
@@ -130,14 +136,18 @@ async def test_letters_reward_varies_for_random_text():
 def test_build_reward_refuses_unknown_specs():
     assert set(BUILTIN_REWARDS) == {"exact_match", "math_answer", "arith", "letters"}
     for bad in ("exact", "ftp://host/score", "", "import"):
-        with pytest.raises(ValueError, match=r"expected a built-in name \(arith, exact_match, letters, "
-                                             r"math_answer\), import:module.path:function, an http:// or "
-                                             r"https:// URL, or model:"):
+        with pytest.raises(
+            ValueError,
+            match=r"expected a built-in name \(arith, exact_match, letters, "
+            r"math_answer\), import:module.path:function, an http:// or "
+            r"https:// URL, or model:",
+        ):
             build_reward(bad)
     assert isinstance(build_reward("letters"), RewardFunction)
 
 
 # ------------------------------------------------------------------------------------- import path
+
 
 async def test_imported_sync_function_runs_in_a_worker_thread():
     record = row("42")
@@ -158,8 +168,11 @@ async def test_imported_async_function():
 
 
 async def test_imported_function_errors_name_the_function():
-    with pytest.raises(RewardError, match=r"reward function import:tests.rollout.reward_fixtures:wrong_type "
-                                          r"returned str \('high'\), expected a number"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward function import:tests.rollout.reward_fixtures:wrong_type "
+        r"returned str \('high'\), expected a number",
+    ):
         await score(f"{FIXTURES}:wrong_type", row("1"), "x")
     with pytest.raises(RewardError, match="not_finite returned nan, expected a finite number"):
         await score(f"{FIXTURES}:not_finite", row("1"), "x")
@@ -175,13 +188,16 @@ async def test_an_imported_function_past_its_time_limit_is_a_timeout():
     assert await score(f"{FIXTURES}:prompt_length", row(prompt="x" * 25), "", timeout_s=5) == 0.25  # in time
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("import:tests.rollout.reward_fixtures", "must look like module.path:function"),
-    ("import:tests.rollout.no_such_module:f", "cannot import module 'tests.rollout.no_such_module'"),
-    (f"{FIXTURES}:missing", "has no attribute 'missing'"),
-    (f"{FIXTURES}:NOT_A_FUNCTION", "'NOT_A_FUNCTION' is a int, not a function"),
-    (f"{FIXTURES}:two_args", "the function must take (response, fields, prompt)"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("import:tests.rollout.reward_fixtures", "must look like module.path:function"),
+        ("import:tests.rollout.no_such_module:f", "cannot import module 'tests.rollout.no_such_module'"),
+        (f"{FIXTURES}:missing", "has no attribute 'missing'"),
+        (f"{FIXTURES}:NOT_A_FUNCTION", "'NOT_A_FUNCTION' is a int, not a function"),
+        (f"{FIXTURES}:two_args", "the function must take (response, fields, prompt)"),
+    ],
+)
 def test_bad_import_paths_are_refused_when_built(spec, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         build_reward(spec)
@@ -189,12 +205,14 @@ def test_bad_import_paths_are_refused_when_built(spec, message):
 
 # ------------------------------------------------------------------------------------- remote HTTP
 
+
 @pytest.fixture(scope="module")
 def reward_server(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("reward-server") / "server.log"
-    proc = ChildProcess("reward-server", [sys.executable, "-m", "tests.rollout.reward_server", "--port", str(port)],
-                        str(log))
+    proc = ChildProcess(
+        "reward-server", [sys.executable, "-m", "tests.rollout.reward_server", "--port", str(port)], str(log)
+    )
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/health"), 30)
     yield url

@@ -34,15 +34,18 @@ def test_writes_every_group_once_with_the_fields_of_its_samples(model_dir, promp
             assert row["loss_mask"].tolist() == [1.0] * len(response)
             assert int(row["weight_version"]) == version
             assert row["token_weight_versions"].tolist() == [version] * len(response)
-            torch.testing.assert_close(row["rollout_log_probs"],
-                                       torch.tensor([log_prob(version, j) for j in range(len(response))]))
+            torch.testing.assert_close(
+                row["rollout_log_probs"], torch.tensor([log_prob(version, j) for j in range(len(response))])
+            )
             text = tokenizer.decode(response, skip_special_tokens=True)
             assert float(row["reward"]) == pytest.approx(position % len(PROMPTS) + len(text) / 1000)
     assert all(r.sealed(step) for step in range(2))
     # one request per group: its samples together, each the group's prompt
     assert sorted(int(q.rids[0].split("-")[1]) for q in r.engines.requests) == [0, 1, 2, 3]
-    assert all(q.inputs == [q.inputs[0]] * N and len({rid.rsplit("-", 1)[0] for rid in q.rids}) == 1
-               for q in r.engines.requests)
+    assert all(
+        q.inputs == [q.inputs[0]] * N and len({rid.rsplit("-", 1)[0] for rid in q.rids}) == 1
+        for q in r.engines.requests
+    )
     assert (r.ledger.frontier, r.ledger.written, sorted(r.ledger.marks)) == (4, set(), [0, 1, 2, 3])
     membership = r.memberships[0]
     assert membership.registration.role == "rollout" and sorted(membership.steps) == [0, 0, 1, 1]
@@ -79,15 +82,18 @@ def test_a_weight_update_mid_generation_resumes_the_samples_under_the_new_versio
         assert row["tokens"].tolist() == prompt + response
         assert int(row["weight_version"]) == 0  # the version its generation began under
         assert row["token_weight_versions"].tolist() == [0, 0] + [1] * (len(response) - 2)
-        torch.testing.assert_close(row["rollout_log_probs"], torch.tensor(
-            [log_prob(0, 0), log_prob(0, 1)] + [log_prob(1, j) for j in range(2, len(response))]))
+        torch.testing.assert_close(
+            row["rollout_log_probs"],
+            torch.tensor([log_prob(0, 0), log_prob(0, 1)] + [log_prob(1, j) for j in range(2, len(response))]),
+        )
     assert r.pools[0].resubmits == N
 
 
 def test_a_restarted_rollout_neither_skips_nor_repeats_a_group(model_dir, prompts):
     """The previous rollout wrote groups 0 and 1 of step 0 but died before marking group 1 in the ledger."""
-    r = Rollout(make_run(model_dir, prompts, num_steps=2, max_staleness=1), ledger=InMemoryLedger(frontier=1,
-                                                                                                 steps={0: {0}}))
+    r = Rollout(
+        make_run(model_dir, prompts, num_steps=2, max_staleness=1), ledger=InMemoryLedger(frontier=1, steps={0: {0}})
+    )
     r.plane.create_partition("r/train_0", group_size=N)
     for position in (0, 1):
         r.plane.put("r/train_0", {"prompt_position": torch.tensor([position] * N), "sample_index": torch.arange(N)})
@@ -121,6 +127,7 @@ def test_groups_lost_before_the_trainer_consumed_them_are_generated_again(model_
                     await asyncio.sleep(0.005)
             r.engines.set_version(step + 1)
             r.progress.value = TrainerProgress(next_step=step + 1, version=step + 1)
+
     r.play_trainer = trainer
     r.go()
 
@@ -156,12 +163,13 @@ def test_groups_lost_under_the_trainers_lease_are_generated_again_only_if_it_giv
                 r.plane.ack(r.plane.claim(name, actor, 2 * N))
             r.engines.set_version(step + 1)
             r.progress.value = TrainerProgress(next_step=step + 1, version=step + 1)
+
     r.play_trainer = trainer
     r.go()
 
     assert len(r.plane.partitions[partition_name("r", 0)].rows) == 2 * N and r.sealed(0)
     second = r.plane.partitions[partition_name("r", 1)]
     positions = [int(row["prompt_position"]) for row in second.rows]
-    assert len(positions) == 3 * N and positions[2 * N:] == [positions[N]] * N  # group 1, written again
+    assert len(positions) == 3 * N and positions[2 * N :] == [positions[N]] * N  # group 1, written again
     trained = sorted(positions[row] for row in r.plane.acked_rows(partition_name("r", 1), actor))
     assert trained == sorted([positions[0]] * N + [positions[N]] * N)  # each slot's group trained once

@@ -58,6 +58,7 @@ def test_a_steps_means_per_source_read_back(redis_url):
         await store.add(3, "code:python", [0.5, 0.5])  # a ':' in the source name is kept
         await store.add(4, "x" * 500, [0.25])
         await client.aclose()
+
     asyncio.run(write())
     with redis.Redis.from_url(redis_url) as client:  # bytes replies read the same
         assert read_source_rewards(client, "src-test", 3) == {"code:python": 0.5, "math": 0.75}

@@ -55,9 +55,15 @@ def test_a_sound_config_has_no_problems(model_dir, tmp_path):
     assert check_run(run(model_dir, reward="https://judge.example/score")) == []
 
 
-@pytest.mark.parametrize("missing, named", [("config.json", "config.json"), ("model.safetensors", "weights"),
-                                            ("tokenizer_config.json", "tokenizer_config.json"),
-                                            ("tokenizer.json", "tokenizer.json")])
+@pytest.mark.parametrize(
+    "missing, named",
+    [
+        ("config.json", "config.json"),
+        ("model.safetensors", "weights"),
+        ("tokenizer_config.json", "tokenizer_config.json"),
+        ("tokenizer.json", "tokenizer.json"),
+    ],
+)
 def test_a_missing_model_file_is_named(model_dir, missing, named):
     (model_dir / missing).unlink()
     problems = check_run(run(model_dir))
@@ -87,19 +93,29 @@ def test_each_role_checks_what_it_reads(model_dir):
     assert keys(check_run(config)) == ["model", "rollout.reward"]  # the CLI: everything
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("demo:nope", "unknown demo task 'demo:nope'"), ("prompts.csv", "must be a .jsonl or .parquet file"),
-    ("{tmp}/missing.jsonl", "does not exist"), ("{tmp}", "must be a .jsonl"),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("demo:nope", "unknown demo task 'demo:nope'"),
+        ("prompts.csv", "must be a .jsonl or .parquet file"),
+        ("{tmp}/missing.jsonl", "does not exist"),
+        ("{tmp}", "must be a .jsonl"),
+    ],
+)
 def test_prompt_sources_that_cannot_be_read(model_dir, tmp_path, spec, expected):
     problems = check_run(run(model_dir, prompts=spec.format(tmp=tmp_path), reward="exact_match"))
     assert keys(problems) == ["rollout.prompts"] and expected in problems[0].message
 
 
-@pytest.mark.parametrize("text, expected", [
-    ('{"question": "2+2?"}\n', "no 'prompt' field"), ("not json\n", "line 1: not valid JSON"),
-    ("[1, 2]\n", "expected a JSON object, got list"), ("\n\n", "holds no rows"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{"question": "2+2?"}\n', "no 'prompt' field"),
+        ("not json\n", "line 1: not valid JSON"),
+        ("[1, 2]\n", "expected a JSON object, got list"),
+        ("\n\n", "holds no rows"),
+    ],
+)
 def test_a_jsonl_whose_first_row_is_unusable(model_dir, tmp_path, text, expected):
     path = tmp_path / "p.jsonl"
     path.write_text(text)
@@ -137,15 +153,19 @@ def test_eval_prompts_are_checked_too(model_dir, tmp_path):
     assert keys(problems) == ["eval.prompts"] and "does not exist" in problems[0].message
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("import:no_such_module_zz:score", "cannot import module 'no_such_module_zz'"),
-    ("import:tests.rollout.reward_fixtures:missing", "has no attribute 'missing'"),
-    ("import:tests.rollout.reward_fixtures:NOT_A_FUNCTION", "not a function"),
-    ("import:tests.rollout.reward_fixtures:two_args", "must take (response, fields, prompt)"),
-    ("import:tests.run_contract.broken_reward_module:f", "RuntimeError: this module cannot be imported"),
-    ("import:no_colon", "must look like module.path:function"),
-    ("http://", "names no host"), ("gpt-judge", "unknown reward spec 'gpt-judge'"),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("import:no_such_module_zz:score", "cannot import module 'no_such_module_zz'"),
+        ("import:tests.rollout.reward_fixtures:missing", "has no attribute 'missing'"),
+        ("import:tests.rollout.reward_fixtures:NOT_A_FUNCTION", "not a function"),
+        ("import:tests.rollout.reward_fixtures:two_args", "must take (response, fields, prompt)"),
+        ("import:tests.run_contract.broken_reward_module:f", "RuntimeError: this module cannot be imported"),
+        ("import:no_colon", "must look like module.path:function"),
+        ("http://", "names no host"),
+        ("gpt-judge", "unknown reward spec 'gpt-judge'"),
+    ],
+)
 def test_reward_specs_that_do_not_resolve(model_dir, spec, expected):
     problems = check_run(run(model_dir, reward=spec))
     assert keys(problems) == ["rollout.reward"] and expected in problems[0].message

@@ -31,10 +31,14 @@ def numbered_jsonl(tmp_path, n: int) -> str:
 
 
 def test_jsonl_rows_text_and_chat_prompts_and_other_fields(tmp_path):
-    spec = write_jsonl(tmp_path / "train.jsonl", [
-        {"prompt": "What is 2 + 2?", "label": "4", "meta": {"source": "a", "tags": [1, 2]}},
-        {"prompt": CHAT, "label": "hi"},
-    ], blank_lines=True)
+    spec = write_jsonl(
+        tmp_path / "train.jsonl",
+        [
+            {"prompt": "What is 2 + 2?", "label": "4", "meta": {"source": "a", "tags": [1, 2]}},
+            {"prompt": CHAT, "label": "hi"},
+        ],
+        blank_lines=True,
+    )
     source = open_prompt_source(spec)
     assert len(source) == 2 and source.name == spec
     first, second = source.record(0), source.record(1)
@@ -52,13 +56,16 @@ def test_jsonl_custom_prompt_field(tmp_path):
     assert record.prompt == "Why?" and record.fields == {"prompt": "not the prompt"}
 
 
-@pytest.mark.parametrize("bad_line, message", [
-    ('["a list"]', "line 3: expected a JSON object, got list"),
-    ('{"text": "no prompt"}', "line 3: no 'prompt' field (fields: ['text'])"),
-    ('{"prompt": "unterminated', "line 3: not valid JSON"),
-    ('{"prompt": 42}', "line 3, field 'prompt': the prompt must be a string or a non-empty list of chat messages"),
-    ('{"prompt": [{"role": "user"}]}', "line 3, field 'prompt'"),
-])
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        ('["a list"]', "line 3: expected a JSON object, got list"),
+        ('{"text": "no prompt"}', "line 3: no 'prompt' field (fields: ['text'])"),
+        ('{"prompt": "unterminated', "line 3: not valid JSON"),
+        ('{"prompt": 42}', "line 3, field 'prompt': the prompt must be a string or a non-empty list of chat messages"),
+        ('{"prompt": [{"role": "user"}]}', "line 3, field 'prompt'"),
+    ],
+)
 def test_jsonl_bad_lines_are_named_by_file_and_line(tmp_path, bad_line, message):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "ok"}\n\n' + bad_line + "\n")  # line 2 is blank: line numbers count it
@@ -82,12 +89,14 @@ def test_empty_sources_and_unknown_specs_are_refused(tmp_path):
 
 
 def test_parquet_rows_with_chat_prompts(tmp_path):
-    table = pa.table({
-        "prompt": pa.array([CHAT, [{"role": "user", "content": "Count to 3."}]]),
-        "label": ["hi", "1 2 3"],
-        "difficulty": [0.5, None],
-        "tags": [["greeting"], []],
-    })
+    table = pa.table(
+        {
+            "prompt": pa.array([CHAT, [{"role": "user", "content": "Count to 3."}]]),
+            "label": ["hi", "1 2 3"],
+            "difficulty": [0.5, None],
+            "tags": [["greeting"], []],
+        }
+    )
     pq.write_table(table, tmp_path / "train.parquet")
     source = open_prompt_source(str(tmp_path / "train.parquet"))
     assert len(source) == 2
@@ -167,7 +176,9 @@ def test_demo_arith_is_deterministic_and_labelled():
         assert record.fields == {"label": str(x + y)}
     assert len({a.record(p).prompt for p in range(50)}) > 40  # rows differ
     shuffled = open_prompt_source("demo:arith", shuffle_seed=3)
-    assert shuffled.record(5).index != 5 and shuffled.record(5) == open_prompt_source("demo:arith", shuffle_seed=3).record(5)
+    assert shuffled.record(5).index != 5 and shuffled.record(5) == open_prompt_source(
+        "demo:arith", shuffle_seed=3
+    ).record(5)
 
 
 def test_demo_letters_is_deterministic():

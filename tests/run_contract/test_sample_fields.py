@@ -15,13 +15,24 @@ from services.rollout.engine_pool import SampleOutput
 from services.rollout.episodes import Turn, chains, episode_columns
 from services.rollout.sample_columns import group_columns
 from services.run_contract.run_config import RunConfig
-from services.run_contract.sample_fields import (BY_NAME, FIELDS, ROLLOUT_FIELDS, column_problems, consumers,
-                                                 fields_table, producers, writes, written_fields)
+from services.run_contract.sample_fields import (
+    BY_NAME,
+    FIELDS,
+    ROLLOUT_FIELDS,
+    column_problems,
+    consumers,
+    fields_table,
+    producers,
+    writes,
+    written_fields,
+)
 from services.role.role_service import RoleStatus
 from services.transferqueue.codec import Batch
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "services.md"
-SIZES = dict(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4, micro_batch_size=2)
+SIZES = dict(
+    name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4, micro_batch_size=2
+)
 CONFIGS = {
     "grpo": {},
     "ppo with critic": {"estimator": "ppo"},
@@ -35,8 +46,10 @@ CONFIGS = {
 
 
 def _samples() -> list[SampleOutput]:
-    return [SampleOutput([7, 8, 9], [-0.1, -0.2, -0.3], [(2, 0, 1), (3, 1, 3)], "stop"),
-            SampleOutput([5], [-1.0], [(3, 0, 1)], "length")]
+    return [
+        SampleOutput([7, 8, 9], [-0.1, -0.2, -0.3], [(2, 0, 1), (3, 1, 3)], "stop"),
+        SampleOutput([5], [-1.0], [(3, 0, 1)], "length"),
+    ]
 
 
 def test_a_plain_groups_columns_are_exactly_the_rollout_set_as_declared():
@@ -103,14 +116,24 @@ def test_each_optional_role_produces_and_is_read_only_in_the_runs_that_use_it():
 def test_the_advantage_role_writes_exactly_its_registry_set():
     run = RunConfig(**SIZES, algorithm={"estimator": "ppo"})
     lengths = [3, 1, 2, 2]
-    batch = Batch("r/train_0", [0, 1, 2, 3], {
-        "reward": torch.tensor([1.0, 0.0, 0.5, 0.0]), "response_length": torch.tensor(lengths),
-        "loss_mask": [torch.ones(n) for n in lengths], "values": [torch.zeros(n) for n in lengths]})
+    batch = Batch(
+        "r/train_0",
+        [0, 1, 2, 3],
+        {
+            "reward": torch.tensor([1.0, 0.0, 0.5, 0.0]),
+            "response_length": torch.tensor(lengths),
+            "loss_mask": [torch.ones(n) for n in lengths],
+            "values": [torch.zeros(n) for n in lengths],
+        },
+    )
     out = AdvantageService(AdvantageConfig(), RoleStatus("advantage")).compute(batch, run)
     assert tuple(out) == writes("advantage")
-    assert column_problems({**out, "prompt_length": torch.tensor([1] * 4), "response_length": torch.tensor(lengths)}) == []
+    assert (
+        column_problems({**out, "prompt_length": torch.tensor([1] * 4), "response_length": torch.tensor(lengths)}) == []
+    )
 
 
 def test_the_services_doc_shows_the_registrys_table():
     assert fields_table() in DOC.read_text(), (
-        "docs/services.md's table of sample fields is stale: paste `python -m services.run_contract.sample_fields`")
+        "docs/services.md's table of sample fields is stale: paste `python -m services.run_contract.sample_fields`"
+    )

@@ -24,10 +24,9 @@ def test_a_lease_that_lapses_before_the_ack_is_claimed_again_and_consumed_once(t
         return {"score": torch.full((len(batch.rows),), float(len(computed)))}
 
     consumer = Consumer(task=task, rows=4, compute=compute, done=lambda batch: done.append(list(batch.rows)))
-    consume_partition(tq, part, consumer, lease_s=2.0, group_size=2, safe_point=lambda: None,
-                      halt=threading.Event())
+    consume_partition(tq, part, consumer, lease_s=2.0, group_size=2, safe_point=lambda: None, halt=threading.Event())
     assert computed == [rows, rows]  # claimed again once the lease lapsed
-    assert done == [rows]            # ... and acked once
+    assert done == [rows]  # ... and acked once
     assert [float(x) for x in tq.get(part, rows, ["score"])["score"]] == [1.0] * 4  # the first write stands
     info = tq.partition(part)
     assert [t.consumed for t in info.tasks if t.task == task] == [4]

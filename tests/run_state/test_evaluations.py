@@ -18,8 +18,16 @@ def redis_url(tmp_path_factory):
 
 
 def evaluation(version: int, mean_reward: float) -> Evaluation:
-    return Evaluation(version=version, mean_reward=mean_reward, pass_at_k=0.25, k=4, n_prompts=8,
-                      newest_token_version=version, wall_s=1.5, finished_at=1_700_000_000.0 + version)
+    return Evaluation(
+        version=version,
+        mean_reward=mean_reward,
+        pass_at_k=0.25,
+        k=4,
+        n_prompts=8,
+        newest_token_version=version,
+        wall_s=1.5,
+        finished_at=1_700_000_000.0 + version,
+    )
 
 
 def test_the_latest_evaluation_is_the_newest_versions(redis_url):
@@ -35,6 +43,7 @@ def test_the_latest_evaluation_is_the_newest_versions(redis_url):
         listed = await store.all()
         await client.aclose()
         return listed
+
     listed = asyncio.run(record())
     assert [(e.version, e.mean_reward) for e in listed] == [(0, 0.1), (10, 0.55), (20, 0.7)]
     with redis.Redis.from_url(redis_url) as client:  # bytes replies read the same

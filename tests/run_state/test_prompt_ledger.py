@@ -31,6 +31,7 @@ def test_out_of_order_marks_advance_the_frontier_and_count_per_step(redis_url):
         again = PromptLedger(client, "ledger-test")
         assert await again.load() == (3, set()) and await again.groups_written(1) == 1
         await client.aclose()
+
     asyncio.run(run())
 
 
@@ -45,6 +46,7 @@ def test_a_skipped_group_gives_its_slot_the_next_spare_prompt_once(redis_url):
         assert await ledger.skip(5, 5, "x" * 2000, first_spare=8) == 10
         assert await PromptLedger(client, "skip-test").replacements() == {3: 9, 5: 10}
         await client.aclose()
+
     asyncio.run(run())
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
         skipped = skipped_prompts(client, "skip-test")
@@ -61,6 +63,7 @@ def test_groups_dynamic_sampling_drops_are_counted_for_their_step_once_and_join_
         assert await ledger.skip(2, 2, "KeyError", first_spare=4) == 6  # the reward failed: not a filter's drop
         assert (await ledger.filtered(0), await ledger.filtered(1)) == (2, 0)
         await client.aclose()
+
     asyncio.run(run())
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
         assert filtered_groups(client, "filter-test", 0) == 2

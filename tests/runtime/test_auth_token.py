@@ -54,8 +54,11 @@ def test_the_token_itself_is_no_flag(config, capsys):
 
 
 def test_a_file_that_gives_no_token_is_a_startup_error_naming_it(tmp_path, capsys):
-    for path, why in ((str(tmp_path / "missing"), "cannot read it"), (token_file(tmp_path, " \n"), "is empty"),
-                      (str(tmp_path), "cannot read it")):
+    for path, why in (
+        (str(tmp_path / "missing"), "cannot read it"),
+        (token_file(tmp_path, " \n"), "is empty"),
+        (str(tmp_path), "cannot read it"),
+    ):
         with pytest.raises(SystemExit) as exit_:
             parse_settings(EngineConfig, ["--model", "m", "--auth-token-file", path], "sluice engine", "")
         assert exit_.value.code == 2

@@ -32,13 +32,20 @@ def _fork_uses(path: pathlib.Path | str, source: str | None = None) -> list[str]
     for node in ast.walk(ast.parse(source if source is not None else pathlib.Path(path).read_text(), str(path))):
         if isinstance(node, ast.keyword) and node.arg == "preexec_fn":
             found.append(f"{path}:{node.value.lineno} preexec_fn")
-        elif isinstance(node, ast.Attribute) and node.attr in ("fork", "forkpty") \
-                and isinstance(node.value, ast.Name) and node.value.id == "os":
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("fork", "forkpty")
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        ):
             found.append(f"{path}:{node.lineno} os.{node.attr}")
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            found += [f"{path}:{node.lineno} imports {n}" for n in names
-                      if n.split(".")[0] == "multiprocessing" or n.startswith("torch.multiprocessing")]
+            found += [
+                f"{path}:{node.lineno} imports {n}"
+                for n in names
+                if n.split(".")[0] == "multiprocessing" or n.startswith("torch.multiprocessing")
+            ]
     return found
 
 
@@ -48,8 +55,9 @@ def test_nothing_forks():
     files = [p for d in ("services", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")]
     assert len(files) > 50
     assert [u for f in files for u in _fork_uses(f)] == []
-    planted = ("import os, subprocess\nimport multiprocessing.pool\nos.fork()\n"
-               "subprocess.Popen(['x'], preexec_fn=os.setsid)\n")
+    planted = (
+        "import os, subprocess\nimport multiprocessing.pool\nos.fork()\nsubprocess.Popen(['x'], preexec_fn=os.setsid)\n"
+    )
     assert len(_fork_uses("planted.py", planted)) == 3  # the scanner sees what it looks for
 
 
@@ -71,8 +79,9 @@ def _alive(pid: int) -> bool:
 
 def test_children_die_with_a_killed_parent():
     """kill -9 of a launcher takes its children down, even those started from a thread that has exited."""
-    parent = subprocess.Popen([sys.executable, "-m", "tests.runtime.orphan_parent"], cwd=ROOT,
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "tests.runtime.orphan_parent"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     try:
         pids = json.loads(parent.stdout.readline())
         assert all(_alive(p) for p in pids.values())  # survived their starting thread's exit
@@ -165,8 +174,11 @@ def test_stop_together_stops_every_process_at_once_with_one_deadline(tmp_path):
     """Two children that each take 1.5 s to exit and one that ignores SIGTERM: stopped together they take the
     deadline (one after the other: 1.5 + 1.5 + the deadline), the slow ones exit cleanly and the stubborn one
     is killed."""
-    procs = [_shell(tmp_path, "slow-1", "sleep 1.5; exit 0"), _shell(tmp_path, "slow-2", "sleep 1.5; exit 0"),
-             _shell(tmp_path, "stubborn", "")]
+    procs = [
+        _shell(tmp_path, "slow-1", "sleep 1.5; exit 0"),
+        _shell(tmp_path, "slow-2", "sleep 1.5; exit 0"),
+        _shell(tmp_path, "stubborn", ""),
+    ]
     started = time.monotonic()
     stop_together(lambda: procs, timeout_s=4.0)
     took = time.monotonic() - started

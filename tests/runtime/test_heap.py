@@ -40,4 +40,3 @@ def test_a_service_process_freezes_what_it_loaded_and_measures_every_pause():
     assert got["frozen"] == [float(got["second"])]
     assert got["pauses"] >= 3  # the two freezes' collections and the explicit one, each measured
     assert got["tracked"] < got["second"] / 10  # what a full collection still walks
-

@@ -30,8 +30,10 @@ class Client(BlockingFacade[Core]):
 
 def test_aio_awaits_the_core_on_the_facades_own_loop_thread():
     with Client() as client:
+
         async def main():
             return await client.aio.where(), client.where()
+
         awaited, blocking = asyncio.run(main())
         assert awaited == blocking == "core-thread"
         with pytest.raises(ValueError, match="refused"):

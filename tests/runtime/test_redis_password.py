@@ -12,8 +12,14 @@ import redis
 
 from services.runtime.processes import free_port, start_redis
 from services.runtime.redis_clients import async_redis, sync_redis
-from services.runtime.redis_password import (PASSWORD_ENV, PASSWORD_FILE_ENV, RedisPasswordError, redis_conf_line,
-                                             redis_password_env, resolve_redis_password)
+from services.runtime.redis_password import (
+    PASSWORD_ENV,
+    PASSWORD_FILE_ENV,
+    RedisPasswordError,
+    redis_conf_line,
+    redis_password_env,
+    resolve_redis_password,
+)
 
 
 def test_the_file_wins_over_the_env_and_both_empty_is_no_password(tmp_path):
@@ -38,7 +44,7 @@ def test_a_child_gets_exactly_the_launchers_password_whatever_its_own_env_says()
     assert resolve_redis_password(env) == "new"
 
 
-@pytest.mark.parametrize("bad", ["", "two words", "quo\"te", "new\nline", "back\\slash"])
+@pytest.mark.parametrize("bad", ["", "two words", 'quo"te', "new\nline", "back\\slash"])
 def test_a_password_a_config_line_cannot_hold_is_refused(bad):
     with pytest.raises(RedisPasswordError, match="Redis password"):
         redis_conf_line(bad)

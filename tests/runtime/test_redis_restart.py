@@ -36,9 +36,12 @@ def test_services_reconnect_after_redis_restarts(tmp_path):
     port, data = free_port(), str(tmp_path / "redis")
     redis, url = start_redis(port, log_dir=str(tmp_path), data_dir=data)
     try:
-        with LocalTransferQueue(shards=1, redis_url=url, log_dir=str(tmp_path)) as stack, \
-                LocalDCS(redis_url=url.replace("/0", "/1"), log_dir=str(tmp_path)) as dcs, \
-                TransferQueue(stack.controller_address) as tq, DCSClient(dcs.url) as coordinator:
+        with (
+            LocalTransferQueue(shards=1, redis_url=url, log_dir=str(tmp_path)) as stack,
+            LocalDCS(redis_url=url.replace("/0", "/1"), log_dir=str(tmp_path)) as dcs,
+            TransferQueue(stack.controller_address) as tq,
+            DCSClient(dcs.url) as coordinator,
+        ):
             tq.create_partition("p")
             tq.register_task("t", ["x"])
             tq.put("p", {"x": torch.arange(4)})

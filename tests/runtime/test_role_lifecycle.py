@@ -28,8 +28,7 @@ def settings(dcs, run_id: str) -> RoleSettings:
 
 async def serve(dcs, run_id: str, role: str, loop=None, aloop=None, stop: asyncio.Event | None = None):
     status = RoleStatus(role)
-    await serve_role(settings(dcs, run_id), stop or asyncio.Event(), status, loop=loop, aloop=aloop,
-                     watch_poll_s=0.1)
+    await serve_role(settings(dcs, run_id), stop or asyncio.Event(), status, loop=loop, aloop=aloop, watch_poll_s=0.1)
     return status
 
 
@@ -44,6 +43,7 @@ async def test_the_loop_is_given_the_run_session_the_host_opened(dcs, client, ru
         seen["made_once"] = session.redis is session.redis and session.tq is session.tq
         seen["status"] = session.dcs.run(run_id).status  # the host's client, called from the loop's thread
         client.stop_run(run_id)  # the loop is done; the host then exits with the run
+
     status = await asyncio.wait_for(serve(dcs, run_id, "advantage", loop=loop), 60)
     assert seen == {"run": run_id, "steps_on_its_tq": True, "made_once": True, "status": "running"}
     assert status.snapshot()["state"] == "stopped"
@@ -52,21 +52,32 @@ async def test_the_loop_is_given_the_run_session_the_host_opened(dcs, client, ru
 async def test_a_loop_that_raises_fails_the_run_and_the_process(dcs, client, run_id):
     def loop(session, halt: threading.Event) -> None:
         raise ValueError("advantage of a group with no rewards")
+
     with pytest.raises(ValueError):
         await serve(dcs, run_id, "advantage", loop=loop)
     failure = client.status(run_id).failure
     assert client.run(run_id).status == "failed" and failure.role == "advantage"
-    assert failure.message.startswith("ValueError: advantage of a group with no rewards (at ") and \
-        "test_role_lifecycle" in failure.message
+    assert (
+        failure.message.startswith("ValueError: advantage of a group with no rewards (at ")
+        and "test_role_lifecycle" in failure.message
+    )
 
 
-@pytest.mark.parametrize("error", [ConnectionResetError("shard 3 went away"),
-                                   TQError(grpc.StatusCode.UNAVAILABLE, "Stream removed"),
-                                   DCSError(503, "state store unreachable")], ids=type)
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConnectionResetError("shard 3 went away"),
+        TQError(grpc.StatusCode.UNAVAILABLE, "Stream removed"),
+        DCSError(503, "state store unreachable"),
+    ],
+    ids=type,
+)
 async def test_a_loop_that_loses_a_dependency_exits_without_failing_the_run(dcs, client, run_id, error):
     """A service it needs is restarting: the role goes down to be restarted, the run goes on."""
+
     def loop(session, halt: threading.Event) -> None:
         raise RuntimeError("the step failed") from error
+
     with pytest.raises(RuntimeError):
         await serve(dcs, run_id, "advantage", loop=loop)
     assert client.run(run_id).status == "running" and client.status(run_id).failure is None
@@ -88,6 +99,7 @@ async def test_a_waiting_thread_loop_exits_cleanly_when_the_run_ends(dcs, client
     def loop(session, halt: threading.Event) -> None:  # a role waiting for rows that will never come
         waiting.set()
         halt.wait()
+
     serving = asyncio.create_task(serve(dcs, run_id, "advantage", loop=loop))
     assert await asyncio.to_thread(waiting.wait, 30)
     if end == "stop":
@@ -105,6 +117,7 @@ async def test_an_async_loop_is_stopped_too(dcs, client, run_id):
     async def aloop(session, stop: asyncio.Event) -> None:
         await asyncio.to_thread(client.stop_run, run_id)
         await stop.wait()
+
     status = await asyncio.wait_for(serve(dcs, run_id, "advantage", aloop=aloop), 60)
     assert status.snapshot()["state"] == "stopped"
 
@@ -133,15 +146,24 @@ async def test_a_run_outside_the_operators_policy_fails_before_its_reward_is_imp
     marker = tmp_path / "imported"
     module.write_text(f"open({str(marker)!r}, 'w').close()\ndef score(response, fields, prompt):\n    return 1.0\n")
     name = uniq("policy")
-    client.create_run(RunConfig(name=name, model="/nowhere/model",
-                                rollout={"prompts": "demo:reverse", "reward": "import:sneaky_reward:score"}))
+    client.create_run(
+        RunConfig(
+            name=name,
+            model="/nowhere/model",
+            rollout={"prompts": "demo:reverse", "reward": "import:sneaky_reward:score"},
+        )
+    )
     import sys
+
     sys.path.insert(0, str(tmp_path))
     try:
-        config = RoleSettings(run_id=name, dcs_url=dcs.url, host="127.0.0.1", port=0,
-                              allow_reward_modules="trusted_rewards")
+        config = RoleSettings(
+            run_id=name, dcs_url=dcs.url, host="127.0.0.1", port=0, allow_reward_modules="trusted_rewards"
+        )
         with pytest.raises(PreflightFailed, match="allowed reward modules"):
-            await serve_role(config, asyncio.Event(), RoleStatus("rollout"), loop=lambda session, halt: None, watch_poll_s=0.1)
+            await serve_role(
+                config, asyncio.Event(), RoleStatus("rollout"), loop=lambda session, halt: None, watch_poll_s=0.1
+            )
     finally:
         sys.path.remove(str(tmp_path))
     assert not marker.exists()

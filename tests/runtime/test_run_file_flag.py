@@ -15,12 +15,15 @@ def test_the_run_id_is_the_run_files_name(tmp_path):
     assert RoleSettings().run_id == "default"  # without a run file: --run-id as before
 
 
-@pytest.mark.parametrize("content, problem", [
-    (None, "cannot be read"),
-    ("name: [unclosed", "not valid YAML"),
-    ("model: /model\n", "no top-level `name`"),
-    ("name: 'has space'\n", "does not match"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "cannot be read"),
+        ("name: [unclosed", "not valid YAML"),
+        ("model: /model\n", "no top-level `name`"),
+        ("name: 'has space'\n", "does not match"),
+    ],
+)
 def test_a_bad_run_file_is_refused_naming_it(tmp_path, content, problem):
     run = tmp_path / "run.yaml"
     if content is not None:

@@ -54,6 +54,7 @@ def test_a_role_waiting_for_its_run_looks_again_soon_then_less_often(dcs, client
             if len(waited) == 4:
                 client.create_run(RunConfig(name=name, model="/nowhere/model"))
             yield seconds
+
     monkeypatch.setattr(run_watch, "poll_intervals", intervals)
     with DCSClient(dcs.url) as role_client:
         run = asyncio.run(run_watch.RunWatch(role_client, name, "advantage", poll_s=1.0).wait_for_run(asyncio.Event()))
@@ -76,8 +77,12 @@ def test_a_service_logs_when_its_process_began_and_what_its_imports_took(tmp_pat
 
 def test_sluice_runs_checks_of_a_run_import_neither_torch_nor_transformers(tmp_path):
     model = tmp_path / "model"
-    subprocess.run([sys.executable, "-m", "services.cli", "init-model", str(model), "--preset", "tiny"], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "services.cli", "init-model", str(model), "--preset", "tiny"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     code = textwrap.dedent(f"""
         import json, sys
         from services.front_door.supervisor import main, preflight  # what `sluice run` imports

@@ -49,18 +49,27 @@ def _issue(directory, name: str, issuer=None, ca: bool = False, server: bool = T
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     signer_cert, signer_key = issuer or (None, key)
     now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (x509.CertificateBuilder().subject_name(subject)
-               .issuer_name(signer_cert.subject if signer_cert else subject).public_key(key.public_key())
-               .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(signer_cert.subject if signer_cert else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     if server and not ca:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
     cert = builder.sign(signer_key, hashes.SHA256())
     cert_file = _write(os.path.join(directory, f"{name}.crt"), cert.public_bytes(serialization.Encoding.PEM))
-    key_file = _write(os.path.join(directory, f"{name}.key"), key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    key_file = _write(
+        os.path.join(directory, f"{name}.key"),
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
     return cert_file, key_file, (cert, key)
 
 
@@ -71,8 +80,15 @@ def pki(tmp_path_factory):
     server_cert, server_key, _ = _issue(d, "server", issuer=ca)
     client_cert, client_key, _ = _issue(d, "client", issuer=ca, server=False)
     other_ca_file, _, _ = _issue(d, "other-ca", ca=True)
-    return {"ca": ca_file, "cert": server_cert, "key": server_key, "client_cert": client_cert,
-            "client_key": client_key, "other_ca": other_ca_file, "dir": d}
+    return {
+        "ca": ca_file,
+        "cert": server_cert,
+        "key": server_key,
+        "client_cert": client_cert,
+        "client_key": client_key,
+        "other_ca": other_ca_file,
+        "dir": d,
+    }
 
 
 def trusting(ca: str, client_cert: tuple[str, str] | None = None) -> ssl.SSLContext:
@@ -82,8 +98,9 @@ def trusting(ca: str, client_cert: tuple[str, str] | None = None) -> ssl.SSLCont
     return client_ssl_context(env)
 
 
-def start(name: str, argv: list[str], env: dict, log_dir: str, ready_url: str, verify: ssl.SSLContext,
-          timeout_s: float = 90):
+def start(
+    name: str, argv: list[str], env: dict, log_dir: str, ready_url: str, verify: ssl.SSLContext, timeout_s: float = 90
+):
     proc = ChildProcess(name, argv, os.path.join(log_dir, f"{name}.log"), env={**token_env(TOKEN), **env})
 
     def ready() -> bool:
@@ -100,18 +117,28 @@ def start(name: str, argv: list[str], env: dict, log_dir: str, ready_url: str, v
 def mutual_tls_dcs(pki):
     redis, redis_url = start_redis(log_dir=pki["dir"])
     port = free_port()
-    env = {"SLUICE_TLS_CERT_FILE": pki["cert"], "SLUICE_TLS_KEY_FILE": pki["key"],
-           "SLUICE_TLS_CLIENT_CA_FILE": pki["ca"], "HF_HUB_OFFLINE": "1"}
-    proc = start("dcs", sluice_argv("dcs", "--host", "127.0.0.1", "--port", str(port), "--redis-url", redis_url),
-                 env, pki["dir"], f"https://127.0.0.1:{port}/readyz",
-                 trusting(pki["ca"], (pki["client_cert"], pki["client_key"])))
+    env = {
+        "SLUICE_TLS_CERT_FILE": pki["cert"],
+        "SLUICE_TLS_KEY_FILE": pki["key"],
+        "SLUICE_TLS_CLIENT_CA_FILE": pki["ca"],
+        "HF_HUB_OFFLINE": "1",
+    }
+    proc = start(
+        "dcs",
+        sluice_argv("dcs", "--host", "127.0.0.1", "--port", str(port), "--redis-url", redis_url),
+        env,
+        pki["dir"],
+        f"https://127.0.0.1:{port}/readyz",
+        trusting(pki["ca"], (pki["client_cert"], pki["client_key"])),
+    )
     yield port
     proc.stop()
     redis.stop()
 
 
-def test_the_coordinator_serves_https_to_clients_that_verify_it_and_present_a_certificate(pki, mutual_tls_dcs,
-                                                                                          monkeypatch):
+def test_the_coordinator_serves_https_to_clients_that_verify_it_and_present_a_certificate(
+    pki, mutual_tls_dcs, monkeypatch
+):
     url = f"https://127.0.0.1:{mutual_tls_dcs}"
     monkeypatch.setenv(CA_ENV, pki["ca"])
     monkeypatch.setenv(CLIENT_CERT_ENV, pki["client_cert"])
@@ -136,9 +163,14 @@ def test_the_engine_serves_https_with_the_token(pki, tmp_path, monkeypatch):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
     port = free_port()
     env = {"SLUICE_TLS_CERT_FILE": pki["cert"], "SLUICE_TLS_KEY_FILE": pki["key"], "HF_HUB_OFFLINE": "1"}
-    proc = start("engine", sluice_argv("engine", "--model", model_dir, "--host", "127.0.0.1", "--port",
-                                       str(port)), env, pki["dir"], f"https://127.0.0.1:{port}/health",
-                 trusting(pki["ca"]))
+    proc = start(
+        "engine",
+        sluice_argv("engine", "--model", model_dir, "--host", "127.0.0.1", "--port", str(port)),
+        env,
+        pki["dir"],
+        f"https://127.0.0.1:{port}/health",
+        trusting(pki["ca"]),
+    )
     try:
         monkeypatch.setenv(CA_ENV, pki["ca"])
         engine = SGLangClient(f"https://127.0.0.1:{port}", timeout_s=30, api_key=TOKEN)
@@ -180,17 +212,40 @@ def tls_transferqueue(pki):
     """A controller and a shard serving TLS and requiring client certificates; the shard dials the
     controller, and the controller the shard, over TLS."""
     redis, redis_url = start_redis(log_dir=pki["dir"])
-    env = {**token_env(TOKEN), "SLUICE_TLS_CERT_FILE": pki["cert"], "SLUICE_TLS_KEY_FILE": pki["key"],
-           "SLUICE_TLS_CLIENT_CA_FILE": pki["ca"], CA_ENV: pki["ca"], CLIENT_CERT_ENV: pki["client_cert"],
-           CLIENT_KEY_ENV: pki["client_key"]}
+    env = {
+        **token_env(TOKEN),
+        "SLUICE_TLS_CERT_FILE": pki["cert"],
+        "SLUICE_TLS_KEY_FILE": pki["key"],
+        "SLUICE_TLS_CLIENT_CA_FILE": pki["ca"],
+        CA_ENV: pki["ca"],
+        CLIENT_CERT_ENV: pki["client_cert"],
+        CLIENT_KEY_ENV: pki["client_key"],
+    }
     controller_port, shard_port = free_port(), free_port()
-    controller = ChildProcess("tq-controller", sluice_argv("tq-controller", "--host", "127.0.0.1", "--port",
-                                                           str(controller_port), "--redis-url", redis_url),
-                              os.path.join(pki["dir"], "controller.log"), env=env)
-    shard = ChildProcess("tq-shard", sluice_argv("tq-shard", "--host", "127.0.0.1", "--port", str(shard_port),
-                                                 "--advertise-host", "127.0.0.1", "--shard-id", "s0",
-                                                 "--controller", f"tls://127.0.0.1:{controller_port}"),
-                         os.path.join(pki["dir"], "shard.log"), env=env)
+    controller = ChildProcess(
+        "tq-controller",
+        sluice_argv("tq-controller", "--host", "127.0.0.1", "--port", str(controller_port), "--redis-url", redis_url),
+        os.path.join(pki["dir"], "controller.log"),
+        env=env,
+    )
+    shard = ChildProcess(
+        "tq-shard",
+        sluice_argv(
+            "tq-shard",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(shard_port),
+            "--advertise-host",
+            "127.0.0.1",
+            "--shard-id",
+            "s0",
+            "--controller",
+            f"tls://127.0.0.1:{controller_port}",
+        ),
+        os.path.join(pki["dir"], "shard.log"),
+        env=env,
+    )
     _, credentials = channel_target(f"tls://127.0.0.1:{shard_port}", env)
     # the shard reports SERVING once it registered with the controller over TLS
     shard.wait_until(lambda: grpc_health(f"127.0.0.1:{shard_port}", credentials) == grpc.StatusCode.OK, 60)
@@ -200,8 +255,9 @@ def tls_transferqueue(pki):
     redis.stop()
 
 
-def test_transferqueue_serves_tls_to_clients_that_verify_it_and_present_a_certificate(tls_transferqueue,
-                                                                                        pki, monkeypatch):
+def test_transferqueue_serves_tls_to_clients_that_verify_it_and_present_a_certificate(
+    tls_transferqueue, pki, monkeypatch
+):
     address, env = tls_transferqueue
     for name in (CA_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV):
         monkeypatch.setenv(name, env[name])
@@ -213,8 +269,9 @@ def test_transferqueue_serves_tls_to_clients_that_verify_it_and_present_a_certif
     assert grpc_health(address, channel_target(f"tls://{address}")[1]) == grpc.StatusCode.OK
     assert grpc_health(address, None) == grpc.StatusCode.UNAVAILABLE  # no plain gRPC on a TLS port
     without_certificate = {CA_ENV: pki["ca"]}
-    assert grpc_health(address, channel_target(f"tls://{address}", without_certificate)[1]) \
-        == grpc.StatusCode.UNAVAILABLE
+    assert (
+        grpc_health(address, channel_target(f"tls://{address}", without_certificate)[1]) == grpc.StatusCode.UNAVAILABLE
+    )
     other_ca = {**env, CA_ENV: pki["other_ca"]}
     assert grpc_health(address, channel_target(f"tls://{address}", other_ca)[1]) == grpc.StatusCode.UNAVAILABLE
 
@@ -226,11 +283,30 @@ def test_the_node_client_speaks_tls_to_the_controller_and_the_shard(tls_transfer
     address, env = tls_transferqueue
     client_env = {**{name: env[name] for name in (CA_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV)}, **token_env(TOKEN)}
     columns = json.dumps({"x": {"dtype": "int64", "values": [4, 5, 6]}})
-    put = cli(node_client, "put", f"tls://{address}", "--partition", "node-tls", "--create",
-              "--columns", columns, env=client_env)
+    put = cli(
+        node_client,
+        "put",
+        f"tls://{address}",
+        "--partition",
+        "node-tls",
+        "--create",
+        "--columns",
+        columns,
+        env=client_env,
+    )
     assert put["rows"] == [0, 1, 2]
-    got = cli(node_client, "get", f"tls://{address}", "--partition", "node-tls",
-              "--rows", "[0, 1, 2]", "--fields", '["x"]', env=client_env)
+    got = cli(
+        node_client,
+        "get",
+        f"tls://{address}",
+        "--partition",
+        "node-tls",
+        "--rows",
+        "[0, 1, 2]",
+        "--fields",
+        '["x"]',
+        env=client_env,
+    )
     assert got["columns"] == {"x": [4, 5, 6]}
 
 
@@ -240,11 +316,29 @@ def test_a_role_serves_its_status_over_https_and_reaches_the_coordinator_over_mu
     which requires client certificates, with its own."""
     redis, redis_url = start_redis(log_dir=pki["dir"])
     port = free_port()
-    env = {"SLUICE_TLS_CERT_FILE": pki["cert"], "SLUICE_TLS_KEY_FILE": pki["key"], CA_ENV: pki["ca"],
-           CLIENT_CERT_ENV: pki["client_cert"], CLIENT_KEY_ENV: pki["client_key"], "HF_HUB_OFFLINE": "1"}
-    argv = sluice_argv("advantage", "--run-id", "tls-run", "--dcs-url", f"https://127.0.0.1:{mutual_tls_dcs}",
-                       "--tq-controller", "127.0.0.1:1", "--redis-url", redis_url, "--host", "127.0.0.1",
-                       "--port", str(port))
+    env = {
+        "SLUICE_TLS_CERT_FILE": pki["cert"],
+        "SLUICE_TLS_KEY_FILE": pki["key"],
+        CA_ENV: pki["ca"],
+        CLIENT_CERT_ENV: pki["client_cert"],
+        CLIENT_KEY_ENV: pki["client_key"],
+        "HF_HUB_OFFLINE": "1",
+    }
+    argv = sluice_argv(
+        "advantage",
+        "--run-id",
+        "tls-run",
+        "--dcs-url",
+        f"https://127.0.0.1:{mutual_tls_dcs}",
+        "--tq-controller",
+        "127.0.0.1:1",
+        "--redis-url",
+        redis_url,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    )
     verify = trusting(pki["ca"])
     proc = start("advantage", argv, env, pki["dir"], f"https://127.0.0.1:{port}/healthz", verify)
     try:
@@ -270,21 +364,46 @@ def test_transferqueue_over_tls_with_server_certificates_only(pki, tmp_path, mon
     """TLS without client certificates: a controller and a shard with a certificate each; a client that
     trusts the CA puts and reads; one that trusts another CA, or speaks plain gRPC, is refused."""
     redis, redis_url = start_redis(log_dir=str(tmp_path))
-    env = {**token_env(TOKEN), "SLUICE_TLS_CERT_FILE": pki["cert"], "SLUICE_TLS_KEY_FILE": pki["key"],
-           CA_ENV: pki["ca"]}
+    env = {
+        **token_env(TOKEN),
+        "SLUICE_TLS_CERT_FILE": pki["cert"],
+        "SLUICE_TLS_KEY_FILE": pki["key"],
+        CA_ENV: pki["ca"],
+    }
     controller_port, shard_port = free_port(), free_port()
-    controller = ChildProcess("tq-controller", sluice_argv("tq-controller", "--host", "127.0.0.1", "--port",
-                                                           str(controller_port), "--redis-url", redis_url),
-                              str(tmp_path / "controller.log"), env=env)
-    shard = ChildProcess("tq-shard", sluice_argv("tq-shard", "--host", "127.0.0.1", "--port", str(shard_port),
-                                                 "--advertise-host", "127.0.0.1", "--shard-id", "s0",
-                                                 "--controller", f"tls://127.0.0.1:{controller_port}"),
-                         str(tmp_path / "shard.log"), env=env)
+    controller = ChildProcess(
+        "tq-controller",
+        sluice_argv("tq-controller", "--host", "127.0.0.1", "--port", str(controller_port), "--redis-url", redis_url),
+        str(tmp_path / "controller.log"),
+        env=env,
+    )
+    shard = ChildProcess(
+        "tq-shard",
+        sluice_argv(
+            "tq-shard",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(shard_port),
+            "--advertise-host",
+            "127.0.0.1",
+            "--shard-id",
+            "s0",
+            "--controller",
+            f"tls://127.0.0.1:{controller_port}",
+        ),
+        str(tmp_path / "shard.log"),
+        env=env,
+    )
     try:
         only_ca = {CA_ENV: pki["ca"]}
-        shard.wait_until(lambda: grpc_health(f"127.0.0.1:{shard_port}",
-                                             channel_target(f"tls://127.0.0.1:{shard_port}", only_ca)[1])
-                         == grpc.StatusCode.OK, 60)
+        shard.wait_until(
+            lambda: (
+                grpc_health(f"127.0.0.1:{shard_port}", channel_target(f"tls://127.0.0.1:{shard_port}", only_ca)[1])
+                == grpc.StatusCode.OK
+            ),
+            60,
+        )
         monkeypatch.setenv(CA_ENV, pki["ca"])
         monkeypatch.delenv(CLIENT_CERT_ENV, raising=False)
         monkeypatch.delenv(CLIENT_KEY_ENV, raising=False)
@@ -295,8 +414,10 @@ def test_transferqueue_over_tls_with_server_certificates_only(pki, tmp_path, mon
             rows = tq.put("p", {"x": torch.arange(4)})
             assert tq.get("p", rows, ["x"])["x"].tolist() == [0, 1, 2, 3]
         assert grpc_health(address, None) == grpc.StatusCode.UNAVAILABLE
-        assert grpc_health(address, channel_target(f"tls://{address}", {CA_ENV: pki["other_ca"]})[1]) \
+        assert (
+            grpc_health(address, channel_target(f"tls://{address}", {CA_ENV: pki["other_ca"]})[1])
             == grpc.StatusCode.UNAVAILABLE
+        )
     finally:
         shard.stop()
         controller.stop()

@@ -21,10 +21,21 @@ def write_steps(run_dir, rewards=REWARDS, duplicate_step: int | None = 2) -> Non
     `duplicate_step` recorded twice (a restarted trainer), the second record the one that counts."""
     lines = []
     for step, reward in enumerate(rewards):
-        row = {"step": step, "wall_time": T0 + 10 * (step + 1), "step_s": 10.0, "reward_mean": reward,
-               "reward_std": 0.1, "samples": 4, "tokens": 80, "response_length_mean": 5.0 + step,
-               "response_length_max": 8 + step, "staleness": {"0": 2, "1": 2}, "staleness_mean": 0.5,
-               "staleness_max": 1, "weight_version": step + 1}
+        row = {
+            "step": step,
+            "wall_time": T0 + 10 * (step + 1),
+            "step_s": 10.0,
+            "reward_mean": reward,
+            "reward_std": 0.1,
+            "samples": 4,
+            "tokens": 80,
+            "response_length_mean": 5.0 + step,
+            "response_length_max": 8 + step,
+            "staleness": {"0": 2, "1": 2},
+            "staleness_mean": 0.5,
+            "staleness_max": 1,
+            "weight_version": step + 1,
+        }
         if step in (0, 4):
             row["eval"] = {"mean_reward": 0.05 + 0.1 * step, "pass_at_k": 0.5}
         if step == duplicate_step:
@@ -41,11 +52,17 @@ def test_report_summary_and_png_from_steps(tmp_path):
     assert summary["steps"] == 5 and (summary["first_step"], summary["last_step"]) == (0, 4)
     assert summary["wall_time_s"] == 50.0  # from the start of step 0 (its end minus its step_s) to step 4's end
     assert summary["reward"] == {"first": 0.1, "last": 0.8, "best": 0.8, "best_step": 4}
-    assert summary["eval_reward"] == {"first": 0.05, "last": pytest.approx(0.45), "best": pytest.approx(0.45),
-                                      "best_step": 4}
-    assert summary["time_to_reward"] == [{"threshold": 0.25, "step": 1, "seconds": 20.0},
-                                         {"threshold": 0.7, "step": 4, "seconds": 50.0},
-                                         {"threshold": 0.95, "step": None, "seconds": None}]
+    assert summary["eval_reward"] == {
+        "first": 0.05,
+        "last": pytest.approx(0.45),
+        "best": pytest.approx(0.45),
+        "best_step": 4,
+    }
+    assert summary["time_to_reward"] == [
+        {"threshold": 0.25, "step": 1, "seconds": 20.0},
+        {"threshold": 0.7, "step": 4, "seconds": 50.0},
+        {"threshold": 0.95, "step": None, "seconds": None},
+    ]
     assert summary["throughput"]["samples_per_s"] == pytest.approx(20 / 50)
     assert summary["throughput"]["tokens_per_s"] == pytest.approx(400 / 50)
     assert summary["last_weight_version"] == 5
@@ -57,10 +74,14 @@ def test_report_draws_the_service_timeline_when_spans_were_saved(tmp_path):
     write_steps(tmp_path)
     write_report(str(tmp_path))
     without = matplotlib.image.imread(str(tmp_path / "report.png")).shape[0]
-    spans = {"trainer": [{"name": "claim", "start": T0, "end": T0 + 5, "step": 0, "version": 0},
-                         {"name": "train", "start": T0 + 5, "end": T0 + 9, "step": 0, "version": 0}],
-             "rollout": [{"name": "generate", "start": T0, "end": T0 + 8, "step": 0, "version": 0}],
-             "advantage": []}
+    spans = {
+        "trainer": [
+            {"name": "claim", "start": T0, "end": T0 + 5, "step": 0, "version": 0},
+            {"name": "train", "start": T0 + 5, "end": T0 + 9, "step": 0, "version": 0},
+        ],
+        "rollout": [{"name": "generate", "start": T0, "end": T0 + 8, "step": 0, "version": 0}],
+        "advantage": [],
+    }
     save_spans(str(tmp_path), spans)
     write_report(str(tmp_path))
     assert matplotlib.image.imread(str(tmp_path / "report.png")).shape[0] > without  # a timeline panel below
@@ -80,10 +101,13 @@ def test_report_of_a_dir_without_steps_is_a_clear_error_and_writes_nothing(tmp_p
 def test_sluice_report_command_prints_the_paths(tmp_path, capsys):
     write_steps(tmp_path, duplicate_step=None)
     assert sluice(["report", str(tmp_path), "--thresholds", "0.5"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"png": str(tmp_path / "report.png"),
-                                                   "summary": str(tmp_path / "summary.json")}
+    assert json.loads(capsys.readouterr().out) == {
+        "png": str(tmp_path / "report.png"),
+        "summary": str(tmp_path / "summary.json"),
+    }
     assert json.loads((tmp_path / "summary.json").read_text())["time_to_reward"] == [
-        {"threshold": 0.5, "step": 3, "seconds": 40.0}]
+        {"threshold": 0.5, "step": 3, "seconds": 40.0}
+    ]
 
 
 class SpansService(BaseHTTPRequestHandler):

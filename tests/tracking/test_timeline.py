@@ -11,12 +11,11 @@ from services.runtime.spans import SpanRecorder
 def test_recorder_merges_back_to_back_spans_and_filters_by_time():
     rec = SpanRecorder(capacity=4)
     rec.merge("generate", 0.0, 1.0, gap_s=0.1, version="1")
-    rec.merge("generate", 1.05, 2.0, gap_s=0.1, version="1")   # within the gap: extends
-    rec.merge("generate", 2.5, 3.0, gap_s=0.1, version="1")    # a real gap: a new span
-    rec.merge("generate", 3.01, 3.5, gap_s=0.1, version="2")   # another version: a new span
+    rec.merge("generate", 1.05, 2.0, gap_s=0.1, version="1")  # within the gap: extends
+    rec.merge("generate", 2.5, 3.0, gap_s=0.1, version="1")  # a real gap: a new span
+    rec.merge("generate", 3.01, 3.5, gap_s=0.1, version="2")  # another version: a new span
     spans = rec.since(0.0)["spans"]
-    assert [(s["start"], s["end"], s["version"]) for s in spans] == [(0.0, 2.0, "1"), (2.5, 3.0, "1"),
-                                                                     (3.01, 3.5, "2")]
+    assert [(s["start"], s["end"], s["version"]) for s in spans] == [(0.0, 2.0, "1"), (2.5, 3.0, "1"), (3.01, 3.5, "2")]
     assert [s["start"] for s in rec.since(2.9)["spans"]] == [2.5, 3.01]
     for i in range(5):
         rec.record("train", 10.0 + i, 10.5 + i, step=i)
@@ -43,8 +42,14 @@ def _s(name, start, end, step=None):
 
 def test_step_table_and_overlap_bound():
     spans = {
-        "trainer": [_s("claim", 0, 2, 0), _s("train", 2, 3, 0), _s("publish", 3, 3.5, 0),
-                    _s("claim", 3.5, 4, 1), _s("train", 4, 5, 1), _s("publish", 5, 5.5, 1)],
+        "trainer": [
+            _s("claim", 0, 2, 0),
+            _s("train", 2, 3, 0),
+            _s("publish", 3, 3.5, 0),
+            _s("claim", 3.5, 4, 1),
+            _s("train", 4, 5, 1),
+            _s("publish", 5, 5.5, 1),
+        ],
         "rollout": [_s("generate", 0, 2, 0), _s("generate", 1, 4, 1), _s("put", 4, 4.5, 1)],
     }
     rows = step_table(spans)
@@ -67,13 +72,19 @@ def test_lanes_draw_each_colour_once_per_lane_waiting_under_working_and_clipped_
     """A bar per span re-fit the axes to every bar drawn before it (minutes for a 200-step run's ~10,000 spans):
     a lane's spans of one colour are one collection, waiting spans drawn first, spans clipped to [start, end]."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    spans = {"trainer": [{"name": "claim", "start": 10.0 + i, "end": 10.5 + i} for i in range(500)]
-             + [{"name": "train", "start": 10.5 + i, "end": 11.0 + i} for i in range(500)],
-             "rollout": [{"name": "generate", "start": 5.0, "end": 12.0}, {"name": "put", "start": 12.0, "end": 12.2},
-                         {"name": "generate", "start": 600.0, "end": 700.0}]}
+    spans = {
+        "trainer": [{"name": "claim", "start": 10.0 + i, "end": 10.5 + i} for i in range(500)]
+        + [{"name": "train", "start": 10.5 + i, "end": 11.0 + i} for i in range(500)],
+        "rollout": [
+            {"name": "generate", "start": 5.0, "end": 12.0},
+            {"name": "put", "start": 12.0, "end": 12.2},
+            {"name": "generate", "start": 600.0, "end": 700.0},
+        ],
+    }
     fig, ax = plt.subplots()
     try:
         draw_lanes(ax, spans, start=10.0, end=100.0)

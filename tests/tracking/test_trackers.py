@@ -13,10 +13,15 @@ from services.tracking import backends
 from services.tracking.tracker import FanOutTracker, StepsLog, open_trackers, scalar_metrics
 
 T0 = 1_700_000_000.0
-STEPS = [{"reward_mean": 0.25, "loss": 1.5, "staleness": {"0": 3, "1": 1}, "weight_version": 1, "note": "x"},
-         {"reward_mean": 0.75, "loss": 0.5, "staleness": {"1": 4}, "weight_version": 2, "note": "y"}]
+STEPS = [
+    {"reward_mean": 0.25, "loss": 1.5, "staleness": {"0": 3, "1": 1}, "weight_version": 1, "note": "x"},
+    {"reward_mean": 0.75, "loss": 0.5, "staleness": {"1": 4}, "weight_version": 2, "note": "y"},
+]
 CONFIG = {"name": "run-a", "optim": {"lr": 1e-6, "betas": [0.9, 0.999]}}  # a run's configuration, as JSON
-ROWS = [{"prompt": "reverse abc", "response": "c|b\na", "reward": 1.0}, {"prompt": "p2", "response": "r2", "reward": 0.0}]
+ROWS = [
+    {"prompt": "reverse abc", "response": "c|b\na", "reward": 1.0},
+    {"prompt": "p2", "response": "r2", "reward": 0.0},
+]
 
 
 def log_two_steps(tracker) -> None:
@@ -28,7 +33,12 @@ def log_two_steps(tracker) -> None:
 
 def test_scalar_metrics_flattens_histograms_and_drops_what_is_not_a_number():
     assert scalar_metrics({**STEPS[0], "nan": float("nan")}) == {
-        "reward_mean": 0.25, "loss": 1.5, "staleness/0": 3.0, "staleness/1": 1.0, "weight_version": 1.0}
+        "reward_mean": 0.25,
+        "loss": 1.5,
+        "staleness/0": 3.0,
+        "staleness/1": 1.0,
+        "weight_version": 1.0,
+    }
 
 
 def test_tensorboard_event_files_read_back(tmp_path):

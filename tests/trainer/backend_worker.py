@@ -23,13 +23,29 @@ from services.transferqueue.codec import Batch
 from tests.trainer.rank_pool import WAIT_S, serve
 from tests.trainer.test_actor_update import _batch
 
-RUN = dict(name="r", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4, micro_batch_size=1,
-           optim={"lr": 1e-3, "grad_clip": 0.5})  # Adam moves every weight by ~lr
+RUN = dict(
+    name="r",
+    n_samples_per_prompt=2,
+    rollout_batch_size=2,
+    global_batch_size=4,
+    micro_batch_size=1,
+    optim={"lr": 1e-3, "grad_clip": 0.5},
+)  # Adam moves every weight by ~lr
 LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "o_proj", "up_proj"]}
 
 
-def train_once(backend: str, model_dir: str, dp: DataParallel, out_dir: str, resume: str = "", seed: int = 0,
-               tp: int = 1, pp: int = 1, sp: bool = False, lora: bool = False):
+def train_once(
+    backend: str,
+    model_dir: str,
+    dp: DataParallel,
+    out_dir: str,
+    resume: str = "",
+    seed: int = 0,
+    tp: int = 1,
+    pp: int = 1,
+    sp: bool = False,
+    lora: bool = False,
+):
     run = RunConfig(model=model_dir, **RUN, trainer={"lora": LORA if lora else None})
     torch.manual_seed(0)  # a fresh adapter's initial A
     model = load_actor(run, resume or None, "float32", "cpu")
@@ -38,8 +54,11 @@ def train_once(backend: str, model_dir: str, dp: DataParallel, out_dir: str, res
         b.load_optimizer(resume)
     full = _batch(seed)
     mine = dp.my_rows(full.rows, full["response_length"].tolist(), 2, b.data_rank, b.data_size)
-    share = Batch(partition="train_0", rows=mine, columns={
-        k: ([v[i] for i in mine] if isinstance(v, list) else v[mine]) for k, v in full.columns.items()})
+    share = Batch(
+        partition="train_0",
+        rows=mine,
+        columns={k: ([v[i] for i in mine] if isinstance(v, list) else v[mine]) for k, v in full.columns.items()},
+    )
     tokens = dp.total(float(sum(float(m.sum()) for m in share["loss_mask"]))) / (dp.size // b.data_size)
     m = b.train(share, run, 1, totals=(tokens, 4.0))
     loss = m.loss if backend == "megatron" else dp.total(m.loss)  # megatron's metrics are the global batch's
@@ -70,20 +89,39 @@ def _write(out_dir: str, weights, loss: float, grad_norm: float) -> None:
 def sgd_step(model_dir: str, dp: DataParallel, out_dir: str) -> None:
     """actor_step itself on this rank's share, the ranks' gradients summed by DataParallel, with plain SGD (its
     update is the gradient, scaled); the leader saves the updated parameters."""
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=1, optim={"lr": 1e-3, "grad_clip": 1e9})
+    run = RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=1,
+        optim={"lr": 1e-3, "grad_clip": 1e9},
+    )
     model, _ = load_causal_lm(model_dir)
     full = _batch()
     mine = dp.my_rows(full.rows, full["response_length"].tolist(), 2)
-    share = Batch(partition="train_0", rows=mine, columns={
-        k: ([v[i] for i in mine] if isinstance(v, list) else v[mine]) for k, v in full.columns.items()})
+    share = Batch(
+        partition="train_0",
+        rows=mine,
+        columns={k: ([v[i] for i in mine] if isinstance(v, list) else v[mine]) for k, v in full.columns.items()},
+    )
     tokens = dp.total(float(sum(float(m.sum()) for m in share["loss_mask"])))
-    actor_step(model, torch.optim.SGD(model.parameters(), lr=1e-2), share, run, 1, totals=(tokens, 4.0),
-               reduce_gradients=dp.sum_gradients)
+    actor_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1e-2),
+        share,
+        run,
+        1,
+        totals=(tokens, 4.0),
+        reduce_gradients=dp.sum_gradients,
+    )
     if dp.is_leader:
         os.makedirs(out_dir, exist_ok=True)
-        save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
-                  os.path.join(out_dir, "weights.safetensors"))
+        save_file(
+            {n: p.detach().contiguous() for n, p in model.named_parameters()},
+            os.path.join(out_dir, "weights.safetensors"),
+        )
 
 
 def run_case(case: dict, rank: int, master: str, pool: pathlib.Path) -> None:
@@ -97,10 +135,21 @@ def run_case(case: dict, rank: int, master: str, pool: pathlib.Path) -> None:
     if case["backend"] == "actor_step":
         sgd_step(model_dir, dp, out_dir)
     else:
-        train_once(case["backend"], model_dir, dp, out_dir, resume, case["seed"], case["tp"], case["pp"],
-                   bool(case["sp"]), bool(case["lora"]))
+        train_once(
+            case["backend"],
+            model_dir,
+            dp,
+            out_dir,
+            resume,
+            case["seed"],
+            case["tp"],
+            case["pp"],
+            bool(case["sp"]),
+            bool(case["lora"]),
+        )
     if case["backend"] == "megatron":
         from megatron.core import parallel_state
+
         parallel_state.destroy_model_parallel()
     dp.close()
     if dist.is_initialized():  # the private group a one-rank fsdp or megatron made itself (ensure_group)

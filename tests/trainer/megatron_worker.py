@@ -23,8 +23,10 @@ def check_shim() -> None:
     import importlib
 
     from services.trainer import megatron_cpu
+
     assert megatron_cpu.installed_version() == megatron_cpu.MEGATRON_CORE_VERSION, (
-        "megatron-core moved: check services/trainer/megatron_cpu.py against it, then move the pin")
+        "megatron-core moved: check services/trainer/megatron_cpu.py against it, then move the pin"
+    )
     assert megatron_cpu.install() is True  # no CUDA here
     for (module_name, attr), replacement in megatron_cpu.REDIRECTS.items():
         assert getattr(importlib.import_module(module_name), attr) is replacement, f"{module_name}.{attr}"
@@ -91,6 +93,7 @@ def run_case(case: dict, rank: int, master: str, pool: pathlib.Path) -> None:
         (pool / "shim.txt").write_text(outcome)
         return
     from services.trainer.megatron_cpu import install
+
     install()
     dp = DataParallel(rank, case["size"], master, timeout_s=WAIT_S) if case["size"] > 1 else DataParallel()
     dp.ensure_group()

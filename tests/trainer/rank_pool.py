@@ -61,8 +61,14 @@ def run_pool(module: str, plan: list[dict], directory: pathlib.Path, timeout_s: 
     log; so does a pool still running at `timeout_s`."""
     (directory / "plan.json").write_text(json.dumps(plan))
     ranks = max(case["size"] for case in plan)
-    procs = [ChildProcess(f"pool-{r}", [sys.executable, "-m", module, "--pool", str(directory), "--rank", str(r)],
-                          str(directory / f"rank-{r}.log")) for r in range(ranks)]
+    procs = [
+        ChildProcess(
+            f"pool-{r}",
+            [sys.executable, "-m", module, "--pool", str(directory), "--rank", str(r)],
+            str(directory / f"rank-{r}.log"),
+        )
+        for r in range(ranks)
+    ]
     deadline = time.monotonic() + timeout_s
     try:
         while any(p.alive() for p in procs):
@@ -97,8 +103,9 @@ def _master(directory: pathlib.Path, case: dict, rank: int) -> str:
     return path.read_text()
 
 
-def serve(run_case: Callable[[dict, int, str, pathlib.Path], None],
-          warm: Callable[[dict], None] = lambda case: None) -> None:
+def serve(
+    run_case: Callable[[dict, int, str, pathlib.Path], None], warm: Callable[[dict], None] = lambda case: None
+) -> None:
     """A pool rank's main: every case of the plan that takes this rank, in order, as run_case(case, rank, master,
     pool directory). `warm` gets the rank's first case before it waits for the others (to import ahead)."""
     p = argparse.ArgumentParser()
@@ -106,6 +113,7 @@ def serve(run_case: Callable[[dict, int, str, pathlib.Path], None],
     p.add_argument("--rank", type=int, required=True)
     a = p.parse_args()
     import torch
+
     torch.set_num_threads(1)
     mine = [case for case in json.loads((a.pool / "plan.json").read_text()) if a.rank < case["size"]]
     if mine:

@@ -45,15 +45,21 @@ def write_step(plane: InMemoryDataPlane, step: int, initial_model, temperature: 
         rollout = response_log_probs(initial_model, batch, temperature)
     signs = [1.0, -1.0, -1.0, 1.0] if step == 0 else [-1.0, 1.0, 1.0, -1.0]
     plane.create_partition(partition_name("r", step), group_size=2)
-    plane.put(partition_name("r", step), {
-        "tokens": tokens, "prompt_length": torch.tensor([len(p) for p in prompts]),
-        "response_length": torch.tensor([len(r) for r in responses]),
-        "loss_mask": [torch.ones(len(r)) for r in responses],
-        "rollout_log_probs": [rollout[i, :len(r)].clone() for i, r in enumerate(responses)],
-        "reward": torch.tensor([1.0, 0.0, 0.0, 1.0]), "weight_version": torch.zeros(4, dtype=torch.int64),
-        "prompt_position": torch.tensor([2 * step, 2 * step, 2 * step + 1, 2 * step + 1]),
-        "sample_index": torch.tensor([0, 1, 0, 1]),
-        "advantages": [torch.full((len(r),), s) for r, s in zip(responses, signs)]})
+    plane.put(
+        partition_name("r", step),
+        {
+            "tokens": tokens,
+            "prompt_length": torch.tensor([len(p) for p in prompts]),
+            "response_length": torch.tensor([len(r) for r in responses]),
+            "loss_mask": [torch.ones(len(r)) for r in responses],
+            "rollout_log_probs": [rollout[i, : len(r)].clone() for i, r in enumerate(responses)],
+            "reward": torch.tensor([1.0, 0.0, 0.0, 1.0]),
+            "weight_version": torch.zeros(4, dtype=torch.int64),
+            "prompt_position": torch.tensor([2 * step, 2 * step, 2 * step + 1, 2 * step + 1]),
+            "sample_index": torch.tensor([0, 1, 0, 1]),
+            "advantages": [torch.full((len(r),), s) for r, s in zip(responses, signs)],
+        },
+    )
     plane.seal_partition(partition_name("r", step))
     plane.register_task("r/advantage", ["advantages"], group_size=2)
     plane.ack(plane.claim_rows(partition_name("r", step), "r/advantage", 4).lease_id)  # the advantage role is done
@@ -61,9 +67,17 @@ def write_step(plane: InMemoryDataPlane, step: int, initial_model, temperature: 
 
 def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_row_once(model_dir):
     torch.set_num_threads(1)
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2, max_staleness=1,
-                    optim={"lr": 1e-2, "lr_schedule": "linear", "min_lr_ratio": 0.5})
+    run = RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+        max_staleness=1,
+        optim={"lr": 1e-2, "lr_schedule": "linear", "min_lr_ratio": 0.5},
+    )
     initial, _ = load_causal_lm(model_dir, "float32")
     # each publish takes a while, as a broadcast does: the next step trains meanwhile, and numbers its version
     # after the publish in flight
@@ -82,8 +96,10 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
     # the same two optimizer steps, by hand, on the same rows: what each published version must hold
     model, _ = load_causal_lm(model_dir, "float32")
     optimizer = adamw(model.parameters(), run.optim.lr, run.optim.betas, run.optim.weight_decay, "cpu")
-    assert [(p.version, p.receiver_roles, p.announced) for p in coordinator.published] == \
-        [(1, ["engine"], True), (2, ["engine"], True)]
+    assert [(p.version, p.receiver_roles, p.announced) for p in coordinator.published] == [
+        (1, ["engine"], True),
+        (2, ["engine"], True),
+    ]
     for step, published in enumerate(coordinator.published):
         assert set_lr(optimizer, run.optim.lr, step, run.optim, run.num_steps) == [1e-2, 5e-3][step]
         m = actor_step(model, optimizer, batches[step], run, run.micro_batch_size)
@@ -106,8 +122,10 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
     assert record[1]["metrics"]["version_trained"] == 1 and record[1]["metrics"]["weight_version"] == 2
     membership = session.membership
     assert (membership.steps, membership.versions) == ([0, 1], [1, 2])
-    assert status.snapshot()["weight_version"] == 2 and status.snapshot()["last_metrics"]["loss"] == \
-        record[1]["metrics"]["loss"]
+    assert (
+        status.snapshot()["weight_version"] == 2
+        and status.snapshot()["last_metrics"]["loss"] == record[1]["metrics"]["loss"]
+    )
     assert coordinator.publishers[0].prefetched == [["engine"], ["engine"]]  # each step's group asked for early
     assert coordinator.publishers[0].closed and membership.closed
 

@@ -22,20 +22,32 @@ def _batch(seed: int = 0) -> Batch:
     g = torch.Generator().manual_seed(seed)
     lengths = [(3, 5), (2, 2), (4, 6), (1, 3)]
     tokens = [torch.randint(3, 200, (p + r,), generator=g) for p, r in lengths]
-    return Batch(partition="train_0", rows=list(range(4)), columns={
-        "tokens": tokens,
-        "prompt_length": torch.tensor([p for p, _ in lengths]),
-        "response_length": torch.tensor([r for _, r in lengths]),
-        "loss_mask": [torch.ones(r) for _, r in lengths],
-        "rollout_log_probs": [-5.0 + 0.1 * torch.randn(r, generator=g) for _, r in lengths],
-        "advantages": [torch.full((r,), a) for (_, r), a in zip(lengths, [1.0, -1.0, 0.5, -0.5])],
-    })
+    return Batch(
+        partition="train_0",
+        rows=list(range(4)),
+        columns={
+            "tokens": tokens,
+            "prompt_length": torch.tensor([p for p, _ in lengths]),
+            "response_length": torch.tensor([r for _, r in lengths]),
+            "loss_mask": [torch.ones(r) for _, r in lengths],
+            "rollout_log_probs": [-5.0 + 0.1 * torch.randn(r, generator=g) for _, r in lengths],
+            "advantages": [torch.full((r,), a) for (_, r), a in zip(lengths, [1.0, -1.0, 0.5, -0.5])],
+        },
+    )
 
 
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
 def test_micro_batches_give_the_same_update_as_one_batch(model_dir, loss_agg):
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=1, algorithm={"loss_agg": loss_agg}, optim={"lr": 1e-3, "grad_clip": 1e9})
+    run = RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=1,
+        algorithm={"loss_agg": loss_agg},
+        optim={"lr": 1e-3, "grad_clip": 1e9},
+    )
     base, _ = load_causal_lm(model_dir)
     updated = []
     for micro in (4, 1):
@@ -52,8 +64,15 @@ def test_micro_batches_give_the_same_update_as_one_batch(model_dir, loss_agg):
 
 
 def test_checkpoint_round_trip(model_dir, tmp_path):
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, optim={"lr": 1e-3})
+    run = RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        optim={"lr": 1e-3},
+    )
     model, _ = load_causal_lm(model_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     actor_step(model, opt, _batch(), run, 2)

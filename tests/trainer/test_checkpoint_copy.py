@@ -24,6 +24,7 @@ def training(tmp_path):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+
     step()  # the optimizer has state to copy
     return model_dir, model, optimizer, step
 
@@ -33,8 +34,9 @@ def test_a_checkpoint_from_the_copy_is_the_state_at_the_copy_not_after(training,
     live = save_checkpoint(str(tmp_path / "live"), "actor", model, optimizer, model_dir, next_step=1, version=1)
     copied = copy_training_state(model, optimizer)
     step()  # the next step trains while the copy is written
-    from_copy = save_checkpoint(str(tmp_path / "copy"), "actor", model, optimizer, model_dir, next_step=1,
-                                version=1, copied=copied)
+    from_copy = save_checkpoint(
+        str(tmp_path / "copy"), "actor", model, optimizer, model_dir, next_step=1, version=1, copied=copied
+    )
     a, b = (load_file(os.path.join(p, "model.safetensors")) for p in (live, from_copy))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], v.detach()) for k, v in model.state_dict().items() if k in a)  # it moved

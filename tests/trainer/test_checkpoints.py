@@ -32,14 +32,21 @@ def trained(model_dir):
 
 def _chat(directory: str) -> str:
     return AutoTokenizer.from_pretrained(directory, local_files_only=True).apply_chat_template(
-        MESSAGES, tokenize=False, add_generation_prompt=True)
+        MESSAGES, tokenize=False, add_generation_prompt=True
+    )
 
 
 def test_checkpoint_holds_the_tokenizer_and_chat_template_of_the_run_model(model_dir, trained, tmp_path):
     path = save_checkpoint(str(tmp_path), "actor", *trained, model_dir, next_step=1, version=1)
     names = set(os.listdir(path))
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "optimizer.pt",
-            "trainer_state.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "optimizer.pt",
+        "trainer_state.json",
+    } <= names
     assert _chat(path) == _chat(model_dir) and "<|im_start|>assistant" in _chat(path)
     source, copy = (AutoTokenizer.from_pretrained(d, local_files_only=True) for d in (model_dir, path))
     assert (copy.eos_token, copy.pad_token) == (source.eos_token, source.pad_token) == ("<|endoftext|>", "<|pad|>")
@@ -75,8 +82,9 @@ def test_keep_below_one_is_refused_before_anything_is_written(model_dir, trained
 
 
 def test_run_config_checkpoint_settings_and_the_older_spelling(model_dir):
-    base = dict(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                micro_batch_size=2)
+    base = dict(
+        name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4, micro_batch_size=2
+    )
     run = RunConfig(**base, checkpoint={"interval": 5, "keep_last": 4})
     assert (run.checkpoint_interval, run.checkpoint.keep_last, run.checkpoint.on_stop) == (5, 4, True)
     old = RunConfig(**base, checkpoint_interval=3)

@@ -32,15 +32,28 @@ def _wait(condition, timeout_s: float = 30.0) -> None:
 def _critic_on_one_step(model_dir, responses):
     """(plane, session, status, worker): a critic running on step 0 of run r, prompts of 2 samples each."""
     torch.set_num_threads(1)
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=1, algorithm={"estimator": "ppo"})
+    run = RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=1,
+        algorithm={"estimator": "ppo"},
+    )
     plane = InMemoryDataPlane()
     plane.create_partition("r/train_0", group_size=2)
     prompts = [[5, 6], [5, 6], [7, 8, 9], [7, 8, 9]]
-    plane.put("r/train_0", {"tokens": [torch.tensor(p + r) for p, r in zip(prompts, responses)],
-                          "prompt_length": torch.tensor([len(p) for p in prompts]),
-                          "response_length": torch.tensor([len(r) for r in responses]),
-                          "loss_mask": [torch.ones(len(r)) for r in responses]})
+    plane.put(
+        "r/train_0",
+        {
+            "tokens": [torch.tensor(p + r) for p, r in zip(prompts, responses)],
+            "prompt_length": torch.tensor([len(p) for p in prompts]),
+            "response_length": torch.tensor([len(r) for r in responses]),
+            "loss_mask": [torch.ones(len(r)) for r in responses],
+        },
+    )
     plane.seal_partition("r/train_0")
     session, status = FakeRunSession(run, plane), RoleStatus("critic")
     critic = CriticTrainer(TrainerConfig(role="critic"), status)
@@ -55,8 +68,10 @@ def test_critic_writes_values_then_trains_on_returns(model_dir):
     _wait(lambda: all(v is not None for v in plane.column("r/train_0", "values")))
     values = plane.column("r/train_0", "values")
     assert [len(v) for v in values] == [len(r) for r in responses]
-    assert "critic_train" not in plane.partitions["r/train_0"].consumed or \
-        not plane.partitions["r/train_0"].consumed["r/critic_train"]  # no returns yet: nothing to train on
+    assert (
+        "critic_train" not in plane.partitions["r/train_0"].consumed
+        or not plane.partitions["r/train_0"].consumed["r/critic_train"]
+    )  # no returns yet: nothing to train on
     plane.put("r/train_0", {"returns": [torch.ones(len(r)) for r in responses]}, rows=[0, 1, 2, 3])
     worker.join(60)
     assert not worker.is_alive(), "the critic did not finish the step"

@@ -41,14 +41,21 @@ def put_rows(plane: InMemoryDataPlane, step: int, rows: list[int], seal: bool) -
     name = partition_name("r", step)
     plane.create_partition(name, group_size=2, exist_ok=True)
     picked = [ROWS[i] for i in rows]
-    plane.put(name, {
-        "tokens": [torch.tensor(p + r) for p, r in picked], "prompt_length": torch.tensor([len(p) for p, _ in picked]),
-        "response_length": torch.tensor([len(r) for _, r in picked]),
-        "loss_mask": [torch.ones(len(r)) for _, r in picked],
-        "rollout_log_probs": [torch.full((len(r),), -5.0) for _, r in picked],
-        "reward": torch.tensor([1.0 - i % 2 for i in rows]), "weight_version": torch.zeros(len(rows), dtype=torch.int64),
-        "prompt_position": torch.tensor([2 * step + i // 2 for i in rows]), "sample_index": torch.tensor([i % 2 for i in rows]),
-        "advantages": [torch.full((len(r),), 1.0 - 2 * (i % 2)) for i, (_, r) in zip(rows, picked)]})
+    plane.put(
+        name,
+        {
+            "tokens": [torch.tensor(p + r) for p, r in picked],
+            "prompt_length": torch.tensor([len(p) for p, _ in picked]),
+            "response_length": torch.tensor([len(r) for _, r in picked]),
+            "loss_mask": [torch.ones(len(r)) for _, r in picked],
+            "rollout_log_probs": [torch.full((len(r),), -5.0) for _, r in picked],
+            "reward": torch.tensor([1.0 - i % 2 for i in rows]),
+            "weight_version": torch.zeros(len(rows), dtype=torch.int64),
+            "prompt_position": torch.tensor([2 * step + i // 2 for i in rows]),
+            "sample_index": torch.tensor([i % 2 for i in rows]),
+            "advantages": [torch.full((len(r),), 1.0 - 2 * (i % 2)) for i, (_, r) in zip(rows, picked)],
+        },
+    )
     if seal:
         plane.seal_partition(name)
     plane.register_task("r/advantage", ["advantages"], group_size=2)
@@ -58,8 +65,11 @@ def put_rows(plane: InMemoryDataPlane, step: int, rows: list[int], seal: bool) -
 def start(run: RunConfig, plane, checkpoint_dir: str):
     redis, coordinator = InMemoryRedis(), InMemoryCoordinator()
     session = FakeRunSession(run, plane, coordinator=coordinator, redis=redis, run_id=RUN_ID, poll_s=0.01)
-    trainer = ActorTrainer(TrainerConfig(run_id=RUN_ID, checkpoint_dir=checkpoint_dir), RoleStatus("trainer"),
-                           publisher=coordinator.publisher)
+    trainer = ActorTrainer(
+        TrainerConfig(run_id=RUN_ID, checkpoint_dir=checkpoint_dir),
+        RoleStatus("trainer"),
+        publisher=coordinator.publisher,
+    )
     halt = threading.Event()
     worker = threading.Thread(target=trainer.run_loop, args=(session, halt), daemon=True)
     worker.start()
@@ -75,8 +85,16 @@ def wait_until(done, worker: threading.Thread) -> None:
 
 def test_halted_between_steps_it_checkpoints_the_last_finished_step(model_dir, tmp_path):
     torch.set_num_threads(1)
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=3, optim={"lr": 1e-2})
+    run = RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=3,
+        optim={"lr": 1e-2},
+    )
     plane = InMemoryDataPlane()
     put_rows(plane, 0, [0, 1, 2, 3], seal=True)
     worker, halt, redis, coordinator = start(run, plane, str(tmp_path))
@@ -86,8 +104,11 @@ def test_halted_between_steps_it_checkpoints_the_last_finished_step(model_dir, t
     worker.join(60)
     assert not worker.is_alive()
     [state] = checkpoints(str(tmp_path), "actor")
-    assert (state.next_step, state.version) == (1, 1) == (read_progress(redis, RUN_ID).next_step,
-                                                          read_progress(redis, RUN_ID).version)
+    assert (
+        (state.next_step, state.version)
+        == (1, 1)
+        == (read_progress(redis, RUN_ID).next_step, read_progress(redis, RUN_ID).version)
+    )
     saved, _ = load_causal_lm(state.path)
     [published] = coordinator.published
     for name, param in saved.named_parameters():  # the weights of the step, as published
@@ -96,8 +117,16 @@ def test_halted_between_steps_it_checkpoints_the_last_finished_step(model_dir, t
 
 def test_halted_inside_a_step_whose_weights_moved_it_writes_no_checkpoint(model_dir, tmp_path):
     torch.set_num_threads(1)
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=2,
-                    micro_batch_size=2, num_steps=2, optim={"lr": 1e-2})  # two optimizer iterations a step
+    run = RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=2,
+        micro_batch_size=2,
+        num_steps=2,
+        optim={"lr": 1e-2},
+    )  # two optimizer iterations a step
     plane = InMemoryDataPlane()
     put_rows(plane, 0, [0, 1, 2, 3], seal=True)
     put_rows(plane, 1, [0, 1], seal=False)  # step 1's second group is still being generated

@@ -25,14 +25,23 @@ def model_dir(tmp_path_factory):
 
 
 def _run(model_dir: str, **over) -> RunConfig:
-    return RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                     micro_batch_size=2, optim={"lr": 1e-2, "grad_clip": 1e9, "betas": (0.9, 0.99)},
-                     algorithm={"eps_clip": EPS}, trainer={"lora": LORA}, **over)
+    return RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        optim={"lr": 1e-2, "grad_clip": 1e9, "betas": (0.9, 0.99)},
+        algorithm={"eps_clip": EPS},
+        trainer={"lora": LORA},
+        **over,
+    )
 
 
 def _response_log_probs(model, tokens, prompt_length: int) -> torch.Tensor:
     """log pi(token) of each response token of one sample, its forward alone (no padding)."""
-    logits = model(input_ids=tokens[None]).logits[0, prompt_length - 1:-1].float()
+    logits = model(input_ids=tokens[None]).logits[0, prompt_length - 1 : -1].float()
     return torch.log_softmax(logits, -1).gather(-1, tokens[prompt_length:, None])[:, 0]
 
 
@@ -44,11 +53,18 @@ def _batch(model_dir: str) -> Batch:
     tokens = [torch.randint(3, 200, (p + r,), generator=g) for p, r in lengths]
     with torch.no_grad():
         rollout = [_response_log_probs(base, t, p) for t, (p, _) in zip(tokens, lengths)]
-    return Batch(partition="train_0", rows=list(range(4)), columns={
-        "tokens": tokens, "prompt_length": torch.tensor([p for p, _ in lengths]),
-        "response_length": torch.tensor([r for _, r in lengths]),
-        "loss_mask": [torch.ones(r) for _, r in lengths], "rollout_log_probs": rollout,
-        "advantages": [torch.full((r,), a) for (_, r), a in zip(lengths, [1.0, -1.0, 0.5, -0.5])]})
+    return Batch(
+        partition="train_0",
+        rows=list(range(4)),
+        columns={
+            "tokens": tokens,
+            "prompt_length": torch.tensor([p for p, _ in lengths]),
+            "response_length": torch.tensor([r for _, r in lengths]),
+            "loss_mask": [torch.ones(r) for _, r in lengths],
+            "rollout_log_probs": rollout,
+            "advantages": [torch.full((r,), a) for (_, r), a in zip(lengths, [1.0, -1.0, 0.5, -0.5])],
+        },
+    )
 
 
 def _peft_reference(model_dir: str, batch: Batch, steps: int) -> dict[str, torch.Tensor]:
@@ -56,16 +72,26 @@ def _peft_reference(model_dir: str, batch: Batch, steps: int) -> dict[str, torch
     L = -(1 / N) sum_t min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t),  r_t = pi(t) / pi_rollout(t)."""
     torch.manual_seed(0)
     base, _ = load_causal_lm(model_dir)
-    model = get_peft_model(base, LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
-                                            target_modules=LORA["target_modules"], task_type="CAUSAL_LM"))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, betas=(0.9, 0.99),
-                            weight_decay=0.0)
+    model = get_peft_model(
+        base,
+        LoraConfig(
+            r=LORA["rank"],
+            lora_alpha=LORA["alpha"],
+            lora_dropout=0.0,
+            target_modules=LORA["target_modules"],
+            task_type="CAUSAL_LM",
+        ),
+    )
+    opt = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=1e-2, betas=(0.9, 0.99), weight_decay=0.0
+    )
     tokens_total = sum(int(n) for n in batch["response_length"])
     for _ in range(steps):
         opt.zero_grad()
         loss = 0.0
-        for t, p, old, adv in zip(batch["tokens"], batch["prompt_length"].tolist(), batch["rollout_log_probs"],
-                                  batch["advantages"]):
+        for t, p, old, adv in zip(
+            batch["tokens"], batch["prompt_length"].tolist(), batch["rollout_log_probs"], batch["advantages"]
+        ):
             ratio = torch.exp(_response_log_probs(model, t, p) - old)
             loss = loss - torch.minimum(ratio * adv, ratio.clamp(1 - EPS, 1 + EPS) * adv).sum() / tokens_total
         loss.backward()
@@ -116,16 +142,18 @@ def test_only_the_adapter_is_trained_and_optimized(model_dir):
 
 
 def test_full_fine_tuning_publishes_every_weight(model_dir):
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2)
+    run = RunConfig(
+        name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4, micro_batch_size=2
+    )
     model = load_actor(run, None, "float32", "cpu")
     assert [n for n, _ in published(model)] == [n for n, _ in model.named_parameters()]
 
 
 def test_lora_is_refused_where_it_cannot_work(model_dir):
     with pytest.raises(ValueError, match="trainer.lora trains with the torch or fsdp backend, not megatron"):
-        make_backend("megatron", load_actor(_run(model_dir), None, "float32", "cpu"), _run(model_dir), "cpu",
-                     DataParallel())
+        make_backend(
+            "megatron", load_actor(_run(model_dir), None, "float32", "cpu"), _run(model_dir), "cpu", DataParallel()
+        )
     with pytest.raises(ValueError, match="actor_fwd"):
         RunConfig(name="r", model=model_dir, algorithm={"decoupled": True}, trainer={"lora": LORA})
     with pytest.raises(ValueError, match="rank"):
@@ -146,8 +174,10 @@ def test_checkpoint_is_peft_adapter_and_resumes(model_dir, tmp_path):
     model, backend = _sluice_lora(model_dir, batch, 2)
     copied = copy_training_state(model, backend.optimizer)
     assert [n for n, _ in copied.weights] == [n for n, _ in backend.live_weights()]  # what the publish sends
-    written = [save_checkpoint(str(tmp_path / k), "actor", model, backend.optimizer, model_dir, 2, 2, copied=c)
-               for k, c in (("copy", copied), ("live", None))]
+    written = [
+        save_checkpoint(str(tmp_path / k), "actor", model, backend.optimizer, model_dir, 2, 2, copied=c)
+        for k, c in (("copy", copied), ("live", None))
+    ]
     live = dict(backend.live_weights())
     for path in written:
         assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} <= set(os.listdir(path))

@@ -29,6 +29,7 @@ def pool(tmp_path_factory):
     """Made once per test run by one pool of two real gloo ranks (tests/trainer/megatron_worker.py): the shim's
     checks (shim.txt), and each model's logits per layout (<arch>-<tp>-<pp>.safetensors) on the token ids
     ids-<arch>.pt; the models under models/<arch>."""
+
     def make(directory):
         for arch in ("qwen2", "llama"):
             model_dir = init_model(str(directory / "models" / arch), preset="tiny", arch=arch, seed=3)
@@ -36,8 +37,10 @@ def pool(tmp_path_factory):
             ids = torch.randint(3, vocab, (2, 12), generator=torch.Generator().manual_seed(0))
             torch.save(ids, directory / f"ids-{arch}.pt")
         plan = [{"name": "shim", "size": 1}] + [
-            {"name": f"{arch}-{tp}-{pp}", "size": tp * pp, "arch": arch, "tp": tp, "pp": pp} for arch, tp, pp in LOGITS]
+            {"name": f"{arch}-{tp}-{pp}", "size": tp * pp, "arch": arch, "tp": tp, "pp": pp} for arch, tp, pp in LOGITS
+        ]
         run_pool("tests.trainer.megatron_worker", plan, directory)
+
     return made_once(tmp_path_factory, "megatron-cpu", make)
 
 

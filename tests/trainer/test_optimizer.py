@@ -39,8 +39,14 @@ def test_learning_rate_schedules_warm_up_then_decay_to_the_floor():
     from services.run_contract.run_config import OptimSettings
 
     assert [lr_factor(s, 10, "constant") for s in (0, 5, 9)] == [1.0, 1.0, 1.0]
-    assert [round(lr_factor(s, 6, "linear", warmup_steps=2), 6) for s in range(6)] == [0.5, 1.0, 1.0, 0.666667,
-                                                                                        0.333333, 0.0]
+    assert [round(lr_factor(s, 6, "linear", warmup_steps=2), 6) for s in range(6)] == [
+        0.5,
+        1.0,
+        1.0,
+        0.666667,
+        0.333333,
+        0.0,
+    ]
     cosine = [lr_factor(s, 11, "cosine", min_ratio=0.1) for s in range(11)]
     assert cosine[0] == 1.0 and abs(cosine[5] - 0.55) < 1e-9 and abs(cosine[10] - 0.1) < 1e-9
     assert all(a > b for a, b in zip(cosine, cosine[1:]))  # falls at every step

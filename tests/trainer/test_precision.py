@@ -39,8 +39,15 @@ def model_dir(tmp_path_factory):
 
 
 def _run(model_dir: str) -> RunConfig:
-    return RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                     micro_batch_size=2, optim={"lr": 1e-3})
+    return RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        optim={"lr": 1e-3},
+    )
 
 
 def _one_step(model_dir: str, precision: str):
@@ -101,7 +108,8 @@ def test_bf16_mixed_trains_float32_master_weights_to_fp32s_loss(model_dir):
     assert metrics.loss == pytest.approx(reference.loss, rel=LOSS_REL)
     assert metrics.grad_norm == pytest.approx(reference.grad_norm, rel=LOSS_REL)
     assert metrics.means()["rollout_logprob_abs_diff"] == pytest.approx(
-        reference.means()["rollout_logprob_abs_diff"], abs=LOG_PROB_ATOL)
+        reference.means()["rollout_logprob_abs_diff"], abs=LOG_PROB_ATOL
+    )
     for name, p in model.named_parameters():
         assert p.dtype == torch.float32, name
         assert optimizer.state[p]["exp_avg"].dtype == torch.float32, name
@@ -126,9 +134,15 @@ def test_bf16_trains_bfloat16_weights_and_optimizer_state(model_dir):
 def test_the_critic_trains_under_each_precision(model_dir):
     g = torch.Generator().manual_seed(1)
     b = _batch()
-    batch = Batch(partition="train_0", rows=b.rows, columns={
-        **b.columns, "values": [torch.randn(len(m), generator=g) for m in b["loss_mask"]],
-        "returns": [torch.randn(len(m), generator=g) for m in b["loss_mask"]]})
+    batch = Batch(
+        partition="train_0",
+        rows=b.rows,
+        columns={
+            **b.columns,
+            "values": [torch.randn(len(m), generator=g) for m in b["loss_mask"]],
+            "returns": [torch.randn(len(m), generator=g) for m in b["loss_mask"]],
+        },
+    )
     losses = {}
     for precision in ("fp32", "bf16-mixed", "bf16"):
         critic = load_critic(model_dir, getattr(torch, weights_dtype(precision)))
@@ -172,8 +186,9 @@ def test_fsdp_bf16_mixed_trains_float32_shards_in_bfloat16(model_dir):
     precision computes in bfloat16 (the loss is close to, not equal to, fp32's) over float32 shards."""
     _, _, _, reference = _one_step(model_dir, "fp32")
     root = pathlib.Path(__file__).resolve().parents[2]  # `python -c` imports tests.* from its working directory
-    done = subprocess.run([sys.executable, "-c", FSDP_STEP, model_dir], capture_output=True, text=True, timeout=300,
-                          cwd=root)
+    done = subprocess.run(
+        [sys.executable, "-c", FSDP_STEP, model_dir], capture_output=True, text=True, timeout=300, cwd=root
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert (got["master"], got["state"]) == ("torch.float32", "torch.float32")
@@ -192,14 +207,23 @@ def test_the_actor_trainer_trains_and_publishes_in_its_precision(fresh_trainer_m
     from tests.trainer.test_actor_role import write_step
 
     directory = init_model(str(tmp_path), preset="tiny", arch="qwen2", seed=7)
-    run = RunConfig(name="r", model=directory, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=1, optim={"lr": 1e-2})
+    run = RunConfig(
+        name="r",
+        model=directory,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=1,
+        optim={"lr": 1e-2},
+    )
     initial, _ = load_causal_lm(directory)
     plane, redis, coordinator = InMemoryDataPlane(), InMemoryRedis(), InMemoryCoordinator()
     write_step(plane, 0, initial, run.rollout.temperature)
     session = FakeRunSession(run, plane, coordinator=coordinator, redis=redis, run_id="p")
-    trainer = ActorTrainer(TrainerConfig(run_id="p", precision="bf16"), RoleStatus("trainer"),
-                           publisher=coordinator.publisher)
+    trainer = ActorTrainer(
+        TrainerConfig(run_id="p", precision="bf16"), RoleStatus("trainer"), publisher=coordinator.publisher
+    )
     worker = threading.Thread(target=trainer.run_loop, args=(session, threading.Event()), daemon=True)
     worker.start()
     worker.join(60)
@@ -217,6 +241,7 @@ def test_micro_batches_sized_from_memory():
     import pytest as _pytest
     from services.trainer.config import TrainerConfig
     from services.trainer.device import DeviceClock, MicroBatchSizer, rows_that_fit
+
     # 10 GiB budget, 2 GiB weights and optimizer, 1 KiB a token, rows of 4096 tokens: (8 GiB) / 4 MiB = 2048
     assert rows_that_fit(10 * 2**30, 2 * 2**30, 1024, 4096, at_most=10_000) == 2048
     assert rows_that_fit(10 * 2**30, 2 * 2**30, 1024, 4096, at_most=64) == 64

@@ -31,8 +31,15 @@ class GatedPublisher(FakeWeightPublisher):
 def _versions(model) -> tuple[WeightVersions, GatedPublisher, InMemoryCoordinator]:
     coordinator = InMemoryCoordinator()
     sender = GatedPublisher(coordinator)
-    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2)
+    run = RunConfig(
+        name="r",
+        model="/m",
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+    )
     return WeightVersions(sender, model, run, coordinator, "r", republish_check_s=60.0), sender, coordinator
 
 
@@ -75,12 +82,21 @@ def test_a_live_publish_holds_the_optimizer_until_it_is_sent():
 def test_weights_larger_than_the_snapshot_limit_are_published_live():
     model = torch.nn.Linear(3, 2)  # 8 parameters, 32 bytes
     coordinator = InMemoryCoordinator()
-    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2)
-    assert WeightVersions(FakeWeightPublisher(coordinator), model, run, coordinator, "r", 60.0,
-                          snapshot_max_bytes=32).snapshot_fits
-    assert not WeightVersions(FakeWeightPublisher(coordinator), model, run, coordinator, "r", 60.0,
-                              snapshot_max_bytes=31).snapshot_fits
+    run = RunConfig(
+        name="r",
+        model="/m",
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+    )
+    assert WeightVersions(
+        FakeWeightPublisher(coordinator), model, run, coordinator, "r", 60.0, snapshot_max_bytes=32
+    ).snapshot_fits
+    assert not WeightVersions(
+        FakeWeightPublisher(coordinator), model, run, coordinator, "r", 60.0, snapshot_max_bytes=31
+    ).snapshot_fits
 
 
 class EngineTopology(InMemoryCoordinator):
@@ -96,10 +112,14 @@ class EngineTopology(InMemoryCoordinator):
 
     def engines(self, run_id: str) -> SimpleNamespace:  # GET /v1/runs/{run_id}/engines
         assert run_id == "r"
-        return SimpleNamespace(engines=[
-            SimpleNamespace(node_id=k, alive=a, weight_version=v,
-                            source="self" if k in self.registered_themselves else "added")
-            for k, (a, v) in self.scripted.items()])
+        return SimpleNamespace(
+            engines=[
+                SimpleNamespace(
+                    node_id=k, alive=a, weight_version=v, source="self" if k in self.registered_themselves else "added"
+                )
+                for k, (a, v) in self.scripted.items()
+            ]
+        )
 
     def engines_loading(self) -> list[str]:
         return [node for node in self.loads if self.scripted[node][0]]
@@ -113,8 +133,15 @@ class EngineTopology(InMemoryCoordinator):
 def _caught_up(monkeypatch, engines: dict, wait_s: float, during=None) -> tuple[bool, EngineTopology, float]:
     coordinator = EngineTopology(engines)
     coordinator.loads = set(engines)
-    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2)
+    run = RunConfig(
+        name="r",
+        model="/m",
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+    )
     versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
     if during is not None:
         threading.Timer(0.3, during, args=(coordinator,)).start()
@@ -172,8 +199,15 @@ class LateReports(FakeWeightPublisher):
 
 def test_the_trainer_reads_the_engines_record_only_once_its_own_sync_reports_are_in_it():
     coordinator = EngineTopology({"e0": (True, 2), "e1": (True, 2)})  # no `loads`: only the reports set the record
-    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2)
+    run = RunConfig(
+        name="r",
+        model="/m",
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+    )
     sender = LateReports(coordinator, late_s=0.5)
     versions = WeightVersions(sender, torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
     assert versions.publish(3) == 3
@@ -188,10 +222,18 @@ def test_the_trainer_reads_the_engines_record_only_once_its_own_sync_reports_are
 def test_an_engine_that_joined_during_a_publish_or_said_no_version_is_sent_the_weights_at_the_next_check():
     coordinator = EngineTopology({"e0": (True, 3), "joined": (True, 0), "unsaid": (True, None)})
     coordinator.loads = {"e0", "joined", "unsaid"}
-    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2)
-    versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r",
-                              republish_check_s=0.0)
+    run = RunConfig(
+        name="r",
+        model="/m",
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+    )
+    versions = WeightVersions(
+        FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r", republish_check_s=0.0
+    )
     versions.resend_if_lagging(0)  # nothing published yet: every engine holds the run's initial weights
     assert coordinator.published == []
     versions.resend_if_lagging(3)  # no settling time after a publish: the record is read as it stands
@@ -204,8 +246,15 @@ def test_an_engine_that_joined_during_a_publish_or_said_no_version_is_sent_the_w
 def test_an_engine_that_registered_itself_and_is_gone_is_not_waited_for(monkeypatch):
     coordinator = EngineTopology({"e0": (True, 3), "e1": (False, 2)})
     coordinator.registered_themselves.add("e1")  # a scaled-down pod's registration, lapsed
-    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2)
+    run = RunConfig(
+        name="r",
+        model="/m",
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+    )
     versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
     began = time.monotonic()
     assert versions.catch_up_engines(3, wait_s=30, poll_s=0.01)
@@ -232,14 +281,21 @@ class FlakyTopology(EngineTopology):
 
 
 def test_a_coordinator_restarting_at_the_end_is_waited_out_not_raised():
-    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2)
+    run = RunConfig(
+        name="r",
+        model="/m",
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+    )
     coordinator = FlakyTopology({"e0": (True, 0)}, failures=3)
     coordinator.loads = {"e0"}
     versions = WeightVersions(FakeWeightPublisher(coordinator), torch.nn.Linear(2, 2), run, coordinator, "r", 60.0)
     assert versions.catch_up_engines(3, wait_s=30, poll_s=0.01)
     assert coordinator.scripted["e0"] == (True, 3)
-    down = FlakyTopology({"e0": (True, 3)}, failures=10 ** 6)  # never answers: the bound ends the wait
+    down = FlakyTopology({"e0": (True, 3)}, failures=10**6)  # never answers: the bound ends the wait
     versions = WeightVersions(FakeWeightPublisher(down), torch.nn.Linear(2, 2), run, down, "r", 60.0)
     assert not versions.catch_up_engines(3, wait_s=0.2, poll_s=0.01)
 
@@ -268,8 +324,15 @@ def test_an_engine_left_out_while_down_gets_the_weights_again_once_it_answers_wi
         sender.unresponsive = UnresponsiveEngines(pool, lambda url: AnsweringEngine(url, back))
         sender.left_out = sender.unresponsive.unanswered
         sender.unresponsive.after_failure({"e0": AnsweringEngine("http://e0", back)})  # the sync while it was down
-        run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                        micro_batch_size=2, num_steps=2)
+        run = RunConfig(
+            name="r",
+            model="/m",
+            n_samples_per_prompt=2,
+            rollout_batch_size=2,
+            global_batch_size=4,
+            micro_batch_size=2,
+            num_steps=2,
+        )
         versions = WeightVersions(sender, torch.nn.Linear(2, 2), run, coordinator, "r", republish_check_s=0.0)
         versions.resend_if_lagging(3)
         time.sleep(0.1)
@@ -293,17 +356,32 @@ class RefusingPublisher(FakeWeightPublisher):
 
     def publish(self, named, version: int, announce: bool = True):
         from services.dcs.sync.publisher import SyncFailed, SyncResult
+
         self.calls += 1
-        raise SyncFailed(SyncResult(version=version, ok=False, refused=True, announced=announce,
-                                    error="SGLangError: /end_weight_update: HTTP 422: received lm_head.weight "
-                                          "(1024, 64) torch.float32 does not match the model's (512, 64)"))
+        raise SyncFailed(
+            SyncResult(
+                version=version,
+                ok=False,
+                refused=True,
+                announced=announce,
+                error="SGLangError: /end_weight_update: HTTP 422: received lm_head.weight "
+                "(1024, 64) torch.float32 does not match the model's (512, 64)",
+            )
+        )
 
 
 def test_a_refused_publish_fails_at_once_with_the_engines_message_and_so_does_a_resend():
     coordinator = InMemoryCoordinator()
     sender = RefusingPublisher(coordinator)
-    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2)
+    run = RunConfig(
+        name="r",
+        model="/m",
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+    )
     weights = WeightVersions(sender, torch.nn.Linear(3, 2), run, coordinator, "r", republish_check_s=60.0)
     began = time.monotonic()
     try:
@@ -329,13 +407,26 @@ def test_resends_an_engine_answers_with_errors_fail_the_run_after_a_few_and_othe
         engine_error = True
 
         def publish(self, named, version: int, announce: bool = True):
-            raise SyncFailed(SyncResult(version=version, ok=False, engine_error=self.engine_error,
-                                        error="SGLangError: /end_weight_update: HTTP 500: boom"))
+            raise SyncFailed(
+                SyncResult(
+                    version=version,
+                    ok=False,
+                    engine_error=self.engine_error,
+                    error="SGLangError: /end_weight_update: HTTP 500: boom",
+                )
+            )
 
     coordinator = InMemoryCoordinator()
     sender = FailingPublisher(coordinator)
-    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2)
+    run = RunConfig(
+        name="r",
+        model="/m",
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+    )
     weights = WeightVersions(sender, torch.nn.Linear(3, 2), run, coordinator, "r", republish_check_s=60.0)
     sender.engine_error = False  # network faults (unreachable engines) are retried at every check, for ever
     for _ in range(publishing.MAX_ENGINE_ERRORS + 2):
@@ -365,10 +456,18 @@ def test_a_number_a_failed_sync_skipped_does_not_count_as_staleness(monkeypatch)
             return super().publish(named, version, announce)
 
     coordinator = InMemoryCoordinator()
-    run = RunConfig(name="r", model="/m", n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=2, num_steps=2)
-    weights = WeightVersions(FailsOnceAfterAnnouncing(coordinator), torch.nn.Linear(3, 2), run, coordinator, "r",
-                             republish_check_s=60.0)
+    run = RunConfig(
+        name="r",
+        model="/m",
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=2,
+        num_steps=2,
+    )
+    weights = WeightVersions(
+        FailsOnceAfterAnnouncing(coordinator), torch.nn.Linear(3, 2), run, coordinator, "r", republish_check_s=60.0
+    )
     monkeypatch.setattr(publishing.time, "sleep", lambda s: None)  # the retry's backoff
     assert weights.publish(2) == 3  # 2 was announced, then failed: the same weights went out as 3
     assert weights.lag(3, 1) == 1 and weights.lag(3, 2) == 0 and weights.lag(4, 1) == 2 and weights.lag(2, 1) == 1

@@ -22,9 +22,25 @@ def test_torchrun_environment_gives_the_ranks_and_flags_win(monkeypatch):
 def test_two_ranks_under_torchrun_form_their_group(tmp_path):
     out = tmp_path / "sum.txt"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                           "-m", "tests.trainer.torchrun_worker", str(out)],
-                          capture_output=True, text=True, timeout=180, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "tests.trainer.torchrun_worker",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert out.read_text() == "2 3.0"  # ranks 0 and 1 contributed 1 and 2

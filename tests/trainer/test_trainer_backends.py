@@ -30,33 +30,59 @@ RESUMED = ("tp2pp2sp", "tp1", "dp2")  # layouts that also resume a second step (
 pytestmark = pytest.mark.timeout(TEST_S)  # the pool's set-up, or the wait for another worker's
 
 
-def _case(name: str, backend: str, size: int = 1, model: str = "qwen2", seed: int = 0, resume: str = "",
-          tp: int = 1, pp: int = 1, sp: int = 0, lora: int = 0) -> dict:
+def _case(
+    name: str,
+    backend: str,
+    size: int = 1,
+    model: str = "qwen2",
+    seed: int = 0,
+    resume: str = "",
+    tp: int = 1,
+    pp: int = 1,
+    sp: int = 0,
+    lora: int = 0,
+) -> dict:
     """One step of `backend` on `size` ranks (backend_worker.run_case); `resume`: the case whose checkpoint it
     starts from."""
-    return dict(name=name, backend=backend, size=size, model=model, seed=seed, resume=resume, tp=tp, pp=pp, sp=sp,
-                lora=lora)
+    return dict(
+        name=name, backend=backend, size=size, model=model, seed=seed, resume=resume, tp=tp, pp=pp, sp=sp, lora=lora
+    )
 
 
 def plan() -> list[dict]:
     """Every case of this module, for one pool of ranks. torch's and fsdp's come first: megatron's CPU shim,
     once a rank has built a megatron model, patches torch in that process, and the other backends must run as
     they do in a trainer without it. Then megatron's, widest layout first."""
-    cases = [_case("torch-qwen2", "torch"), _case("torch-qwen2-again", "torch", seed=1, resume="torch-qwen2"),
-             _case("torch-llama", "torch", model="llama"), _case("torch-lora", "torch", lora=1),
-             _case("torch-lora-again", "torch", seed=1, resume="torch-lora", lora=1),
-             _case("dp-sgd", "actor_step", 2, model="llama"),
-             _case("fsdp-llama", "fsdp", 2, model="llama"), _case("fsdp-qwen2", "fsdp", 2),
-             _case("fsdp-qwen2-from-torch", "fsdp", 2, seed=1, resume="torch-qwen2"),
-             _case("fsdp-qwen2-from-fsdp", "fsdp", 2, seed=1, resume="fsdp-qwen2"),
-             _case("fsdp-lora", "fsdp", 2, lora=1),
-             _case("torch-qwen2-from-fsdp", "torch", seed=1, resume="fsdp-qwen2"),
-             _case("torch-lora-from-fsdp", "torch", seed=1, resume="fsdp-lora", lora=1)]
+    cases = [
+        _case("torch-qwen2", "torch"),
+        _case("torch-qwen2-again", "torch", seed=1, resume="torch-qwen2"),
+        _case("torch-llama", "torch", model="llama"),
+        _case("torch-lora", "torch", lora=1),
+        _case("torch-lora-again", "torch", seed=1, resume="torch-lora", lora=1),
+        _case("dp-sgd", "actor_step", 2, model="llama"),
+        _case("fsdp-llama", "fsdp", 2, model="llama"),
+        _case("fsdp-qwen2", "fsdp", 2),
+        _case("fsdp-qwen2-from-torch", "fsdp", 2, seed=1, resume="torch-qwen2"),
+        _case("fsdp-qwen2-from-fsdp", "fsdp", 2, seed=1, resume="fsdp-qwen2"),
+        _case("fsdp-lora", "fsdp", 2, lora=1),
+        _case("torch-qwen2-from-fsdp", "torch", seed=1, resume="fsdp-qwen2"),
+        _case("torch-lora-from-fsdp", "torch", seed=1, resume="fsdp-lora", lora=1),
+    ]
     for layout, (tp, pp, size, sp) in sorted(LAYOUTS.items(), key=lambda kv: -kv[1][2]):
         cases.append(_case(f"megatron-{layout}", "megatron", size, tp=tp, pp=pp, sp=sp))
         if layout in RESUMED:
-            cases.append(_case(f"megatron-{layout}-again", "megatron", size, seed=1, resume=f"megatron-{layout}",
-                               tp=tp, pp=pp, sp=sp))
+            cases.append(
+                _case(
+                    f"megatron-{layout}-again",
+                    "megatron",
+                    size,
+                    seed=1,
+                    resume=f"megatron-{layout}",
+                    tp=tp,
+                    pp=pp,
+                    sp=sp,
+                )
+            )
     return cases
 
 
@@ -64,10 +90,12 @@ def plan() -> list[dict]:
 def pool(tmp_path_factory):
     """The directory of every case's results (pool/<case>/: step.json, weights.safetensors, the checkpoint under
     actor/), made once per test run by one pool of four real gloo ranks; the models under pool/models/<arch>."""
+
     def make(directory):
         for arch in ("qwen2", "llama"):
             init_model(str(directory / "models" / arch), preset="tiny", arch=arch, seed=7)
         run_pool("tests.trainer.backend_worker", plan(), directory)
+
     return made_once(tmp_path_factory, "trainer-backends", make)
 
 
@@ -91,7 +119,9 @@ def test_fsdp_two_ranks_take_the_torch_step_and_checkpoints_cross_backends(pool,
     model = load_causal_lm(str(pool / "models" / arch))[0]
     names = [n for n, _ in model.named_parameters()]
     oa, ob = torch.load(f"{ca}/optimizer.pt", weights_only=True), torch_format_optimizer(f"{cb}/sharded", names)
-    assert oa["state"].keys() == ob["state"].keys() and oa["param_groups"][0]["params"] == ob["param_groups"][0]["params"]
+    assert (
+        oa["state"].keys() == ob["state"].keys() and oa["param_groups"][0]["params"] == ob["param_groups"][0]["params"]
+    )
     for k in oa["state"]:
         for moment in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(oa["state"][k][moment], ob["state"][k][moment], atol=ATOL, rtol=RTOL)
@@ -146,8 +176,15 @@ def test_two_data_parallel_ranks_take_the_one_process_step(pool):
     """actor_step on two data-parallel ranks, their gradients summed by DataParallel, against one process: with
     plain SGD the updated weights are the gradients themselves (backend_worker.sgd_step)."""
     model_dir = str(pool / "models" / "llama")
-    run = RunConfig(name="r", model=model_dir, n_samples_per_prompt=2, rollout_batch_size=2, global_batch_size=4,
-                    micro_batch_size=1, optim={"lr": 1e-3, "grad_clip": 1e9})
+    run = RunConfig(
+        name="r",
+        model=model_dir,
+        n_samples_per_prompt=2,
+        rollout_batch_size=2,
+        global_batch_size=4,
+        micro_batch_size=1,
+        optim={"lr": 1e-3, "grad_clip": 1e9},
+    )
     model, _ = load_causal_lm(model_dir)
     actor_step(model, torch.optim.SGD(model.parameters(), lr=1e-2), _batch(), run, 4)
     got = load_file(str(pool / "dp-sgd" / "weights.safetensors"))

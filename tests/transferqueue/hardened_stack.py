@@ -20,12 +20,36 @@ PUT_BYTES = 64 << 10
 RESPONSE_BYTES = 32 << 10
 CONTROLLER_MESSAGE_BYTES = 1 << 20
 
-CONTROLLER_ARGS = ("--max-rows-per-call", str(ROWS_PER_CALL), "--max-partition-rows", str(PARTITION_ROWS),
-                   "--max-lease-ms", str(MAX_LEASE_MS), "--default-lease-ms", "5000",
-                   "--max-partitions", "50", "--max-tasks", "50", "--max-wait-ms", "100",
-                   "--max-message-bytes", str(CONTROLLER_MESSAGE_BYTES), "--max-shard-ttl-ms", "60000")
-SHARD_ARGS = ("--max-rows-per-call", str(ROWS_PER_CALL), "--max-partition-rows", str(PARTITION_ROWS),
-              "--max-put-bytes", str(PUT_BYTES), "--max-response-bytes", str(RESPONSE_BYTES))
+CONTROLLER_ARGS = (
+    "--max-rows-per-call",
+    str(ROWS_PER_CALL),
+    "--max-partition-rows",
+    str(PARTITION_ROWS),
+    "--max-lease-ms",
+    str(MAX_LEASE_MS),
+    "--default-lease-ms",
+    "5000",
+    "--max-partitions",
+    "50",
+    "--max-tasks",
+    "50",
+    "--max-wait-ms",
+    "100",
+    "--max-message-bytes",
+    str(CONTROLLER_MESSAGE_BYTES),
+    "--max-shard-ttl-ms",
+    "60000",
+)
+SHARD_ARGS = (
+    "--max-rows-per-call",
+    str(ROWS_PER_CALL),
+    "--max-partition-rows",
+    str(PARTITION_ROWS),
+    "--max-put-bytes",
+    str(PUT_BYTES),
+    "--max-response-bytes",
+    str(RESPONSE_BYTES),
+)
 
 # the shards renew their registration every few seconds: those keys change on their own
 _LIVE_KEYS = {b"tq:shard_ttl", b"tq:shards"}
@@ -38,8 +62,10 @@ def start(log_dir: str) -> LocalTransferQueue:
 class Stubs:
     def __init__(self, stack: LocalTransferQueue):
         self.stack = stack
-        self._channels = [grpc.insecure_channel(stack.controller_address),
-                          grpc.insecure_channel(stack.shard_addresses[0])]
+        self._channels = [
+            grpc.insecure_channel(stack.controller_address),
+            grpc.insecure_channel(stack.shard_addresses[0]),
+        ]
         self.controller = pb_grpc.ControllerStub(self._channels[0])
         self.shard = pb_grpc.StorageShardStub(self._channels[1])
         self.redis = redis.Redis.from_url(stack.redis_url)
@@ -51,8 +77,9 @@ class Stubs:
 
     def raw_controller(self, method: str):
         """The controller's `method` taking and returning bytes (to send what no stub would)."""
-        return self._channels[0].unary_unary(f"/sluice.transferqueue.v1.Controller/{method}",
-                                             request_serializer=None, response_deserializer=None)
+        return self._channels[0].unary_unary(
+            f"/sluice.transferqueue.v1.Controller/{method}", request_serializer=None, response_deserializer=None
+        )
 
     def close(self) -> None:
         for channel in self._channels:
@@ -76,8 +103,9 @@ def ipc(*arrays: tuple[str, pa.Array, str], compression: str | None = None) -> b
 
 
 def put_chunks(partition: str, rows, data: bytes, reservation: bytes = b"", total: int | None = None):
-    header = pb.PutHeader(partition=partition, rows=rows, total_bytes=len(data) if total is None else total,
-                          reservation=reservation)
+    header = pb.PutHeader(
+        partition=partition, rows=rows, total_bytes=len(data) if total is None else total, reservation=reservation
+    )
     return iter([pb.PutChunk(header=header, data=data)])
 
 

@@ -26,8 +26,14 @@ class Rows:
     async def claim(self, partition, task, batch_rows, min_rows, lease_ms, claim_key):
         if len(self.committed) < min_rows:
             return ClaimResult(lease_id="", groups=[], expiry_ms=0, complete=False, group_size=1, ready_groups_left=0)
-        return ClaimResult(lease_id="l1", groups=self.committed[:batch_rows], expiry_ms=1, complete=False,
-                           group_size=1, ready_groups_left=0)
+        return ClaimResult(
+            lease_id="l1",
+            groups=self.committed[:batch_rows],
+            expiry_ms=1,
+            complete=False,
+            group_size=1,
+            ready_groups_left=0,
+        )
 
 
 class Context:
@@ -41,12 +47,19 @@ def test_a_commit_answers_a_waiting_claim_without_the_redis_message(monkeypatch)
     async def scenario():
         events = RedisEvents(redis=None, channel="unused")  # never subscribed: no message will come
         servicer = ControllerServicer(ControllerConfig(), Rows(), events)
-        claim = asyncio.ensure_future(servicer.Claim(pb.ClaimRequest(
-            partition="r/train_0", task="t", batch_size=2, min_rows=2, wait_ms=3_600_000), Context()))
+        claim = asyncio.ensure_future(
+            servicer.Claim(
+                pb.ClaimRequest(partition="r/train_0", task="t", batch_size=2, min_rows=2, wait_ms=3_600_000), Context()
+            )
+        )
         await asyncio.sleep(0.05)
         assert not claim.done()  # waiting for rows
-        await servicer.CommitPut(pb.CommitPutRequest(partition="r/train_0", rows=[0, 1], fields=[
-            pb.FieldSchema(name="x", dtype="int64", kind=pb.SCALAR)]), Context())
+        await servicer.CommitPut(
+            pb.CommitPutRequest(
+                partition="r/train_0", rows=[0, 1], fields=[pb.FieldSchema(name="x", dtype="int64", kind=pb.SCALAR)]
+            ),
+            Context(),
+        )
         return await asyncio.wait_for(claim, 30)
 
     answer = asyncio.run(scenario())

@@ -22,8 +22,9 @@ def test_four_hundred_waiting_claims_each_get_one_row(tq_stack, uniq):
         async with AsyncTransferQueue(tq_stack.controller_address) as tq:
             await tq.create_partition(partition)
             await tq.register_task(task, ["x"])
-            claims = [asyncio.create_task(tq.claim_rows(partition, task, 1, wait_s=60, lease_s=120))
-                      for _ in range(CLAIMS)]
+            claims = [
+                asyncio.create_task(tq.claim_rows(partition, task, 1, wait_s=60, lease_s=120)) for _ in range(CLAIMS)
+            ]
             await asyncio.sleep(2.0)  # every claim is waiting
             assert not any(c.done() for c in claims)
             await tq.put(partition, {"x": torch.arange(CLAIMS)})

@@ -12,8 +12,15 @@ from services.transferqueue.client.dataloader import StreamingDataLoader, Stream
 from services.transferqueue.client.queue import TransferQueue
 
 
-def _slow_producer(address, partition, groups, group_size, delay_s, sealed_at: list | None = None,
-                   before_last: threading.Event | None = None):
+def _slow_producer(
+    address,
+    partition,
+    groups,
+    group_size,
+    delay_s,
+    sealed_at: list | None = None,
+    before_last: threading.Event | None = None,
+):
     """`before_last`: the last group (and the seal) waits for it, up to 30 s."""
     with TransferQueue(address) as tq:
         for g in range(groups):
@@ -21,8 +28,9 @@ def _slow_producer(address, partition, groups, group_size, delay_s, sealed_at: l
                 before_last.wait(30)
             n = group_size
             ids = torch.arange(g * n, (g + 1) * n)
-            tq.put(partition, {"sid": ids, "tokens": [torch.arange(int(i) % 7 + 1) for i in ids],
-                               "seq_len": (ids % 7 + 1)})
+            tq.put(
+                partition, {"sid": ids, "tokens": [torch.arange(int(i) % 7 + 1) for i in ids], "seq_len": (ids % 7 + 1)}
+            )
             time.sleep(delay_s)
         tq.seal_partition(partition)
         if sealed_at is not None:
@@ -35,8 +43,9 @@ def test_loader_streams_while_partition_is_written(tq_stack, tq, uniq):
     tq.register_task(task, ["sid", "tokens"], group_size=2)
     sealed_at: list[float] = []
     first_batch = threading.Event()  # a loader that waited for the seal would hold the producer 30 s and fail
-    producer = threading.Thread(target=_slow_producer, args=(tq_stack.controller_address, p, 12, 2, 0.1, sealed_at,
-                                                             first_batch))
+    producer = threading.Thread(
+        target=_slow_producer, args=(tq_stack.controller_address, p, 12, 2, 0.1, sealed_at, first_batch)
+    )
     producer.start()
     loader = StreamingDataLoader(StreamingDataset(tq_stack.controller_address, p, task, 4, poll_s=1.0, padded=True))
     seen, first_at = [], None
@@ -61,8 +70,18 @@ def test_data_parallel_ranks_split_one_batch_by_tokens(tq_stack, tq, uniq):
     per_rank, tokens = {0: [], 1: []}, {0: [], 1: []}
 
     def rank(r):
-        ds = StreamingDataset(tq_stack.controller_address, p, task, 4, fields=["sid", "seq_len"], dp_rank=r,
-                              dp_size=2, group_id="run1", balance_field="seq_len", poll_s=1.0)
+        ds = StreamingDataset(
+            tq_stack.controller_address,
+            p,
+            task,
+            4,
+            fields=["sid", "seq_len"],
+            dp_rank=r,
+            dp_size=2,
+            group_id="run1",
+            balance_field="seq_len",
+            poll_s=1.0,
+        )
         for batch in ds:
             per_rank[r].extend(batch["sid"].tolist() if batch.rows else [])
             tokens[r].append(int(batch["seq_len"].sum()) if batch.rows else 0)
@@ -94,7 +113,8 @@ def test_loader_worker_is_spawned_not_forked(tq_stack, tq, uniq):
     tq.create_partition(p)
     tq.register_task(task, ["sid"])
     _slow_producer(tq_stack.controller_address, p, 6, 1, 0.0)
-    loader = StreamingDataLoader(StreamingDataset(tq_stack.controller_address, p, task, 2, fields=["sid"]),
-                                 num_workers=1)
+    loader = StreamingDataLoader(
+        StreamingDataset(tq_stack.controller_address, p, task, 2, fields=["sid"]), num_workers=1
+    )
     assert loader.multiprocessing_context.get_start_method() == "spawn"
     assert sorted(sid for batch in loader for sid in batch["sid"].tolist()) == list(range(6))

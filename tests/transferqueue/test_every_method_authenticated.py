@@ -52,8 +52,10 @@ def test_a_refused_call_changes_nothing_and_the_right_token_works(stack):
     with grpc.insecure_channel(stack.controller_address) as channel:
         create = channel.unary_unary("/sluice.transferqueue.v1.Controller/CreatePartition")
         with pytest.raises(grpc.RpcError) as err:
-            create(pb.CreatePartitionRequest(name="refused").SerializeToString(),
-                   metadata=(("authorization", "Bearer wrong"),))
+            create(
+                pb.CreatePartitionRequest(name="refused").SerializeToString(),
+                metadata=(("authorization", "Bearer wrong"),),
+            )
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     with TransferQueue(stack.controller_address, token=TOKEN) as tq:
         assert "refused" not in [p.name for p in tq.list_partitions()]

@@ -28,40 +28,60 @@ from tests.transferqueue import hardened_stack as hs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-FORBIDDEN = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED,
-             grpc.StatusCode.UNAVAILABLE}
+FORBIDDEN = {
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNAVAILABLE,
+}
 EXAMPLES_PER_METHOD = 50
 CODES: collections.Counter = collections.Counter()
 
 # valid names of what exists twice as often as anything else, so calls get past the name checks
 _VALID = st.sampled_from(["fz", "fzt", "x", "y", "run/fz"])
-NAMES = st.one_of(_VALID, _VALID, st.sampled_from(["", "a" * 129, "bad:name", "../x", "é", "a/b/c"]),
-                  st.text(st.characters(exclude_categories=("Cs",)), max_size=12))
-INTS = st.sampled_from([0, 1, -1, 2, 63, 64, 65, 255, 256, 2**31, 2**53 + 1, 2**62, -(2**63), 2**63 - 1]) | \
-    st.integers(-5, 300)
-ROW_LISTS = st.lists(INTS, max_size=6) | st.just(list(range(hs.ROWS_PER_CALL + 1))) | st.just([3, 3]) | \
-    st.just([-1, -2])
+NAMES = st.one_of(
+    _VALID,
+    _VALID,
+    st.sampled_from(["", "a" * 129, "bad:name", "../x", "é", "a/b/c"]),
+    st.text(st.characters(exclude_categories=("Cs",)), max_size=12),
+)
+INTS = st.sampled_from([0, 1, -1, 2, 63, 64, 65, 255, 256, 2**31, 2**53 + 1, 2**62, -(2**63), 2**63 - 1]) | st.integers(
+    -5, 300
+)
+ROW_LISTS = (
+    st.lists(INTS, max_size=6) | st.just(list(range(hs.ROWS_PER_CALL + 1))) | st.just([3, 3]) | st.just([-1, -2])
+)
 
 
 def _arrow_payloads() -> list[bytes]:
     good = hs.ipc(("x", pa.array(np.arange(4), type=pa.int64()), "int64"))
-    tensor = pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(pa.int8(), [2]),
-                                            pa.FixedSizeListArray.from_arrays(pa.array(np.arange(8), pa.int8()), 2))
-    return [good, good[: len(good) // 2], b"", b"\xff" * 64, hs.lying_offsets([0, 2, 1 << 20]),
-            hs.lying_offsets([0, 3, 1]), hs.ipc(("x", pa.array([1, None, 3, 4], type=pa.int64()), "int64")),
-            hs.ipc(("x", pa.array(np.arange(4)), "int64"), compression="zstd"), hs.ipc(("x", tensor, "int8")),
-            hs.ipc(("x", pa.array(["a", "b", "c", "d"], type=pa.large_string()), "string"))]
+    tensor = pa.ExtensionArray.from_storage(
+        pa.fixed_shape_tensor(pa.int8(), [2]), pa.FixedSizeListArray.from_arrays(pa.array(np.arange(8), pa.int8()), 2)
+    )
+    return [
+        good,
+        good[: len(good) // 2],
+        b"",
+        b"\xff" * 64,
+        hs.lying_offsets([0, 2, 1 << 20]),
+        hs.lying_offsets([0, 3, 1]),
+        hs.ipc(("x", pa.array([1, None, 3, 4], type=pa.int64()), "int64")),
+        hs.ipc(("x", pa.array(np.arange(4)), "int64"), compression="zstd"),
+        hs.ipc(("x", tensor, "int8")),
+        hs.ipc(("x", pa.array(["a", "b", "c", "d"], type=pa.large_string()), "string")),
+    ]
 
 
 def _flip(data: bytes, index: int, value: int) -> bytes:
     if not data:
         return data
     i = index % len(data)
-    return data[:i] + bytes([value]) + data[i + 1:]
+    return data[:i] + bytes([value]) + data[i + 1 :]
 
 
-PAYLOADS = st.builds(_flip, st.sampled_from(_arrow_payloads()), st.integers(0, 1 << 20), st.integers(0, 255)) | \
-    st.sampled_from(_arrow_payloads())
+PAYLOADS = st.builds(
+    _flip, st.sampled_from(_arrow_payloads()), st.integers(0, 1 << 20), st.integers(0, 255)
+) | st.sampled_from(_arrow_payloads())
 
 
 def _value(field, depth: int, extra: dict):
@@ -93,7 +113,8 @@ def _message(desc, depth: int = 0, extra: dict | None = None):
     cls = getattr(pb, desc.name)
     fields = {f.name: _value(f, depth, extra) for f in desc.fields}
     return st.fixed_dictionaries({}, optional=fields).map(
-        lambda d: cls(**{k: v for k, v in d.items() if v is not None}))
+        lambda d: cls(**{k: v for k, v in d.items() if v is not None})
+    )
 
 
 @pytest.fixture(scope="module")
@@ -135,24 +156,45 @@ def _check(stubs: hs.Stubs, call, request, streaming_response: bool) -> None:
         assert not changed, f"{err.code()} ({err.details()}), yet it changed {changed}"
 
 
-@pytest.mark.parametrize("service,method", _methods("Controller") + _methods("StorageShard"),
-                         ids=lambda v: v if isinstance(v, str) else v.name)
+@pytest.mark.parametrize(
+    "service,method",
+    _methods("Controller") + _methods("StorageShard"),
+    ids=lambda v: v if isinstance(v, str) else v.name,
+)
 def test_every_method_survives_random_input(fuzzed, service, method):
     stub = fuzzed.controller if service == "Controller" else fuzzed.shard
     call = getattr(stub, method.name)
     if method.client_streaming:  # Put: a header (maybe genuine) and Arrow bytes (maybe malformed)
-        header = _message(pb.PutHeader.DESCRIPTOR, extra={
-            "sluice.transferqueue.v1.PutHeader.reservation": st.sampled_from(fuzzed.reservations),
-            "sluice.transferqueue.v1.PutHeader.total_bytes": INTS | st.just(-1)})
+        header = _message(
+            pb.PutHeader.DESCRIPTOR,
+            extra={
+                "sluice.transferqueue.v1.PutHeader.reservation": st.sampled_from(fuzzed.reservations),
+                "sluice.transferqueue.v1.PutHeader.total_bytes": INTS | st.just(-1),
+            },
+        )
         requests = st.tuples(header, PAYLOADS, st.booleans()).map(
-            lambda t: [pb.PutChunk(header=t[0], data=t[1])] if t[2] else
-            [pb.PutChunk(header=pb.PutHeader(partition="fz", rows=[0, 1, 2, 3], total_bytes=len(t[1]),
-                                             reservation=fuzzed.reservations[1]), data=t[1])])
+            lambda t: (
+                [pb.PutChunk(header=t[0], data=t[1])]
+                if t[2]
+                else [
+                    pb.PutChunk(
+                        header=pb.PutHeader(
+                            partition="fz", rows=[0, 1, 2, 3], total_bytes=len(t[1]), reservation=fuzzed.reservations[1]
+                        ),
+                        data=t[1],
+                    )
+                ]
+            )
+        )
     else:
         requests = _message(method.input_type)
 
-    @settings(max_examples=EXAMPLES_PER_METHOD, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    @settings(
+        max_examples=EXAMPLES_PER_METHOD,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
     @given(request=requests)
     def run(request):
         _check(fuzzed, call, iter(request) if method.client_streaming else request, method.server_streaming)

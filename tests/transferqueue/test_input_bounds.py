@@ -14,8 +14,15 @@ import pytest
 from services.transferqueue.local_stack import LocalTransferQueue
 from services.transferqueue.pb import transferqueue_pb2 as pb
 from tests.transferqueue import hardened_stack as hs
-from tests.transferqueue.hardened_stack import (MAX_LEASE_MS, PARTITION_ROWS, ROWS_PER_CALL, ipc, lying_offsets,
-                                                put_chunks, scalar)
+from tests.transferqueue.hardened_stack import (
+    MAX_LEASE_MS,
+    PARTITION_ROWS,
+    ROWS_PER_CALL,
+    ipc,
+    lying_offsets,
+    put_chunks,
+    scalar,
+)
 
 IA, RE, FP = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.FAILED_PRECONDITION
 
@@ -34,8 +41,9 @@ def stubs(tmp_path_factory):
 
 def _put(s: hs.Stubs, partition: str, values: np.ndarray) -> list[int]:
     """A put by hand (prepare, shard put with the reservation, commit)."""
-    prepared = s.controller.PreparePut(pb.PreparePutRequest(partition=partition, fields=[scalar("x")],
-                                                            new_rows=len(values)))
+    prepared = s.controller.PreparePut(
+        pb.PreparePutRequest(partition=partition, fields=[scalar("x")], new_rows=len(values))
+    )
     data = ipc(("x", pa.array(values, type=pa.int64()), "int64"))
     s.shard.Put(put_chunks(partition, prepared.rows, data, prepared.reservation))
     s.controller.CommitPut(pb.CommitPutRequest(partition=partition, fields=[scalar("x")], rows=prepared.rows))
@@ -65,23 +73,32 @@ def test_enormous_counts_and_leases_are_rejected_before_redis(stubs):
     req = pb.PreparePutRequest
     _rejected(s, c.PreparePut, req(partition="base", fields=[scalar("x")], new_rows=2**62), IA, "new_rows")
     _rejected(s, c.PreparePut, req(partition="base", fields=[scalar("x")], new_rows=ROWS_PER_CALL + 2), IA, "new_rows")
-    _rejected(s, c.PreparePut, req(partition="base", fields=[scalar("y")], rows=list(range(ROWS_PER_CALL + 1))),
-              IA, "rows", "split it")
-    _rejected(s, c.CommitPut, pb.CommitPutRequest(partition="base", fields=[scalar("x")], rows=[2**53 + 1]),
-              IA, "row index")
+    _rejected(
+        s,
+        c.PreparePut,
+        req(partition="base", fields=[scalar("y")], rows=list(range(ROWS_PER_CALL + 1))),
+        IA,
+        "rows",
+        "split it",
+    )
+    _rejected(
+        s, c.CommitPut, pb.CommitPutRequest(partition="base", fields=[scalar("x")], rows=[2**53 + 1]), IA, "row index"
+    )
     _rejected(s, c.Claim, pb.ClaimRequest(partition="base", task="tb", batch_size=2**40), IA, "batch_size")
     _rejected(s, c.Claim, pb.ClaimRequest(partition="base", task="tb", batch_size=2, lease_ms=2**62), IA, "lease_ms")
     _rejected(s, c.Claim, pb.ClaimRequest(partition="base", task="tb", batch_size=2, min_rows=-1), IA, "min_rows")
     _rejected(s, c.WaitReady, pb.WaitReadyRequest(partition="base", task="tb", min_rows=1, wait_ms=-5), IA, "wait_ms")
     _rejected(s, c.CreatePartition, pb.CreatePartitionRequest(name="big", group_size=2**40), IA, "group_size")
     _rejected(s, c.CreatePartition, pb.CreatePartitionRequest(name="big", placement_block=-3), IA, "placement_block")
-    _rejected(s, c.RegisterTask, pb.RegisterTaskRequest(name="tt", required_fields=["x"], group_size=-2), IA,
-              "group_size")
+    _rejected(
+        s, c.RegisterTask, pb.RegisterTaskRequest(name="tt", required_fields=["x"], group_size=-2), IA, "group_size"
+    )
     _rejected(s, c.RegisterShard, pb.RegisterShardRequest(shard_id="evil", address="h:1", ttl_ms=2**62), IA, "ttl_ms")
     claimed = c.Claim(pb.ClaimRequest(partition="base", task="tb", batch_size=2, lease_ms=MAX_LEASE_MS))
     assert claimed.rows and claimed.lease_expires_unix_ms <= time.time() * 1000 + MAX_LEASE_MS + 1000
-    _rejected(s, c.ExtendLease, pb.ExtendLeaseRequest(lease_id=claimed.lease_id, lease_ms=MAX_LEASE_MS + 1), IA,
-              "lease_ms")
+    _rejected(
+        s, c.ExtendLease, pb.ExtendLeaseRequest(lease_id=claimed.lease_id, lease_ms=MAX_LEASE_MS + 1), IA, "lease_ms"
+    )
     _rejected(s, c.Ack, pb.AckRequest(lease_id=claimed.lease_id, rows=[-2, -1]), IA, "row index -2")
     assert c.Ack(pb.AckRequest(lease_id=claimed.lease_id)).rows_acked == 2
 
@@ -91,8 +108,13 @@ def test_allocation_partition_and_task_caps_are_resource_exhausted(stubs):
     c.CreatePartition(pb.CreatePartitionRequest(name="alloc"))
     for _ in range(PARTITION_ROWS // ROWS_PER_CALL):
         c.PreparePut(pb.PreparePutRequest(partition="alloc", fields=[scalar("x")], new_rows=ROWS_PER_CALL))
-    _rejected(s, c.PreparePut, pb.PreparePutRequest(partition="alloc", fields=[scalar("x")], new_rows=2), RE,
-              "--max-partition-rows")
+    _rejected(
+        s,
+        c.PreparePut,
+        pb.PreparePutRequest(partition="alloc", fields=[scalar("x")], new_rows=2),
+        RE,
+        "--max-partition-rows",
+    )
     names = [f"cap{i}" for i in range(60)]
     created = 0
     with pytest.raises(grpc.RpcError) as err:
@@ -146,10 +168,16 @@ def test_dtypes_and_shapes_are_bounded(stubs):
 
     _rejected(s, c.PreparePut, prepare(pb.FieldSchema(name="z", dtype="complex128", kind=pb.SCALAR)), IA, "dtype")
     _rejected(s, c.PreparePut, prepare(pb.FieldSchema(name="z", dtype="string", kind=pb.SCALAR)), IA, "STRING")
-    _rejected(s, c.PreparePut, prepare(pb.FieldSchema(name="z", dtype="int8", kind=pb.TENSOR, shape=[1] * 9)), IA,
-              "shape")
-    _rejected(s, c.PreparePut, prepare(pb.FieldSchema(name="z", dtype="int8", kind=pb.TENSOR, shape=[2**31, 2**31])),
-              IA, "elements per row")
+    _rejected(
+        s, c.PreparePut, prepare(pb.FieldSchema(name="z", dtype="int8", kind=pb.TENSOR, shape=[1] * 9)), IA, "shape"
+    )
+    _rejected(
+        s,
+        c.PreparePut,
+        prepare(pb.FieldSchema(name="z", dtype="int8", kind=pb.TENSOR, shape=[2**31, 2**31])),
+        IA,
+        "elements per row",
+    )
     _rejected(s, c.PreparePut, prepare(pb.FieldSchema(name="z", dtype="int8", kind=pb.SCALAR, shape=[3])), IA, "shape")
     _rejected(s, c.PreparePut, prepare(pb.FieldSchema(name="z", dtype="int8", kind=17)), IA, "kind")
 
@@ -205,10 +233,20 @@ def test_streams_responses_and_messages_are_capped(stubs):
     c.CreatePartition(pb.CreatePartitionRequest(name="big"))
     prepared = c.PreparePut(pb.PreparePutRequest(partition="big", fields=[scalar("x")], new_rows=2))
     data = ipc(("x", pa.array([1, 2], type=pa.int64()), "int64"))
-    _rejected(s, s.shard.Put, put_chunks("big", prepared.rows, data, prepared.reservation, total=hs.PUT_BYTES + 1),
-              RE, "--max-put-bytes")
-    _rejected(s, s.shard.Put, put_chunks("big", prepared.rows, data, prepared.reservation, total=len(data) - 1),
-              RE, "announced")
+    _rejected(
+        s,
+        s.shard.Put,
+        put_chunks("big", prepared.rows, data, prepared.reservation, total=hs.PUT_BYTES + 1),
+        RE,
+        "--max-put-bytes",
+    )
+    _rejected(
+        s,
+        s.shard.Put,
+        put_chunks("big", prepared.rows, data, prepared.reservation, total=len(data) - 1),
+        RE,
+        "announced",
+    )
     # 64 rows x 1 KiB = 64 KiB stored over two puts; reading all 64 at once passes the 32 KiB response cap
     wide = pb.FieldSchema(name="w", dtype="int64", kind=pb.TENSOR, shape=[128])
     for _ in range(2):
@@ -217,8 +255,13 @@ def test_streams_responses_and_messages_are_capped(stubs):
         column = pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(pa.int64(), [128]), storage)
         s.shard.Put(put_chunks("big", p.rows, ipc(("w", column, "int64")), p.reservation))
         last = list(p.rows)
-    _rejected(s, s.shard.Get, pb.GetRequest(partition="big", rows=list(range(2, 66)), fields=["w"]), RE,
-              "--max-response-bytes")
+    _rejected(
+        s,
+        s.shard.Get,
+        pb.GetRequest(partition="big", rows=list(range(2, 66)), fields=["w"]),
+        RE,
+        "--max-response-bytes",
+    )
     assert len(b"".join(ch.data for ch in s.shard.Get(pb.GetRequest(partition="big", rows=last[:16], fields=["w"]))))
     oversized = s.raw_controller("ListTasks")
     _rejected(s, oversized, b"\x0a" + b"\x80\x80\x40" + b"x" * (hs.CONTROLLER_MESSAGE_BYTES + 16), RE)
@@ -237,8 +280,14 @@ def test_a_late_task_or_a_reset_over_more_rows_than_allowed_is_refused_before_an
             for name in ("r/a", "r/b"):
                 c.CreatePartition(pb.CreatePartitionRequest(name=name))
                 _put(s, name, np.arange(60))
-            details = _rejected(s, c.RegisterTask, pb.RegisterTaskRequest(name="r/late", required_fields=["x"]),
-                                FP, "120 rows in 2 partition(s)", "--max-readiness-rows")
+            details = _rejected(
+                s,
+                c.RegisterTask,
+                pb.RegisterTaskRequest(name="r/late", required_fields=["x"]),
+                FP,
+                "120 rows in 2 partition(s)",
+                "--max-readiness-rows",
+            )
             assert "r/late" in details
             # within the bound: registered, and its readiness covers the rows already there
             c.RegisterTask(pb.RegisterTaskRequest(name="other/late", required_fields=["x"]))
@@ -246,7 +295,13 @@ def test_a_late_task_or_a_reset_over_more_rows_than_allowed_is_refused_before_an
             c.CreatePartition(pb.CreatePartitionRequest(name="r/big"))
             _put(s, "r/big", np.arange(64))
             _put(s, "r/big", np.arange(64))
-            _rejected(s, c.ResetTask, pb.ResetTaskRequest(partition="r/big", task="r/early"), FP,
-                      "128 rows in 1 partition(s)", "--max-readiness-rows")
+            _rejected(
+                s,
+                c.ResetTask,
+                pb.ResetTaskRequest(partition="r/big", task="r/early"),
+                FP,
+                "128 rows in 1 partition(s)",
+                "--max-readiness-rows",
+            )
         finally:
             s.close()

@@ -19,8 +19,12 @@ BENCHMARK = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "tq_loa
 
 
 def test_eight_thirty_two_and_a_hundred_twenty_eight_clients_with_no_error_and_no_row_lost():
-    done = subprocess.run([sys.executable, str(BENCHMARK), "--quick", "--clients", "8,32,128"],
-                          capture_output=True, text=True, timeout=280)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARK), "--quick", "--clients", "8,32,128"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert [level["clients"] for level in result["levels"]] == [8, 32, 128]

@@ -111,10 +111,12 @@ def test_lost_rows_refuses_bad_requests(stack):
     with TransferQueue(stack.controller_address) as tq:
         tq.create_partition("p")
         tq.register_task("t", ["x"])
-        for kwargs, code in (({"task": "nope"}, grpc.StatusCode.NOT_FOUND),
-                             ({"task": "t", "limit": 70000}, grpc.StatusCode.INVALID_ARGUMENT),
-                             ({"task": "t", "from_row": -1}, grpc.StatusCode.INVALID_ARGUMENT),
-                             ({"task": "bad name!"}, grpc.StatusCode.INVALID_ARGUMENT)):
+        for kwargs, code in (
+            ({"task": "nope"}, grpc.StatusCode.NOT_FOUND),
+            ({"task": "t", "limit": 70000}, grpc.StatusCode.INVALID_ARGUMENT),
+            ({"task": "t", "from_row": -1}, grpc.StatusCode.INVALID_ARGUMENT),
+            ({"task": "bad name!"}, grpc.StatusCode.INVALID_ARGUMENT),
+        ):
             with pytest.raises(TQError) as err:
                 c.lost_rows("p", **kwargs)
             assert err.value.code == code

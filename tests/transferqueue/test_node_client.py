@@ -25,19 +25,24 @@ pytestmark = [
 
 def test_node_roundtrip_put_claim_get_ack(node_client, tq_stack, tq, uniq):
     p, task = uniq("node_p"), uniq("node_t")
-    out = run_node(node_client, "roundtrip.mjs", "--controller", tq_stack.controller_address,
-                   "--partition", p, "--task", task)
+    out = run_node(
+        node_client, "roundtrip.mjs", "--controller", tq_stack.controller_address, "--partition", p, "--task", task
+    )
     expected = {"id": [10, 11, 12], "score": [0.5, -1.25, 3.0], "logprobs": [[-0.5, -1.5], [], [-0.25, -2.0, -4.0]]}
     assert out["put"] == [0, 1, 2] and out["acked"] == 3
     for read in (out["claimed"], out["get"]):
         assert read["rows"] == [0, 1, 2]
         assert read["columns"] == expected
-        assert read["schema"] == {"id": {"dtype": "int64", "kind": "SCALAR", "shape": []},
-                                  "score": {"dtype": "float32", "kind": "SCALAR", "shape": []},
-                                  "logprobs": {"dtype": "float32", "kind": "RAGGED", "shape": []}}
+        assert read["schema"] == {
+            "id": {"dtype": "int64", "kind": "SCALAR", "shape": []},
+            "score": {"dtype": "float32", "kind": "SCALAR", "shape": []},
+            "logprobs": {"dtype": "float32", "kind": "RAGGED", "shape": []},
+        }
     assert out["claimed"]["leaseId"]
     # the controller saw the Node client's ack: everything consumed, nothing left to claim
-    assert [(t.task, t.ready, t.consumed, t.leased) for t in tq.partition(p).tasks if t.task == task] == [(task, 3, 3, 0)]
+    assert [(t.task, t.ready, t.consumed, t.leased) for t in tq.partition(p).tasks if t.task == task] == [
+        (task, 3, 3, 0)
+    ]
     assert tq.claim(p, task, 3).rows == []
     # and the Python client reads the Node client's rows with the declared dtypes
     batch = tq.get(p, [2, 0], ["id", "score", "logprobs"])
@@ -63,10 +68,16 @@ def test_python_reads_what_node_put(node_client, tq_stack, tq, uniq):
     out = cli(node_client, "put", tq_stack.controller_address, "--partition", p, "--columns", json.dumps(columns))
     assert out["rows"] == [0, 1, 2, 3, 4]
     schema = {f.name: (f.dtype, pb.FieldKind.Name(f.kind), list(f.shape)) for f in tq.schema(p)}
-    assert schema == {"i64": ("int64", "SCALAR", []), "i32": ("int32", "SCALAR", []), "f32": ("float32", "SCALAR", []),
-                      "tokens": ("int64", "RAGGED", []), "lp": ("float32", "RAGGED", []),
-                      "text": ("string", "STRING", []), "flag": ("bool", "SCALAR", []),
-                      "grid": ("float64", "TENSOR", [2, 2])}
+    assert schema == {
+        "i64": ("int64", "SCALAR", []),
+        "i32": ("int32", "SCALAR", []),
+        "f32": ("float32", "SCALAR", []),
+        "tokens": ("int64", "RAGGED", []),
+        "lp": ("float32", "RAGGED", []),
+        "text": ("string", "STRING", []),
+        "flag": ("bool", "SCALAR", []),
+        "grid": ("float64", "TENSOR", [2, 2]),
+    }
     order = [4, 1, 3, 0, 2]
     batch = tq.get(p, order, list(columns))
     assert batch["i64"].dtype == torch.int64 and batch["i64"].tolist() == [4, -1, 3, 0, 2**40]
@@ -81,10 +92,19 @@ def test_python_reads_what_node_put(node_client, tq_stack, tq, uniq):
     assert batch["grid"][0].flatten().tolist() == [16.0, 17.0, 18.0, 19.0]
     # the same fields written by Python into the same partition: one read spans both writers' chunks,
     # which the shard concatenates, so the Node client's Arrow types must equal pyarrow's exactly
-    more = tq.put(p, {"i64": torch.arange(5, 7), "i32": torch.zeros(2, dtype=torch.int32), "f32": torch.ones(2),
-                      "tokens": [torch.arange(3), torch.arange(0)], "lp": [torch.ones(1), torch.ones(2)],
-                      "text": ["x", "y"], "flag": torch.ones(2, dtype=torch.bool),
-                      "grid": torch.ones(2, 2, 2, dtype=torch.float64)})
+    more = tq.put(
+        p,
+        {
+            "i64": torch.arange(5, 7),
+            "i32": torch.zeros(2, dtype=torch.int32),
+            "f32": torch.ones(2),
+            "tokens": [torch.arange(3), torch.arange(0)],
+            "lp": [torch.ones(1), torch.ones(2)],
+            "text": ["x", "y"],
+            "flag": torch.ones(2, dtype=torch.bool),
+            "grid": torch.ones(2, 2, 2, dtype=torch.float64),
+        },
+    )
     mixed = tq.get(p, [more[1], 1, more[0], 0], list(columns))
     assert mixed["i64"].tolist() == [6, -1, 5, 0]
     assert [t.tolist() for t in mixed["tokens"]] == [[], [3], [0, 1, 2], [1, 2]]
@@ -97,29 +117,57 @@ def test_node_claims_what_python_put(node_client, tq_stack, tq, uniq):
     p, task = uniq("node_p"), uniq("node_t")
     tq.create_partition(p, group_size=2, placement_block=2)  # 6 rows over both shards
     tq.register_task(task, ["ids", "logp"], group_size=2)
-    rows = tq.put(p, {
-        "ids": [torch.arange(k + 1) for k in range(6)],
-        "logp": [torch.full((k,), -0.5) for k in range(6)],
-        "reward": torch.tensor([0.0, 1.0, 0.5, 0.25, -1.0, 2.0]),
-        "step": torch.arange(100, 106, dtype=torch.int32),
-        "uid": torch.arange(6) * 2**33,
-        "half": torch.tensor([0.5, 1.5, -2.0, 3.0, 0.25, 1.0], dtype=torch.float16),
-        "bf16": torch.tensor([0.5, 1.5, -2.0, 3.0, 0.25, 1.0], dtype=torch.bfloat16),
-        "emb": torch.arange(24, dtype=torch.float32).reshape(6, 2, 2),
-        "prompt": ["p0", "p1", "p2", "p3", "p4", "p5"],
-        "done": torch.tensor([True, False, True, False, True, False]),
-    })
-    out = cli(node_client, "claim", tq_stack.controller_address, "--partition", p, "--task", task,
-              "--batch-size", "4", "--wait-s", "5", "--ack")
+    rows = tq.put(
+        p,
+        {
+            "ids": [torch.arange(k + 1) for k in range(6)],
+            "logp": [torch.full((k,), -0.5) for k in range(6)],
+            "reward": torch.tensor([0.0, 1.0, 0.5, 0.25, -1.0, 2.0]),
+            "step": torch.arange(100, 106, dtype=torch.int32),
+            "uid": torch.arange(6) * 2**33,
+            "half": torch.tensor([0.5, 1.5, -2.0, 3.0, 0.25, 1.0], dtype=torch.float16),
+            "bf16": torch.tensor([0.5, 1.5, -2.0, 3.0, 0.25, 1.0], dtype=torch.bfloat16),
+            "emb": torch.arange(24, dtype=torch.float32).reshape(6, 2, 2),
+            "prompt": ["p0", "p1", "p2", "p3", "p4", "p5"],
+            "done": torch.tensor([True, False, True, False, True, False]),
+        },
+    )
+    out = cli(
+        node_client,
+        "claim",
+        tq_stack.controller_address,
+        "--partition",
+        p,
+        "--task",
+        task,
+        "--batch-size",
+        "4",
+        "--wait-s",
+        "5",
+        "--ack",
+    )
     assert out["rows"] == rows[:4] and out["acked"] == 4
-    assert out["columns"] == {"ids": [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3]],
-                              "logp": [[], [-0.5], [-0.5, -0.5], [-0.5, -0.5, -0.5]]}
-    assert out["schema"] == {"ids": {"dtype": "int64", "kind": "RAGGED", "shape": []},
-                             "logp": {"dtype": "float32", "kind": "RAGGED", "shape": []}}
+    assert out["columns"] == {
+        "ids": [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3]],
+        "logp": [[], [-0.5], [-0.5, -0.5], [-0.5, -0.5, -0.5]],
+    }
+    assert out["schema"] == {
+        "ids": {"dtype": "int64", "kind": "RAGGED", "shape": []},
+        "logp": {"dtype": "float32", "kind": "RAGGED", "shape": []},
+    }
     # the rest (whole group of 2) with every column, read in a shuffled order through get
     fields = ["reward", "step", "uid", "half", "bf16", "emb", "prompt", "done", "ids"]
-    got = cli(node_client, "get", tq_stack.controller_address, "--partition", p, "--rows", json.dumps([5, 0, 3]),
-              "--fields", json.dumps(fields))
+    got = cli(
+        node_client,
+        "get",
+        tq_stack.controller_address,
+        "--partition",
+        p,
+        "--rows",
+        json.dumps([5, 0, 3]),
+        "--fields",
+        json.dumps(fields),
+    )
     c, s = got["columns"], got["schema"]
     assert c["reward"] == [2.0, 0.0, 0.25] and s["reward"]["dtype"] == "float32"
     assert c["step"] == [105, 100, 103] and s["step"]["dtype"] == "int32"
@@ -138,20 +186,37 @@ def test_node_claims_what_python_put(node_client, tq_stack, tq, uniq):
 def test_node_client_surfaces_grpc_errors(node_client, tq_stack, tq, uniq):
     missing, task = uniq("node_missing"), uniq("node_t")
     tq.register_task(task, ["x"])
-    out = cli(node_client, "claim", tq_stack.controller_address, "--partition", missing, "--task", task,
-              expect_rc=3)["error"]
+    out = cli(node_client, "claim", tq_stack.controller_address, "--partition", missing, "--task", task, expect_rc=3)[
+        "error"
+    ]
     assert out["codeName"] == "NOT_FOUND" and out["code"] == grpc.StatusCode.NOT_FOUND.value[0]
     assert missing in out["details"]
     # a schema conflict with what Python committed is refused by the controller
     p = uniq("node_p")
     tq.create_partition(p)
     tq.put(p, {"x": torch.arange(2)})
-    out = cli(node_client, "put", tq_stack.controller_address, "--partition", p,
-              "--columns", json.dumps({"x": {"dtype": "float32", "values": [1.0]}}), expect_rc=3)["error"]
+    out = cli(
+        node_client,
+        "put",
+        tq_stack.controller_address,
+        "--partition",
+        p,
+        "--columns",
+        json.dumps({"x": {"dtype": "float32", "values": [1.0]}}),
+        expect_rc=3,
+    )["error"]
     assert out["codeName"] == "INVALID_ARGUMENT" and "x" in out["details"]
     # a bad column is refused by the client before anything is sent
-    out = cli(node_client, "put", tq_stack.controller_address, "--partition", p,
-              "--columns", json.dumps({"x": {"dtype": "int64", "values": [1.5]}}), expect_rc=3)["error"]
+    out = cli(
+        node_client,
+        "put",
+        tq_stack.controller_address,
+        "--partition",
+        p,
+        "--columns",
+        json.dumps({"x": {"dtype": "int64", "values": [1.5]}}),
+        expect_rc=3,
+    )["error"]
     assert out["codeName"] == "INVALID_ARGUMENT" and "not an integer" in out["details"]
     assert tq.partition(p).allocated_rows == 2
 
@@ -163,18 +228,53 @@ def test_node_client_sends_the_bearer_token(node_client, tmp_path, uniq):
         token_file = tmp_path / "token"
         token_file.write_text("s3cret\n")
         for env in (token_env(""), token_env("wrong")):
-            out = cli(node_client, "put", stack.controller_address, "--partition", p, "--create",
-                      "--columns", columns, env=env, expect_rc=3)["error"]
+            out = cli(
+                node_client,
+                "put",
+                stack.controller_address,
+                "--partition",
+                p,
+                "--create",
+                "--columns",
+                columns,
+                env=env,
+                expect_rc=3,
+            )["error"]
             assert out["codeName"] == "UNAUTHENTICATED"
         # the token as the services read it: env SLUICE_AUTH_TOKEN_FILE (wins), or env SLUICE_AUTH_TOKEN
-        assert cli(node_client, "put", stack.controller_address, "--partition", p, "--create",
-                   "--columns", columns, env={"SLUICE_AUTH_TOKEN_FILE": str(token_file),
-                                              "SLUICE_AUTH_TOKEN": "wrong"})["rows"] == [0, 1]
-        assert cli(node_client, "put", stack.controller_address, "--partition", p,
-                   "--columns", columns, env=token_env("s3cret"))["rows"] == [2, 3]
+        assert cli(
+            node_client,
+            "put",
+            stack.controller_address,
+            "--partition",
+            p,
+            "--create",
+            "--columns",
+            columns,
+            env={"SLUICE_AUTH_TOKEN_FILE": str(token_file), "SLUICE_AUTH_TOKEN": "wrong"},
+        )["rows"] == [0, 1]
+        assert cli(
+            node_client,
+            "put",
+            stack.controller_address,
+            "--partition",
+            p,
+            "--columns",
+            columns,
+            env=token_env("s3cret"),
+        )["rows"] == [2, 3]
         # a token file that cannot be read is a clear error, not an unauthenticated call
-        out = cli(node_client, "put", stack.controller_address, "--partition", p, "--columns", columns,
-                  env={"SLUICE_AUTH_TOKEN_FILE": str(tmp_path / "missing")}, expect_rc=3)["error"]
+        out = cli(
+            node_client,
+            "put",
+            stack.controller_address,
+            "--partition",
+            p,
+            "--columns",
+            columns,
+            env={"SLUICE_AUTH_TOKEN_FILE": str(tmp_path / "missing")},
+            expect_rc=3,
+        )["error"]
         assert out["codeName"] == "INVALID_ARGUMENT" and "SLUICE_AUTH_TOKEN_FILE" in out["details"]
         with TransferQueue(stack.controller_address, token="s3cret") as tq:
             assert tq.get(p, [0, 1, 2, 3], ["x"])["x"].tolist() == [7, 8, 7, 8]

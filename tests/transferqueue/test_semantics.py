@@ -21,6 +21,7 @@ def _fill(tq, partition, n, group_size=1):
 
 # 1 ----------------------------------------------------------------------------------------------
 
+
 def test_row_readable_only_when_all_required_fields_produced(tq, uniq):
     p, task = uniq("p"), uniq("t")
     tq.create_partition(p)
@@ -36,6 +37,7 @@ def test_row_readable_only_when_all_required_fields_produced(tq, uniq):
 
 
 # 2 ----------------------------------------------------------------------------------------------
+
 
 def test_claims_exclusive_within_task_and_every_task_sees_every_row(tq_stack, uniq):
     from services.transferqueue.client.queue import TransferQueue
@@ -76,6 +78,7 @@ def test_claims_exclusive_within_task_and_every_task_sees_every_row(tq_stack, un
 
 # 3 ----------------------------------------------------------------------------------------------
 
+
 def test_unacked_claim_becomes_readable_after_lease_expiry(tq, uniq):
     p, task = uniq("p"), uniq("t")
     _fill(tq, p, 4)
@@ -109,6 +112,7 @@ def test_release_returns_rows_and_extend_keeps_them(tq, uniq):
 
 # 4 ----------------------------------------------------------------------------------------------
 
+
 def test_group_claims_return_whole_groups(tq, uniq):
     p, task = uniq("p"), uniq("t")
     tq.create_partition(p, group_size=4)
@@ -129,6 +133,7 @@ def test_group_claims_return_whole_groups(tq, uniq):
 
 
 # 5 ----------------------------------------------------------------------------------------------
+
 
 def test_claim_waits_without_spinning_and_returns_what_is_ready(tq_stack, tq, uniq):
     p, task = uniq("p"), uniq("t")
@@ -176,13 +181,18 @@ def test_waiting_claim_wakes_on_put_and_does_not_block_others(tq_stack, uniq):
 
 # 6 ----------------------------------------------------------------------------------------------
 
+
 def test_schema_fixed_by_first_write(tq, uniq):
     p = uniq("p")
     tq.create_partition(p)
     tq.put(p, {"ids": torch.zeros(2, 4, dtype=torch.int64)})
     before = tq.partition(p)
-    for bad in (torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, 5, dtype=torch.int64),
-                [torch.zeros(4, dtype=torch.int64)] * 2, torch.zeros(2, dtype=torch.int64)):
+    for bad in (
+        torch.zeros(2, 4, dtype=torch.int32),
+        torch.zeros(2, 5, dtype=torch.int64),
+        [torch.zeros(4, dtype=torch.int64)] * 2,
+        torch.zeros(2, dtype=torch.int64),
+    ):
         with pytest.raises(TQError) as err:
             tq.put(p, {"ids": bad})
         assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -194,6 +204,7 @@ def test_schema_fixed_by_first_write(tq, uniq):
 
 
 # 7 ----------------------------------------------------------------------------------------------
+
 
 def test_put_whose_commit_fails_raises_and_leaves_nothing(tq_stack, tq, uniq):
     from services.transferqueue.client.queue import AsyncTransferQueue
@@ -228,6 +239,7 @@ def test_put_whose_commit_fails_raises_and_leaves_nothing(tq_stack, tq, uniq):
 
 # 8 ----------------------------------------------------------------------------------------------
 
+
 def test_unknown_names_are_not_found(tq, uniq):
     p, task = uniq("p"), uniq("t")
     _fill(tq, p, 2)
@@ -260,6 +272,7 @@ def test_read_of_row_missing_a_field_never_returns_fewer_rows(tq, uniq):
 
 # 9 ----------------------------------------------------------------------------------------------
 
+
 def test_clear_is_idempotent_and_frees_memory(tq_stack, tq, uniq):
     p = uniq("p")
     tq.create_partition(p)
@@ -279,6 +292,7 @@ def test_clear_is_idempotent_and_frees_memory(tq_stack, tq, uniq):
 
 # 11 ---------------------------------------------------------------------------------------------
 
+
 def _bits(t: torch.Tensor) -> bytes:
     return t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype != torch.bool else t.numpy().tobytes()
 
@@ -293,8 +307,8 @@ def test_round_trips_are_byte_exact(tq_stack, uniq, async_client):
     n = 130  # spans both shards (placement blocks of 64 rows)
     raw = torch.randint(0, 2**16, (n, 3), generator=g, dtype=torch.int32).to(torch.int16)
     columns = {
-        "i64": torch.randint(-2**62, 2**62, (n,), generator=g, dtype=torch.int64),
-        "i32": torch.randint(-2**31, 2**31 - 1, (n, 2), generator=g, dtype=torch.int32),
+        "i64": torch.randint(-(2**62), 2**62, (n,), generator=g, dtype=torch.int64),
+        "i32": torch.randint(-(2**31), 2**31 - 1, (n, 2), generator=g, dtype=torch.int32),
         "f32": torch.randn(n, 2, 2, generator=g),
         "f16": raw.view(torch.float16),  # arbitrary bit patterns, NaN payloads included
         "bf16": raw.view(torch.bfloat16),
@@ -324,8 +338,7 @@ def test_round_trips_are_byte_exact(tq_stack, uniq, async_client):
         if name == "text":
             assert got == [value[i] for i in order]
         elif name == "tokens":
-            assert all(_bits(got[j]) == _bits(value[i]) and got[j].dtype == value[i].dtype
-                       for j, i in enumerate(order))
+            assert all(_bits(got[j]) == _bits(value[i]) and got[j].dtype == value[i].dtype for j, i in enumerate(order))
         else:
             assert isinstance(got, torch.Tensor) and got.dtype == value.dtype and got.shape == value.shape, name
             assert _bits(got) == _bits(value[order]), name
@@ -342,6 +355,7 @@ def test_ragged_padded_on_request(tq, uniq):
 
 # 12 ---------------------------------------------------------------------------------------------
 
+
 def test_malformed_input_is_invalid_argument(tq_stack, tq, uniq):
     import pyarrow as pa
 
@@ -353,8 +367,11 @@ def test_malformed_input_is_invalid_argument(tq_stack, tq, uniq):
     # a genuine reservation, so the shard gets as far as the bytes
     from services.transferqueue.client.controller_client import ControllerClient
 
-    reservation = ControllerClient(tq_stack.controller_address).prepare_put(
-        p, [pb.FieldSchema(name="x", dtype="int64", kind=pb.SCALAR)], new_rows=1).reservation
+    reservation = (
+        ControllerClient(tq_stack.controller_address)
+        .prepare_put(p, [pb.FieldSchema(name="x", dtype="int64", kind=pb.SCALAR)], new_rows=1)
+        .reservation
+    )
     with pytest.raises(TQError) as err:
         shard.put(p, [0], b"\x00not arrow at all" * 10, reservation=reservation)
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -367,8 +384,10 @@ def test_malformed_input_is_invalid_argument(tq_stack, tq, uniq):
         shard.put(p, [0], sink.getvalue(), reservation=reservation)
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     # undecodable protobuf, to both servers
-    for address, method in ((tq_stack.controller_address, "/sluice.transferqueue.v1.Controller/Claim"),
-                            (tq_stack.shard_addresses[0], "/sluice.transferqueue.v1.StorageShard/Stats")):
+    for address, method in (
+        (tq_stack.controller_address, "/sluice.transferqueue.v1.Controller/Claim"),
+        (tq_stack.shard_addresses[0], "/sluice.transferqueue.v1.StorageShard/Stats"),
+    ):
         with grpc.insecure_channel(address) as channel:
             call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
             with pytest.raises(grpc.RpcError) as rpc_err:
@@ -386,11 +405,14 @@ def test_nothing_in_services_pickles():
     import pathlib
 
     root = pathlib.Path(__file__).resolve().parents[2] / "services"
-    offenders = [str(f) for f in root.rglob("*.py") if "import pickle" in f.read_text() or "cloudpickle" in f.read_text()]
+    offenders = [
+        str(f) for f in root.rglob("*.py") if "import pickle" in f.read_text() or "cloudpickle" in f.read_text()
+    ]
     assert offenders == []
 
 
 # controller operations beyond the numbered items -----------------------------------------------
+
 
 def test_reset_task_makes_every_row_readable_again(tq, uniq):
     p, task, other = uniq("p"), uniq("t"), uniq("t")

@@ -68,8 +68,7 @@ def test_a_restarted_store_holds_what_the_old_one_held(tmp_path):
     _close(store)
 
     again = _store(tmp_path)
-    assert _contents(again) == before == {
-        "a": {"x": {0: 10, 2: 99, 3: 13}, "y": {0: 20, 2: 22}}, "c": {"x": {0: 7}}}
+    assert _contents(again) == before == {"a": {"x": {0: 10, 2: 99, 3: 13}, "y": {0: 20, 2: 22}}, "c": {"x": {0: 7}}}
     assert (again.rows, again.bytes) == (rows, nbytes)
     _close(again)
 

@@ -58,8 +58,9 @@ class AdapterFiles:
         staging = f"{final}.tmp-{uuid.uuid4().hex}"
         os.makedirs(staging)
         try:
-            save_file({n: t.detach().to("cpu").contiguous() for n, t in tensors.items()},
-                      os.path.join(staging, ADAPTER_FILE))
+            save_file(
+                {n: t.detach().to("cpu").contiguous() for n, t in tensors.items()}, os.path.join(staging, ADAPTER_FILE)
+            )
             with open(os.path.join(staging, ADAPTER_CONFIG), "w") as f:
                 json.dump(self.config, f, indent=2)
             if os.path.isdir(final):  # written before by a publish of this number that failed before any load
@@ -91,7 +92,8 @@ class AdapterFiles:
                     f"{exc.message} (it reads the files at that path itself: the trainer's --adapter-dir must be a "
                     "directory every engine host sees at the same path; the server must be launched with "
                     "--enable-lora, --max-lora-rank >= the run's rank and --lora-target-modules covering its "
-                    "target_modules)") from exc
+                    "target_modules)"
+                ) from exc
             raise
 
     def kept(self, names, version: int) -> set[int]:
@@ -111,8 +113,10 @@ class AdapterFiles:
             try:
                 engine.unload_lora_adapter(name, timeout=self.timeout_s)
             except SGLangError as exc:
-                log.warning("an engine did not unload an old adapter", extra={"engine": engine.base_url,
-                                                                              "adapter": name, "error": str(exc)})
+                log.warning(
+                    "an engine did not unload an old adapter",
+                    extra={"engine": engine.base_url, "adapter": name, "error": str(exc)},
+                )
 
     def _remove_stale(self, version: int) -> None:
         """The directories of the run's adapters that are not kept, and staging directories left by a failure."""

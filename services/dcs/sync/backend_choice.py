@@ -30,7 +30,7 @@ class ReceiverPlace:
     """Where one receiver of a sync computes."""
 
     role: str
-    gpu: str | None          # its GPU's UUID; None on a CPU or when it did not say
+    gpu: str | None  # its GPU's UUID; None on a CPU or when it did not say
     takes_ipc: bool = False  # an engine that announces CUDA IPC weight updates
 
 
@@ -49,13 +49,17 @@ def choose_backend(requested: str, trainer_gpu: str | None, receivers: list[Rece
             return "ipc"
         return "gloo"
     if requested == "nccl" and (trainer_gpu is None or sharing):
-        raise ValueError("sync backend nccl needs the trainer on a GPU and every receiver on another GPU"
-                         + (f" ({', '.join(r.role for r in sharing)} shares the trainer's)" if sharing else ""))
+        raise ValueError(
+            "sync backend nccl needs the trainer on a GPU and every receiver on another GPU"
+            + (f" ({', '.join(r.role for r in sharing)} shares the trainer's)" if sharing else "")
+        )
     if requested == "ipc":
         strangers = [r.role for r in receivers if not (r.takes_ipc and trainer_gpu and r.gpu == trainer_gpu)]
         if trainer_gpu is None or strangers:
-            raise ValueError("sync backend ipc needs the trainer on a GPU and every receiver an engine on that GPU "
-                             f"that takes CUDA IPC updates (not: {', '.join(strangers) or 'the trainer'})")
+            raise ValueError(
+                "sync backend ipc needs the trainer on a GPU and every receiver an engine on that GPU "
+                f"that takes CUDA IPC updates (not: {', '.join(strangers) or 'the trainer'})"
+            )
     return requested
 
 

@@ -23,20 +23,29 @@ class BucketPacking:
         self._packer.shutdown(wait=False)
 
     def _buffers(self, need: int, device: str) -> list[torch.Tensor]:
-        if (len(self._staging) != 2 or self._staging[0].numel() < need
-                or self._staging[0].device != torch.device(device)):
+        if (
+            len(self._staging) != 2
+            or self._staging[0].numel() < need
+            or self._staging[0].device != torch.device(device)
+        ):
             self._staging = [torch.empty(need, dtype=torch.uint8, device=device) for _ in range(2)]
         return self._staging
 
-    def send_all(self, entries, sizes: list[int], tensors: Callable[[int], dict], device: str,
-                 send: Callable[[int, list, torch.Tensor], None]) -> dict[str, float]:
+    def send_all(
+        self,
+        entries,
+        sizes: list[int],
+        tensors: Callable[[int], dict],
+        device: str,
+        send: Callable[[int, list, torch.Tensor], None],
+    ) -> dict[str, float]:
         """Pack every bucket (its tensors from `tensors(k)`) and `send(k, its entries, flat bucket)` it, packing
         the next while one is sent. Returns the seconds spent packing and sending."""
         staging = self._buffers(max(sizes), device)
 
         def timed_pack(k: int):
             start = time.perf_counter()
-            flat = pack(k, entries, sizes[k], tensors(k), out=staging[k % 2][:sizes[k]])
+            flat = pack(k, entries, sizes[k], tensors(k), out=staging[k % 2][: sizes[k]])
             return flat, time.perf_counter() - start
 
         pack_s = send_s = 0.0

@@ -37,8 +37,9 @@ class SharedBucket(BaseModel):
     @model_validator(mode="after")
     def _inside_storage(self) -> "SharedBucket":
         if self.tensor_offset + self.numel > self.storage_size_bytes:
-            raise ValueError(f"{self.numel} bytes at {self.tensor_offset} overrun a storage of "
-                             f"{self.storage_size_bytes}")
+            raise ValueError(
+                f"{self.numel} bytes at {self.tensor_offset} overrun a storage of {self.storage_size_bytes}"
+            )
         return self
 
 
@@ -52,10 +53,18 @@ def share(flat: torch.Tensor) -> dict[str, Any]:
         raise ValueError("only a contiguous 1-D uint8 CUDA tensor is shared by IPC handle")
     storage = flat.untyped_storage()
     (device, handle, size, offset, counter, counter_offset, event, event_sync) = storage._share_cuda_()
-    return SharedBucket(device=device, handle=_b64(handle), storage_size_bytes=size, storage_offset_bytes=offset,
-                        ref_counter_handle=_b64(counter) or "", ref_counter_offset=counter_offset,
-                        event_handle=_b64(event), event_sync_required=bool(event_sync),
-                        tensor_offset=flat.storage_offset(), numel=flat.numel()).model_dump()
+    return SharedBucket(
+        device=device,
+        handle=_b64(handle),
+        storage_size_bytes=size,
+        storage_offset_bytes=offset,
+        ref_counter_handle=_b64(counter) or "",
+        ref_counter_offset=counter_offset,
+        event_handle=_b64(event),
+        event_sync_required=bool(event_sync),
+        tensor_offset=flat.storage_offset(),
+        numel=flat.numel(),
+    ).model_dump()
 
 
 def open_shared(bucket: SharedBucket, device: torch.device) -> torch.Tensor:
@@ -64,9 +73,15 @@ def open_shared(bucket: SharedBucket, device: torch.device) -> torch.Tensor:
     UUID). The shared memory is released when this returns (torch's reference counter tells the sender)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     storage = torch.UntypedStorage._new_shared_cuda(
-        index, base64.b64decode(bucket.handle), bucket.storage_size_bytes, bucket.storage_offset_bytes,
-        base64.b64decode(bucket.ref_counter_handle), bucket.ref_counter_offset,
-        base64.b64decode(bucket.event_handle) if bucket.event_handle else None, bucket.event_sync_required)
+        index,
+        base64.b64decode(bucket.handle),
+        bucket.storage_size_bytes,
+        bucket.storage_offset_bytes,
+        base64.b64decode(bucket.ref_counter_handle),
+        bucket.ref_counter_offset,
+        base64.b64decode(bucket.event_handle) if bucket.event_handle else None,
+        bucket.event_sync_required,
+    )
     shared = torch.empty(0, dtype=torch.uint8, device=f"cuda:{index}")
     shared.set_(storage, bucket.tensor_offset, (bucket.numel,), (1,))
     copied = shared.clone()

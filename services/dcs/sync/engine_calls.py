@@ -38,13 +38,18 @@ Transfer = Literal["cuda_ipc", "flat_buckets", "flattened_bucket", "per_tensor"]
 # the trainer's pause_mode: SGLang's modes, none, or auto (SyncEngines.mode)
 EnginePause = Literal["auto", "abort", "in_place", "retract", "none"]
 # what the coordinator's metadata says to Sluice's receivers: a flattened bucket is one broadcast per bucket
-PUBLISHED_TRANSFER = {"cuda_ipc": "cuda_ipc", "flat_buckets": "flat_buckets", "flattened_bucket": "flat_buckets",
-                      "per_tensor": "per_tensor"}
+PUBLISHED_TRANSFER = {
+    "cuda_ipc": "cuda_ipc",
+    "flat_buckets": "flat_buckets",
+    "flattened_bucket": "flat_buckets",
+    "per_tensor": "per_tensor",
+}
 
 
 class SyncEngines:
-    def __init__(self, http: ThreadPoolExecutor, timeout_s: float, pause_mode: str, engine_role: str,
-                 token: str | None):
+    def __init__(
+        self, http: ThreadPoolExecutor, timeout_s: float, pause_mode: str, engine_role: str, token: str | None
+    ):
         self._http = http
         self.timeout_s = timeout_s
         if pause_mode not in get_args(EnginePause):
@@ -106,11 +111,13 @@ class SyncEngines:
 
     def pause(self, paused: list[SGLangClient]) -> None:
         """Pause every engine whose mode is not "none", adding each paused one to `paused` as it is."""
+
         def pause_one(_: object, engine: SGLangClient) -> None:
             mode = self.mode(engine)
             if mode != "none":
                 engine.pause(mode)
                 paused.append(engine)
+
         self.each(pause_one)
 
     @staticmethod
@@ -131,12 +138,16 @@ class SyncEngines:
         by_name = [e.base_url for e in engines if e.base_url not in merging and e.serves_lora_adapters()]
         unable = [e.base_url for e in engines if e.base_url not in merging + by_name]
         if unable:
-            raise ValueError(f"a LoRA run (trainer.lora) publishes only its adapter, which these engines do not take: "
-                             f"{', '.join(unable)}; an SGLang server takes it when launched with --enable-lora, "
-                             "--max-lora-rank and --lora-target-modules (docs/trainer.md)")
+            raise ValueError(
+                f"a LoRA run (trainer.lora) publishes only its adapter, which these engines do not take: "
+                f"{', '.join(unable)}; an SGLang server takes it when launched with --enable-lora, "
+                "--max-lora-rank and --lora-target-modules (docs/trainer.md)"
+            )
         if merging and by_name:
-            raise ValueError(f"a LoRA run's engines must all merge the adapter (built-in engines: {', '.join(merging)}) "
-                             f"or all load it by name (SGLang servers: {', '.join(by_name)}), not both")
+            raise ValueError(
+                f"a LoRA run's engines must all merge the adapter (built-in engines: {', '.join(merging)}) "
+                f"or all load it by name (SGLang servers: {', '.join(by_name)}), not both"
+            )
         return bool(by_name)
 
     def transfer(self, backend: str) -> Transfer:
@@ -153,12 +164,23 @@ class SyncEngines:
     def join(self, spec) -> list[Future]:
         """Every engine's /init_weights_update_group, which blocks until everyone joined: the caller joins as rank
         0 while these run, then waits on them."""
-        return [self._http.submit(self.clients[m.node_id].init_weights_update_group, spec.master_address,
-                                  spec.master_port, m.rank, spec.world_size, spec.name, spec.backend, self.timeout_s)
-                for m in self.members]
+        return [
+            self._http.submit(
+                self.clients[m.node_id].init_weights_update_group,
+                spec.master_address,
+                spec.master_port,
+                m.rank,
+                spec.world_size,
+                spec.name,
+                spec.backend,
+                self.timeout_s,
+            )
+            for m in self.members
+        ]
 
-    def send_bucket(self, group: BroadcastGroup | None, bucket, flat: torch.Tensor, size: int, transfer: Transfer,
-                    version: str) -> None:
+    def send_bucket(
+        self, group: BroadcastGroup | None, bucket, flat: torch.Tensor, size: int, transfer: Transfer, version: str
+    ) -> None:
         """Bucket `bucket` (its entries; `flat` packed in the transfer's layout) to every engine, and to the
         group's other receivers by the same broadcasts."""
         if transfer == "cuda_ipc":
@@ -169,13 +191,25 @@ class SyncEngines:
         flat_spec = {"offsets": [e.offset for e in bucket], "nbytes": size} if transfer == "flat_buckets" else None
         load_format = "flattened_bucket" if transfer == "flattened_bucket" else None
         # the engines' HTTP calls return only after receiving: send them first, then broadcast
-        calls = [self._http.submit(engine.update_weights_from_distributed, [e.name for e in bucket],
-                                   [e.dtype for e in bucket], [e.shape for e in bucket], group.name, version,
-                                   self._flush(engine), self.timeout_s, flat_spec, load_format, self.lora_scaling)
-                 for engine in (self.clients[m.node_id] for m in self.members)]
+        calls = [
+            self._http.submit(
+                engine.update_weights_from_distributed,
+                [e.name for e in bucket],
+                [e.dtype for e in bucket],
+                [e.shape for e in bucket],
+                group.name,
+                version,
+                self._flush(engine),
+                self.timeout_s,
+                flat_spec,
+                load_format,
+                self.lora_scaling,
+            )
+            for engine in (self.clients[m.node_id] for m in self.members)
+        ]
         if transfer == "per_tensor":
             for e in bucket:  # typed, as the engine allocates it (NCCL matches dtype and count)
-                group.broadcast(flat[e.offset:e.offset + e.nbytes].view(TORCH_DTYPES[e.dtype]), 0)
+                group.broadcast(flat[e.offset : e.offset + e.nbytes].view(TORCH_DTYPES[e.dtype]), 0)
         else:  # one uint8 broadcast of the whole bucket, as both bucket forms receive it
             group.broadcast(flat, 0)
         for call in calls:
@@ -184,11 +218,24 @@ class SyncEngines:
     def _share_bucket(self, bucket, flat: torch.Tensor, version: str) -> None:
         """The bucket to every engine on this GPU by CUDA IPC handle; they answer once they copied it out, so the
         staging buffer may be packed again after."""
-        shared = {"shared": share(flat), "names": [e.name for e in bucket], "dtypes": [e.dtype for e in bucket],
-                  "shapes": [e.shape for e in bucket], "offsets": [e.offset for e in bucket]}
-        calls = [self._http.submit(engine.update_weights_from_tensor, shared, version, self._flush(engine),
-                                   self.timeout_s, self.lora_scaling)
-                 for engine in (self.clients[m.node_id] for m in self.members)]
+        shared = {
+            "shared": share(flat),
+            "names": [e.name for e in bucket],
+            "dtypes": [e.dtype for e in bucket],
+            "shapes": [e.shape for e in bucket],
+            "offsets": [e.offset for e in bucket],
+        }
+        calls = [
+            self._http.submit(
+                engine.update_weights_from_tensor,
+                shared,
+                version,
+                self._flush(engine),
+                self.timeout_s,
+                self.lora_scaling,
+            )
+            for engine in (self.clients[m.node_id] for m in self.members)
+        ]
         for call in calls:
             call.result(timeout=self.timeout_s)
 

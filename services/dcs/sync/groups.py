@@ -40,8 +40,17 @@ class BroadcastGroup:
     pg: Any  # a gloo or NCCL process group; None once closed
 
     @classmethod
-    def open(cls, name: str, backend: str, master_address: str, master_port: int, rank: int, world_size: int,
-             timeout_s: float, form_within_s: float | None = None) -> "BroadcastGroup":
+    def open(
+        cls,
+        name: str,
+        backend: str,
+        master_address: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        form_within_s: float | None = None,
+    ) -> "BroadcastGroup":
         """Join the group, within `timeout_s` (plus a little). A member killed while the mesh forms can
         leave gloo waiting on its connection past every timeout (the chaos test saw the trainer sit in
         gloo's Pair::waitUntilConnected for minutes after an actor_fwd died mid-handshake), so the group is
@@ -52,8 +61,7 @@ class BroadcastGroup:
 
         def form() -> None:
             try:
-                formed["group"] = cls._form(name, backend, master_address, master_port, rank, world_size,
-                                            timeout_s)
+                formed["group"] = cls._form(name, backend, master_address, master_port, rank, world_size, timeout_s)
             except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
                 formed["error"] = exc
 
@@ -67,14 +75,23 @@ class BroadcastGroup:
         return formed["group"]
 
     @classmethod
-    def _form(cls, name: str, backend: str, master_address: str, master_port: int, rank: int, world_size: int,
-              timeout_s: float) -> "BroadcastGroup":
+    def _form(
+        cls,
+        name: str,
+        backend: str,
+        master_address: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+    ) -> "BroadcastGroup":
         timeout = datetime.timedelta(seconds=timeout_s)
         # a member other than rank 0 checks in with the store's host (wait_for_workers: it counts the workers that
         # joined, which is what a master built by torch's tcp rendezvous, as SGLang-style trainers build theirs,
         # waits for); rank 0 does not wait here: the group's own mesh forms within the timeout anyway
-        store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout,
-                              wait_for_workers=rank != 0)
+        store = dist.TCPStore(
+            master_address, master_port, world_size, rank == 0, timeout=timeout, wait_for_workers=rank != 0
+        )
         prefixed = sglang_group_store(store, name, backend)
         pg: Any  # ProcessGroupGloo or ProcessGroupNCCL
         if backend == "gloo":

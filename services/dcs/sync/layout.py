@@ -15,9 +15,18 @@ from services.dcs.sync.messages import WeightTensor
 from services.dcs.sync.precision import FLOATING
 
 _ALIGN = 8
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-                torch.float64: "float64", torch.int64: "int64", torch.int32: "int32", torch.int16: "int16",
-                torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool"}
+_DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
 TORCH_DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
 
 
@@ -37,8 +46,9 @@ class WeightStream(Protocol):
     def close(self) -> None: ...
 
 
-def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int,
-                 wire: torch.dtype | None = None, packed: bool = False) -> tuple[list[WeightTensor], list[int]]:
+def plan_buckets(
+    named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int, wire: torch.dtype | None = None, packed: bool = False
+) -> tuple[list[WeightTensor], list[int]]:
     """Entries and bucket sizes for `named`; floating tensors travel as `wire` when given (precision.py).
     packed: SGLang's flattened_bucket layout (packed_entries): each bucket's tensors back to back, which SGLang
     can view out only at offsets that are multiples of the tensor's dtype size, so a tensor that would land
@@ -55,22 +65,36 @@ def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int,
         if not sizes or start % dtype.itemsize or (start + nbytes > bucket_bytes and used > 0):
             sizes.append(0)
             start = 0
-        entries.append(WeightTensor(name=name, dtype=_DTYPE_NAMES[dtype], shape=list(tensor.shape),
-                                    bucket=len(sizes) - 1, offset=start, nbytes=nbytes))
+        entries.append(
+            WeightTensor(
+                name=name,
+                dtype=_DTYPE_NAMES[dtype],
+                shape=list(tensor.shape),
+                bucket=len(sizes) - 1,
+                offset=start,
+                nbytes=nbytes,
+            )
+        )
         used = start + nbytes
         sizes[-1] = used
     return entries, sizes
 
 
-def pack(bucket: int, entries: Sequence[WeightTensor], size: int, tensors: dict[str, torch.Tensor],
-         device: torch.device | str = "cpu", out: torch.Tensor | None = None) -> torch.Tensor:
+def pack(
+    bucket: int,
+    entries: Sequence[WeightTensor],
+    size: int,
+    tensors: dict[str, torch.Tensor],
+    device: torch.device | str = "cpu",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One flat uint8 bucket holding copies of its tensors, each in its entry's dtype (written into `out` when
     given). The cast runs where the tensor lives (the trainer's GPU), so only the wire's bytes cross to `out`."""
     flat = out if out is not None else torch.empty(size, dtype=torch.uint8, device=device)
     for e in entries:
         if e.bucket == bucket and e.nbytes:
             src = tensors[e.name].detach().to(TORCH_DTYPES[e.dtype]).contiguous().reshape(-1).view(torch.uint8)
-            flat[e.offset:e.offset + e.nbytes].copy_(src)
+            flat[e.offset : e.offset + e.nbytes].copy_(src)
     return flat
 
 
@@ -80,7 +104,7 @@ def unpack(bucket: int, entries: Sequence[WeightTensor], flat: torch.Tensor) -> 
     for e in entries:
         if e.bucket == bucket:
             dtype = TORCH_DTYPES[e.dtype]
-            out[e.name] = flat[e.offset:e.offset + e.nbytes].view(dtype).reshape(e.shape)
+            out[e.name] = flat[e.offset : e.offset + e.nbytes].view(dtype).reshape(e.shape)
     return out
 
 
@@ -96,8 +120,9 @@ def _described_nbytes(name: str, dtype: str, shape: Sequence[int]) -> int:
     return nbytes
 
 
-def bucket_entries(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
-                   offsets: Sequence[int], size: int) -> list[WeightTensor]:
+def bucket_entries(
+    names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], offsets: Sequence[int], size: int
+) -> list[WeightTensor]:
     """The entries of one bucket described by a peer (names, dtypes, shapes, byte offsets, bucket size),
     checked: known dtypes, non-negative shapes, 8-byte-aligned offsets in order, every tensor inside the
     bucket, none overlapping the one before, and the bucket ending where its last tensor does. Raises
@@ -111,16 +136,16 @@ def bucket_entries(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence
         nbytes = _described_nbytes(name, dtype, shape)
         if not isinstance(offset, int) or offset % _ALIGN or offset < used or offset + nbytes > size:
             raise ValueError(f"{name}: offset {offset!r} ({nbytes} bytes) does not fit the bucket of {size}")
-        entries.append(WeightTensor(name=name, dtype=dtype, shape=list(shape), bucket=0, offset=offset,
-                                    nbytes=nbytes))
+        entries.append(WeightTensor(name=name, dtype=dtype, shape=list(shape), bucket=0, offset=offset, nbytes=nbytes))
         used = offset + nbytes
     if size != used:  # no slack: the buffer a peer makes us allocate is exactly what it names
         raise ValueError(f"bucket size {size} differs from the {used} bytes its tensors end at")
     return entries
 
 
-def packed_entries(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]) -> tuple[
-        list[WeightTensor], int]:
+def packed_entries(
+    names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
+) -> tuple[list[WeightTensor], int]:
     """SGLang's `flattened_bucket` layout (its FlattenedTensorBucket): the tensors back to back in one uint8
     bucket, each at an offset that is a multiple of its dtype's size. The entries and the bucket's size;
     ValueError naming the first bad entry."""
@@ -131,7 +156,6 @@ def packed_entries(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence
         nbytes = _described_nbytes(name, dtype, shape)
         if offset % TORCH_DTYPES[dtype].itemsize:
             raise ValueError(f"{name}: byte offset {offset} is not aligned to its {dtype}")
-        entries.append(WeightTensor(name=name, dtype=dtype, shape=list(shape), bucket=0, offset=offset,
-                                    nbytes=nbytes))
+        entries.append(WeightTensor(name=name, dtype=dtype, shape=list(shape), bucket=0, offset=offset, nbytes=nbytes))
         offset += nbytes
     return entries, offset

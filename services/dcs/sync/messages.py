@@ -34,13 +34,16 @@ class WeightMetadata(Strict):
     version: int = Field(ge=1, le=MAX_VERSION)
     tensors: list[WeightTensor] = Field(min_length=1, max_length=1 << 20)
     bucket_bytes: list[Annotated[int, Field(ge=0, le=MAX_BYTES)]] = Field(
-        min_length=1, max_length=1 << 20, description="size of each flat bucket, in order")
+        min_length=1, max_length=1 << 20, description="size of each flat bucket, in order"
+    )
     publisher: str | None = None
     sync_group: "SyncGroup | None" = Field(None, description="the group this version is broadcast in")
     transfer: Literal["flat_buckets", "per_tensor", "cuda_ipc", "adapter_files"] = Field(
-        "flat_buckets", description="one broadcast per bucket, one per tensor in list order (SGLang engines), "
-                                    "buckets by CUDA IPC handle to engines on the trainer's GPU (no broadcast), or a "
-                                    "LoRA adapter's files loaded by SGLang engines (no broadcast; only engines)")
+        "flat_buckets",
+        description="one broadcast per bucket, one per tensor in list order (SGLang engines), "
+        "buckets by CUDA IPC handle to engines on the trainer's GPU (no broadcast), or a "
+        "LoRA adapter's files loaded by SGLang engines (no broadcast; only engines)",
+    )
 
     @model_validator(mode="after")
     def _layout_fits(self) -> "WeightMetadata":
@@ -63,12 +66,16 @@ class SyncGroupRequest(Strict):
     master_address: str = Field(min_length=1, max_length=253)
     master_port: int = Field(ge=1, le=65535)
     receiver_roles: list[Annotated[str, Field(pattern=r"^[a-z_]{1,32}$")]] = Field(
-        default_factory=lambda: ["engine", "actor_fwd", "reference"], max_length=16)
+        default_factory=lambda: ["engine", "actor_fwd", "reference"], max_length=16
+    )
     backend: SyncBackend = "gloo"
     new_group: bool = Field(False, description="a new group even if membership is unchanged (the last sync failed)")
     exclude_nodes: list[Annotated[str, Field(max_length=64)]] = Field(
-        default_factory=list, max_length=1024, description="receivers to leave out although alive: engines the "
-        "source found unresponsive (a failed sync, no /health answer since); they rejoin when they answer")
+        default_factory=list,
+        max_length=1024,
+        description="receivers to leave out although alive: engines the "
+        "source found unresponsive (a failed sync, no /health answer since); they rejoin when they answer",
+    )
 
 
 class GroupMember(Strict):
@@ -96,10 +103,16 @@ class SyncReport(Strict):
     node_id: str = Field(max_length=64)
     ok: bool
     error: str | None = Field(None, max_length=4096)
-    seconds: dict[Literal["metadata", "open_group", "pack", "broadcast", "engines", "engine_load", "load", "total"],
-                  Annotated[float, Field(ge=0, le=1e9)]] = Field(default_factory=dict)
+    seconds: dict[
+        Literal["metadata", "open_group", "pack", "broadcast", "engines", "engine_load", "load", "total"],
+        Annotated[float, Field(ge=0, le=1e9)],
+    ] = Field(default_factory=dict)
     bytes: int = Field(0, ge=0, le=MAX_BYTES)
     engines: list[Annotated[str, Field(max_length=64)]] = Field(
-        default_factory=list, max_length=1024, description=(
+        default_factory=list,
+        max_length=1024,
+        description=(
             "a publisher's ok report: the node ids of the engines that loaded `version` in this sync; the "
-            "coordinator records it as the version each of them holds (GET /v1/runs/{run_id}/engines)"))
+            "coordinator records it as the version each of them holds (GET /v1/runs/{run_id}/engines)"
+        ),
+    )

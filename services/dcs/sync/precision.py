@@ -52,11 +52,11 @@ def check_fits(params: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]
         if p is None:
             raise WeightMismatch(f"received {name} {tuple(t.shape)} {t.dtype}: the model has no such parameter")
         if p.shape != t.shape:
-            raise WeightMismatch(f"received {name} {tuple(t.shape)} {t.dtype} does not match the model's "
-                                 f"{tuple(p.shape)}")
+            raise WeightMismatch(
+                f"received {name} {tuple(t.shape)} {t.dtype} does not match the model's {tuple(p.shape)}"
+            )
         if p.dtype != t.dtype and not (p.dtype in FLOATING and t.dtype in FLOATING):
-            raise WeightMismatch(f"received {name} {tuple(t.shape)} {t.dtype} cannot be cast to the model's "
-                                 f"{p.dtype}")
+            raise WeightMismatch(f"received {name} {tuple(t.shape)} {t.dtype} cannot be cast to the model's {p.dtype}")
 
 
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -75,10 +75,22 @@ class SyncFailed(RuntimeError):
 
 
 class WeightPublisher:
-    def __init__(self, dcs: PublishingCoordinator, node_id: str, master_address: str, bucket_bytes: int = 64 << 20,
-                 timeout_s: float = 60.0, receiver_roles: Iterable[str] = ("engine", "actor_fwd", "reference"),
-                 backend: str = "gloo", engine_role: str = "engine", pause_mode: str = "abort", *, run_id: str,
-                 device: str = "cpu", adapter_dir: str | None = None):
+    def __init__(
+        self,
+        dcs: PublishingCoordinator,
+        node_id: str,
+        master_address: str,
+        bucket_bytes: int = 64 << 20,
+        timeout_s: float = 60.0,
+        receiver_roles: Iterable[str] = ("engine", "actor_fwd", "reference"),
+        backend: str = "gloo",
+        engine_role: str = "engine",
+        pause_mode: str = "abort",
+        *,
+        run_id: str,
+        device: str = "cpu",
+        adapter_dir: str | None = None,
+    ):
         """`adapter_dir`: where a LoRA trainer writes its adapters for SGLang engines to load (adapter_publish.py)."""
         self.dcs = dcs
         self.run_id = run_id  # the run whose versions, group and engines these are
@@ -123,8 +135,9 @@ class WeightPublisher:
             self._group = None
         self.engines.forget()
 
-    def publish(self, named: Iterable[tuple[str, torch.Tensor]] | WeightStream, version: int,
-                announce: bool = True) -> SyncResult:
+    def publish(
+        self, named: Iterable[tuple[str, torch.Tensor]] | WeightStream, version: int, announce: bool = True
+    ) -> SyncResult:
         """Broadcast `named` as `version` to the current group of receiver roles. announce=False sends an
         already published version again without recording it with the coordinator: only for engines
         (driven over HTTP, they do not read the coordinator's metadata), e.g. one that restarted. A
@@ -160,8 +173,16 @@ class WeightPublisher:
             raise SyncFailed(result)
         return result
 
-    def _broadcast(self, group_spec, named: list, stream: WeightStream | None, version: int, announce: bool,
-                   result: SyncResult, t0: float) -> None:
+    def _broadcast(
+        self,
+        group_spec,
+        named: list,
+        stream: WeightStream | None,
+        version: int,
+        announce: bool,
+        result: SyncResult,
+        t0: float,
+    ) -> None:
         """The weights to every receiver of the group by broadcast, the engines paused as their mode says."""
         entries, sizes, transfer = self._plan(group_spec, named, result)
         paused: list[SGLangClient] = []
@@ -170,17 +191,26 @@ class WeightPublisher:
             # announced, so no receiver starts waiting on a broadcast that will not come
             self.engines.pause(paused)
             if announce:
-                self.dcs.publish_weights(self.run_id, WeightMetadata(
-                    version=version, tensors=entries, bucket_bytes=sizes, publisher=self.node_id,
-                    sync_group=group_spec, transfer=PUBLISHED_TRANSFER[transfer]))
+                self.dcs.publish_weights(
+                    self.run_id,
+                    WeightMetadata(
+                        version=version,
+                        tensors=entries,
+                        bucket_bytes=sizes,
+                        publisher=self.node_id,
+                        sync_group=group_spec,
+                        transfer=PUBLISHED_TRANSFER[transfer],
+                    ),
+                )
                 result.announced = True
             result.seconds["metadata"] = time.perf_counter() - t0
             if transfer != "cuda_ipc" and (self._group is None or self._group.name != group_spec.name):
                 self._open_group(group_spec)
                 result.seconds["open_group"] = time.perf_counter() - t0 - result.seconds["metadata"]
             self._failed = False
-            self._transfer(entries, sizes, bucket_tensors(entries, len(sizes), named, stream), result, transfer,
-                           str(version))
+            self._transfer(
+                entries, sizes, bucket_tensors(entries, len(sizes), named, stream), result, transfer, str(version)
+            )
         finally:
             self.engines.resume(paused)
 
@@ -194,12 +224,22 @@ class WeightPublisher:
         except ValueError as exc:
             raise UnusableBackend(str(exc)) from exc
         if by_name and (self.adapter_dir is None or self.adapter_config is None):
-            raise UnusableBackend("a LoRA run's SGLang engines load the adapter from files, and this trainer has no "
-                                  "directory to write them to (its --adapter-dir, or --output-dir)")
+            raise UnusableBackend(
+                "a LoRA run's SGLang engines load the adapter from files, and this trainer has no "
+                "directory to write them to (its --adapter-dir, or --output-dir)"
+            )
         return by_name
 
-    def _publish_adapter(self, group_spec, named: list, stream: WeightStream | None, version: int,
-                         announce: bool, result: SyncResult, t0: float) -> None:
+    def _publish_adapter(
+        self,
+        group_spec,
+        named: list,
+        stream: WeightStream | None,
+        version: int,
+        announce: bool,
+        result: SyncResult,
+        t0: float,
+    ) -> None:
         """The adapter to every engine through SGLang's LoRA routes (adapter_publish.py): its files written,
         the version announced (nothing is broadcast: transfer adapter_files), then loaded by each engine."""
         assert self.adapter_dir is not None and self.adapter_config is not None  # _adapter_by_name
@@ -209,9 +249,17 @@ class WeightPublisher:
         path = files.write(version, dict(stream.take(len(named)) if stream is not None else named))
         result.seconds["pack"] = time.perf_counter() - t0
         if announce:
-            self.dcs.publish_weights(self.run_id, WeightMetadata(
-                version=version, tensors=entries, bucket_bytes=sizes, publisher=self.node_id,
-                sync_group=group_spec, transfer="adapter_files"))
+            self.dcs.publish_weights(
+                self.run_id,
+                WeightMetadata(
+                    version=version,
+                    tensors=entries,
+                    bucket_bytes=sizes,
+                    publisher=self.node_id,
+                    sync_group=group_spec,
+                    transfer="adapter_files",
+                ),
+            )
             result.announced = True
         loading = time.perf_counter()
         try:
@@ -246,9 +294,13 @@ class WeightPublisher:
         for attempt in range(2):
             self.engines.select(spec, lambda: self.dcs.topology())
             clients = self.engines.clients
-            places = [ReceiverPlace(m.role, clients[m.node_id].gpu(), clients[m.node_id].takes_cuda_ipc())
-                      if m.role == self.engine_role else ReceiverPlace(m.role, m.gpu)
-                      for m in spec.members if m.node_id != self.node_id]
+            places = [
+                ReceiverPlace(m.role, clients[m.node_id].gpu(), clients[m.node_id].takes_cuda_ipc())
+                if m.role == self.engine_role
+                else ReceiverPlace(m.role, m.gpu)
+                for m in spec.members
+                if m.node_id != self.node_id
+            ]
             try:
                 chosen = choose_backend(self.backend, self._trainer_gpu, places)
             except ValueError as exc:
@@ -262,17 +314,24 @@ class WeightPublisher:
     def _wire_dtype(self, spec, named: list) -> torch.dtype:
         """What floating tensors travel in: the dtype every receiver serves, when they agree (precision.py);
         engines say theirs over HTTP (asked once per connection), the other receivers in their registration."""
-        declared = [self.engines.clients[m.node_id].served_dtype() if m.role == self.engine_role else m.weights_dtype
-                    for m in spec.members if m.node_id != self.node_id]
+        declared = [
+            self.engines.clients[m.node_id].served_dtype() if m.role == self.engine_role else m.weights_dtype
+            for m in spec.members
+            if m.node_id != self.node_id
+        ]
         source = next((t.dtype for _, t in named if t.dtype in FLOATING), torch.float32)
         return wire_dtype(declared, source)
 
     def _group_request(self, receiver_roles: list[str]) -> SyncGroupRequest:
-        return SyncGroupRequest(source_node=self.node_id, master_address=self.master_address,
-                                master_port=free_port(self.master_address),  # used only if DCS makes a new group
-                                receiver_roles=list(receiver_roles), backend=self._group_backend,
-                                new_group=self._failed,
-                                exclude_nodes=self.unresponsive.excluded())
+        return SyncGroupRequest(
+            source_node=self.node_id,
+            master_address=self.master_address,
+            master_port=free_port(self.master_address),  # used only if DCS makes a new group
+            receiver_roles=list(receiver_roles),
+            backend=self._group_backend,
+            new_group=self._failed,
+            exclude_nodes=self.unresponsive.excluded(),
+        )
 
     def prefetch_group(self, receiver_roles: list[str]) -> None:
         """Ask the coordinator now, on a worker thread, for the group of the next publish to `receiver_roles`
@@ -281,18 +340,20 @@ class WeightPublisher:
         GROUP_MAX_AGE_S and no sync failed since; otherwise it asks again, as it does without a prefetch."""
         request = self._group_request(receiver_roles)
         with self._lock:
-            self._prefetched = (time.monotonic(), request,
-                                self._http.submit(self.dcs.sync_group, self.run_id, request))
+            self._prefetched = (time.monotonic(), request, self._http.submit(self.dcs.sync_group, self.run_id, request))
 
     def _sync_group(self):
         with self._lock:
             prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None:
             at, request, answer = prefetched
-            if (not self._failed and request.receiver_roles == list(self.receiver_roles)
-                    and request.exclude_nodes == self.unresponsive.excluded()
-                    and request.backend == self._group_backend
-                    and time.monotonic() - at <= GROUP_MAX_AGE_S):
+            if (
+                not self._failed
+                and request.receiver_roles == list(self.receiver_roles)
+                and request.exclude_nodes == self.unresponsive.excluded()
+                and request.backend == self._group_backend
+                and time.monotonic() - at <= GROUP_MAX_AGE_S
+            ):
                 try:
                     return answer.result(timeout=self.timeout_s)
                 except Exception:  # asked again below, where a coordinator error is raised
@@ -323,14 +384,21 @@ class WeightPublisher:
         def tell_version(_: object, e: SGLangClient) -> None:
             if engines.mode(e) != "none":
                 e.ensure_weight_version(version)
+
         try:
             engines.each(begin)
             # measured, not derived: packing overlaps the broadcast, so wall - pack - broadcast can be negative
             result.seconds["engines"] = time.perf_counter() - began
             device = self.device if result.backend in ("nccl", "ipc") else "cpu"  # gloo reads host memory
-            result.seconds.update(self._packing.send_all(
-                entries, sizes, tensors, device, lambda k, bucket, flat: engines.send_bucket(
-                    self._group, bucket, flat, sizes[k], transfer, version)))
+            result.seconds.update(
+                self._packing.send_all(
+                    entries,
+                    sizes,
+                    tensors,
+                    device,
+                    lambda k, bucket, flat: engines.send_bucket(self._group, bucket, flat, sizes[k], transfer, version),
+                )
+            )
         except BaseException:
             engines.each_quietly(end)
             raise
@@ -351,8 +419,9 @@ class WeightPublisher:
         if self._group is not None:
             self._group.close()
         joins = self.engines.join(spec)
-        self._group = BroadcastGroup.open(spec.name, spec.backend, spec.master_address, spec.master_port, 0,
-                                          spec.world_size, self.timeout_s)
+        self._group = BroadcastGroup.open(
+            spec.name, spec.backend, spec.master_address, spec.master_port, 0, spec.world_size, self.timeout_s
+        )
         for join in joins:
             join.result(timeout=self.timeout_s)
 
@@ -365,9 +434,18 @@ class WeightPublisher:
         """The sync's report, naming the engines that loaded its version: the coordinator's one record of what
         each engine holds (services/dcs/state.py K:held) is set from it."""
         try:
-            self.dcs.report_sync(self.run_id, SyncReport(version=result.version, group=result.group or "none",
-                                                         node_id=self.node_id, ok=result.ok, error=result.error,
-                                                         seconds=result.seconds, bytes=result.bytes,
-                                                         engines=result.engines))
+            self.dcs.report_sync(
+                self.run_id,
+                SyncReport(
+                    version=result.version,
+                    group=result.group or "none",
+                    node_id=self.node_id,
+                    ok=result.ok,
+                    error=result.error,
+                    seconds=result.seconds,
+                    bytes=result.bytes,
+                    engines=result.engines,
+                ),
+            )
         except Exception as exc:  # reporting must not turn a good sync into a failure
             log.warning("could not report sync: %s", exc, extra={"error": str(exc)})

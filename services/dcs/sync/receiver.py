@@ -31,8 +31,16 @@ class WeightReceiver:
     page fault per page): the tensors `receive` returns are views that stay valid until the next
     `receive`; load them into the model (load_into) or copy them before that."""
 
-    def __init__(self, dcs: ReceivingCoordinator, node_id: str, role: str, timeout_s: float = 60.0, device: str = "cpu", *,
-                 run_id: str):
+    def __init__(
+        self,
+        dcs: ReceivingCoordinator,
+        node_id: str,
+        role: str,
+        timeout_s: float = 60.0,
+        device: str = "cpu",
+        *,
+        run_id: str,
+    ):
         self.dcs = dcs
         self.run_id = run_id  # versions, cursors and sync reports are the run's own
         self._buffers: list[torch.Tensor] = []
@@ -55,8 +63,9 @@ class WeightReceiver:
     def next(self, wait_s: float) -> PublishedWeights | None:
         return self.dcs.next_weights(self.run_id, self.version, wait_s)
 
-    def receive(self, published: PublishedWeights,
-                on_bucket: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
+    def receive(
+        self, published: PublishedWeights, on_bucket: Callable[[int], None] | None = None
+    ) -> dict[str, torch.Tensor]:
         """All tensors of `published`, or an exception (and nothing changed)."""
         spec = published.sync_group
         me = next((m for m in (spec.members if spec else []) if m.node_id == self.node_id), None)
@@ -73,10 +82,20 @@ class WeightReceiver:
                 # instead of waiting out each stale one in turn (seen in the chaos test after a trainer restart)
                 window = published.published_at + self.timeout_s - time.time()
                 if window <= 0:
-                    raise TimeoutError(f"the sync of version {published.version} was announced {-window:.1f}s "
-                                       f"past its {self.timeout_s:g}s deadline; waiting for the next")
-                self._group = BroadcastGroup.open(spec.name, spec.backend, spec.master_address, spec.master_port,
-                                                  me.rank, spec.world_size, self.timeout_s, form_within_s=window)
+                    raise TimeoutError(
+                        f"the sync of version {published.version} was announced {-window:.1f}s "
+                        f"past its {self.timeout_s:g}s deadline; waiting for the next"
+                    )
+                self._group = BroadcastGroup.open(
+                    spec.name,
+                    spec.backend,
+                    spec.master_address,
+                    spec.master_port,
+                    me.rank,
+                    spec.world_size,
+                    self.timeout_s,
+                    form_within_s=window,
+                )
             seconds["metadata"] = time.perf_counter() - t0
             tensors: dict[str, torch.Tensor] = {}
             start = time.perf_counter()
@@ -88,7 +107,7 @@ class WeightReceiver:
                 else:  # one broadcast per tensor, in list order, straight into its place in the bucket
                     for e in published.tensors:
                         if e.bucket == k:
-                            self._group.broadcast(flat[e.offset:e.offset + e.nbytes].view(TORCH_DTYPES[e.dtype]), 0)
+                            self._group.broadcast(flat[e.offset : e.offset + e.nbytes].view(TORCH_DTYPES[e.dtype]), 0)
                 tensors.update(unpack(k, published.tensors, flat))
                 if on_bucket:
                     on_bucket(k)
@@ -113,13 +132,23 @@ class WeightReceiver:
         self.dcs.set_cursor(self.run_id, self.role, published.version)
         self._report(published, True, None, {"load": load_seconds}, nbytes=0)  # the bytes were counted
 
-    def _report(self, published: PublishedWeights, ok: bool, error: str | None, seconds: dict,
-                nbytes: int | None = None) -> None:
+    def _report(
+        self, published: PublishedWeights, ok: bool, error: str | None, seconds: dict, nbytes: int | None = None
+    ) -> None:
         try:
             assert published.sync_group is not None  # received through it; else logged below as unreported
-            self.dcs.report_sync(self.run_id, SyncReport(
-                version=published.version, group=published.sync_group.name, node_id=self.node_id, ok=ok,
-                error=error, seconds=seconds, bytes=sum(published.bucket_bytes) if nbytes is None else nbytes))
+            self.dcs.report_sync(
+                self.run_id,
+                SyncReport(
+                    version=published.version,
+                    group=published.sync_group.name,
+                    node_id=self.node_id,
+                    ok=ok,
+                    error=error,
+                    seconds=seconds,
+                    bytes=sum(published.bucket_bytes) if nbytes is None else nbytes,
+                ),
+            )
         except Exception as exc:
             log.warning("could not report sync", extra={"error": str(exc)})
 

@@ -59,8 +59,10 @@ class UnresponsiveEngines:
             if not answered:
                 with self._lock:
                     self._left_out[node] = engines[node].base_url
-                log.warning("engine unresponsive after a failed sync: left out of the next syncs until it "
-                            "answers", extra={"node_id": node, "engine": engines[node].base_url})
+                log.warning(
+                    "engine unresponsive after a failed sync: left out of the next syncs until it answers",
+                    extra={"node_id": node, "engine": engines[node].base_url},
+                )
 
     def readmit(self) -> None:
         """Engines left out whose /health has answered since the last sync rejoin; the others are asked

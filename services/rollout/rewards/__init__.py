@@ -24,14 +24,24 @@ from services.sglang_protocol.client import SGLangClient
 
 __all__ = ["BUILTIN_REWARDS", "RewardError", "RewardFunction", "build_reward"]
 
-SPEC_FORMS = (f"a built-in name ({', '.join(sorted(BUILTIN_REWARDS))}), import:module.path:function, "
-              f"an http:// or https:// URL, or model:<engine URL or name>")
+SPEC_FORMS = (
+    f"a built-in name ({', '.join(sorted(BUILTIN_REWARDS))}), import:module.path:function, "
+    f"an http:// or https:// URL, or model:<engine URL or name>"
+)
 
 
-def build_reward(spec: str, *, label_field: str = "label", timeout_s: float = 30.0, retries: int = 3,
-                 token: str | None = None, judge: JudgeSettings | None = None,
-                 judge_urls: dict[str, str] | None = None, engine_key: str | None = None,
-                 judge_client: Callable[..., JudgeClient] = SGLangClient) -> RewardFunction:
+def build_reward(
+    spec: str,
+    *,
+    label_field: str = "label",
+    timeout_s: float = 30.0,
+    retries: int = 3,
+    token: str | None = None,
+    judge: JudgeSettings | None = None,
+    judge_urls: dict[str, str] | None = None,
+    engine_key: str | None = None,
+    judge_client: Callable[..., JudgeClient] = SGLangClient,
+) -> RewardFunction:
     """label_field is read by exact_match and math_answer; timeout_s bounds one call of an imported function
     and one attempt of a URL or judge; retries apply to a URL and a judge; token (a bearer token) to a URL.
     A judge (model:...) follows `judge` (rollout.judge), finds a named engine in judge_urls, and sends
@@ -41,13 +51,14 @@ def build_reward(spec: str, *, label_field: str = "label", timeout_s: float = 30
     if spec in BUILTIN_REWARDS:
         return BuiltinReward(spec, label_field)
     if spec.startswith("import:"):
-        return ImportedReward(spec[len("import:"):], timeout_s=timeout_s)
+        return ImportedReward(spec[len("import:") :], timeout_s=timeout_s)
     if spec.startswith(("http://", "https://")):
         return RemoteReward(spec, timeout_s=timeout_s, retries=retries, token=token)
     if spec.startswith("model:"):
-        url = judge_url(spec[len("model:"):], judge_urls or {})
-        return JudgeReward(url, judge or JudgeSettings(), client=judge_client, timeout_s=timeout_s,
-                           retries=retries, api_key=engine_key)
+        url = judge_url(spec[len("model:") :], judge_urls or {})
+        return JudgeReward(
+            url, judge or JudgeSettings(), client=judge_client, timeout_s=timeout_s, retries=retries, api_key=engine_key
+        )
     raise ValueError(f"unknown reward spec {spec!r}; expected {SPEC_FORMS}")
 
 
@@ -57,7 +68,9 @@ def judge_url(target: str, judge_urls: dict[str, str]) -> str:
         return target
     if target not in judge_urls:
         known = ", ".join(sorted(judge_urls)) or "none"
-        raise ValueError(f"reward model:{target} names judge engine {target!r}, which the rollout's --judge-urls "
-                         f"does not name (it names: {known}); `sluice run` names the stack's as judge "
-                         f"(stack.judge.model)")
+        raise ValueError(
+            f"reward model:{target} names judge engine {target!r}, which the rollout's --judge-urls "
+            f"does not name (it names: {known}); `sluice run` names the stack's as judge "
+            f"(stack.judge.model)"
+        )
     return judge_urls[target]

@@ -1,12 +1,12 @@
 """Built-in rewards, computed in-process:
 
-    exact_match   1.0 when the stripped response equals the stripped label, else 0.0
-    math_answer   1.0 when the final answer equals the label as a number, else 0.0. The final answer is
-                  the content of the LAST balanced \\boxed{...}, or else the last number in the response.
-                  Numbers: 42, -3, 3.50, .5, 1,000 (thousands separators), $3.50, 7/2, \\frac{7}{2}.
-    arith         the verifier of demo:arith: math_answer against the row's "label"
-    letters       the verifier of demo:letters: the fraction of the response's letters that are in the
-                  row's "letters" (continuous, so even a random model's samples differ in reward)"""
+exact_match   1.0 when the stripped response equals the stripped label, else 0.0
+math_answer   1.0 when the final answer equals the label as a number, else 0.0. The final answer is
+              the content of the LAST balanced \\boxed{...}, or else the last number in the response.
+              Numbers: 42, -3, 3.50, .5, 1,000 (thousands separators), $3.50, 7/2, \\frac{7}{2}.
+arith         the verifier of demo:arith: math_answer against the row's "label"
+letters       the verifier of demo:letters: the fraction of the response's letters that are in the
+              row's "letters" (continuous, so even a random model's samples differ in reward)"""
 
 from __future__ import annotations
 
@@ -18,13 +18,16 @@ from services.run_contract.prompt_source import PromptRecord
 from services.rollout.rewards.errors import RewardError
 from services.rollout.rewards.reward_function import RewardFunction, finite_reward
 
-_NUMBER = re.compile(r"""
+_NUMBER = re.compile(
+    r"""
     (?<![\w./])                                  # starts a token: not inside a word or another number
     (?P<sign>[-+])?\$?
     (?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)
     (?:/(?P<den>\d+))?                           # a simple fraction a/b
     (?!\d)
-""", re.X)
+""",
+    re.X,
+)
 _FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _BOXED = re.compile(r"\\boxed\s*\{")
 
@@ -120,9 +123,11 @@ def _letters_field(fields: dict) -> str:
 # name -> scorer(response, fields, label_field); the demo verifiers read their task's own fields
 BUILTIN_REWARDS: dict[str, Callable[[str, dict, str], float]] = {
     "exact_match": lambda response, fields, label_field: exact_match(
-        response, field(fields, label_field, "exact_match")),
+        response, field(fields, label_field, "exact_match")
+    ),
     "math_answer": lambda response, fields, label_field: math_answer(
-        response, field(fields, label_field, "math_answer")),
+        response, field(fields, label_field, "math_answer")
+    ),
     "arith": lambda response, fields, label_field: math_answer(response, field(fields, "label", "arith")),
     "letters": lambda response, fields, label_field: letters(response, _letters_field(fields)),
 }

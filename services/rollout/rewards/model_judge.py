@@ -27,8 +27,10 @@ from services.rollout.rewards.reward_function import RewardFunction, finite_rewa
 from services.run_contract.judge_settings import JudgeSettings, compile_parser, template_fields
 from services.sglang_protocol.client import EngineUnreachable, SGLangError
 
-UNPARSED = Counter("sluice_rollout_judge_unparsed_total",
-                   "judge answers the parser found no reward in (a failure, or rollout.judge.default)")
+UNPARSED = Counter(
+    "sluice_rollout_judge_unparsed_total",
+    "judge answers the parser found no reward in (a failure, or rollout.judge.default)",
+)
 _YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
 
 
@@ -46,8 +48,7 @@ def prompt_text(prompt) -> str:
     """The row's prompt as text: itself, or chat messages as `role: content` lines."""
     if isinstance(prompt, str):
         return prompt
-    return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" if isinstance(m, dict) else str(m)
-                     for m in prompt)
+    return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" if isinstance(m, dict) else str(m) for m in prompt)
 
 
 def render_prompt(template: str, record: PromptRecord, response: str) -> str:
@@ -65,8 +66,10 @@ def render_prompt(template: str, record: PromptRecord, response: str) -> str:
             value = record.fields[name]
             out.append(value if isinstance(value, str) else json.dumps(value))
         else:
-            raise RewardError(f"rollout.judge.template needs the field {name!r}; the row at position "
-                              f"{record.position} has {sorted(record.fields)}")
+            raise RewardError(
+                f"rollout.judge.template needs the field {name!r}; the row at position "
+                f"{record.position} has {sorted(record.fields)}"
+            )
     return "".join(out)
 
 
@@ -94,8 +97,18 @@ def parse_answer(answer: str, parser: str) -> float | None:
 class JudgeReward(RewardFunction):
     """rollout.reward model:<url>: one client (SGLangClient; a fake in role tests) to the judge engine."""
 
-    def __init__(self, url: str, settings: JudgeSettings, *, client: Callable[..., JudgeClient], timeout_s: float,
-                 retries: int, api_key: str | None = None, backoff_s: float = 0.25, max_backoff_s: float = 8.0):
+    def __init__(
+        self,
+        url: str,
+        settings: JudgeSettings,
+        *,
+        client: Callable[..., JudgeClient],
+        timeout_s: float,
+        retries: int,
+        api_key: str | None = None,
+        backoff_s: float = 0.25,
+        max_backoff_s: float = 8.0,
+    ):
         self.timeout_s = settings.timeout_s if settings.timeout_s is not None else timeout_s
         self.retries = settings.retries if settings.retries is not None else retries
         check_limits(self.timeout_s, self.retries)
@@ -112,15 +125,22 @@ class JudgeReward(RewardFunction):
 
     async def score(self, record: PromptRecord, response: str) -> float:
         text = render_prompt(self.settings.template, record, response)
-        answer = await with_retries(lambda: self._attempt(text), f"judge engine {self.url}",
-                                    timeout_s=self.timeout_s, retries=self.retries, backoff_s=self.backoff_s,
-                                    max_backoff_s=self.max_backoff_s)
+        answer = await with_retries(
+            lambda: self._attempt(text),
+            f"judge engine {self.url}",
+            timeout_s=self.timeout_s,
+            retries=self.retries,
+            backoff_s=self.backoff_s,
+            max_backoff_s=self.max_backoff_s,
+        )
         value = parse_answer(answer, self.settings.parser)
         if value is None:
             UNPARSED.inc()
             if self.settings.default is None:
-                raise RewardError(f"judge engine {self.url}: parser {self.settings.parser} found no reward in its "
-                                  f"answer {_excerpt(answer)} (rollout.judge.default would score it instead)")
+                raise RewardError(
+                    f"judge engine {self.url}: parser {self.settings.parser} found no reward in its "
+                    f"answer {_excerpt(answer)} (rollout.judge.default would score it instead)"
+                )
             return self.settings.default
         return finite_reward(value, f"judge engine {self.url}")
 
@@ -132,8 +152,9 @@ class JudgeReward(RewardFunction):
         except SGLangError as e:
             if e.status >= 500:
                 raise Transient(f"HTTP {e.status}: {_excerpt(e.message)}") from e
-            raise RewardError(f"judge engine {self.url} refused the request: HTTP {e.status}: "
-                              f"{_excerpt(e.message)}") from e
+            raise RewardError(
+                f"judge engine {self.url} refused the request: HTTP {e.status}: {_excerpt(e.message)}"
+            ) from e
 
 
 def _excerpt(text: str, limit: int = 300) -> str:

@@ -46,8 +46,9 @@ class ImportedReward(RewardFunction):
         except asyncio.CancelledError:
             raise
         except TimeoutError:
-            raise RewardError(f"reward function {self.name} gave no answer within {self.timeout_s}s",
-                              "timeout") from None
+            raise RewardError(
+                f"reward function {self.name} gave no answer within {self.timeout_s}s", "timeout"
+            ) from None
         except Exception as e:
             raise RewardError(f"reward function {self.name} raised {type(e).__name__}: {e}") from e
         return finite_reward(value, f"reward function {self.name}")

@@ -26,8 +26,17 @@ def _excerpt(text: str, limit: int = 300) -> str:
 
 
 class RemoteReward(RewardFunction):
-    def __init__(self, url: str, *, timeout_s: float = 30.0, retries: int = 3, token: str | None = None,
-                 backoff_s: float = 0.25, max_backoff_s: float = 8.0, max_connections: int = 64):
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 3,
+        token: str | None = None,
+        backoff_s: float = 0.25,
+        max_backoff_s: float = 8.0,
+        max_connections: int = 64,
+    ):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"reward endpoint must be an http:// or https:// URL, got {url!r}")
         check_limits(timeout_s, retries)
@@ -40,22 +49,28 @@ class RemoteReward(RewardFunction):
         headers = {"content-type": "application/json"}
         if token:
             headers["authorization"] = f"Bearer {token}"
-        self._http = httpx.AsyncClient(headers=headers, timeout=timeout_s,
-                                       limits=httpx.Limits(max_connections=max_connections))
+        self._http = httpx.AsyncClient(
+            headers=headers, timeout=timeout_s, limits=httpx.Limits(max_connections=max_connections)
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
     async def score(self, record: PromptRecord, response: str) -> float:
         try:
-            body = json.dumps({"prompt": record.prompt, "response": response, "fields": record.fields},
-                              allow_nan=False)
+            body = json.dumps({"prompt": record.prompt, "response": response, "fields": record.fields}, allow_nan=False)
         except (TypeError, ValueError) as e:
-            raise RewardError(f"reward endpoint {self.url}: the row at position {record.position} "
-                              f"cannot be sent as JSON: {e}") from e
-        reply = await with_retries(lambda: self._attempt(body), f"reward endpoint {self.url}",
-                                   timeout_s=self.timeout_s, retries=self.retries, backoff_s=self.backoff_s,
-                                   max_backoff_s=self.max_backoff_s)
+            raise RewardError(
+                f"reward endpoint {self.url}: the row at position {record.position} cannot be sent as JSON: {e}"
+            ) from e
+        reply = await with_retries(
+            lambda: self._attempt(body),
+            f"reward endpoint {self.url}",
+            timeout_s=self.timeout_s,
+            retries=self.retries,
+            backoff_s=self.backoff_s,
+            max_backoff_s=self.max_backoff_s,
+        )
         return self._reward(reply)
 
     async def _attempt(self, body: str) -> httpx.Response:
@@ -68,8 +83,9 @@ class RemoteReward(RewardFunction):
         if reply.status_code >= 500:
             raise Transient(f"HTTP {reply.status_code}: {_excerpt(reply.text)}")
         if not 200 <= reply.status_code < 300:
-            raise RewardError(f"reward endpoint {self.url} refused the request: HTTP {reply.status_code}: "
-                              f"{_excerpt(reply.text)}")
+            raise RewardError(
+                f"reward endpoint {self.url} refused the request: HTTP {reply.status_code}: {_excerpt(reply.text)}"
+            )
         return reply
 
     def _reward(self, reply: httpx.Response) -> float:
@@ -78,8 +94,9 @@ class RemoteReward(RewardFunction):
         except ValueError:
             raise RewardError(f"reward endpoint {self.url} answered non-JSON: {_excerpt(reply.text)}") from None
         if not isinstance(data, dict) or "reward" not in data:
-            raise RewardError(f"reward endpoint {self.url} answered {_excerpt(reply.text)}, "
-                              f"expected {{\"reward\": number}}")
+            raise RewardError(
+                f'reward endpoint {self.url} answered {_excerpt(reply.text)}, expected {{"reward": number}}'
+            )
         if isinstance(data["reward"], bool):  # JSON true/false are not numbers
             raise RewardError(f"reward endpoint {self.url} answered reward {data['reward']!r}, expected a number")
         return finite_reward(data["reward"], f"reward endpoint {self.url}")

@@ -22,8 +22,15 @@ class Transient(Exception):
     """An attempt failed in a way that another attempt may not (a connection error, a 5xx)."""
 
 
-async def with_retries(attempt: Callable[[], Awaitable[T]], what: str, *, timeout_s: float, retries: int,
-                       backoff_s: float = 0.25, max_backoff_s: float = 8.0) -> T:
+async def with_retries(
+    attempt: Callable[[], Awaitable[T]],
+    what: str,
+    *,
+    timeout_s: float,
+    retries: int,
+    backoff_s: float = 0.25,
+    max_backoff_s: float = 8.0,
+) -> T:
     """attempt()'s result; `what` names the service in the final error ("reward endpoint https://...")."""
     attempts = retries + 1
     last_failure, timed_out = "", False
@@ -39,8 +46,9 @@ async def with_retries(attempt: Callable[[], Awaitable[T]], what: str, *, timeou
             last_failure, timed_out = f"no answer within {timeout_s}s", True
         except Transient as e:
             last_failure, timed_out = str(e), False
-    raise RewardError(f"{what} failed {attempts} time(s); last: {last_failure}",
-                      "timeout" if timed_out else "exception")
+    raise RewardError(
+        f"{what} failed {attempts} time(s); last: {last_failure}", "timeout" if timed_out else "exception"
+    )
 
 
 def check_limits(timeout_s: float, retries: int) -> None:

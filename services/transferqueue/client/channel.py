@@ -43,16 +43,22 @@ class GrpcTransport:
 
     def _sync(self):
         if self._stub is None:
-            self._channel = grpc.secure_channel(self.address, self._credentials, options=CHANNEL_OPTIONS) \
-                if self._credentials else grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            self._channel = (
+                grpc.secure_channel(self.address, self._credentials, options=CHANNEL_OPTIONS)
+                if self._credentials
+                else grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            )
             self._stub = self.stub_class(self._channel)
         return self._stub
 
     def _async(self):
         loop = asyncio.get_running_loop()
         if self._astub is None or self._aloop is not loop:  # aio channels belong to one event loop
-            self._achannel = grpc.aio.secure_channel(self.address, self._credentials, options=CHANNEL_OPTIONS) \
-                if self._credentials else grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            self._achannel = (
+                grpc.aio.secure_channel(self.address, self._credentials, options=CHANNEL_OPTIONS)
+                if self._credentials
+                else grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            )
             self._astub = self.stub_class(self._achannel)
             self._aloop = loop
         return self._astub
@@ -69,15 +75,17 @@ class GrpcTransport:
 
     def _invoke(self, method: str, request, timeout):
         try:
-            return getattr(self._sync(), method)(request, timeout=timeout or self.default_timeout_s,
-                                                 metadata=self._metadata, wait_for_ready=True)
+            return getattr(self._sync(), method)(
+                request, timeout=timeout or self.default_timeout_s, metadata=self._metadata, wait_for_ready=True
+            )
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
 
     async def _ainvoke(self, method: str, request, timeout):
         try:
-            return await getattr(self._async(), method)(request, timeout=timeout or self.default_timeout_s,
-                                                        metadata=self._metadata, wait_for_ready=True)
+            return await getattr(self._async(), method)(
+                request, timeout=timeout or self.default_timeout_s, metadata=self._metadata, wait_for_ready=True
+            )
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
 

@@ -7,14 +7,16 @@ from services.transferqueue.client.rpc_pair import rpc_pair
 from services.transferqueue.pb import transferqueue_pb2 as pb
 from services.transferqueue.pb import transferqueue_pb2_grpc as pb_grpc
 
+
 class ControllerClient(GrpcTransport):
     stub_class = pb_grpc.ControllerStub
 
     # ------------------------------------------------------------ partitions
 
     def _create_partition(self, name: str, group_size: int = 1, exist_ok: bool = False, placement_block: int = 0):
-        return "CreatePartition", pb.CreatePartitionRequest(name=name, group_size=group_size, exist_ok=exist_ok,
-                                                            placement_block=placement_block)
+        return "CreatePartition", pb.CreatePartitionRequest(
+            name=name, group_size=group_size, exist_ok=exist_ok, placement_block=placement_block
+        )
 
     def _get_partition(self, name: str):
         return "GetPartition", pb.GetPartitionRequest(name=name)
@@ -37,8 +39,9 @@ class ControllerClient(GrpcTransport):
     # ------------------------------------------------------------ tasks
 
     def _register_task(self, name: str, required_fields, group_size: int = 1):
-        return "RegisterTask", pb.RegisterTaskRequest(name=name, required_fields=list(required_fields),
-                                                      group_size=group_size)
+        return "RegisterTask", pb.RegisterTaskRequest(
+            name=name, required_fields=list(required_fields), group_size=group_size
+        )
 
     def _list_tasks(self):
         return "ListTasks", pb.ListTasksRequest()
@@ -57,8 +60,12 @@ class ControllerClient(GrpcTransport):
 
     def _commit_put(self, partition: str, fields, rows, stored=()):
         """`stored`: (shard id, incarnation) of each shard that took the put's bytes."""
-        return "CommitPut", pb.CommitPutRequest(partition=partition, fields=fields, rows=rows, stored=[
-            pb.ShardIncarnation(shard_id=shard, incarnation=inc) for shard, inc in stored])
+        return "CommitPut", pb.CommitPutRequest(
+            partition=partition,
+            fields=fields,
+            rows=rows,
+            stored=[pb.ShardIncarnation(shard_id=shard, incarnation=inc) for shard, inc in stored],
+        )
 
     def _check_rows(self, partition: str, rows, fields):
         return "CheckRows", pb.CheckRowsRequest(partition=partition, rows=rows, fields=fields)
@@ -77,10 +84,25 @@ class ControllerClient(GrpcTransport):
 
     # ------------------------------------------------------------ claims
 
-    def _claim(self, partition: str, task: str, batch_size: int, wait_ms: int = 0, lease_ms: int = 0,
-               min_rows: int = 0, claim_key: str = ""):
-        return "Claim", pb.ClaimRequest(partition=partition, task=task, batch_size=batch_size, wait_ms=wait_ms,
-                                        lease_ms=lease_ms, min_rows=min_rows, claim_key=claim_key)
+    def _claim(
+        self,
+        partition: str,
+        task: str,
+        batch_size: int,
+        wait_ms: int = 0,
+        lease_ms: int = 0,
+        min_rows: int = 0,
+        claim_key: str = "",
+    ):
+        return "Claim", pb.ClaimRequest(
+            partition=partition,
+            task=task,
+            batch_size=batch_size,
+            wait_ms=wait_ms,
+            lease_ms=lease_ms,
+            min_rows=min_rows,
+            claim_key=claim_key,
+        )
 
     def _ack(self, lease_id: str, rows=()):
         return "Ack", pb.AckRequest(lease_id=lease_id, rows=rows)
@@ -103,8 +125,9 @@ class ControllerClient(GrpcTransport):
     # ------------------------------------------------------------ shards
 
     def _register_shard(self, shard_id: str, address: str, ttl_ms: int, incarnation: str = ""):
-        return "RegisterShard", pb.RegisterShardRequest(shard_id=shard_id, address=address, ttl_ms=ttl_ms,
-                                                        incarnation=incarnation)
+        return "RegisterShard", pb.RegisterShardRequest(
+            shard_id=shard_id, address=address, ttl_ms=ttl_ms, incarnation=incarnation
+        )
 
     def _list_shards(self):
         return "ListShards", pb.ListShardsRequest()

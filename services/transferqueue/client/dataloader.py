@@ -24,10 +24,24 @@ from services.transferqueue.codec import Batch
 
 
 class StreamingDataset(IterableDataset):
-    def __init__(self, controller: str, partition: str, task: str, micro_batch_size: int,
-                 fields: Sequence[str] | None = None, token: str | None = None, padded=False, pad_value=0,
-                 poll_s: float = 5.0, lease_s: float = 300.0, auto_ack: bool = True,
-                 dp_rank: int = 0, dp_size: int = 1, group_id: str = "", balance_field: str | None = None):
+    def __init__(
+        self,
+        controller: str,
+        partition: str,
+        task: str,
+        micro_batch_size: int,
+        fields: Sequence[str] | None = None,
+        token: str | None = None,
+        padded=False,
+        pad_value=0,
+        poll_s: float = 5.0,
+        lease_s: float = 300.0,
+        auto_ack: bool = True,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        group_id: str = "",
+        balance_field: str | None = None,
+    ):
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
         if dp_size > 1 and not group_id:
@@ -71,8 +85,16 @@ class StreamingDataset(IterableDataset):
 
     def _single(self, tq: TransferQueue) -> Iterator[Batch]:
         while True:
-            batch = tq.claim(self.partition, self.task, self.micro_batch_size, self.fields, wait_s=self.poll_s,
-                             lease_s=self.lease_s, padded=self.padded, pad_value=self.pad_value)
+            batch = tq.claim(
+                self.partition,
+                self.task,
+                self.micro_batch_size,
+                self.fields,
+                wait_s=self.poll_s,
+                lease_s=self.lease_s,
+                padded=self.padded,
+                pad_value=self.pad_value,
+            )
             if batch.rows:
                 yield batch
             elif batch.complete:
@@ -82,9 +104,14 @@ class StreamingDataset(IterableDataset):
         fields = self.fields if self.fields is not None else tq._fields_of(self.task)
         step = 0
         while True:
-            claimed = tq.claim_rows(self.partition, self.task, self.micro_batch_size * self.dp_size,
-                                    wait_s=self.poll_s, lease_s=self.lease_s,
-                                    claim_key=f"{self.group_id}-{self.partition}-{step}")
+            claimed = tq.claim_rows(
+                self.partition,
+                self.task,
+                self.micro_batch_size * self.dp_size,
+                wait_s=self.poll_s,
+                lease_s=self.lease_s,
+                claim_key=f"{self.group_id}-{self.partition}-{step}",
+            )
             if not claimed.rows:
                 if claimed.complete:
                     return
@@ -99,11 +126,11 @@ class StreamingDataset(IterableDataset):
             yield batch
 
     def _my_rows(self, tq: TransferQueue, rows: list[int], group_size: int) -> list[int]:
-        groups = [rows[i:i + group_size] for i in range(0, len(rows), group_size)]
+        groups = [rows[i : i + group_size] for i in range(0, len(rows), group_size)]
         if self.balance_field:
             weights_by_row = tq.get(self.partition, rows, [self.balance_field])[self.balance_field]
             w = weights_by_row.double().tolist()
-            weights = [sum(w[i:i + group_size]) for i in range(0, len(rows), group_size)]
+            weights = [sum(w[i : i + group_size]) for i in range(0, len(rows), group_size)]
         else:
             weights = [1.0] * len(groups)
         part = balanced_split(weights, self.dp_size)[self.dp_rank]

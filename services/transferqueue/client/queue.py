@@ -31,10 +31,17 @@ _WAIT_SLACK_S = 10.0
 _LOST_RETRIES = 3  # claims given back, or puts made again, because a shard lost its data, before the error
 _LOST_PAGE = 65536  # rows per LostRows call (the controller's limit)
 # a CommitPut that failed with these was certainly not applied (unlike, say, a lost reply)
-_COMMIT_REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
-                             grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-                             grpc.StatusCode.ABORTED})
+_COMMIT_REFUSED = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.ABORTED,
+    }
+)
 
 
 @dataclass
@@ -66,8 +73,11 @@ class _Backoff:
             raise err
         if time.monotonic() + self.delay > self.deadline:
             if err.code == grpc.StatusCode.UNAVAILABLE:
-                raise TQError(err.code, f"storage shard {self.shard_id} did not answer for {self.deadline_s:g} s "
-                              f"(the put's timeout): {err.message}") from None
+                raise TQError(
+                    err.code,
+                    f"storage shard {self.shard_id} did not answer for {self.deadline_s:g} s "
+                    f"(the put's timeout): {err.message}",
+                ) from None
             raise err
         delay = self.delay * (0.5 + random.random())
         self.delay = min(self.delay * 2, 1.0)
@@ -77,8 +87,14 @@ class _Backoff:
 class AsyncTransferQueue:
     """The data-plane client (asyncio). TransferQueue below is its blocking facade."""
 
-    def __init__(self, controller: str, token: str | None = None, put_timeout_s: float = 60.0,
-                 chunk_bytes: int | None = None, shard_wait_s: float = 20.0):
+    def __init__(
+        self,
+        controller: str,
+        token: str | None = None,
+        put_timeout_s: float = 60.0,
+        chunk_bytes: int | None = None,
+        shard_wait_s: float = 20.0,
+    ):
         """`shard_wait_s`: how long a read waits for a shard that cannot be reached (a killed shard
         restarted by its supervisor replays its journal and is back in seconds) before UNAVAILABLE."""
         self.token = token
@@ -99,8 +115,7 @@ class AsyncTransferQueue:
                 raise TQError(grpc.StatusCode.UNAVAILABLE, f"storage shard {shard_id} is not registered")
             kwargs = {"chunk_bytes": self.chunk_bytes} if self.chunk_bytes else {}
             # a shard is dialled the way the controller is (TLS or not)
-            client = self._shards[shard_id] = ShardClient(with_tls(address, self.controller.tls), self.token,
-                                                          **kwargs)
+            client = self._shards[shard_id] = ShardClient(with_tls(address, self.controller.tls), self.token, **kwargs)
         return client
 
     def _learn_shards(self, response) -> None:
@@ -111,8 +126,15 @@ class AsyncTransferQueue:
 
     @staticmethod
     def _claimed(partition: str, task: str, res) -> ClaimedRows:
-        return ClaimedRows(partition, task, res.lease_id, list(res.rows), res.partition_complete, res.group_size,
-                           res.lease_expires_unix_ms)
+        return ClaimedRows(
+            partition,
+            task,
+            res.lease_id,
+            list(res.rows),
+            res.partition_complete,
+            res.group_size,
+            res.lease_expires_unix_ms,
+        )
 
     @staticmethod
     def _decoded(partition: str, rows, fetched, padded, pad_value, lease_id: str = "") -> Batch:
@@ -121,7 +143,6 @@ class AsyncTransferQueue:
         backing = Backing([data for _, data in fetched])
         columns, lengths = decode_table(merge_in_order(tables, len(rows)), padded, pad_value, backing)
         return Batch(partition=partition, rows=list(rows), columns=columns, lengths=lengths, lease_id=lease_id)
-
 
     async def close(self) -> None:
         await self.controller.aclose()
@@ -163,8 +184,9 @@ class AsyncTransferQueue:
         return list((await self.controller.aget_schema(partition)).fields)
 
     async def wait_ready(self, partition: str, task: str, min_rows: int, wait_s: float):
-        return await self.controller.await_ready(partition, task, min_rows, int(wait_s * 1000),
-                                                 timeout=wait_s + _WAIT_SLACK_S)
+        return await self.controller.await_ready(
+            partition, task, min_rows, int(wait_s * 1000), timeout=wait_s + _WAIT_SLACK_S
+        )
 
     async def _placement(self, partition: str, info=None) -> Placement:
         if info is not None:
@@ -192,8 +214,9 @@ class AsyncTransferQueue:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _put_once(self, partition: str, n: int, schemas, batch, rows: Sequence[int] | None) -> list[int]:
-        prepared = await self.controller.aprepare_put(partition, schemas, 0 if rows is not None else n,
-                                                      list(rows) if rows is not None else [])
+        prepared = await self.controller.aprepare_put(
+            partition, schemas, 0 if rows is not None else n, list(rows) if rows is not None else []
+        )
         rows = list(prepared.rows)
         plan = (await self._placement(partition, prepared.partition)).split(rows)
         row_array = np.asarray(rows, dtype=np.int64)
@@ -206,9 +229,13 @@ class AsyncTransferQueue:
             backoff = _Backoff(shard_id, self.put_timeout_s)
             while True:
                 try:
-                    reply = await self._shard_for(shard_id).aput(partition, row_array[positions].tolist(), data,
-                                                                 reservation=prepared.reservation,
-                                                                 wait_for_ready=False)
+                    reply = await self._shard_for(shard_id).aput(
+                        partition,
+                        row_array[positions].tolist(),
+                        data,
+                        reservation=prepared.reservation,
+                        wait_for_ready=False,
+                    )
                     stored.append((shard_id, positions, reply.incarnation))
                     return
                 except TQError as err:
@@ -227,8 +254,7 @@ class AsyncTransferQueue:
             await undo()
             raise
         try:
-            await self.controller.acommit_put(partition, schemas, rows,
-                                              [(s, inc) for s, _, inc in stored if inc])
+            await self.controller.acommit_put(partition, schemas, rows, [(s, inc) for s, _, inc in stored if inc])
         except TQError as err:
             if err.code in _COMMIT_REFUSED:
                 await undo()
@@ -244,9 +270,12 @@ class AsyncTransferQueue:
             except TQError as err:
                 # a claim hands out only rows whose fields were committed: a shard without them lost them
                 if lease_id and err.code == grpc.StatusCode.NOT_FOUND:
-                    raise TQError(grpc.StatusCode.DATA_LOSS, f"rows of lease {lease_id} in {partition} are gone "
-                                  f"from storage shard {shard_id} ({err.message}); the controller marks them "
-                                  "lost when the shard comes back: release the lease and claim again") from None
+                    raise TQError(
+                        grpc.StatusCode.DATA_LOSS,
+                        f"rows of lease {lease_id} in {partition} are gone "
+                        f"from storage shard {shard_id} ({err.message}); the controller marks them "
+                        "lost when the shard comes back: release the lease and claim again",
+                    ) from None
                 raise
 
         tables = await asyncio.gather(*(fetch(s, p) for s, p in placement.split(rows)))
@@ -264,8 +293,10 @@ class AsyncTransferQueue:
                 if err.code != grpc.StatusCode.UNAVAILABLE:
                     raise
                 if time.monotonic() + delay > deadline:
-                    raise TQError(grpc.StatusCode.UNAVAILABLE, f"storage shard {shard_id} did not answer for "
-                                  f"{self.shard_wait_s:g} s: {err.message}") from None
+                    raise TQError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"storage shard {shard_id} did not answer for {self.shard_wait_s:g} s: {err.message}",
+                    ) from None
             await asyncio.sleep(delay)
             delay = min(2 * delay, 1.0)
 
@@ -289,15 +320,41 @@ class AsyncTransferQueue:
             raise TQError(grpc.StatusCode.NOT_FOUND, f"task {task} is not registered")
         return self._task_fields[task]
 
-    async def claim_rows(self, partition: str, task: str, batch_size: int, wait_s: float = 0.0,
-                         lease_s: float = 0.0, min_rows: int = 0, claim_key: str = "") -> ClaimedRows:
+    async def claim_rows(
+        self,
+        partition: str,
+        task: str,
+        batch_size: int,
+        wait_s: float = 0.0,
+        lease_s: float = 0.0,
+        min_rows: int = 0,
+        claim_key: str = "",
+    ) -> ClaimedRows:
         """Claim rows without reading them."""
-        res = await self.controller.aclaim(partition, task, batch_size, int(wait_s * 1000), int(lease_s * 1000),
-                                           min_rows, claim_key, timeout=wait_s + _WAIT_SLACK_S)
+        res = await self.controller.aclaim(
+            partition,
+            task,
+            batch_size,
+            int(wait_s * 1000),
+            int(lease_s * 1000),
+            min_rows,
+            claim_key,
+            timeout=wait_s + _WAIT_SLACK_S,
+        )
         return self._claimed(partition, task, res)
 
-    async def claim(self, partition: str, task: str, batch_size: int, fields: Sequence[str] | None = None,
-                    wait_s: float = 0.0, lease_s: float = 0.0, min_rows: int = 0, padded=False, pad_value=0) -> Batch:
+    async def claim(
+        self,
+        partition: str,
+        task: str,
+        batch_size: int,
+        fields: Sequence[str] | None = None,
+        wait_s: float = 0.0,
+        lease_s: float = 0.0,
+        min_rows: int = 0,
+        padded=False,
+        pad_value=0,
+    ) -> Batch:
         """Claim up to batch_size ready rows (whole groups) and read `fields` (default: the task's
         required fields). An empty batch means nothing was ready by the deadline; `batch.complete`
         says the partition is sealed and fully consumed by this task."""
@@ -347,6 +404,12 @@ class TransferQueue(BlockingFacade):
     """The blocking client: AsyncTransferQueue's operations, run on a private event-loop thread. Safe to
     call from several threads at once."""
 
-    def __init__(self, controller: str, token: str | None = None, put_timeout_s: float = 60.0,
-                 chunk_bytes: int | None = None, shard_wait_s: float = 20.0):
+    def __init__(
+        self,
+        controller: str,
+        token: str | None = None,
+        put_timeout_s: float = 60.0,
+        chunk_bytes: int | None = None,
+        shard_wait_s: float = 20.0,
+    ):
         super().__init__(AsyncTransferQueue(controller, token, put_timeout_s, chunk_bytes, shard_wait_s), "tq-client")

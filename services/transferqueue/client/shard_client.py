@@ -26,7 +26,7 @@ def _put_chunks(partition: str, rows, data, chunk_bytes: int, reservation: bytes
     head = pb.PutChunk(header=header).SerializeToString()
     yield encode_chunk(view[:chunk_bytes], head)
     for start in range(chunk_bytes, total, chunk_bytes):
-        yield encode_chunk(view[start:start + chunk_bytes])
+        yield encode_chunk(view[start : start + chunk_bytes])
 
 
 class _Assembler:
@@ -47,7 +47,7 @@ class _Assembler:
         end = self.pos + len(data)
         if end > len(self.buf):
             raise TQError(grpc.StatusCode.DATA_LOSS, "shard sent more bytes than it announced")
-        self.buf[self.pos:end] = data
+        self.buf[self.pos : end] = data
         self.pos = end
 
     def result(self) -> bytearray:
@@ -66,24 +66,39 @@ class ShardClient(GrpcTransport):
 
     # ------------------------------------------------------------ data
 
-    def put(self, partition: str, rows, ipc_data, timeout: float | None = None,
-            reservation: bytes = b"") -> pb.PutResponse:
+    def put(
+        self, partition: str, rows, ipc_data, timeout: float | None = None, reservation: bytes = b""
+    ) -> pb.PutResponse:
         """`reservation`: PreparePutResponse.reservation for these rows (shards refuse puts without one)."""
         try:
             put = self._raw_call(False, "stream_unary", _PUT, None, pb.PutResponse.FromString)
-            return put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes, reservation),
-                       timeout=timeout or self.default_timeout_s, metadata=self._metadata, wait_for_ready=True)
+            return put(
+                _put_chunks(partition, rows, ipc_data, self.chunk_bytes, reservation),
+                timeout=timeout or self.default_timeout_s,
+                metadata=self._metadata,
+                wait_for_ready=True,
+            )
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
 
-    async def aput(self, partition: str, rows, ipc_data, timeout: float | None = None,
-                   reservation: bytes = b"", wait_for_ready: bool = True) -> pb.PutResponse:
+    async def aput(
+        self,
+        partition: str,
+        rows,
+        ipc_data,
+        timeout: float | None = None,
+        reservation: bytes = b"",
+        wait_for_ready: bool = True,
+    ) -> pb.PutResponse:
         """`wait_for_ready=False`: UNAVAILABLE at once while the shard cannot be reached."""
         try:
             put = self._raw_call(True, "stream_unary", _PUT, None, pb.PutResponse.FromString)
-            return await put(_put_chunks(partition, rows, ipc_data, self.chunk_bytes, reservation),
-                             timeout=timeout or self.default_timeout_s, metadata=self._metadata,
-                             wait_for_ready=wait_for_ready)
+            return await put(
+                _put_chunks(partition, rows, ipc_data, self.chunk_bytes, reservation),
+                timeout=timeout or self.default_timeout_s,
+                metadata=self._metadata,
+                wait_for_ready=wait_for_ready,
+            )
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
 
@@ -93,22 +108,28 @@ class ShardClient(GrpcTransport):
         out = _Assembler()
         try:
             get = self._raw_call(False, "unary_stream", _GET, pb.GetRequest.SerializeToString, None)
-            for chunk in get(request, timeout=timeout or self.default_timeout_s, metadata=self._metadata,
-                             wait_for_ready=True):
+            for chunk in get(
+                request, timeout=timeout or self.default_timeout_s, metadata=self._metadata, wait_for_ready=True
+            ):
                 out.add(chunk)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None
         return out.result()
 
-    async def aget(self, partition: str, rows, fields, timeout: float | None = None,
-                   wait_for_ready: bool = True) -> bytearray:
+    async def aget(
+        self, partition: str, rows, fields, timeout: float | None = None, wait_for_ready: bool = True
+    ) -> bytearray:
         """`wait_for_ready=False`: UNAVAILABLE at once while the shard cannot be reached."""
         request = pb.GetRequest(partition=partition, rows=rows, fields=fields)
         out = _Assembler()
         try:
             get = self._raw_call(True, "unary_stream", _GET, pb.GetRequest.SerializeToString, None)
-            async for chunk in get(request, timeout=timeout or self.default_timeout_s, metadata=self._metadata,
-                                   wait_for_ready=wait_for_ready):
+            async for chunk in get(
+                request,
+                timeout=timeout or self.default_timeout_s,
+                metadata=self._metadata,
+                wait_for_ready=wait_for_ready,
+            ):
                 out.add(chunk)
         except grpc.RpcError as err:
             raise TQError.from_rpc(err) from None

@@ -22,8 +22,11 @@ _FUNCTIONS = (pathlib.Path(__file__).parent / "tq_functions.lua").read_text()
 
 def canonical_schema(field: pb.FieldSchema) -> str:
     """One spelling per schema, whatever language wrote the request, so Redis can compare strings."""
-    return json.dumps({"dtype": field.dtype, "kind": pb.FieldKind.Name(field.kind), "shape": list(field.shape)},
-                      separators=(",", ":"), sort_keys=True)
+    return json.dumps(
+        {"dtype": field.dtype, "kind": pb.FieldKind.Name(field.kind), "shape": list(field.shape)},
+        separators=(",", ":"),
+        sort_keys=True,
+    )
 
 
 def schema_from_json(name: str, text: str) -> pb.FieldSchema:
@@ -35,7 +38,7 @@ def schema_from_json(name: str, text: str) -> pb.FieldSchema:
 class ClaimResult:
     lease_id: str
     groups: list[int]
-    expiry_ms: int          # the lease's expiry, or (no claim) the next lease expiry of the task, 0 if none
+    expiry_ms: int  # the lease's expiry, or (no claim) the next lease expiry of the task, 0 if none
     complete: bool
     group_size: int
     ready_groups_left: int
@@ -47,8 +50,15 @@ class ClaimResult:
 
 
 class RedisMetadata:
-    def __init__(self, redis_url: str, prefix: str = "tq", max_partitions: int = 100_000, max_tasks: int = 10_000,
-                 max_partition_rows: int = 1 << 24, max_readiness_rows: int = 1 << 20):
+    def __init__(
+        self,
+        redis_url: str,
+        prefix: str = "tq",
+        max_partitions: int = 100_000,
+        max_tasks: int = 10_000,
+        max_partition_rows: int = 1 << 24,
+        max_readiness_rows: int = 1 << 20,
+    ):
         self.redis = async_redis(redis_url)
         self.prefix = prefix
         self.events_channel = f"{prefix}:events"
@@ -98,12 +108,12 @@ class RedisMetadata:
 
     async def placement(self, name: str) -> pb.PartitionInfo:
         """Only what clients need to route rows: name, group size, shards, block (one Redis read)."""
-        gs, block, shards = cast(list[Any], await self.redis.hmget(f"{self.prefix}:p:{name}", "gs", "block",
-                                                                   "shards"))
+        gs, block, shards = cast(list[Any], await self.redis.hmget(f"{self.prefix}:p:{name}", "gs", "block", "shards"))
         if gs is None:
             raise TQError(grpc.StatusCode.NOT_FOUND, f"partition {name} does not exist")
-        return pb.PartitionInfo(name=name, group_size=int(gs), placement_block=int(block),
-                                shard_ids=[s for s in shards.split(",") if s])
+        return pb.PartitionInfo(
+            name=name, group_size=int(gs), placement_block=int(block), shard_ids=[s for s in shards.split(",") if s]
+        )
 
     async def partition_info(self, name: str) -> pb.PartitionInfo:
         pk = f"{self.prefix}:p:{name}"
@@ -124,9 +134,17 @@ class RedisMetadata:
             placement_block=int(meta["block"]),
             created_unix=int(meta["created"]) / 1000.0,
             fields=[pb.FieldProgress(field=f, produced=int(n)) for f, n in sorted(fcount.items())],
-            tasks=[pb.TaskProgress(task=t, ready=int(nready.get(t, 0)), consumed=int(consumed.get(t, 0)),
-                                   leased=int(leased.get(t, 0)), lost=int(lost.get(t, 0)))
-                   for t in sorted(tasks) if task_applies(name, t)],
+            tasks=[
+                pb.TaskProgress(
+                    task=t,
+                    ready=int(nready.get(t, 0)),
+                    consumed=int(consumed.get(t, 0)),
+                    leased=int(leased.get(t, 0)),
+                    lost=int(lost.get(t, 0)),
+                )
+                for t in sorted(tasks)
+                if task_applies(name, t)
+            ],
             schema=[schema_from_json(f, s) for f, s in sorted(schema.items())],
             lost_rows=int(meta.get("lost", 0)),
         )
@@ -158,8 +176,11 @@ class RedisMetadata:
         return args
 
     async def prepare_put(self, partition: str, fields, new_rows: int, rows: list[int]) -> list[int]:
-        first = int(await self._call("tq_prepare_put", partition, self.max_partition_rows,
-                                     *self._schema_args(fields), new_rows, *rows))
+        first = int(
+            await self._call(
+                "tq_prepare_put", partition, self.max_partition_rows, *self._schema_args(fields), new_rows, *rows
+            )
+        )
         return list(range(first, first + new_rows)) if new_rows > 0 else list(rows)
 
     async def commit_put(self, partition: str, fields, rows: list[int], stored=()) -> int:
@@ -183,14 +204,20 @@ class RedisMetadata:
 
     # ------------------------------------------------------------ claims
 
-    async def claim(self, partition: str, task: str, batch_rows: int, min_rows: int, lease_ms: int,
-                    claim_key: str) -> ClaimResult:
+    async def claim(
+        self, partition: str, task: str, batch_rows: int, min_rows: int, lease_ms: int, claim_key: str
+    ) -> ClaimResult:
         lease_id = uuid.uuid4().hex
         res = await self._call("tq_claim", partition, task, batch_rows, min_rows, lease_ms, lease_id, claim_key)
         lease, csv, expiry, complete, gs, left = res
-        return ClaimResult(lease_id=lease, groups=[int(g) for g in csv.split(",") if g] if csv else [],
-                           expiry_ms=int(expiry), complete=bool(complete), group_size=int(gs),
-                           ready_groups_left=int(left))
+        return ClaimResult(
+            lease_id=lease,
+            groups=[int(g) for g in csv.split(",") if g] if csv else [],
+            expiry_ms=int(expiry),
+            complete=bool(complete),
+            group_size=int(gs),
+            ready_groups_left=int(left),
+        )
 
     async def ready(self, partition: str, task: str) -> tuple[int, bool, int]:
         ready, complete, next_expiry = await self._call("tq_ready", partition, task)
@@ -207,8 +234,9 @@ class RedisMetadata:
 
     # ------------------------------------------------------------ shards
 
-    async def register_shard(self, shard_id: str, address: str, ttl_ms: int,
-                             incarnation: str = "") -> tuple[bool, list[str]]:
+    async def register_shard(
+        self, shard_id: str, address: str, ttl_ms: int, incarnation: str = ""
+    ) -> tuple[bool, list[str]]:
         """-> (the shard came back without its data, live partitions). After a True, mark its rows lost
         (mark_shard_lost) and then store the new incarnation (shard_incarnation)."""
         reborn, *live = await self._call("tq_register_shard", shard_id, address, ttl_ms, incarnation)

@@ -45,16 +45,19 @@ MAX_STORED_SHARDS = 1024
 
 
 class ControllerServicer(pb_grpc.ControllerServicer):
-    def __init__(self, config: ControllerConfig, meta: RedisMetadata, events: RedisEvents,
-                 reservation_key: bytes = b""):
+    def __init__(
+        self, config: ControllerConfig, meta: RedisMetadata, events: RedisEvents, reservation_key: bytes = b""
+    ):
         self.config = config
         self.meta = meta
         self.events = events
         self.reservation_key = reservation_key
-        self.limits = Limits(max_rows_per_call=config.max_rows_per_call,
-                             max_partition_rows=config.max_partition_rows,
-                             max_fields_per_call=config.max_fields_per_call,
-                             max_row_elements=config.max_row_elements)
+        self.limits = Limits(
+            max_rows_per_call=config.max_rows_per_call,
+            max_partition_rows=config.max_partition_rows,
+            max_fields_per_call=config.max_fields_per_call,
+            max_row_elements=config.max_row_elements,
+        )
 
     # ------------------------------------------------------------ partitions
 
@@ -99,8 +102,9 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             if address is None:
                 return
             # shards of a TLS controller serve TLS too
-            client = ShardClient(with_tls(address, bool(self.config.tls_cert_file)),
-                                 token=self.config.auth_token or None)
+            client = ShardClient(
+                with_tls(address, bool(self.config.tls_cert_file)), token=self.config.auth_token or None
+            )
             try:
                 await client.adrop_partition(partition, timeout=self.config.shard_call_timeout_s)
             except Exception as exc:
@@ -150,8 +154,9 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         check_rows("rows", request.rows, self.limits)
         rows = await self.meta.prepare_put(request.partition, request.fields, request.new_rows, list(request.rows))
         signed = reservation.issue(self.reservation_key, request.partition, rows, self.config.reservation_ttl_s)
-        return pb.PreparePutResponse(rows=rows, partition=await self.meta.placement(request.partition),
-                                     reservation=signed)
+        return pb.PreparePutResponse(
+            rows=rows, partition=await self.meta.placement(request.partition), reservation=signed
+        )
 
     @unary_handler(SERVER)
     async def CommitPut(self, request, context):
@@ -166,8 +171,9 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             check_name("shard", s.shard_id)
             if len(s.incarnation) > MAX_ADDRESS_CHARS:
                 raise _invalid(f"incarnation is over {MAX_ADDRESS_CHARS} characters")
-        n = await self.meta.commit_put(request.partition, request.fields, list(request.rows),
-                                       [(s.shard_id, s.incarnation) for s in request.stored])
+        n = await self.meta.commit_put(
+            request.partition, request.fields, list(request.rows), [(s.shard_id, s.incarnation) for s in request.stored]
+        )
         # this replica's waiters wake now; the Redis message (for the other replicas) comes a hop later
         self.events.fire(request.partition)
         ROWS_COMMITTED.inc(n)
@@ -207,8 +213,9 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             while True:
                 last_try = loop.time() >= deadline
                 event = self.events.waiter(partition)
-                res = await self.meta.claim(partition, task, request.batch_size, 1 if last_try else min_rows,
-                                            lease_ms, request.claim_key)
+                res = await self.meta.claim(
+                    partition, task, request.batch_size, 1 if last_try else min_rows, lease_ms, request.claim_key
+                )
                 if res.lease_id or res.complete or last_try:
                     break
                 if not waiting:
@@ -227,9 +234,13 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         rows = res.rows
         if res.lease_id:
             ROWS_CLAIMED.labels(task).inc(len(rows))
-        return pb.ClaimResponse(lease_id=res.lease_id, rows=rows,
-                                lease_expires_unix_ms=res.expiry_ms if res.lease_id else 0,
-                                partition_complete=res.complete, group_size=res.group_size)
+        return pb.ClaimResponse(
+            lease_id=res.lease_id,
+            rows=rows,
+            lease_expires_unix_ms=res.expiry_ms if res.lease_id else 0,
+            partition_complete=res.complete,
+            group_size=res.group_size,
+        )
 
     @unary_handler(SERVER)
     async def WaitReady(self, request, context):
@@ -296,8 +307,10 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             lost = await self.meta.mark_shard_lost(request.shard_id, live)
             await self.meta.shard_incarnation(request.shard_id, request.incarnation)
             ROWS_LOST.inc(sum(lost.values()))
-            log.warning("a storage shard came back without its data: its rows are marked lost",
-                        extra={"shard_id": request.shard_id, "groups_lost": lost})
+            log.warning(
+                "a storage shard came back without its data: its rows are marked lost",
+                extra={"shard_id": request.shard_id, "groups_lost": lost},
+            )
         return pb.RegisterShardResponse(live_partitions=live, reservation_key=self.reservation_key)
 
     @unary_handler(SERVER)
@@ -308,9 +321,14 @@ class ControllerServicer(pb_grpc.ControllerServicer):
 
 async def serve(config: ControllerConfig, stop: asyncio.Event, on_bound=None) -> None:
     """Run until `stop` is set; then stop taking calls and give in-flight ones `grace_s`."""
-    meta = RedisMetadata(config.redis_url, config.key_prefix, max_partitions=config.max_partitions,
-                         max_tasks=config.max_tasks, max_partition_rows=config.max_partition_rows,
-                         max_readiness_rows=config.max_readiness_rows)
+    meta = RedisMetadata(
+        config.redis_url,
+        config.key_prefix,
+        max_partitions=config.max_partitions,
+        max_tasks=config.max_tasks,
+        max_partition_rows=config.max_partition_rows,
+        max_readiness_rows=config.max_readiness_rows,
+    )
     await meta.load_functions()
     key = await meta.reservation_key()
     events = RedisEvents(meta.redis, meta.events_channel)
@@ -318,13 +336,17 @@ async def serve(config: ControllerConfig, stop: asyncio.Event, on_bound=None) ->
     await asyncio.wait_for(events.subscribed.wait(), timeout=10)
 
     interceptors = [BearerTokenInterceptor(config.auth_token)] if config.auth_token else []
-    server = grpc.aio.server(interceptors=interceptors, options=[
-        ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.so_reuseport", 0),
-    ])
-    add_strict_servicer(server, ControllerServicer(config, meta, events, key),
-                        pb.DESCRIPTOR.services_by_name["Controller"])
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    add_strict_servicer(
+        server, ControllerServicer(config, meta, events, key), pb.DESCRIPTOR.services_by_name["Controller"]
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = add_port(server, f"{config.host}:{config.port}", config)

@@ -22,14 +22,23 @@ class ShardConfig(AuthTokenSettings, TLSSettings):
     max_bytes: int = Field(8 << 30, gt=0, description="byte budget; puts beyond it get RESOURCE_EXHAUSTED")
     chunk_bytes: int = Field(4 << 20, gt=0, le=32 << 20, description="size of the data chunks it streams")
     register_interval_s: float = Field(3.0, gt=0, description="how often it renews its registration")
-    orphan_grace_s: float = Field(30.0, ge=0, description="partitions unknown to the controller for this long are dropped")
-    data_dir: str = Field("", description="directory of the write-ahead journal; a restarted shard replays it and "
-                                          "holds every row it acknowledged. Empty: memory only (rows die with the "
-                                          "process)")
-    journal_fsync: bool = Field(False, description="fsync each journal write before acknowledging it (survives "
-                                                   "the machine failing, not only the process)")
-    journal_compact_bytes: int = Field(256 << 20, ge=1 << 20,
-                                       description="rewrite the journal once it is over this and twice what is held")
+    orphan_grace_s: float = Field(
+        30.0, ge=0, description="partitions unknown to the controller for this long are dropped"
+    )
+    data_dir: str = Field(
+        "",
+        description="directory of the write-ahead journal; a restarted shard replays it and "
+        "holds every row it acknowledged. Empty: memory only (rows die with the "
+        "process)",
+    )
+    journal_fsync: bool = Field(
+        False,
+        description="fsync each journal write before acknowledging it (survives "
+        "the machine failing, not only the process)",
+    )
+    journal_compact_bytes: int = Field(
+        256 << 20, ge=1 << 20, description="rewrite the journal once it is over this and twice what is held"
+    )
     metrics_port: int = Field(0, description="Prometheus /metrics port; 0 = disabled")
     grace_s: float = Field(5.0, ge=0, description="on SIGTERM, time in-flight calls get to finish")
     log_level: str = Field("info", description="debug|info|warning|error")
@@ -39,10 +48,12 @@ class ShardConfig(AuthTokenSettings, TLSSettings):
     max_fields_per_call: int = Field(256, ge=1, description="most fields one put, get or delete may name")
     max_row_elements: int = Field(1 << 24, ge=1, description="most elements per row of a TENSOR column")
     max_put_bytes: int = Field(1 << 30, ge=1, description="largest Arrow stream one put may send (RESOURCE_EXHAUSTED)")
-    max_response_bytes: int = Field(1 << 30, ge=1,
-                                    description="largest Arrow stream one get may return (RESOURCE_EXHAUSTED)")
-    max_message_bytes: int = Field(64 << 20, ge=1 << 16,
-                                   description="largest gRPC message it receives or sends (RESOURCE_EXHAUSTED)")
+    max_response_bytes: int = Field(
+        1 << 30, ge=1, description="largest Arrow stream one get may return (RESOURCE_EXHAUSTED)"
+    )
+    max_message_bytes: int = Field(
+        64 << 20, ge=1 << 16, description="largest gRPC message it receives or sends (RESOURCE_EXHAUSTED)"
+    )
 
     def resolved_id(self, port: int) -> str:
         return self.shard_id or f"{socket.gethostname()}-{port}"

@@ -76,13 +76,20 @@ def read_records(data: memoryview) -> tuple[list[Record], int]:
         if magic != MAGIC or kind not in (PUT, DELETE, DROP) or end > len(data):
             break
         start = pos + HEAD.size
-        header, rows = data[start:start + header_len], data[start + header_len:start + header_len + 8 * n_rows]
-        payload = data[start + header_len + 8 * n_rows:end]
+        header, rows = data[start : start + header_len], data[start + header_len : start + header_len + 8 * n_rows]
+        payload = data[start + header_len + 8 * n_rows : end]
         if zlib.crc32(payload, zlib.crc32(rows, zlib.crc32(header))) != crc:
             break
         meta = json.loads(bytes(header))
-        records.append(Record(kind, meta["partition"], np.frombuffer(rows, dtype="<i8").astype(np.int64),
-                              list(meta["fields"]), payload))
+        records.append(
+            Record(
+                kind,
+                meta["partition"],
+                np.frombuffer(rows, dtype="<i8").astype(np.int64),
+                list(meta["fields"]),
+                payload,
+            )
+        )
         pos = end
     return records, pos
 

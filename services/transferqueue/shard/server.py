@@ -49,8 +49,12 @@ class ShardServicer(pb_grpc.StorageShardServicer):
         self.store = store
         self.shard_id = shard_id
         self.incarnation = incarnation  # of the data it holds (RegisterShardRequest.incarnation)
-        self.limits = Limits(max_rows_per_call=config.max_rows_per_call, max_partition_rows=config.max_partition_rows,
-                             max_fields_per_call=config.max_fields_per_call, max_row_elements=config.max_row_elements)
+        self.limits = Limits(
+            max_rows_per_call=config.max_rows_per_call,
+            max_partition_rows=config.max_partition_rows,
+            max_fields_per_call=config.max_fields_per_call,
+            max_row_elements=config.max_row_elements,
+        )
         # put reservations are checked with these (the controller's current key, and the one before it)
         self.reservation_keys: list[bytes] = []
 
@@ -75,13 +79,18 @@ class ShardServicer(pb_grpc.StorageShardServicer):
         if header.total_bytes <= 0:
             raise invalid(f"header.total_bytes must be positive, got {header.total_bytes}")
         if header.total_bytes > self.config.max_put_bytes:
-            raise _exhausted(f"put announces {header.total_bytes} bytes; one put may send at most "
-                             f"{self.config.max_put_bytes} (--max-put-bytes): split it")
+            raise _exhausted(
+                f"put announces {header.total_bytes} bytes; one put may send at most "
+                f"{self.config.max_put_bytes} (--max-put-bytes): split it"
+            )
         if header.total_bytes > self.store.max_bytes:
-            raise TQError(grpc.StatusCode.OUT_OF_RANGE,
-                          f"put announces {header.total_bytes} bytes; budget is {self.store.max_bytes}")
-        reservation.verify(self.reservation_keys, header.partition, int(rows.min()), int(rows.max()),
-                           header.reservation)
+            raise TQError(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"put announces {header.total_bytes} bytes; budget is {self.store.max_bytes}",
+            )
+        reservation.verify(
+            self.reservation_keys, header.partition, int(rows.min()), int(rows.max()), header.reservation
+        )
         return header
 
     def _gauges(self) -> None:
@@ -98,14 +107,16 @@ class ShardServicer(pb_grpc.StorageShardServicer):
                     try:
                         chunk = pb.PutChunk.FromString(raw)
                     except DecodeError as exc:
-                        raise TQError(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a valid PutChunk: {exc}") from None
+                        raise TQError(
+                            grpc.StatusCode.INVALID_ARGUMENT, f"request is not a valid PutChunk: {exc}"
+                        ) from None
                     data = chunk.data
                 if header is None:
                     header = self._header(chunk)
                     buf = bytearray(header.total_bytes)
                 if pos + len(data) > len(buf):
                     raise _exhausted(f"put sends more than the {len(buf)} bytes its header announced")
-                buf[pos:pos + len(data)] = data
+                buf[pos : pos + len(data)] = data
                 pos += len(data)
             if header is None or pos != len(buf):
                 raise TQError(grpc.StatusCode.INVALID_ARGUMENT, f"put ended after {pos} of its announced bytes")
@@ -124,8 +135,10 @@ class ShardServicer(pb_grpc.StorageShardServicer):
             fields = check_field_names("fields", request.fields, self.limits)
             table = self.store.get(request.partition, self._rows("rows", request.rows, allow_repeats=True), fields)
             if table.nbytes > self.config.max_response_bytes:
-                raise _exhausted(f"get of {table.num_rows} rows is {table.nbytes} bytes; one get may return at most "
-                                 f"{self.config.max_response_bytes} (--max-response-bytes): read fewer rows")
+                raise _exhausted(
+                    f"get of {table.num_rows} rows is {table.nbytes} bytes; one get may return at most "
+                    f"{self.config.max_response_bytes} (--max-response-bytes): read fewer rows"
+                )
             data = to_ipc(table)
             view = memoryview(data)
             step = self.config.chunk_bytes
@@ -133,7 +146,7 @@ class ShardServicer(pb_grpc.StorageShardServicer):
             BYTES_OUT.inc(total)
             yield encode_chunk(view[:step], pb.DataChunk(total_bytes=total).SerializeToString())
             for offset in range(step, total, step):
-                yield encode_chunk(view[offset:offset + step])
+                yield encode_chunk(view[offset : offset + step])
 
     @unary_handler(SERVER)
     async def Delete(self, request, context):
@@ -151,13 +164,19 @@ class ShardServicer(pb_grpc.StorageShardServicer):
 
     @unary_handler(SERVER)
     async def Stats(self, request, context):
-        return pb.StatsResponse(shard_id=self.shard_id, rows=self.store.rows, bytes=self.store.bytes,
-                                max_rows=self.store.max_rows, max_bytes=self.store.max_bytes,
-                                partitions=self.store.partition_names())
+        return pb.StatsResponse(
+            shard_id=self.shard_id,
+            rows=self.store.rows,
+            bytes=self.store.bytes,
+            max_rows=self.store.max_rows,
+            max_bytes=self.store.max_bytes,
+            partitions=self.store.partition_names(),
+        )
 
 
-async def _keep_registered(config: ShardConfig, servicer: ShardServicer, address: str, incarnation: str,
-                           registered: asyncio.Event) -> None:
+async def _keep_registered(
+    config: ShardConfig, servicer: ShardServicer, address: str, incarnation: str, registered: asyncio.Event
+) -> None:
     store, shard_id = servicer.store, servicer.shard_id
     controller = ControllerClient(config.controller, token=config.auth_token or None)
     ttl_ms = int(config.register_interval_s * 4000)
@@ -169,7 +188,9 @@ async def _keep_registered(config: ShardConfig, servicer: ShardServicer, address
                 servicer.learn_reservation_key(reply.reservation_key)
                 live = set(reply.live_partitions)
                 if not registered.is_set():
-                    log.info("registered with controller", extra={"controller": config.controller, "shard_id": shard_id})
+                    log.info(
+                        "registered with controller", extra={"controller": config.controller, "shard_id": shard_id}
+                    )
                 registered.set()
                 for name in store.partition_names():
                     created = store.created(name)
@@ -193,26 +214,42 @@ def open_store(config: ShardConfig) -> tuple[ShardStore, str]:
     started = time.monotonic()
     records, report = journal.replay()
     store.replay(records, config.max_row_elements)
-    log.info("journal replayed", extra={"data_dir": config.data_dir, "records": report.records,
-                                        "journal_bytes": report.bytes, "torn_bytes": report.torn_bytes,
-                                        "rows": store.rows, "bytes": store.bytes,
-                                        "seconds": round(time.monotonic() - started, 3)})
+    log.info(
+        "journal replayed",
+        extra={
+            "data_dir": config.data_dir,
+            "records": report.records,
+            "journal_bytes": report.bytes,
+            "torn_bytes": report.torn_bytes,
+            "rows": store.rows,
+            "bytes": store.bytes,
+            "seconds": round(time.monotonic() - started, 3),
+        },
+    )
     return store, journal.incarnation()
 
 
 async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
     store, incarnation = open_store(config)
     interceptors = [BearerTokenInterceptor(config.auth_token)] if config.auth_token else []
-    server = grpc.aio.server(interceptors=interceptors, options=[
-        ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.so_reuseport", 0),
-    ])
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
     port = add_port(server, f"{config.host}:{config.port}", config)
     servicer = ShardServicer(config, store, config.resolved_id(port), incarnation)
     shard_id = servicer.shard_id
-    add_strict_servicer(server, servicer, pb.DESCRIPTOR.services_by_name["StorageShard"],
-                        raw_requests=frozenset({"Put"}), raw_responses=frozenset({"Get"}))
+    add_strict_servicer(
+        server,
+        servicer,
+        pb.DESCRIPTOR.services_by_name["StorageShard"],
+        raw_requests=frozenset({"Put"}),
+        raw_responses=frozenset({"Get"}),
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     # the health servicer says SERVING for "" by default: not until the controller knows us
@@ -225,8 +262,16 @@ async def serve(config: ShardConfig, stop: asyncio.Event) -> None:
     await _wait_either(registered, stop)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("sluice.transferqueue.v1.StorageShard", health_pb2.HealthCheckResponse.SERVING)
-    log.info("shard serving", extra={"port": port, "shard_id": shard_id, "address": address,
-                                     "max_rows": config.max_rows, "max_bytes": config.max_bytes})
+    log.info(
+        "shard serving",
+        extra={
+            "port": port,
+            "shard_id": shard_id,
+            "address": address,
+            "max_rows": config.max_rows,
+            "max_bytes": config.max_bytes,
+        },
+    )
     try:
         await stop.wait()
     finally:

@@ -145,22 +145,28 @@ class ShardStore:
     def put(self, partition: str, rows: np.ndarray, table: pa.Table, ipc=None) -> int:
         """Store `table` at `rows`; `ipc` is the Arrow IPC stream it was read from (for the journal)."""
         if len(rows) != table.num_rows:
-            raise TQError(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"header names {len(rows)} rows but the Arrow data has {table.num_rows}")
+            raise TQError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"header names {len(rows)} rows but the Arrow data has {table.num_rows}",
+            )
         if len(np.unique(rows)) != len(rows) or (len(rows) and rows.min() < 0):
             raise TQError(grpc.StatusCode.INVALID_ARGUMENT, "row indices must be distinct and >= 0")
         nbytes = sum(col.nbytes for col in table.columns)
         if len(rows) > self.max_rows or nbytes > self.max_bytes:
-            raise TQError(grpc.StatusCode.OUT_OF_RANGE,
-                          f"put of {len(rows)} rows and {nbytes} bytes exceeds the shard's whole budget "
-                          f"({self.max_rows} rows, {self.max_bytes} bytes): split it")
+            raise TQError(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"put of {len(rows)} rows and {nbytes} bytes exceeds the shard's whole budget "
+                f"({self.max_rows} rows, {self.max_bytes} bytes): split it",
+            )
         with self._lock:
             part = self.partitions.get(partition)
             fresh = part.new_rows(rows) if part else len(rows)
             if self.rows + fresh > self.max_rows or self.bytes + nbytes > self.max_bytes:
-                raise TQError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"shard full: holds {self.rows}/{self.max_rows} rows and {self.bytes}/{self.max_bytes} "
-                              f"bytes; this put adds {fresh} rows and {nbytes} bytes")
+                raise TQError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"shard full: holds {self.rows}/{self.max_rows} rows and {self.bytes}/{self.max_bytes} "
+                    f"bytes; this put adds {fresh} rows and {nbytes} bytes",
+                )
             if self.journal is not None:
                 self.journal.record_put(partition, rows, ipc if ipc is not None else to_ipc(table))
             if part is None:
@@ -188,12 +194,16 @@ class ShardStore:
             for name in fields:
                 column = part.fields.get(name)
                 if column is None or column.empty:
-                    raise TQError(grpc.StatusCode.NOT_FOUND, f"field {name} of partition {partition} is not stored here")
+                    raise TQError(
+                        grpc.StatusCode.NOT_FOUND, f"field {name} of partition {partition} is not stored here"
+                    )
                 have = column.has(rows)
                 if not have.all():
                     missing = rows[~have][:5].tolist()
-                    raise TQError(grpc.StatusCode.NOT_FOUND,
-                                  f"field {name} of rows {missing} in partition {partition} is not stored here")
+                    raise TQError(
+                        grpc.StatusCode.NOT_FOUND,
+                        f"field {name} of rows {missing} in partition {partition} is not stored here",
+                    )
                 array, arrow_field = column.get(rows)
                 arrays.append(array)
                 schema.append(arrow_field)

@@ -32,9 +32,29 @@ from fastapi.responses import JSONResponse
 from tests.dcs.sglang_generation import LoraArgs
 from tests.dcs.sglang_receiver import build
 
-LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "kv_a_proj_with_mqa", "q_b_proj",
-                       "kv_b_proj", "wq_b", "wk", "weights_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
-                       "gate_up_proj", "embed_tokens", "lm_head", "qkvr", "wo_ud", "all"]
+LORA_TARGET_MODULES = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "q_a_proj",
+    "kv_a_proj_with_mqa",
+    "q_b_proj",
+    "kv_b_proj",
+    "wq_b",
+    "wk",
+    "weights_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "qkv_proj",
+    "gate_up_proj",
+    "embed_tokens",
+    "lm_head",
+    "qkvr",
+    "wo_ud",
+    "all",
+]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,8 +62,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model-path", "--model", dest="model_path", type=str, required=True)
     p.add_argument("--host", type=str, default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--dtype", type=str, default="auto",
-                   choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
+    p.add_argument(
+        "--dtype", type=str, default="auto", choices=["auto", "half", "float16", "bfloat16", "float", "float32"]
+    )
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
@@ -74,8 +95,11 @@ def merge_config(p: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str]
         raise ValueError(f"Config file must be YAML format, got: {os.path.splitext(path)[1]}")
     if not os.path.exists(path):
         raise ValueError(f"Config file not found: {path}")
-    seen = {"path": path, "mode": oct(os.stat(path).st_mode & 0o777),
-            "dir_mode": oct(os.stat(os.path.dirname(path)).st_mode & 0o777)}
+    seen = {
+        "path": path,
+        "mode": oct(os.stat(path).st_mode & 0o777),
+        "dir_mode": oct(os.stat(os.path.dirname(path)).st_mode & 0o777),
+    }
     with open(path) as f:
         data = yaml.safe_load(f) or {}
     if not isinstance(data, dict):
@@ -84,17 +108,21 @@ def merge_config(p: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str]
     args: list[str] = []
     for key, value in data.items():
         if isinstance(value, bool):
-            args += ([f"--{key}"] if value else []) if key.replace("-", "_") in store_true \
+            args += (
+                ([f"--{key}"] if value else [])
+                if key.replace("-", "_") in store_true
                 else [f"--{key}", str(value).lower()]
+            )
         elif isinstance(value, dict):
             args += [f"--{key}", json.dumps(value)]
         else:
             args += [f"--{key}", str(value)]
-    return args + argv[:indices[0]] + argv[indices[0] + 2:], seen
+    return args + argv[: indices[0]] + argv[indices[0] + 2 :], seen
 
 
 def add_api_key_check(app, api_key: str | None) -> None:
     """SGLang 0.5.23's api-key middleware for routes of the normal auth level."""
+
     @app.middleware("http")
     async def check(request, call_next):
         path = request.url.path
@@ -108,13 +136,14 @@ def add_api_key_check(app, api_key: str | None) -> None:
 
 def main(argv: list[str]) -> None:
     p = parser()
-    merged, config = (merge_config(p, argv) if "--config" in argv else (argv, None))
+    merged, config = merge_config(p, argv) if "--config" in argv else (argv, None)
     args = p.parse_args(merged)
     print(f"server_args={vars(args)}", flush=True)
     if args.enable_lora:  # sglang/srt/arg_groups/lora_hook.py check_lora_server_args, with no --lora-paths
         assert args.max_lora_rank and args.lora_target_modules, (
             "When no initial --lora-paths is provided, you need to specify both --max-lora-rank and "
-            "--lora-target-modules for LoRA initialization.")
+            "--lora-target-modules for LoRA initialization."
+        )
     lora = LoraArgs(bool(args.enable_lora), args.max_lora_rank, args.lora_target_modules, args.max_loras_per_batch)
     app = build("0.5.23", None, args.model_path, lora)
     health = next(route.endpoint for route in app.routes if getattr(route, "path", None) == "/health")
