@@ -11,7 +11,7 @@ import torch
 from services.algorithms.overlong import overlong_penalty, truncated
 from services.rollout.engine_pool import SampleOutput
 from services.run_contract.prompt_source import PromptRecord
-from services.run_contract.run_config import RewardShaping
+from services.run_contract.rollout_settings import RewardShaping
 
 
 def shaped_rewards(

@@ -4,7 +4,7 @@ reward by its length, and with overlong_filter a cut-off sample is written with 
 
 from __future__ import annotations
 
-from services.run_contract.run_config import RewardShaping
+from services.run_contract.rollout_settings import RewardShaping
 from tests.fakes.engines import sample_length
 from tests.rollout.rollout_harness import PROMPTS, Rollout, make_run
 
