@@ -129,8 +129,8 @@ def list_tasks() -> int:
     return 0
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sluice demo", description=__doc__, formatter_class=HelpWithDefaults)
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """The task and the run config's shape: steps, mode, estimator, prompts, batch and sampling."""
     parser.add_argument(
         "--task",
         nargs="?",
@@ -161,6 +161,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "std_below:X; default: the task's (zero_variance for reverse, none for the others); "
         "a model that never answers right has every group dropped and fails the run",
     )
+
+
+def add_optimizer_flags(parser: argparse.ArgumentParser) -> None:
+    """The actor's optimizer (learning rate and its schedule) and the seed of the model, warm start and run."""
     parser.add_argument("--lr", type=float, default=1e-4, help="actor learning rate (AdamW)")
     parser.add_argument(
         "--lr-schedule",
@@ -172,6 +176,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--min-lr-ratio", type=float, default=0.1, help="where linear and cosine decay end, as a fraction of --lr"
     )
     parser.add_argument("--seed", type=int, default=0, help="model, warm start, prompt order and trainer seed")
+
+
+def add_eval_and_warm_start_flags(parser: argparse.ArgumentParser) -> None:
+    """Held-out evaluation during the run, and the supervised warm start before it."""
     parser.add_argument("--eval-every", type=int, default=5, help="held-out eval every N versions; 0 = none")
     parser.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts per eval")
     parser.add_argument("--warm-start-steps", type=int, default=300, help="most warm-start steps; 0 = none")
@@ -181,6 +189,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.25,
         help="the warm start stops once its greedy score on 64 training prompts reaches this",
     )
+
+
+def add_stack_flags(parser: argparse.ArgumentParser) -> None:
+    """The services on this machine: engines, the model, where files go, checkpoints, the view."""
     parser.add_argument("--engines", type=int, default=1, help="built-in engine processes")
     parser.add_argument("--model", default="", help="a local HF model directory; default: a new random model")
     parser.add_argument("--preset", default="small", choices=["tiny", "small"], help="size of the random model")
@@ -200,6 +212,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         help="live panel, JSON lines, or auto: the panel when stdout is a terminal",
     )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sluice demo", description=__doc__, formatter_class=HelpWithDefaults)
+    add_run_flags(parser)
+    add_optimizer_flags(parser)
+    add_eval_and_warm_start_flags(parser)
+    add_stack_flags(parser)
     args = parser.parse_args(argv)
     if args.task and args.task not in DEMO_TASKS:
         parser.error(f"--task: unknown task {args.task!r}; one of {', '.join(DEMO_TASKS)}")
