@@ -143,6 +143,29 @@ def completion_logprobs(engine, seq: Generation) -> CompletionLogprobs:
     return CompletionLogprobs(tokens=pieces, token_logprobs=list(seq.logprobs), top_logprobs=tops, text_offset=offsets)
 
 
+def completion_choice(
+    engine, req: CompletionRequest, seq: Generation, index: int, prompt: list[int]
+) -> CompletionChoice:
+    return CompletionChoice(
+        index=index,
+        text=seq.text,
+        logprobs=completion_logprobs(engine, seq) if req.logprobs is not None else None,
+        finish_reason=finish_reason(seq),
+        matched_stop=matched(seq),
+        token_ids=list(seq.output) if req.return_token_ids else None,
+        prompt_token_ids=prompt if req.return_token_ids else None,
+        meta_info=meta_info(seq, engine.scheduler.weight_version) if req.return_meta_info else None,
+    )
+
+
+def chat_token_limit(engine, req: ChatCompletionRequest, prompt: list[int]) -> int:
+    """The chat completion's max_new_tokens: max_completion_tokens, else max_tokens, else OpenAI's default."""
+    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    if limit is None:  # OpenAI's default: what the context leaves
+        limit = min(engine.config.max_new_tokens_limit or engine.pool.slot_len, engine.pool.slot_len - len(prompt))
+    return max(limit, 0)
+
+
 def chat_choice(
     engine, req: ChatCompletionRequest, seq: Generation, index: int, prompt: list[int], rid: str
 ) -> ChatChoice:
@@ -193,19 +216,7 @@ def openai_router(engine) -> APIRouter:
             return completion_events(engine, req, seqs, queues, prompts, f"cmpl-{rid}")
         if not await finished(request, engine, seqs, queues):
             return Response(status_code=499)
-        choices = [
-            CompletionChoice(
-                index=i,
-                text=s.text,
-                logprobs=completion_logprobs(engine, s) if req.logprobs is not None else None,
-                finish_reason=finish_reason(s),
-                matched_stop=matched(s),
-                token_ids=list(s.output) if req.return_token_ids else None,
-                prompt_token_ids=prompts[i // req.n] if req.return_token_ids else None,
-                meta_info=meta_info(s, engine.scheduler.weight_version) if req.return_meta_info else None,
-            )
-            for i, s in enumerate(seqs)
-        ]
+        choices = [completion_choice(engine, req, s, i, prompts[i // req.n]) for i, s in enumerate(seqs)]
         return CompletionResponse(
             id=f"cmpl-{rid}", model=req.model, choices=choices, usage=Usage(**token_usage(seqs, prompts))
         )
@@ -215,10 +226,7 @@ def openai_router(engine) -> APIRouter:
         """Chat completions: the messages (and tools) through the model's chat template; tool calls parsed
         from the reply in the template's format."""
         prompt, rid = chat_prompt(engine, req), req.rid or new_rid()
-        limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        if limit is None:  # OpenAI's default: what the context leaves
-            limit = min(engine.config.max_new_tokens_limit or engine.pool.slot_len, engine.pool.slot_len - len(prompt))
-        params = sampling_params(req, max(limit, 0), turn_end_ids(engine.tokenizer))
+        params = sampling_params(req, chat_token_limit(engine, req, prompt), turn_end_ids(engine.tokenizer))
         top_n = (req.top_logprobs or 0) if req.logprobs else 0
         seqs, queues = start(engine, [prompt], params, rid, req.stream, top_n)
         if req.stream:
