@@ -87,7 +87,7 @@ def generation_control_router(engine) -> APIRouter:
         requests are running or waiting."""
         if sched.busy():
             return result("cannot flush the cache while requests are running or waiting", ok=False)
-        await engine.run_control(sched.ngrams.clear)
+        await engine.run_control(sched.speculation.ngrams.clear)
         return result("cache flushed")
 
     return router

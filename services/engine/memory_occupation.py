@@ -161,7 +161,7 @@ class MemoryOccupation:
                 raise MemoryOccupationError(f"{len(bad)} weight storages cannot be freed in place (not resizable)")
         if KV_CACHE in tags:
             self.engine.pool.free_storage()
-            sched.ngrams.clear()
+            sched.speculation.ngrams.clear()
         if WEIGHTS in tags:
             self.engine.weights.discard()
             self._weights = [(s, s.nbytes()) for s in _storages(self.engine.model)]

@@ -26,8 +26,9 @@ import torch
 
 from services.engine.kv_pool import KVPool
 from services.engine.request import Generation, still_waiting
-from services.engine.sampling import GREEDY_BELOW, sample_batch
-from services.engine.speculation import DraftSources, NgramDrafter, SharedNgrams, accept_greedy, draft_sizes
+from services.engine.greedy_drafting import GreedyDrafting
+from services.engine.sampling import sample_batch
+from services.engine.speculation import NgramDrafter
 from services.runtime.spans import RECORDER
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class Scheduler:
         draft_budget: int = 64,
         on_fatal: Callable[[BaseException], None] | None = None,
     ):
-        """num_draft_tokens > 0: n-gram speculative decoding of greedy requests (speculation.py), at most that
+        """num_draft_tokens > 0: n-gram speculative decoding of greedy requests (greedy_drafting.py), at most that
         many drafts per request and `draft_budget` per step. `on_fatal(error)`: called when a step failed."""
         self.decoder, self.pool = decoder, decoder.pool
         self.tokenizer = tokenizer
@@ -73,10 +74,7 @@ class Scheduler:
         self.paused, self._paused_at = False, 0.0
         self.released: set[str] = set()  # memory tags released (memory_occupation.py): no step runs
         self.steps = 0
-        self.num_draft_tokens, self.draft_budget = num_draft_tokens, draft_budget
-        self.drafted = self.accepted = 0  # draft tokens verified, and of them accepted, since start
-        self.ngrams = SharedNgrams()  # every drafted request's n-grams (speculation.py)
-        self.draft_sources = DraftSources()  # how often each kind of n-gram match is accepted
+        self.speculation = GreedyDrafting(num_draft_tokens, draft_budget)
         self._cv = threading.Condition()
         self._controls: deque[tuple[Callable[[], object], ControlDone]] = deque()
         self._stop = False
@@ -245,7 +243,7 @@ class Scheduler:
             pending = req.pending()
             if req.finished or req.awaiting_prefix or not pending:
                 continue
-            drafter = self._drafter(req) if len(pending) == 1 else None
+            drafter = self.speculation.drafter(req) if len(pending) == 1 else None
             if drafter is not None:
                 drafting.append((len(batch), drafter))
             if len(pending) > 1:
@@ -257,48 +255,15 @@ class Scheduler:
             batch.append(req)
             chunks.append(pending)
         if drafting:
-            size = draft_sizes(len(drafting), self.num_draft_tokens, self.draft_budget)
-            for i, drafter in drafting:
-                req = batch[i]
-                room = (
-                    min(
-                        req.params.max_new_tokens - len(req.output),
-                        self.pool.slot_len - len(req.prompt) - len(req.output),
-                    )
-                    - 1
-                )
-                req.draft = drafter.draft(min(size, room))
-                chunks[i] = chunks[i] + req.draft
+            self.speculation.draft([(batch[i], drafter) for i, drafter in drafting], self.pool.slot_len)
+            for i, _ in drafting:
+                chunks[i] = chunks[i] + batch[i].draft
         return batch, chunks
 
-    def _drafter(self, req: Generation) -> NgramDrafter | None:
-        """Greedy requests without per-token alternatives or EOS bans are drafted: their drafter, its index
-        brought up to date here; None for the others, which decode one token a step."""
-        p = req.params
-        if (
-            not self.num_draft_tokens
-            or p.temperature >= GREEDY_BELOW
-            or req.top_logprobs_num
-            or len(req.output) < p.min_new_tokens
-        ):
-            return None
-        if req.drafter is None:
-            req.drafter = NgramDrafter(shared=self.ngrams, sources=self.draft_sources)
-            req.drafter.extend(req.prompt)
-        req.drafter.extend(req.output[len(req.drafter.tokens) - len(req.prompt) :])
-        return req.drafter
-
     def _verify(self, reqs: list[Generation], logits: list[torch.Tensor]) -> None:
-        """Each request takes its accepted drafts and the bonus token (speculation.accept_greedy) one by one,
-        as plain decoding would have, stopping at a finish; the KV cache keeps what was accepted."""
-        drafts = [req.draft for req in reqs]
-        for req, draft, (tokens, logprobs) in zip(reqs, drafts, accept_greedy(logits, drafts)):
-            req.draft = []
-            self.drafted += len(draft)
-            self.accepted += len(tokens) - 1
-            if req.drafter is None:  # only a drafted request (_drafter) has a draft to verify
-                raise RuntimeError(f"request {req.rid} has a draft but no drafter")
-            req.drafter.verified(len(draft), len(tokens) - 1)
+        """Each request takes its accepted drafts and the bonus token (GreedyDrafting.accept) one by one, as
+        plain decoding would have, stopping at a finish; the KV cache keeps what was accepted."""
+        for req, (tokens, logprobs) in zip(reqs, self.speculation.accept(reqs, logits)):
             start = req.cached
             for token, logprob in zip(tokens, logprobs):
                 req.output.append(token)

@@ -77,8 +77,8 @@ class Engine:
         WAITING.set_function(lambda: len(self.scheduler.waiting))
         STEPS.set_function(lambda: self.scheduler.steps)
         KV_USED.set_function(lambda: self.pool.slots - self.pool.free_slots)
-        DRAFTED.set_function(lambda: self.scheduler.drafted)
-        ACCEPTED.set_function(lambda: self.scheduler.accepted)
+        DRAFTED.set_function(lambda: self.scheduler.speculation.drafted)
+        ACCEPTED.set_function(lambda: self.scheduler.speculation.accepted)
 
     async def run_control(self, fn):
         """Run fn on the engine thread between two steps; its result (or its exception, raised here)."""

@@ -181,8 +181,8 @@ def test_speculative_greedy_equals_plain_greedy_in_fewer_steps(loaded):
     prompts = _prompts(10)
     plain, plain_reqs = _run(loaded, 0, prompts)
     spec, spec_reqs = _run(loaded, 8, prompts)
-    assert spec.drafted > 0 and spec.accepted > 0
-    assert plain.drafted == 0
+    assert spec.speculation.drafted > 0 and spec.speculation.accepted > 0
+    assert plain.speculation.drafted == 0
     assert spec.steps < plain.steps
     for a, b in zip(plain_reqs, spec_reqs):
         assert b.output == a.output
@@ -199,7 +199,7 @@ def test_speculation_stops_where_plain_decoding_stops(loaded):
     stop = plain_reqs[-1].output[17]
     plain, plain_reqs = _run(loaded, 0, prompts, max_new_tokens=40, stop_token_ids=[stop])
     spec, spec_reqs = _run(loaded, 8, prompts, max_new_tokens=40, stop_token_ids=[stop])
-    assert spec.accepted > 0
+    assert spec.speculation.accepted > 0
     for a, b in zip(plain_reqs, spec_reqs):
         assert b.output == a.output and b.finish_reason == a.finish_reason
     assert any(r.finish_reason["type"] == "stop" for r in spec_reqs)
@@ -209,5 +209,5 @@ def test_speculation_stops_where_plain_decoding_stops(loaded):
 
 def test_sampled_requests_are_not_drafted(loaded):
     spec, reqs = _run(loaded, 8, _prompts(4), temperature=1.0, max_new_tokens=20)
-    assert spec.drafted == 0
+    assert spec.speculation.drafted == 0
     assert all(len(r.output) == 20 for r in reqs)
