@@ -229,17 +229,7 @@ def policy_loss(
         return aggregate(per_token, mask, cfg.loss_agg, total_tokens, total_seqs)
 
     log_ratio = log_probs - old_log_probs
-    ratio = torch.exp(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
-    eps_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - cfg.eps_clip, 1.0 + eps_high)
-    pg = torch.maximum(unclipped, clipped)
-    clip_taken = on & (clipped > unclipped)
-    dual_taken = torch.zeros_like(on)
-    if cfg.dual_clip_c is not None:
-        bound = -advantages * cfg.dual_clip_c
-        dual_taken = on & (advantages < 0) & (pg > bound)
-        pg = torch.where(dual_taken, bound, pg)
+    pg, ratio, clip_taken, dual_taken = _clipped_surrogate(log_ratio, advantages, on, cfg)
 
     metrics: dict[str, Tensor] = {}
     if rollout_log_probs is not None:
@@ -263,6 +253,32 @@ def policy_loss(
             loss = loss - cfg.entropy_coef * agg(entropy)
     metrics["tokens"] = on.sum().to(ratio.dtype)
     return loss, metrics
+
+
+def _clipped_surrogate(
+    log_ratio: Tensor, advantages: Tensor, on: Tensor, cfg: PolicyLossConfig
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """pg_t of policy_loss's docstring before the behaviour weight: the clipped surrogate (with clip-higher) and,
+    when dual_clip_c is set, the dual clip, from log_ratio = log pi - log pi_old:
+
+        ratio_t = exp(clamp(log_ratio_t, -20, 20))
+        pg_t    = max(-A_t ratio_t, -A_t clip(ratio_t, 1 - eps_clip, 1 + eps_clip_high))
+        pg_t    = min(pg_t, -A_t c)                                where A_t < 0
+
+    Returns (pg, ratio, clip_taken, dual_taken): the last two mark the tokens under `on` where the clipped
+    branch, or the dual-clip bound, is the one taken."""
+    ratio = torch.exp(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    eps_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - cfg.eps_clip, 1.0 + eps_high)
+    pg = torch.maximum(unclipped, clipped)
+    clip_taken = on & (clipped > unclipped)
+    dual_taken = torch.zeros_like(on)
+    if cfg.dual_clip_c is not None:
+        bound = -advantages * cfg.dual_clip_c
+        dual_taken = on & (advantages < 0) & (pg > bound)
+        pg = torch.where(dual_taken, bound, pg)
+    return pg, ratio, clip_taken, dual_taken
 
 
 def _behaviour_weight(

@@ -15,17 +15,15 @@ Actor, one step N at a time (N from the checkpoint / progress, see resumption.py
         megatron) publishes here instead, its weights gathered from every rank a bucket at a time
     clear train_N once every task consumed it (on another worker thread)
 
-The critic (PPO) is services/trainer/critic_service.py.
+This module holds the schedule; each rank's share of a global batch is claimed in batch_claims.py, a step's
+metrics are tallied in step_tally.py and the checkpoints written by actor_checkpoints.py. The critic (PPO) is
+services/trainer/critic_service.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
-import itertools
-import os
-import secrets
 import logging
 import threading
 import time
@@ -36,16 +34,18 @@ import torch
 from services.dcs.client import DCSError
 from services.dcs.models import NodeRegistration
 from services.dcs.sync.publisher import WeightPublisher
-from services.run_contract.partitions import partition_name, sample_id, task_name
-from services.run_contract.sample_fields import STEP_RECORD_INPUTS, actor_inputs
+from services.run_contract.partitions import partition_name, task_name
+from services.run_contract.sample_fields import actor_inputs
 from services.run_state.seams import Membership, WeightSender
 from services.run_state.trainer_progress import TrainerProgress, finish_step
 from services.runtime.metrics import gauges
 from services.role.role_service import RoleStatus, serve_role
 from services.role.session import RunSession
 from services.runtime.spans import span
-from services.trainer.actor_update import StepMetrics, loss_totals
-from services.run_contract.checkpoint import latest_checkpoint, save_checkpoint
+from services.trainer.actor_checkpoints import ActorCheckpoints
+from services.trainer.actor_update import loss_totals
+from services.run_contract.checkpoint import CheckpointState, latest_checkpoint
+from services.trainer.batch_claims import GlobalBatchClaims
 from services.trainer.config import TrainerConfig
 from services.trainer.backend import live_weights_of, make_backend
 from services.trainer.lora import load_actor
@@ -58,9 +58,10 @@ from services.trainer.precision import weights_dtype
 from services.trainer.checkpoint_copy import TrainingStateCopy, copy_if_affordable
 from services.trainer.publishing import WeightVersions
 from services.trainer.resumption import resume_position
-from services.trainer.staleness import staleness_histogram, staleness_metrics
-from services.trainer.tasks import ACTOR_TASK, claim_global_batch, read_or_give_back
-from services.trainer.tracking_hook import NO_TRACKING, Tracker, open_training_tracker, sample_stats
+from services.trainer.staleness import staleness_histogram
+from services.trainer.step_tally import StepTally
+from services.trainer.tasks import ACTOR_TASK
+from services.trainer.tracking_hook import NO_TRACKING, Tracker, open_training_tracker
 
 log = logging.getLogger(__name__)
 ACTOR_GAUGES = {
@@ -92,17 +93,43 @@ class ActorTrainer:
         self.gauges = gauges("sluice_trainer", ACTOR_GAUGES)
         self.staleness = staleness_histogram()
         self.tracking: Tracker = NO_TRACKING  # rank 0's experiment tracking (services/trainer/tracking_hook.py)
-        self.checkpointed = 0  # next_step of the newest checkpoint, or where this process resumed
         self.halted_mid_step = False  # an unfinished step's optimizer steps moved the weights
 
     def run_loop(self, session: RunSession, halt: threading.Event) -> None:
+        """The role's schedule: the actor and its backend (from the latest checkpoint); rank 0 joins the run, to
+        publish the weights and report; the run's task registered; then rank 0 leads the steps and the other
+        ranks follow it."""
         c = self.config
         self.dcs, self.run, self.tq, self.redis = session.dcs, session.run, session.tq, session.redis
         self.steps = session.steps
-        run = self.run
-        self.clearing = PartitionClearing(self.tq, self.steps, run, c.clear_wait_s)
-        torch.manual_seed(run.optim.seed)
+        self.clearing = PartitionClearing(self.tq, self.steps, self.run, c.clear_wait_s)
+        torch.manual_seed(self.run.optim.seed)
         ckpt = latest_checkpoint(c.checkpoint_dir, "actor") if c.checkpoint_dir else None
+        self.build_actor(ckpt)
+        self.membership: Membership | None = None
+        if self.dp.is_leader:  # the other ranks follow it through the group, not the coordinator
+            self.join_run(session)
+        self.actor_task = task_name(self.run.name, ACTOR_TASK)  # the run's own task
+        self.tq.register_task(self.actor_task, actor_inputs(self.run), group_size=self.run.group_rows)
+        self.claims = GlobalBatchClaims(self.tq, self.run, self.actor_task, c.lease_s, self.dp, self.backend, self)
+        try:
+            if self.dp.is_leader:
+                self.lead(ckpt, halt)
+            else:
+                self.follow(halt)
+        finally:
+            self.clearing.close()
+            if self.weights is not None:
+                self.weights.close()
+            self.tracking.close()  # after the last publish, whose step it tracks
+            if self.membership is not None:
+                self.membership.close()
+            self.dp.close()
+
+    def build_actor(self, ckpt: CheckpointState | None) -> None:
+        """The actor model (the checkpoint's weights, else the run's model), this rank's data-parallel group,
+        the backend that trains it and its optimizer (the checkpoint's state)."""
+        c, run = self.config, self.run
         self.model = load_actor(run, ckpt.path if ckpt else None, weights_dtype(c.precision), c.device)
         self.dp = DataParallel(c.dp_rank, c.dp_size, c.dp_master, backend=process_group_backend(c.device))
         self.backend = make_backend(
@@ -120,59 +147,48 @@ class ActorTrainer:
         )
         self.optimizer = self.backend.optimizer
         self.sizer = MicroBatchSizer(c.device, c.auto_micro_batch, self.model)
+        self.checkpoints = ActorCheckpoints(c, run, self.model, self.optimizer, self.backend, self.dp)
         if ckpt:
             self.backend.load_optimizer(ckpt.path)
-        self.membership: Membership | None = None
-        if self.dp.is_leader:  # the other ranks follow it through the group, not the coordinator
-            self.membership = session.join(
-                NodeRegistration(
-                    role="trainer",
-                    host=c.advertise_host,
-                    ports={"http": c.port},
-                    device=c.device,
-                    run_id=c.run_id,
-                    parallel={"dp": c.dp_size},
-                )
-            )
-            sender = self.make_publisher(
-                self.dcs,
-                self.membership.node_id,
-                c.master_address,
-                bucket_bytes=c.bucket_mb << 20,
-                timeout_s=c.weight_sync_timeout_s,
-                pause_mode=c.pause_mode,
-                run_id=c.run_id,
-                backend=c.sync_backend,
+
+    def join_run(self, session: RunSession) -> None:
+        """Rank 0's part in the run: its membership, the weight publisher with the versions it publishes, and the
+        run's experiment tracking."""
+        c = self.config
+        self.membership = session.join(
+            NodeRegistration(
+                role="trainer",
+                host=c.advertise_host,
+                ports={"http": c.port},
                 device=c.device,
-                adapter_dir=c.adapter_files_dir,
+                run_id=c.run_id,
+                parallel={"dp": c.dp_size},
             )
-            source = self.weight_stream if self.backend.gathers else live_weights_of(self.backend)  # lora: adapter
-            self.weights = WeightVersions(
-                sender,
-                self.model,
-                run,
-                self.dcs,
-                c.run_id,
-                c.republish_check_s,
-                snapshot_max_bytes=c.snapshot_publish_mb << 20,
-                source=source,
-            )
-            self.tracking = open_training_tracker(run, c.output_dir, c.run_id, self.redis, self.dcs)
-        self.actor_task = task_name(run.name, ACTOR_TASK)  # the run's own task
-        self.tq.register_task(self.actor_task, actor_inputs(run), group_size=run.group_rows)
-        try:
-            if self.dp.is_leader:
-                self.lead(ckpt, halt)
-            else:
-                self.follow(halt)
-        finally:
-            self.clearing.close()
-            if self.weights is not None:
-                self.weights.close()
-            self.tracking.close()  # after the last publish, whose step it tracks
-            if self.membership is not None:
-                self.membership.close()
-            self.dp.close()
+        )
+        sender = self.make_publisher(
+            self.dcs,
+            self.membership.node_id,
+            c.master_address,
+            bucket_bytes=c.bucket_mb << 20,
+            timeout_s=c.weight_sync_timeout_s,
+            pause_mode=c.pause_mode,
+            run_id=c.run_id,
+            backend=c.sync_backend,
+            device=c.device,
+            adapter_dir=c.adapter_files_dir,
+        )
+        source = self.weight_stream if self.backend.gathers else live_weights_of(self.backend)  # lora: adapter
+        self.weights = WeightVersions(
+            sender,
+            self.model,
+            self.run,
+            self.dcs,
+            c.run_id,
+            c.republish_check_s,
+            snapshot_max_bytes=c.snapshot_publish_mb << 20,
+            source=source,
+        )
+        self.tracking = open_training_tracker(self.run, c.output_dir, c.run_id, self.redis, self.dcs)
 
     def pause_point(self, halt: threading.Event) -> None:
         """A pause is acknowledged with nothing in flight: the last step's publish and record land first (the
@@ -191,7 +207,7 @@ class ActorTrainer:
     def lead(self, ckpt, halt: threading.Event) -> None:
         run, weights = self.run, self.leader()[0]
         step, self.version = resume_position(self, ckpt)
-        self.checkpointed = step
+        self.checkpoints.checkpointed = step
         self.status.running()
         while step < run.num_steps and not halt.is_set():
             self.pause_point(halt)
@@ -203,8 +219,8 @@ class ActorTrainer:
             if trained is None:  # halted mid-step: the rows go back to the queue on restart
                 break
             ids, metrics = trained
-            state, copied = self.sharded_state(step), None
-            if self.checkpoint_due(step) and not self.backend.gathers:
+            state, copied = self.checkpoints.sharded_state(step), None
+            if self.checkpoints.due(step) and not self.backend.gathers:
                 copied = copy_if_affordable(self.model, self.optimizer, self.config.snapshot_publish_mb << 20)
             then = functools.partial(self.finish, step, ids=ids, metrics=metrics, state=state, copied=copied, halt=halt)
             weights.settle()  # the last publish: its version numbers this one
@@ -220,13 +236,13 @@ class ActorTrainer:
                     self.version + 1,
                     then,
                     weights=copied.weights if copied else None,
-                    snapshot=weights.snapshot_fits and not self.checkpoint_due(step),
+                    snapshot=weights.snapshot_fits and not self.checkpoints.due(step),
                 )
             self.clearing.later(step, halt, recorded=weights.pending)
             step += 1
         weights.settle()
         self.clearing.later(None, halt)  # the last partition is cleared (or its failure raised) before the loop ends
-        self.final_checkpoint(step, halt)
+        self.checkpoints.final(step, self.version, self.halted_mid_step, halt)
         if not halt.is_set():
             self.dp.order(Order.STOP, step, self.version)  # the other ranks are done too
             try:
@@ -234,66 +250,11 @@ class ActorTrainer:
             except DCSError as exc:  # stopped (or failed) meanwhile: it keeps that status
                 log.warning("the run ended before it finished", extra={"error": str(exc)})
 
-    def sharded_state(self, step: int):
-        """After step N trained, on every rank: a sharded backend writes, when N is due for a checkpoint, its files
-        (a collective: in the main loop, in the same order on every rank). Returns what it wrote (leader) or None."""
-        if not (self.backend.gathers and self.checkpoint_due(step)):
-            return None
-        return self.backend.write_checkpoint_files(self.scratch(step + 1))
-
     def weight_stream(self):
         """The leader's source of a publish from a sharded backend: the other ranks are told to make the same
         stream (they gather with it and keep nothing)."""
         self.dp.order(Order.GATHER, 0, self.version)
         return self.backend.weight_stream()
-
-    def scratch(self, next_step: int) -> str:
-        """Where a backend that checkpoints sharded (fsdp, megatron) writes before the checkpoint directory exists
-        (a .tmp name: ignored, and replaced, if a crash leaves it)."""
-        return os.path.join(self.config.checkpoint_dir, "actor", f"step_{next_step:08d}.sharded.tmp")
-
-    def write_checkpoint(self, next_step: int, version: int, state=None, copied: TrainingStateCopy | None = None):
-        with span("checkpoint", next_step - 1, version):
-            save_checkpoint(
-                self.config.checkpoint_dir,
-                "actor",
-                self.model,
-                self.optimizer,
-                self.run.model,
-                next_step,
-                version,
-                keep=self.run.checkpoint.keep_last,
-                state=state,
-                copied=copied,
-            )
-        self.checkpointed = next_step
-
-    def final_checkpoint(self, next_step: int, halt: threading.Event) -> None:
-        """Stopped (SIGTERM, a stopped run, or the last step done), with every finished step published and
-        recorded: checkpoint the last finished step, so that a restart resumes right after it and loses no step
-        and the trained model can be exported. Not when optimizer steps of the unfinished step already moved the
-        weights (num_iters_per_train_update > 1): those weights are no step's, and a restart resumes from the
-        previous checkpoint as after a crash."""
-        if not (self.config.checkpoint_dir and self.run.checkpoint.on_stop) or next_step == self.checkpointed:
-            return
-        if self.halted_mid_step:
-            log.warning(
-                "stopped inside a step whose optimizer steps had begun: no final checkpoint",
-                extra={"next_step": next_step, "checkpointed": self.checkpointed},
-            )
-            return
-        state = None
-        if self.backend.gathers:  # the other ranks join the gather; stopped, they may have left already
-            if halt.is_set():
-                log.warning(
-                    "stopped: the sharded trainer resumes from its last interval checkpoint",
-                    extra={"next_step": next_step, "checkpointed": self.checkpointed},
-                )
-                return
-            self.dp.order(Order.CHECKPOINT, next_step, self.version)
-            state = self.backend.write_checkpoint_files(self.scratch(next_step))
-        self.write_checkpoint(next_step, self.version, state)
-        log.info("final checkpoint", extra={"next_step": next_step, "version": self.version})
 
     def finish(
         self,
@@ -317,13 +278,10 @@ class ActorTrainer:
             weight_version=version, publish_s=weights.last_publish_s, publish_bytes=weights.last_publish_bytes
         )
         finish_step(self.redis, c.run_id, step, ids, metrics, TrainerProgress(next_step=step + 1, version=version))
-        if self.checkpoint_due(step):
-            self.write_checkpoint(step + 1, version, state, copied)
+        if self.checkpoints.due(step):
+            self.checkpoints.write(step + 1, version, state, copied)
         self.report(step, metrics)
         self.tracking.step_finished(step, metrics)
-
-    def checkpoint_due(self, step: int) -> bool:
-        return bool(self.config.checkpoint_dir) and self.run.checkpoint.due_after(step)
 
     def follow(self, halt: threading.Event) -> None:
         """A data-parallel rank other than 0: train each step the leader starts, on its share."""
@@ -333,7 +291,7 @@ class ActorTrainer:
             if order == Order.STOP:
                 return
             if order == Order.CHECKPOINT:
-                self.backend.write_checkpoint_files(self.scratch(step))
+                self.backend.write_checkpoint_files(self.checkpoints.scratch(step))
                 continue
             if order == Order.GATHER:  # only a gathering backend is told to: its stream is made, then closed
                 stream = self.backend.weight_stream()
@@ -342,7 +300,7 @@ class ActorTrainer:
                 continue
             if self.train_step(step, halt) is None:
                 return
-            self.sharded_state(step)
+            self.checkpoints.sharded_state(step)
             self.status.update(step=step)
 
     # ------------------------------------------------------------------ one step
@@ -357,34 +315,21 @@ class ActorTrainer:
         """Train step N: num_iters_per_train_update global batches, each split across the ranks.
         Returns (trained sample ids, metrics) on the leader, (None, None) elsewhere; None if halted."""
         run, c, dp = self.run, self.config, self.dp
-        partition = partition_name(run.name, step)
-        n = run.group_rows
-        ids: list[str] = []
-        totals = StepMetrics()
-        staleness: collections.Counter[int] = collections.Counter()
-        rewards: list[float] = []
-        lengths: list[int] = []
-        wait_s = compute_s = 0.0
+        tally = StepTally(self.staleness)
         clock = DeviceClock(c.device)  # compute_s waits for the GPU's kernels; the step's peak GPU memory
-        iteration_metrics = []
-        nonce = secrets.randbits(62) if dp.is_leader else 0  # claim keys: the ranks claim the same rows
+        nonce = self.claims.nonce()  # claim keys: the ranks claim the same rows
         for it in range(run.iters_per_step):
             t0 = time.perf_counter()
-            claimed, batch = self._claimed_batch(step, nonce, it, halt)
-            wait_s += time.perf_counter() - t0
+            claimed, batch = self.claims.claimed_batch(step, nonce, it, halt)
+            tally.wait_s += time.perf_counter() - t0
             if claimed is None:
                 self.halted_mid_step = it > 0
                 if halt.is_set() or not dp.is_leader:
                     return None
-                raise RuntimeError(f"{partition} ran out of rows before {run.rows_per_step} were trained")
-            if dp.size == 1:
-                info = batch
-            else:  # the split needs every row's length; the leader's metrics need every row's ids
-                info = self.tq.get(partition, claimed.rows, STEP_RECORD_INPUTS)
-                mine = dp.my_rows(
-                    claimed.rows, info["response_length"].tolist(), n, self.backend.data_rank, self.backend.data_size
+                raise RuntimeError(
+                    f"{partition_name(run.name, step)} ran out of rows before {run.rows_per_step} were trained"
                 )
-                batch = self.tq.get(partition, mine, actor_inputs(run))
+            info, batch = self.claims.my_share(step, claimed, batch)
             version = self._policy_version(it)
             lr = set_lr(self.optimizer, run.optim.lr, step, run.optim, run.num_steps)  # run.optim.lr_schedule
             t1 = time.perf_counter()
@@ -393,37 +338,17 @@ class ActorTrainer:
                 m = self.backend.train(
                     batch, run, self.sizer.rows(run.micro_batch_size, batch), c.device, totals=(tokens, seqs)
                 )
-            compute_s += clock.since(t1)
+            tally.compute_s += clock.since(t1)
             if not dp.is_leader:
                 continue
             self.tq.ack(claimed.lease_id)
-            lag = self.leader()[0].lag
-            for s in (lag(version, int(g)) for g in info["weight_version"].tolist()):
-                staleness[int(s)] += 1
-                self.staleness.observe(s)
-            rewards.extend(info["reward"].tolist())
-            lengths.extend(info["response_length"].tolist())
+            tally.add(info, m, tokens, version, self.leader()[0].lag)
             self.tracking.offer_samples(step, batch)
-            iteration_metrics.append(m)
-            totals.tokens += tokens
-            ids.extend(sample_id(int(p), int(k)) for p, k in zip(info["prompt_position"], info["sample_index"]))
         if not dp.is_leader:
             return None, None
-        means = [m.means() for m in iteration_metrics]
-        metrics = {k: sum(x[k] for x in means if k in x) / len(means) for k in means[0] if k not in ("tokens",)}
-        metrics.update(
-            **sample_stats(rewards, lengths),
-            tokens=totals.tokens,
-            wait_s=wait_s,
-            compute_s=compute_s,
-            tokens_per_s=totals.tokens / max(compute_s, 1e-9),
-            version_trained=version,
-            dp_size=dp.size,
-            lr=lr,
-            **self.sizer.observe(clock),
-            **staleness_metrics(step, staleness, run.max_staleness),
+        return tally.ids, tally.metrics(
+            step, run.max_staleness, version_trained=version, dp_size=dp.size, lr=lr, **self.sizer.observe(clock)
         )
-        return ids, metrics
 
     def _policy_version(self, it: int) -> int:
         """The version iteration `it`'s samples are trained at (the one in flight, if a publish is), once the
@@ -431,47 +356,6 @@ class ActorTrainer:
         if not self.dp.is_leader:
             return self.version
         return self.leader()[0].training_version(self.version, it == self.run.iters_per_step - 1)
-
-    def _claimed_batch(self, step: int, nonce: int, it: int, halt: threading.Event):
-        """(claimed, batch) of global batch `it`; the batch is read here with one rank (None with several);
-        claimed again when rows of it were lost with their storage shard. (None, None) as _claim."""
-        for retry in itertools.count():
-            claimed = self._claim(step, nonce, it, halt, retry)
-            if claimed is None or self.dp.size > 1:
-                return claimed, None
-            batch = read_or_give_back(self.tq, claimed, actor_inputs(self.run))
-            if batch is not None:
-                return claimed, batch
-
-    def _claim(self, step: int, nonce: int, it: int, halt: threading.Event, retry: int = 0):
-        """Global batch `it` of step N: the leader claims it (waiting while the partition fills), the other
-        ranks claim the same rows by the claim key the leader shares. None when halted or none was found."""
-        run, c, dp = self.run, self.config, self.dp
-        partition = partition_name(run.name, step)
-        if not dp.is_leader:
-            got, nonce = dp.share([0, 0])
-            return (
-                self.tq.claim_rows(
-                    partition, self.actor_task, run.global_batch_size, lease_s=c.lease_s, claim_key=f"{nonce}-{it}"
-                )
-                if got
-                else None
-            )
-        self.pause_point(halt)
-        with span("claim", step, self.version):
-            claimed = claim_global_batch(
-                self.tq,
-                partition,
-                self.actor_task,
-                run.global_batch_size,
-                c.lease_s,
-                halt,
-                lambda: self.waiting(step, halt),
-                claim_key=f"{nonce}-{it}" + (f"-{retry}" if retry else ""),
-            )
-        if dp.size > 1:
-            dp.share([int(claimed is not None), nonce])  # found, and the claim key's nonce
-        return claimed
 
     def report(self, step: int, metrics: dict) -> None:
         for name, gauge in self.gauges.items():
