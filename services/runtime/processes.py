@@ -15,9 +15,10 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Iterable, Sequence
+from typing import IO, Callable, Iterable, Sequence
 
 from services.runtime import reaper
+from services.runtime.forked_process import PRELOAD, ForkedChild, ForkServerClient, module_of
 from services.runtime.redis_password import redis_conf_line, write_private_file
 
 
@@ -91,32 +92,63 @@ class StopsOnExit:
         self.stop()
 
 
+def start_fork_server(preload: Sequence[str] = PRELOAD) -> ForkServerClient | None:
+    """A fork server (services/runtime/fork_server.py) for this launcher's Python services, its children and itself
+    registered with the reaper; None off Linux, where forking a process that has imported torch is not safe
+    (macOS: the Objective-C runtime)."""
+    if sys.platform != "linux":
+        return None
+    reaper_ = Reaper.get()
+    server = ForkServerClient(child_env(), reaper_.register, preload)
+    reaper_.register(server.proc.pid)
+    return server
+
+
 class ChildProcess:
     """A child in its own session (so signals to our terminal group do not reach it), started without
     `preexec_fn` (CPython then uses vfork, which runs none of gRPC's fork handlers) and registered with this
-    process's reaper, so it dies with us even when we are SIGKILLed."""
+    process's reaper, so it dies with us even when we are SIGKILLed.
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: str | None = None, env: dict | None = None):
+    With `forker`, a `python -m module` child is forked from that fork server instead, when its import-time
+    environment is the server's (the server registers it with the reaper once forked)."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: str | None = None,
+        env: dict | None = None,
+        forker: ForkServerClient | None = None,
+    ):
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
-        self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
         self._reaper = Reaper.get()
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=child_env(env),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self._reaper.register(self.proc.pid)
+        full_env, module = child_env(env), module_of(self.argv)
+        self.proc: subprocess.Popen | ForkedChild
+        if forker is not None and module is not None and forker.can_fork(full_env):
+            self._log: int | IO[bytes] = subprocess.DEVNULL
+            if log_path:
+                open(log_path, "ab").close()  # there from the start, as a Popen child's is
+            self.proc = forker.spawn(module[0], module[1], full_env, log_path)
+        else:
+            self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            self._reaper.register(self.proc.pid)
         self._forgotten = self._terminated = False
 
     def _forget(self) -> None:
         if not self._forgotten:
             self._forgotten = True
-            self._reaper.forget(self.proc.pid)
+            if not (isinstance(self.proc, ForkedChild) and self.proc.error is not None):  # never forked: no pid
+                self._reaper.forget(self.proc.pid)
 
     @property
     def returncode(self) -> int | None:

@@ -1,5 +1,6 @@
-"""A launcher for the kill -9 test: starts a redis-server and a Python child from a worker thread that then
-exits (PR_SET_PDEATHSIG would kill them right there), prints their pids as JSON, and waits to be killed."""
+"""A launcher for the kill -9 test: starts a redis-server, a Python child and a child forked by a fork server from
+a worker thread that then exits (PR_SET_PDEATHSIG would kill them right there), prints their pids (and the fork
+server's) as JSON, and waits to be killed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 import threading
 import time
 
-from services.runtime.processes import ChildProcess, start_redis
+from services.runtime.processes import ChildProcess, start_fork_server, start_redis
 
 
 def main() -> None:
@@ -17,7 +18,10 @@ def main() -> None:
     def start() -> None:
         redis, _ = start_redis()
         sleeper = ChildProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"])
-        started.update(redis=redis.proc.pid, sleeper=sleeper.proc.pid)
+        forker = start_fork_server(preload=("json",))
+        forked = ChildProcess("forked", [sys.executable, "-m", "tests.runtime.fork_child", "sleep"], forker=forker)
+        assert forker is not None
+        started.update(redis=redis.proc.pid, sleeper=sleeper.proc.pid, forked=forked.proc.pid, forker=forker.proc.pid)
 
     worker = threading.Thread(target=start)
     worker.start()

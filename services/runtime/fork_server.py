@@ -1,0 +1,237 @@
+"""The fork server: one process that imports the heavy libraries of Sluice's Python services once (torch,
+transformers, the HTTP stack), then forks each service from that state, so a stack of N services pays those imports
+once instead of N times. On a 2-core machine `import torch` costs ~1.4 CPU s and transformers' modelling ~2.9 s, in
+the engine, the rollout, the trainer and the forward roles alike: the largest part of a local stack's start (issue
+#36's stack start, benchmarks/stack_start.py). The launcher's side is services/runtime/forked_process.py.
+
+Why not multiprocessing's forkserver: it pickles the process object to the server, and nothing that crosses a
+process boundary here is pickled. Requests are JSON lines on stdin, answers JSON lines on stdout:
+
+    {"spawn": ID, "module": "services.x", "args": [...], "env": {...}, "log": PATH or null}
+        -> {"spawned": ID, "pid": PID} or {"spawned": ID, "error": "..."}
+    {"signal": PID, "number": N}      sent only to a child not yet reaped (never to a recycled pid)
+    (unasked) {"exited": PID, "code": C}   C as Popen's returncode: -N for a child killed by signal N
+
+Each child runs `python -m <module> <args>` as a fresh interpreter would (its own session, the env it was given,
+stdin from /dev/null, stdout and stderr into its log, `__main__` the module), and exits with that code. EOF on
+stdin means the launcher is gone: the server exits, and the launcher's reaper (services/runtime/reaper.py) ends
+the children it registered.
+
+Why forking is safe: the server has one thread (none of what it preloads starts one; pyarrow, whose import
+starts one, and gRPC, whose fork handlers can deadlock with running threads, are not preloaded), and has started
+no CUDA context and no OpenMP pool (both are made on first use, in the child). What a fork shares and a fresh
+interpreter would not: the state of the preloaded modules at import, including the settings they read from the
+environment then; the launcher forks only children whose import-time environment equals the server's
+(forked_process.IMPORT_ENV_PREFIXES). `random` reseeds itself after a fork; numpy's global generator is reseeded
+here.
+
+Run as `python -m services.runtime.fork_server --preload torch,transformers,...`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import selectors
+import signal
+import sys
+import traceback
+
+MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _answer(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _preload(modules: list[str]) -> list[str]:
+    """Imports each module; one that is not installed (transformers without the extra) is skipped."""
+    loaded = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except ImportError as e:
+            print(f"fork server: not preloading {name}: {e}", file=sys.stderr, flush=True)
+    return loaded
+
+
+def _checked(request: dict) -> tuple[str, list[str], dict[str, str], str | None]:
+    """A spawn request's parts, or ValueError naming what is wrong."""
+    module, args, env, log = request.get("module"), request.get("args"), request.get("env"), request.get("log")
+    if not isinstance(module, str) or not MODULE_NAME.match(module):
+        raise ValueError(f"module: a dotted module name, got {module!r}")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ValueError("args: a list of strings")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError("env: an object of strings")
+    if log is not None and not isinstance(log, str):
+        raise ValueError("log: a path or null")
+    return module, args, env, log
+
+
+def _exit_code(code: object) -> int:
+    """SystemExit's code as the interpreter turns it into an exit status."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _run_child(module: str, args: list[str], env: dict[str, str], log: str | None) -> None:
+    """In the forked child: become `python -m module args` in a session of its own; never returns."""
+    code = 1
+    try:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDONLY)
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if log else os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.closerange(3, 1 << 16)  # the server's pipes, and anything a preloaded module opened
+        os.environ.clear()
+        os.environ.update(env)
+        if "numpy" in sys.modules:  # a fresh interpreter seeds numpy's global generator from the OS
+            sys.modules["numpy"].random.seed()
+        import runpy
+
+        sys.argv = [module, *args]
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            code = _exit_code(e.code)
+        except KeyboardInterrupt:
+            code = 128 + signal.SIGINT
+        except BaseException:
+            traceback.print_exc()
+        _shut_down_interpreter()
+    finally:
+        os._exit(code)
+
+
+def _shut_down_interpreter() -> None:
+    """What the interpreter does at a normal exit before it is torn down: wait for non-daemon threads, run the
+    atexit handlers, flush stdout and stderr (os._exit does none of them)."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own exit step, as it runs it
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+
+
+class ForkServer:
+    """The server's loop: reads requests, forks children, reports their exits."""
+
+    def __init__(self) -> None:
+        self.children: set[int] = set()
+        self.pending = b""
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select through the wakeup fd
+
+    def serve(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(0, selectors.EVENT_READ)
+        selector.register(self.wake_r, selectors.EVENT_READ)
+        while True:
+            for key, _ in selector.select():
+                if key.fd == self.wake_r:
+                    while _drained(self.wake_r):
+                        pass
+                elif not self._read_requests():
+                    return
+            self._reap()
+
+    def _read_requests(self) -> bool:
+        """Handles every complete line on stdin; False at EOF."""
+        data = os.read(0, 1 << 16)
+        if not data:
+            return False
+        self.pending += data
+        while b"\n" in self.pending:
+            line, self.pending = self.pending.split(b"\n", 1)
+            if line.strip():
+                self._handle(line)
+        return True
+
+    def _handle(self, line: bytes) -> None:
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise ValueError("a request is a JSON object")
+        except ValueError as e:
+            _answer({"error": f"bad request: {e}"})
+            return
+        if "signal" in request:
+            pid, number = request["signal"], request.get("number")
+            if isinstance(pid, int) and isinstance(number, int) and pid in self.children:
+                try:
+                    os.kill(pid, number)
+                except ProcessLookupError:
+                    pass  # exited, not yet reaped: its exit is reported
+            return
+        self._spawn(request)
+
+    def _spawn(self, request: dict) -> None:
+        ident = request.get("spawn")
+        try:
+            module, args, env, log = _checked(request)
+        except ValueError as e:
+            _answer({"spawned": ident, "error": str(e)})
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _run_child(module, args, env, log)
+        self.children.add(pid)
+        _answer({"spawned": ident, "pid": pid})
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            _answer({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _drained(fd: int) -> bool:
+    try:
+        return bool(os.read(fd, 4096))
+    except BlockingIOError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preload", default="", help="comma-separated modules imported before any fork")
+    opts = parser.parse_args(argv)
+    loaded = _preload([m for m in opts.preload.split(",") if m])
+    server = ForkServer()
+    _answer({"ready": os.getpid(), "preloaded": loaded})
+    server.serve()
+
+
+if __name__ == "__main__":
+    main()

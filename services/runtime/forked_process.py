@@ -1,0 +1,224 @@
+"""The launcher's side of the fork server (services/runtime/fork_server.py): `ForkServerClient` starts one server
+and asks it for children; `ForkedChild` is such a child, with the part of `subprocess.Popen`'s interface a
+launcher uses (pid, poll, wait, send_signal, kill, returncode).
+
+A spawn does not wait for the server's preload: the request waits in its pipe, and the child's pid is known when
+the server answers (`ForkedChild.pid` blocks until then), so a launcher starts a stack's other services meanwhile.
+Children are signalled through the server, which signals only a child it has not reaped (a recycled pid is never
+hit); if the server dies its children live on, are signalled directly, and their exit codes are unknown
+(`UNKNOWN_EXIT`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Callable, Mapping, Sequence
+
+# the heavy imports of the engine and the roles (~4.3 CPU s in each process on a 2-core machine); none starts a
+# thread at import (pyarrow does, so it is not here; gRPC is not either: its fork handlers and threads)
+PRELOAD = (
+    "torch",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.tokenization_auto",
+    "transformers.models.qwen2.modeling_qwen2",
+    "safetensors.torch",
+    "numpy",
+    "yaml",
+    "pydantic",
+    "fastapi",
+    "uvicorn",
+    "httpx",
+    "redis.asyncio",
+    "prometheus_client",
+)
+# environment variables that libraries read when they are imported: a child is forked only when its values of
+# these equal the server's, since it sees the preloaded modules as the server imported them
+IMPORT_ENV_PREFIXES = ("OMP_", "MKL_", "HF_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "TOKENIZERS_", "PYTHON", "CUDA_")
+UNKNOWN_EXIT = 255  # the exit code of a child whose server died before it: nobody could read it
+
+
+def import_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES)}
+
+
+def module_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
+    """(module, args) when argv is `<this python> -m module args...`, which a fork can run; else None."""
+    if len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m":
+        return argv[2], list(argv[3:])
+    return None
+
+
+class ForkServerClient:
+    """One fork server, started at construction (its preload runs while the launcher goes on); thread-safe.
+    `on_child(pid)` is called for each child when its pid is known (the launcher's reaper registers it)."""
+
+    def __init__(self, env: dict[str, str], on_child: Callable[[int], None], preload: Sequence[str] = PRELOAD):
+        self.env = dict(env)
+        self._on_child = on_child
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.runtime.fork_server", "--preload", ",".join(preload)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,
+        )
+        self._lock = threading.Condition()
+        self._next_id = 0
+        self._pending: dict[int, ForkedChild] = {}  # by request id, until the server answers
+        self._by_pid: dict[int, ForkedChild] = {}  # forked, until the server reports its exit
+        self.gone = False
+        threading.Thread(target=self._read_answers, name="fork-server", daemon=True).start()
+
+    def can_fork(self, env: Mapping[str, str]) -> bool:
+        return not self.gone and import_env(env) == import_env(self.env)
+
+    def spawn(self, module: str, args: list[str], env: Mapping[str, str], log: str | None) -> ForkedChild:
+        with self._lock:
+            self._next_id += 1
+            child = ForkedChild(self, module)
+            self._pending[self._next_id] = child
+            self._send({"spawn": self._next_id, "module": module, "args": args, "env": dict(env), "log": log})
+        return child
+
+    def signal(self, child: ForkedChild, number: int) -> None:
+        with self._lock:
+            if child.returncode is not None:
+                return
+            if not self.gone:
+                self._send({"signal": child.pid, "number": number})
+                return
+        try:
+            os.kill(child.pid, number)
+        except ProcessLookupError:
+            pass
+
+    def close(self) -> None:
+        """Stops the server (its children are the launcher's to stop): EOF on its stdin."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def _send(self, message: dict) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # gone: its reader marks every child
+
+    def _read_answers(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                continue
+            if "spawned" in answer:
+                self._spawned(answer)
+            elif "exited" in answer:
+                self._exited(answer["exited"], answer["code"])
+        with self._lock:
+            self.gone = True
+            for child in [*self._pending.values(), *self._by_pid.values()]:
+                child._server_gone()
+            self._lock.notify_all()
+
+    def _spawned(self, answer: dict) -> None:
+        with self._lock:
+            child = self._pending.pop(answer["spawned"], None)
+            if child is None:
+                return
+            if "pid" in answer:
+                child._pid = answer["pid"]
+                self._by_pid[child._pid] = child
+            else:
+                child.error = answer.get("error", "refused")
+                child.returncode = UNKNOWN_EXIT
+            self._lock.notify_all()
+        if child._pid is not None:
+            self._on_child(child._pid)
+
+    def _exited(self, pid: int, code: int) -> None:
+        with self._lock:
+            child = self._by_pid.pop(pid, None)
+            if child is not None:
+                child.returncode = code
+            self._lock.notify_all()
+
+
+class ForkedChild:
+    """A child of the fork server, as a launcher sees a Popen."""
+
+    def __init__(self, server: ForkServerClient, module: str):
+        self._server = server
+        self.module = module
+        self._pid: int | None = None
+        self.returncode: int | None = None
+        self.error: str | None = None
+
+    @property
+    def pid(self) -> int:
+        """Blocks until the server has forked it (it is still importing its preload at first)."""
+        with self._server._lock:
+            self._server._lock.wait_for(lambda: self._pid is not None or self.returncode is not None)
+        if self._pid is None:
+            raise RuntimeError(f"the fork server did not start {self.module}: {self.error}")
+        return self._pid
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._server._lock:
+            if not self._server._lock.wait_for(lambda: self.returncode is not None, timeout):
+                raise subprocess.TimeoutExpired(self.module, timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, number: int) -> None:
+        if self.returncode is None:
+            self._server.signal(self, number)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _server_gone(self) -> None:
+        """Called under the server's lock once it is gone: a child it never forked failed; one it forked is now
+        an orphan whose exit nobody reports, so it is watched through its pid."""
+        if self._pid is None and self.returncode is None:
+            self.error, self.returncode = "the fork server exited", UNKNOWN_EXIT
+        elif self._pid is not None and self.returncode is None:
+            threading.Thread(target=self._watch_orphan, name=f"orphan-{self._pid}", daemon=True).start()
+
+    def _watch_orphan(self) -> None:
+        assert self._pid is not None
+        while _running(self._pid):
+            threading.Event().wait(0.05)
+        with self._server._lock:
+            self.returncode = UNKNOWN_EXIT
+            self._server._lock.notify_all()
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's new parent may be slow to reap it, or never do)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False

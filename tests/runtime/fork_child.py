@@ -1,0 +1,39 @@
+"""A child for the fork server's tests, run as `python -m tests.runtime.fork_child MODE`: `report` prints what a
+fresh interpreter's child would know about itself (argv, an env var, its session, numpy's first draw) as JSON and
+exits with the code in FORK_CHILD_EXIT; `raise` raises; `sleep` sleeps until signalled, after writing `ready`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    if mode == "report":
+        import numpy as np
+
+        print(
+            json.dumps(
+                {
+                    "argv": sys.argv[1:],
+                    "name": __name__,
+                    "marker": os.environ.get("FORK_CHILD_MARKER"),
+                    "session": os.getsid(0) == os.getpid(),
+                    "draw": float(np.random.rand()),
+                    "stdin": sys.stdin.read(),
+                }
+            ),
+            flush=True,
+        )
+        sys.exit(int(os.environ.get("FORK_CHILD_EXIT", "0")))
+    if mode == "raise":
+        raise RuntimeError("fork_child raised on purpose")
+    print("ready", flush=True)
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    main()
