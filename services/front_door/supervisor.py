@@ -22,10 +22,6 @@ import argparse
 import atexit
 import contextlib
 import gc
-import json
-import os
-import secrets
-import shutil
 import signal
 import sys
 import threading
@@ -40,17 +36,14 @@ from services.front_door.command_flags import add_coordinator_flags, auth_token
 from services.front_door.config_reference import defaults_yaml
 from services.front_door.follower import RunFollower, RunProgress, exit_code
 from services.front_door.live_view import choose_view
-from services.front_door.run_file import RunFile, RunFileError, load_run_file, position_of
+from services.front_door.run_file import RunFile, RunFileError
+from services.front_door.run_preparation import prepare
+from services.front_door.stack_start import redis_password_file, stack_token, start_stack, write_stack_file
 from services.launch.local_run import LocalRun
 from services.run_contract.checkpoint import latest_checkpoint
 from services.run_state.evaluations import read_latest_evaluation
 from services.run_state.prompt_ledger import resume_ledger_at
-from services.runtime.redis_password import (
-    RedisPasswordError,
-    new_redis_password,
-    resolve_redis_password,
-    write_private_file,
-)
+from services.runtime.redis_password import RedisPasswordError
 from services.runtime.settings_cli import HelpWithDefaults
 
 
@@ -110,61 +103,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def prepare(args) -> RunFile:
-    """The validated run file, its model written if asked, checked before anything starts."""
-    run_file = load_run_file(args.run_file)
-    if args.redis_url:
-        run_file = run_file.model_copy(
-            update={"stack": run_file.stack.model_copy(update={"redis_url": args.redis_url})}
-        )
-    if run_file.stack.init_model and not os.path.exists(run_file.model):
-        from services.model.init_model import init_model  # torch and transformers: only when needed
-
-        init_model(run_file.model, preset=run_file.stack.init_model)
-    sys.path.insert(0, run_file_directory(args.run_file))  # the preflight imports an import: reward from there
-    problems = [f"{position_of(args.run_file, p.key)}: {p.key}: {p.message}" for p in preflight(run_file)]
-    problems += resume_problems(run_file, args)
-    if problems:
-        raise RunFileError(problems)
-    return run_file
-
-
-def run_file_directory(path: str) -> str:
-    """Where a run file's `import:` reward module may be, beside the file (the services get it on PYTHONPATH)."""
-    return os.path.dirname(os.path.abspath(path))
-
-
-def preflight(run_file: RunFile) -> list:
-    from services.launch.sglang_flags import sglang_missing
-    from services.run_contract.preflight import Problem, check_run  # imports the model loader: only when running
-
-    from services.model.loading import ModelDirError, check_model_dir
-
-    missing = sglang_missing() if run_file.stack.engine == "sglang" else None
-    problems = check_run(run_file.run_config()) + ([Problem("stack.engine", missing)] if missing else [])
-    if run_file.stack.judge.model is not None:
-        try:
-            check_model_dir(run_file.stack.judge.model, weights=True, tokenizer=True)
-        except ModelDirError as exc:
-            problems.append(Problem("stack.judge.model", str(exc)))
-    return problems
-
-
-def resume_problems(run_file: RunFile, args) -> list[str]:
-    """A checkpoint is continued only when asked (--resume), and --resume needs one."""
-    directory = run_file.directories()["checkpoints"]
-    ckpt = latest_checkpoint(directory, "actor") if os.path.isdir(directory) else None
-    where = position_of(args.run_file, "stack.checkpoint_dir")
-    if ckpt is not None and not args.resume:
-        return [
-            f"{where}: stack.checkpoint_dir: {directory} holds a checkpoint of an earlier run (next step "
-            f"{ckpt.next_step}): add --resume to continue it, or give this run another name or stack.output_dir"
-        ]
-    if ckpt is None and args.resume:
-        return [f"{where}: stack.checkpoint_dir: --resume, but {directory} holds no checkpoint to continue from"]
-    return []
-
-
 @dataclass
 class RunOptions:
     """How `start_and_follow` runs a run file (the flags of `sluice run`; the demo sets its own)."""
@@ -200,7 +138,7 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
         return 1
     with local:
         local.supervise()  # a service that fails is started again (services/launch/supervision.py)
-        _write_stack_file(dirs, local, config.name, token_file, redis_password_file(run_file))
+        write_stack_file(dirs, local, config.name, token_file, redis_password_file(run_file))
         view.note("running", coordinator=local.dcs_url, services=sorted(local.procs))
         with local.dcs_client() as dcs:
 
@@ -225,51 +163,6 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
             )
     leave_the_heap_at_exit()
     return _finish(progress, dirs["logs"])
-
-
-def start_stack(
-    run_file: RunFile, token: str, path: str = "", on_stack_up: Callable[[LocalRun], None] | None = None
-) -> LocalRun:
-    """Every service of the run file's stack, started (the run not yet submitted, unless `on_stack_up`,
-    called as the coordinator serves, submits it: LocalRun): what `sluice run` runs, with its defaults. A
-    private Redis (no stack.redis_url) keeps an append-only file under <run dir>/redis,
-    emptied first (a run resumed with --resume continues from its checkpoint, as on a new Redis), and
-    requires a new password, written to <run dir>/redis-password; a Redis of the operator's gets the
-    password from this process's environment (env SLUICE_REDIS_PASSWORD_FILE or SLUICE_REDIS_PASSWORD)."""
-    dirs, stack = run_file.directories(), run_file.stack
-    password_file = redis_password_file(run_file)
-    if password_file is not None:  # a private Redis (no stack.redis_url)
-        data_dir = os.path.join(dirs["run"], "redis")
-        shutil.rmtree(data_dir, ignore_errors=True)
-        os.makedirs(dirs["run"], exist_ok=True)
-        password = new_redis_password()
-        write_private_file(password_file, password + "\n")
-    else:
-        data_dir, password = None, resolve_redis_password()
-    return LocalRun(
-        run_file.run_config(),
-        log_dir=dirs["logs"],
-        engines=stack.engines,
-        token=token,
-        checkpoint_dir=dirs["checkpoints"],
-        engine_args=run_file.engine_argv(),
-        role_args=run_file.role_argv(),
-        trainer_ranks=stack.trainer_ranks,
-        submit=False,
-        redis_url=stack.redis_url,
-        dcs_port=stack.coordinator_port,
-        engine=stack.engine,
-        python_path=(run_file_directory(path),) if path else (),
-        redis_data_dir=data_dir,
-        redis_password=password,
-        on_stack_up=on_stack_up,
-        judge=(stack.judge.model, run_file.judge_argv()) if stack.judge.model else None,
-    )
-
-
-def redis_password_file(run_file: RunFile) -> str | None:
-    """Where `sluice run` writes its private Redis' password (None: the Redis is the operator's)."""
-    return os.path.join(run_file.directories()["run"], "redis-password") if run_file.stack.redis_url is None else None
 
 
 def leave_the_heap_at_exit() -> None:
@@ -372,44 +265,6 @@ def interrupts_set(event: threading.Event):
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def stack_token(given: str, run_dir: str) -> tuple[str, str | None]:
-    """The token every service of the run requires: the operator's (env SLUICE_AUTH_TOKEN or
-    --auth-token-file), else a new random one, written to <run_dir>/auth-token (mode 0600) for other terminals
-    (`--auth-token-file`). A stack never runs without one: whoever reaches an engine's port could otherwise
-    join its weight-update group and replace the model. Returns (token, the file it was written to or None)."""
-    if given:
-        return given, None
-    os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, "auth-token")
-    token = secrets.token_hex(32)  # never a leading '-', which SGLang's argparse would take for a flag
-    write_private_file(path, token + "\n")
-    return token, path
-
-
-def _write_stack_file(
-    dirs: dict[str, str], local: LocalRun, run_id: str, token_file: str | None, redis_password_path: str | None
-) -> None:
-    """<run_dir>/stack.json: where this run's coordinator, judge engine, logs, generated token and Redis password are
-    (`sluice logs`, other terminals: env SLUICE_REDIS_PASSWORD_FILE=<that file> for Redis)."""
-    os.makedirs(dirs["run"], exist_ok=True)
-    with open(os.path.join(dirs["run"], "stack.json"), "w", encoding="utf-8") as f:
-        json.dump(
-            {
-                "run_id": run_id,
-                "coordinator": local.dcs_url,
-                "redis_url": local.redis_url,
-                "log_dir": dirs["logs"],
-                "checkpoint_dir": dirs["checkpoints"],
-                "pid": os.getpid(),
-                **({"judge_url": local.judge_url} if local.judge_url else {}),
-                **({"auth_token_file": token_file} if token_file else {}),
-                **({"redis_password_file": redis_password_path} if redis_password_path else {}),
-            },
-            f,
-            indent=1,
-        )
 
 
 def attach(args) -> int:

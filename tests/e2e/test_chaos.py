@@ -1,5 +1,5 @@
 """Chaos: one fully-async run on the stack `sluice run` starts, with its defaults (services/front_door/
-supervisor.py start_stack: a generated token, redis-server with an append-only file under the run dir fsynced
+stack_start.py start_stack: a generated token, redis-server with an append-only file under the run dir fsynced
 every second and a generated password, the TransferQueue controller and a journaled shard, the coordinator,
 an engine, rollout, actor_fwd, reference, advantage and trainer, each its own process; only the roles'
 leases and timeouts are shortened, through the run file's stack.role_flags, so that recovery takes seconds).
@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from services.front_door.run_file import RunFile, load_run_file
-from services.front_door.supervisor import stack_token, start_stack
+from services.front_door.stack_start import stack_token, start_stack
 from services.launch.local_run import LocalRun
 from services.model.init_model import init_model
 from services.run_contract.run_config import RunConfig

@@ -85,7 +85,8 @@ def test_sluice_runs_checks_of_a_run_import_neither_torch_nor_transformers(tmp_p
     )
     code = textwrap.dedent(f"""
         import json, sys
-        from services.front_door.supervisor import main, preflight  # what `sluice run` imports
+        from services.front_door.supervisor import main  # what `sluice run` imports
+        from services.front_door.run_preparation import preflight
         from services.front_door.run_file import RunFile
         problems = preflight(RunFile(name="r", model={str(model)!r}))
         print(json.dumps({{"problems": [str(p) for p in problems],
