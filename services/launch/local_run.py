@@ -21,6 +21,7 @@ from services.runtime.redis_clients import sync_redis
 from services.runtime.redis_password import redis_password_env
 from services.launch.sglang_engine import START_S as SGLANG_START_S, SGLangProcess
 from services.launch.sglang_flags import lora_argv, lora_problem, sglang_missing, token_problem
+from services.launch.role_commands import RoleProcess, role_commands, stack_flags
 from services.launch.supervision import ProcessSupervisor
 from services.runtime.processes import (
     ChildProcess,
@@ -49,15 +50,18 @@ def _started(service: T | None, name: str) -> T:
     return service
 
 
-class RoleProcess(ChildProcess):
-    """A role service's process, and the base URL it serves /healthz, /status and /metrics at."""
-
-    def __init__(self, name: str, argv: list[str], log_path: str, env: dict[str, str], status_url: str):
-        self.status_url = status_url
-        super().__init__(name, argv, log_path, env=env)
-
-    def healthy(self) -> bool:
-        return http_ok(self.status_url + "/healthz")
+def engine_flags(run: RunConfig, engine: str, engine_args: tuple[str, ...], token: str) -> tuple[str, ...]:
+    """The run's engine flags; for SGLang servers, refused (RuntimeError) before anything starts when SGLang
+    cannot serve the run, and a LoRA run's adapter flags added (LocalRun's `engine`)."""
+    if engine != "sglang":
+        return engine_args
+    lora = run.trainer.lora
+    refusal = (lora_problem(lora.target_modules) if lora else None) or sglang_missing() or token_problem(token)
+    if refusal:
+        raise RuntimeError(f"engine sglang: {refusal}")
+    if lora is not None:  # the adapter is loaded by name (adapter_publish.py)
+        engine_args = lora_argv(engine_args, lora.rank, lora.target_modules)
+    return engine_args
 
 
 class LocalRun(StopsOnExit):
@@ -105,16 +109,7 @@ class LocalRun(StopsOnExit):
         the service `judge`, the rollout's judge engine for reward model:judge: never one of the run's engines
         (the rollout does not register it, so the trainer never updates its weights), and without a token its
         weight-update routes stay closed."""
-        lora = run.trainer.lora
-        refusal = (
-            ((lora_problem(lora.target_modules) if lora else None) or sglang_missing() or token_problem(token))
-            if engine == "sglang"
-            else None
-        )
-        if refusal:
-            raise RuntimeError(f"engine sglang: {refusal}")
-        if engine == "sglang" and lora is not None:  # the adapter is loaded by name (adapter_publish.py)
-            engine_args = lora_argv(engine_args, lora.rank, lora.target_modules)
+        engine_args = engine_flags(run, engine, engine_args, token)
         self.engine = engine
         self.run = run
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-run-")
@@ -303,20 +298,6 @@ class LocalRun(StopsOnExit):
         self.supervisor = ProcessSupervisor(self.processes, self.restart, **kwargs).start()
         return self.supervisor
 
-    def _common(self) -> list[str]:
-        return [
-            "--run-id",
-            self.run.name,
-            "--dcs-url",
-            self.dcs_url,
-            "--tq-controller",
-            self.tq_controller,
-            "--redis-url",
-            self.redis_url,
-            "--host",
-            "127.0.0.1",
-        ]
-
     def _env(self) -> dict[str, str]:
         """A service's environment: the token travels here, never in argv (every user's process list)."""
         env = {"HF_HUB_OFFLINE": "1", **token_env(self.token)}
@@ -325,36 +306,20 @@ class LocalRun(StopsOnExit):
         return env
 
     def _start_roles(self) -> None:
-        ckpt = ["--checkpoint-dir", self.checkpoint_dir] if self.checkpoint_dir else []
-        # the trainer's run dir (steps.jsonl, tracking files) is <log_dir>/<run name>; role_args may move it
-        roles = {
-            "trainer": ["trainer", *ckpt, "--output-dir", self.log_dir],
-            "rollout": ["rollout", "--engine-url", ",".join(self.engine_urls)],
-            "advantage": ["advantage"],
-        }
-        if self.judge_url is not None:  # named, not one of --engine-url: the rollout never registers it
-            roles["rollout"] += ["--judge-urls", f"judge={self.judge_url}"]
-        if self.run.uses_critic:
-            roles["critic"] = ["trainer", "--role", "critic", *ckpt]
-        if self.run.uses_actor_fwd:
-            roles["actor_fwd"] = ["forward", "--role", "actor_fwd", *ckpt]
-        if self.run.uses_reference:
-            roles["reference"] = ["forward", "--role", "reference"]
-        if self.trainer_ranks > 1:  # one process per data-parallel rank; rank 0 hosts the rendezvous
-            dp = ["--dp-size", str(self.trainer_ranks), "--dp-master", f"127.0.0.1:{free_port()}"]
-            roles["trainer"] += [*dp, "--dp-rank", "0"]
-            for r in range(1, self.trainer_ranks):
-                roles[f"trainer-{r}"] = ["trainer", *ckpt, *dp, "--dp-rank", str(r)]
+        roles = role_commands(
+            self.run, self.engine_urls, self.judge_url, self.checkpoint_dir, self.log_dir, self.trainer_ranks
+        )
         for name, argv in roles.items():
             self.role_argv[name] = argv + list(self.role_args.get(name, []))
             self.start_role(name, wait=False)
 
     def start_role(self, name: str, wait: bool = True) -> RoleProcess:
         port = self.role_ports.setdefault(name, free_port())
+        flags = stack_flags(self.run.name, self.dcs_url, self.tq_controller, self.redis_url)
         # the roles read Redis: its password in their environment too (an engine never gets it)
         proc = RoleProcess(
             name,
-            sluice_argv(*self.role_argv[name], *self._common(), "--port", str(port)),
+            sluice_argv(*self.role_argv[name], *flags, "--port", str(port)),
             os.path.join(self.log_dir, f"{name}.log"),
             env={**self._env(), **redis_password_env(self.redis_password)},
             status_url=f"http://127.0.0.1:{port}",
