@@ -8,7 +8,10 @@ differences that matter here:
            `version` of /server_info (/get_server_info)
   * 0.5.23 weight updates sit between /begin_weight_update and /end_weight_update; the version is
            read from /model_info
-Differences are discovered by asking (404 / 4xx on the newer form), once, and remembered."""
+Differences are discovered by asking (404 / 4xx on the newer form), once, and remembered.
+
+Two groups of routes are written in modules of their own beside this one, as parts of the class (mixins only it
+uses): the LoRA adapter routes (lora_adapters.py) and the weight update routes (weight_updates.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import httpx
 from services.runtime.tls import client_ssl_context
 from services.sglang_protocol.lora_adapters import LoRAAdapterRoutes, NamedAdapter
 from services.sglang_protocol.releases import FLATTENED_BUCKET_SINCE, release_at_least
+from services.sglang_protocol.weight_updates import WeightUpdateRoutes
 
 PauseMode = Literal["abort", "in_place", "retract"]
 
@@ -60,7 +64,7 @@ class Generation:
     spans: list[tuple[str, int, int]] = field(default_factory=list)  # (weight version, start, end) over output ids
 
 
-class SGLangClient(LoRAAdapterRoutes):
+class SGLangClient(LoRAAdapterRoutes, WeightUpdateRoutes):
     def __init__(self, base_url: str, timeout_s: float = 60.0, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
@@ -336,119 +340,3 @@ class SGLangClient(LoRAAdapterRoutes):
             if time.monotonic() > end:
                 self._check("/flush_cache", response)
             time.sleep(0.2)
-
-    # ------------------------------------------------------------ weight updates
-
-    def init_weights_update_group(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str,
-        backend: str = "gloo",
-        timeout: float | None = None,
-    ) -> None:
-        """Blocks until every member joined: call it concurrently with the trainer's own join."""
-        self._check(
-            "/init_weights_update_group",
-            self._post(
-                "/init_weights_update_group",
-                {
-                    "master_address": master_address,
-                    "master_port": master_port,
-                    "rank_offset": rank_offset,
-                    "world_size": world_size,
-                    "group_name": group_name,
-                    "backend": backend,
-                },
-                timeout=timeout,
-            ),
-        )
-
-    def destroy_weights_update_group(self, group_name: str) -> None:
-        self._check(
-            "/destroy_weights_update_group", self._post("/destroy_weights_update_group", {"group_name": group_name})
-        )
-
-    def begin_weight_update(self) -> None:
-        """0.5.23 wants updates bracketed; older releases have no such endpoint (404: remembered)."""
-        if self._needs_begin_end is False:
-            return
-        response = self._post("/begin_weight_update", {})
-        if response.status_code == 404:
-            self._needs_begin_end = False
-            return
-        self._check("/begin_weight_update", response)
-        self._needs_begin_end = True
-
-    def end_weight_update(self) -> None:
-        if self._needs_begin_end:
-            self._check("/end_weight_update", self._post("/end_weight_update", {}))
-
-    def ensure_weight_version(self, version: str) -> None:
-        """After a paused update that should have set `version`: set it where the server says another (SGLang
-        0.5.6 records no weight_version for an update made while paused; /update_weight_version sets it). A
-        server found to record it is not asked again (one round trip fewer per update)."""
-        if self._records_paused_version:
-            return
-        if self.weight_version() == version:
-            self._records_paused_version = True
-            return
-        self.set_weight_version(version)
-
-    def update_weights_from_distributed(
-        self,
-        names: Sequence[str],
-        dtypes: Sequence[str],
-        shapes: Sequence[Sequence[int]],
-        group_name: str,
-        weight_version: str | None,
-        flush_cache: bool = True,
-        timeout: float | None = None,
-        flat_bucket: dict | None = None,
-        load_format: str | None = None,
-        lora_scaling: float | None = None,
-    ) -> None:
-        """Returns after the engine received and loaded the named tensors: one broadcast per tensor, in this
-        order; or one broadcast of the whole bucket, with `flat_bucket={"offsets", "nbytes"}` (a server that says
-        flat_bucket_update) or `load_format="flattened_bucket"` (the tensors back to back: a server that says
-        flattened_bucket_update). `lora_scaling`: they are a LoRA adapter (lora_adapter_update)."""
-        body: dict[str, Any] = {
-            "names": list(names),
-            "dtypes": list(dtypes),
-            "shapes": [list(s) for s in shapes],
-            "group_name": group_name,
-            "flush_cache": flush_cache,
-            "abort_all_requests": False,
-            "weight_version": weight_version,
-            **({"lora_scaling": lora_scaling} if lora_scaling else {}),
-        }
-        if flat_bucket is not None:
-            body["flat_bucket"] = flat_bucket
-        if load_format is not None:
-            body["load_format"] = load_format
-        self._check(
-            "/update_weights_from_distributed", self._post("/update_weights_from_distributed", body, timeout=timeout)
-        )
-
-    def update_weights_from_tensor(
-        self,
-        bucket: dict,
-        weight_version: str | None,
-        flush_cache: bool = True,
-        timeout: float | None = None,
-        lora_scaling: float | None = None,
-    ) -> None:
-        """A flat bucket on the server's GPU, by CUDA IPC handle (`bucket`: services/dcs/sync/cuda_ipc.py's
-        description plus the tensors' names, dtypes, shapes and offsets); returns once the server copied and
-        loaded it. Sluice's JSON form (load_format sluice_cuda_ipc): SGLang's own form is pickled, never sent."""
-        body = {
-            "load_format": "sluice_cuda_ipc",
-            "bucket": bucket,
-            "flush_cache": flush_cache,
-            "abort_all_requests": False,
-            "weight_version": weight_version,
-            **({"lora_scaling": lora_scaling} if lora_scaling else {}),
-        }
-        self._check("/update_weights_from_tensor", self._post("/update_weights_from_tensor", body, timeout=timeout))

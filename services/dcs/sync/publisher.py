@@ -16,7 +16,8 @@ on the trainer's side; an engine that refuses the weights themselves (they do no
 `refused`, which no resend can fix. Every phase has a deadline; a failure closes the group (the next sync asks for
 a new one, without members that died) and is reported to DCS. The result carries per-phase seconds and bytes.
 A LoRA run's adapter goes to SGLang engines as files they load through SGLang's LoRA routes instead, with no
-broadcast and no pause (services/dcs/sync/adapter_publish.py)."""
+broadcast and no pause (services/dcs/sync/adapter_publish.py). The broadcast path itself is a part of
+WeightPublisher in a module of its own (services/dcs/sync/weight_broadcast.py)."""
 
 from __future__ import annotations
 
@@ -34,13 +35,13 @@ from services.dcs.sync.coordinator import PublishingCoordinator
 from services.dcs.sync.messages import SyncGroupRequest, SyncReport, WeightMetadata
 from services.dcs.sync.groups import BroadcastGroup
 from services.dcs.sync.backend_choice import ReceiverPlace, choose_backend, gpu_uuid
-from services.dcs.sync.bucket_packing import BucketPacking, bucket_tensors
-from services.dcs.sync.engine_calls import PUBLISHED_TRANSFER, SyncEngines, Transfer
+from services.dcs.sync.bucket_packing import BucketPacking
+from services.dcs.sync.engine_calls import SyncEngines
 from services.dcs.sync.layout import WeightStream, plan_buckets
-from services.dcs.sync.precision import FLOATING, wire_dtype
 from services.dcs.sync.unresponsive import UnresponsiveEngines
+from services.dcs.sync.weight_broadcast import WeightBroadcast
 from services.runtime.processes import free_port
-from services.sglang_protocol.client import EngineUnreachable, SGLangClient, SGLangError
+from services.sglang_protocol.client import EngineUnreachable, SGLangError
 
 log = logging.getLogger(__name__)
 GROUP_MAX_AGE_S = 5.0  # a prefetched sync group older than this is asked for again (membership may have moved)
@@ -74,7 +75,7 @@ class SyncFailed(RuntimeError):
         self.result = result
 
 
-class WeightPublisher:
+class WeightPublisher(WeightBroadcast):
     def __init__(
         self,
         dcs: PublishingCoordinator,
@@ -173,47 +174,6 @@ class WeightPublisher:
             raise SyncFailed(result)
         return result
 
-    def _broadcast(
-        self,
-        group_spec,
-        named: list,
-        stream: WeightStream | None,
-        version: int,
-        announce: bool,
-        result: SyncResult,
-        t0: float,
-    ) -> None:
-        """The weights to every receiver of the group by broadcast, the engines paused as their mode says."""
-        entries, sizes, transfer = self._plan(group_spec, named, result)
-        paused: list[SGLangClient] = []
-        try:
-            # engines first: one that cannot be paused fails the sync before the version is
-            # announced, so no receiver starts waiting on a broadcast that will not come
-            self.engines.pause(paused)
-            if announce:
-                self.dcs.publish_weights(
-                    self.run_id,
-                    WeightMetadata(
-                        version=version,
-                        tensors=entries,
-                        bucket_bytes=sizes,
-                        publisher=self.node_id,
-                        sync_group=group_spec,
-                        transfer=PUBLISHED_TRANSFER[transfer],
-                    ),
-                )
-                result.announced = True
-            result.seconds["metadata"] = time.perf_counter() - t0
-            if transfer != "cuda_ipc" and (self._group is None or self._group.name != group_spec.name):
-                self._open_group(group_spec)
-                result.seconds["open_group"] = time.perf_counter() - t0 - result.seconds["metadata"]
-            self._failed = False
-            self._transfer(
-                entries, sizes, bucket_tensors(entries, len(sizes), named, stream), result, transfer, str(version)
-            )
-        finally:
-            self.engines.resume(paused)
-
     def _adapter_by_name(self) -> bool:
         """A LoRA publish whose engines load the adapter by name (SGLang's LoRA routes: adapter_publish.py)
         rather than merging a broadcast one (the built-in engine); UnusableBackend when they do neither."""
@@ -268,17 +228,6 @@ class WeightPublisher:
             raise UnusableBackend(str(exc)) from exc
         result.seconds["engine_load"] = time.perf_counter() - loading
 
-    def _plan(self, spec, named: list, result: SyncResult) -> tuple[list, list, Transfer]:
-        """The wire dtype, the group's transfer and the buckets, laid out as that transfer sends them: the
-        entries and bucket sizes."""
-        wire = self._wire_dtype(spec, named)
-        result.wire_dtype = str(wire).removeprefix("torch.")
-        transfer: Transfer = self.engines.transfer(spec.backend)
-        result.transfer = transfer
-        entries, sizes = plan_buckets(named, self.bucket_bytes, wire, packed=transfer == "flattened_bucket")
-        result.bytes = sum(sizes)
-        return entries, sizes, transfer
-
     def _failed_with(self, exc: Exception, result: SyncResult) -> None:
         result.refused = isinstance(exc, UnusableBackend) or (isinstance(exc, SGLangError) and exc.refused)
         result.engine_error = isinstance(exc, SGLangError) and not isinstance(exc, EngineUnreachable)
@@ -310,17 +259,6 @@ class WeightPublisher:
             self._group_backend = chosen
             spec = self.dcs.sync_group(self.run_id, self._group_request(self.receiver_roles))
         return spec
-
-    def _wire_dtype(self, spec, named: list) -> torch.dtype:
-        """What floating tensors travel in: the dtype every receiver serves, when they agree (precision.py);
-        engines say theirs over HTTP (asked once per connection), the other receivers in their registration."""
-        declared = [
-            self.engines.clients[m.node_id].served_dtype() if m.role == self.engine_role else m.weights_dtype
-            for m in spec.members
-            if m.node_id != self.node_id
-        ]
-        source = next((t.dtype for _, t in named if t.dtype in FLOATING), torch.float32)
-        return wire_dtype(declared, source)
 
     def _group_request(self, receiver_roles: list[str]) -> SyncGroupRequest:
         return SyncGroupRequest(
@@ -360,70 +298,11 @@ class WeightPublisher:
                     pass
         return self.dcs.sync_group(self.run_id, self._group_request(self.receiver_roles))
 
-    def _transfer(self, entries, sizes, tensors, result: SyncResult, transfer: Transfer, version: str) -> None:
-        """The buckets to every receiver, bracketed by /begin ... /end_weight_update for engines that need it:
-        a live-update engine loads a single bucket when its call ends (two HTTP round trips fewer); SGLang
-        0.5.23, and any engine receiving several buckets, get the bracket, and every begin gets its end, also
-        when the transfer fails (0.5.23 refuses a second begin). An engine that says another version than the
-        one it loaded (SGLang 0.5.6 records none for an update made while paused) is told the version."""
-        began = time.perf_counter()
-        bracket = len(sizes) > 1
-        engines = self.engines
-
-        def brackets(e: SGLangClient) -> bool:
-            return bracket or not e.live_weight_update()
-
-        def begin(_: object, e: SGLangClient) -> None:
-            if brackets(e):
-                e.begin_weight_update()
-
-        def end(e: SGLangClient) -> None:
-            if brackets(e):
-                e.end_weight_update()
-
-        def tell_version(_: object, e: SGLangClient) -> None:
-            if engines.mode(e) != "none":
-                e.ensure_weight_version(version)
-
-        try:
-            engines.each(begin)
-            # measured, not derived: packing overlaps the broadcast, so wall - pack - broadcast can be negative
-            result.seconds["engines"] = time.perf_counter() - began
-            device = self.device if result.backend in ("nccl", "ipc") else "cpu"  # gloo reads host memory
-            result.seconds.update(
-                self._packing.send_all(
-                    entries,
-                    sizes,
-                    tensors,
-                    device,
-                    lambda k, bucket, flat: engines.send_bucket(self._group, bucket, flat, sizes[k], transfer, version),
-                )
-            )
-        except BaseException:
-            engines.each_quietly(end)
-            raise
-        loading = time.perf_counter()
-        engines.each(lambda _, e: end(e))
-        engines.each(tell_version)
-        result.seconds["engine_load"] = time.perf_counter() - loading
-
     def resume_engines(self) -> int:
         """Send /continue_generation to every live engine: a publisher that died between pausing the
         engines and resuming them (in its `finally`) leaves them paused. Only this run's engines (another run's
         are its own trainer's). Returns how many answered."""
         return self.engines.resume_all(self.dcs.topology(), self.run_id)
-
-    def _open_group(self, spec) -> None:
-        """Engines join through /init_weights_update_group, which blocks until everyone joined, so
-        their calls run while this process joins as rank 0."""
-        if self._group is not None:
-            self._group.close()
-        joins = self.engines.join(spec)
-        self._group = BroadcastGroup.open(
-            spec.name, spec.backend, spec.master_address, spec.master_port, 0, spec.world_size, self.timeout_s
-        )
-        for join in joins:
-            join.result(timeout=self.timeout_s)
 
     def reported(self, timeout_s: float | None = None) -> None:
         """Return once the reports of every sync so far have reached the coordinator (or failed to): from then on

@@ -3,14 +3,13 @@
 A put: PreparePut (controller: validate schema, allocate rows) -> bytes to the shards that own the
 rows, in parallel -> CommitPut (controller: rows become readable). If the commit fails the bytes are
 deleted again and the caller gets the error. A read: Claim (controller: rows + lease) or CheckRows
--> bytes from the shards in parallel -> decoded columns.
+-> bytes from the shards in parallel -> decoded columns. Each shard's part of either, retried while that shard is
+away, is services/transferqueue/client/shards.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
-import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -19,11 +18,10 @@ import numpy as np
 
 from services.transferqueue.client.controller_client import ControllerClient
 from services.transferqueue.client.placement import Placement, merge_in_order, select
-from services.transferqueue.client.shard_client import ShardClient
+from services.transferqueue.client.shards import Shards
 from services.transferqueue.codec import Backing, Batch, decode_table, encode_columns
 from services.transferqueue.wire_format import from_ipc, to_ipc
 from services.transferqueue.errors import TQError
-from services.runtime.grpc_tls import with_tls
 from services.runtime.loop_thread import BlockingFacade, blocking_methods
 
 # slack on top of a claim's long-poll wait for the RPC deadline
@@ -55,35 +53,6 @@ class ClaimedRows:
     lease_expires_unix_ms: int
 
 
-class _Backoff:
-    """Retry schedule of one shard's part of a put, jittered exponential until the put's deadline: a full
-    shard (RESOURCE_EXHAUSTED "shard full") frees up, and a shard that cannot be reached (UNAVAILABLE:
-    killed, then restarted by its supervisor) is back in seconds once it replayed its journal. Sending the
-    bytes again is safe: nothing is visible before the commit, and a shard's put overwrites its rows."""
-
-    def __init__(self, shard_id: str, deadline_s: float):
-        self.shard_id, self.deadline_s = shard_id, deadline_s
-        self.deadline = time.monotonic() + deadline_s
-        self.delay = 0.02
-
-    def next_delay(self, err: TQError) -> float:
-        # a put over a per-call cap never fits, and no other refusal goes away by itself
-        full = err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and err.message.startswith("shard full")
-        if not (full or err.code == grpc.StatusCode.UNAVAILABLE):
-            raise err
-        if time.monotonic() + self.delay > self.deadline:
-            if err.code == grpc.StatusCode.UNAVAILABLE:
-                raise TQError(
-                    err.code,
-                    f"storage shard {self.shard_id} did not answer for {self.deadline_s:g} s "
-                    f"(the put's timeout): {err.message}",
-                ) from None
-            raise err
-        delay = self.delay * (0.5 + random.random())
-        self.delay = min(self.delay * 2, 1.0)
-        return delay
-
-
 class AsyncTransferQueue:
     """The data-plane client (asyncio). TransferQueue below is its blocking facade."""
 
@@ -97,32 +66,12 @@ class AsyncTransferQueue:
     ):
         """`shard_wait_s`: how long a read waits for a shard that cannot be reached (a killed shard
         restarted by its supervisor replays its journal and is back in seconds) before UNAVAILABLE."""
-        self.token = token
         self.put_timeout_s = put_timeout_s
         self.shard_wait_s = shard_wait_s
-        self.chunk_bytes = chunk_bytes
         self.controller = ControllerClient(controller, token)
-        self._shard_addresses: dict[str, str] = {}
-        self._shards: dict[str, ShardClient] = {}
+        self.shards = Shards(token, self.controller.tls, chunk_bytes)  # services/transferqueue/client/shards.py
         self._placements: dict[str, Placement] = {}
         self._task_fields: dict[str, list[str]] = {}
-
-    def _shard_for(self, shard_id: str) -> ShardClient:
-        client = self._shards.get(shard_id)
-        if client is None:
-            address = self._shard_addresses.get(shard_id)
-            if address is None:
-                raise TQError(grpc.StatusCode.UNAVAILABLE, f"storage shard {shard_id} is not registered")
-            kwargs = {"chunk_bytes": self.chunk_bytes} if self.chunk_bytes else {}
-            # a shard is dialled the way the controller is (TLS or not)
-            client = self._shards[shard_id] = ShardClient(with_tls(address, self.controller.tls), self.token, **kwargs)
-        return client
-
-    def _learn_shards(self, response) -> None:
-        for s in response.shards:
-            if self._shard_addresses.get(s.shard_id) != s.address:
-                self._shard_addresses[s.shard_id] = s.address
-                self._shards.pop(s.shard_id, None)
 
     @staticmethod
     def _claimed(partition: str, task: str, res) -> ClaimedRows:
@@ -146,8 +95,7 @@ class AsyncTransferQueue:
 
     async def close(self) -> None:
         await self.controller.aclose()
-        for client in self._shards.values():
-            await client.aclose()
+        await self.shards.aclose()
 
     async def __aenter__(self):
         return self
@@ -194,8 +142,8 @@ class AsyncTransferQueue:
         elif partition not in self._placements:
             self._placements[partition] = Placement.of(await self.controller.aget_partition(partition))
         placement = self._placements[partition]
-        if any(s not in self._shard_addresses for s in placement.shard_ids):
-            self._learn_shards(await self.controller.alist_shards())
+        if not self.shards.knows(placement.shard_ids):
+            self.shards.learn(await self.controller.alist_shards())
         return placement
 
     async def put(self, partition: str, columns: Mapping[str, Any], rows: Sequence[int] | None = None) -> list[int]:
@@ -226,25 +174,17 @@ class AsyncTransferQueue:
 
         async def send(shard_id, positions):
             data = to_ipc(select(batch, positions))
-            backoff = _Backoff(shard_id, self.put_timeout_s)
-            while True:
-                try:
-                    reply = await self._shard_for(shard_id).aput(
-                        partition,
-                        row_array[positions].tolist(),
-                        data,
-                        reservation=prepared.reservation,
-                        wait_for_ready=False,
-                    )
-                    stored.append((shard_id, positions, reply.incarnation))
-                    return
-                except TQError as err:
-                    await asyncio.sleep(backoff.next_delay(err))
+            incarnation = await self.shards.put(
+                shard_id, partition, row_array[positions].tolist(), data, prepared.reservation, self.put_timeout_s
+            )
+            stored.append((shard_id, positions, incarnation))
 
         async def undo():
             for shard_id, positions, _ in stored:
                 try:
-                    await self._shard_for(shard_id).adelete(partition, row_array[positions].tolist(), fields, timeout=5)
+                    await self.shards.client(shard_id).adelete(
+                        partition, row_array[positions].tolist(), fields, timeout=5
+                    )
                 except TQError:
                     pass
 
@@ -266,7 +206,9 @@ class AsyncTransferQueue:
 
         async def fetch(shard_id, positions):
             try:
-                return positions, await self._read_shard(shard_id, partition, [rows[i] for i in positions], fields)
+                return positions, await self.shards.get(
+                    shard_id, partition, [rows[i] for i in positions], fields, self.shard_wait_s
+                )
             except TQError as err:
                 # a claim hands out only rows whose fields were committed: a shard without them lost them
                 if lease_id and err.code == grpc.StatusCode.NOT_FOUND:
@@ -280,25 +222,6 @@ class AsyncTransferQueue:
 
         tables = await asyncio.gather(*(fetch(s, p) for s, p in placement.split(rows)))
         return self._decoded(partition, rows, tables, padded, pad_value, lease_id)
-
-    async def _read_shard(self, shard_id: str, partition: str, rows: list[int], fields) -> bytearray:
-        """One shard's part of a read. A shard that cannot be reached is retried for `shard_wait_s`, then
-        UNAVAILABLE naming it: a reader never sits out the two-minute RPC deadline on a dead shard."""
-        deadline = time.monotonic() + self.shard_wait_s
-        delay = 0.1
-        while True:
-            try:
-                return await self._shard_for(shard_id).aget(partition, rows, fields, wait_for_ready=False)
-            except TQError as err:
-                if err.code != grpc.StatusCode.UNAVAILABLE:
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise TQError(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"storage shard {shard_id} did not answer for {self.shard_wait_s:g} s: {err.message}",
-                    ) from None
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 1.0)
 
     async def get(self, partition: str, rows: Sequence[int], fields: Sequence[str], padded=False, pad_value=0) -> Batch:
         """Read fields of rows (no claim). Every row must have every field, else NOT_FOUND."""
