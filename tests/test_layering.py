@@ -135,6 +135,12 @@ def test_no_package_import_cycle():
     assert package_cycle() is None
 
 
+def test_the_coordinator_reads_what_roles_report_to_it_never_their_run_state():
+    """The coordinator keeps what roles report to it (the trainer's steps: dcs/step_records.py) and deletes a run's
+    keys by the run contract's namespace (run_contract/run_keys.py); it never reads the roles' own state in Redis."""
+    assert package_imports().get(("dcs", "run_state")) is None
+
+
 def test_the_tiers_name_each_package_once():
     named = [package for _, packages in TIERS for package in packages]
     assert len(named) == len(set(named))

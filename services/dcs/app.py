@@ -14,7 +14,9 @@ from services.dcs.engine_routes import engine_router
 from services.dcs.engine_set import EngineSets
 from services.dcs.routes import health_router, lifecycle_router, node_router, run_router, sync_router, weight_router
 from services.dcs.state import Conflict, Missing, RedisState
+from services.dcs.step_records import StepRecords
 from services.dcs.step_routes import steps_router
+from services.dcs.sync_groups import SyncGroups
 from services.runtime.http_auth import require_bearer_token
 from services.runtime.redis_events import RedisEvents
 from services.runtime.validation_errors import answer_validation_errors_without_input
@@ -75,10 +77,10 @@ def build_app(config: DCSConfig, state: RedisState, events: RedisEvents) -> Fast
         health_router(state),
         node_router(config, state, engines),
         weight_router(config, state, events),
-        sync_router(state),
+        sync_router(SyncGroups(state)),
         run_router(state),
         lifecycle_router(state),
-        steps_router(state),
+        steps_router(StepRecords(state)),
         engine_router(engines),
     ):
         app.include_router(router)

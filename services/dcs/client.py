@@ -26,6 +26,7 @@ from services.dcs.models import (
     RunConfig,
     RunStatus,
     StepsPage,
+    StepsReport,
     SyncGroup,
     SyncGroupRequest,
     SyncReport,
@@ -222,8 +223,13 @@ class AsyncDCSClient:
     async def remove_engine(self, run_id: str, url: str) -> str:
         return (await self._call("DELETE", f"/v1/runs/{run_id}/engines", params={"url": url})).json()["message"]
 
+    async def report_steps(self, run_id: str, report: StepsReport) -> None:
+        """The trainer's progress and the records of the steps it finished since its last acknowledged report
+        (services/trainer/step_reports.py sends them)."""
+        await self._call("POST", f"/v1/runs/{run_id}/steps", report)
+
     async def steps(self, run_id: str, first: int = 0, limit: int = 100) -> StepsPage:
-        """The trainer's progress and the metrics of its recorded steps from `first` on."""
+        """The trainer's progress and the metrics of its reported steps from `first` on."""
         response = await self._call("GET", f"/v1/runs/{run_id}/steps", params={"first": first, "limit": limit})
         return StepsPage.model_validate_json(response.content)
 

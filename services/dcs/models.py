@@ -270,9 +270,30 @@ class RunStatus(Strict):
     services: list[ServiceStatus]
 
 
+MAX_STEPS_PER_REPORT = 1000
+
+
 class StepRecord(Strict):
-    step: int = Field(ge=0)
-    metrics: dict[str, Any] = Field(description="the trainer's metrics of the step (reward_mean, loss, ...)")
+    step: int = Field(ge=0, le=MAX_VERSION)
+    metrics: dict[str, Any] = Field(
+        max_length=4096, description="the trainer's metrics of the step (reward_mean, loss, ...)"
+    )
+
+
+class StepsReport(Strict):
+    """POST /v1/runs/{run_id}/steps: the trainer's progress and the records of the steps it finished since its
+    last acknowledged report (a step reported again replaces its record)."""
+
+    next_step: int = Field(ge=0, le=MAX_VERSION, description="the step the trainer trains next (= steps finished)")
+    weight_version: int = Field(ge=0, le=MAX_VERSION, description="the weight version it trains that step with")
+    steps: list[StepRecord] = Field(default_factory=list, max_length=MAX_STEPS_PER_REPORT)
+
+    @model_validator(mode="after")
+    def _finished_steps_only(self) -> StepsReport:
+        unfinished = [r.step for r in self.steps if r.step >= self.next_step]
+        if unfinished:
+            raise ValueError(f"steps {unfinished[:5]} are not finished: next_step is {self.next_step}")
+        return self
 
 
 class StepsPage(Strict):

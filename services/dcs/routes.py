@@ -37,6 +37,7 @@ from services.dcs.models import (
     WeightMetadata,
 )
 from services.dcs.state import Missing, RedisState
+from services.dcs.sync_groups import SyncGroups
 from services.runtime.redis_events import RedisEvents
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ def weight_router(config: DCSConfig, state: RedisState, events: RedisEvents) -> 
     return router
 
 
-def sync_router(state: RedisState) -> APIRouter:
+def sync_router(groups: SyncGroups) -> APIRouter:
     """A run's sync group and sync reports."""
     router = APIRouter(prefix="/v1/runs/{run_id}")
 
@@ -199,15 +200,15 @@ def sync_router(state: RedisState) -> APIRouter:
     )
     async def sync_group(req: SyncGroupRequest, run_id: str = _run_id()):
         """The broadcast group for the source's live receivers of this run (same membership, same group)."""
-        return await state.sync_group(run_id, req)
+        return await groups.sync_group(run_id, req)
 
     @router.get("/sync-group", response_model=SyncGroup, tags=["sync"], responses={404: {"model": Ok}})
     async def current_group(run_id: str = _run_id()):
-        return await state.current_group(run_id)
+        return await groups.current_group(run_id)
 
     @router.post("/syncs", response_model=Ok, tags=["sync"])
     async def report_sync(report: SyncReport, run_id: str = _run_id()):
-        await state.report_sync(run_id, report)
+        await groups.report_sync(run_id, report)
         for phase, seconds in report.seconds.items():
             SYNC_SECONDS.labels(phase).observe(seconds)
         SYNC_BYTES.inc(report.bytes)
@@ -221,7 +222,7 @@ def sync_router(state: RedisState) -> APIRouter:
 
     @router.get("/syncs", response_model=list[SyncReport], tags=["sync"])
     async def sync_reports(run_id: str = _run_id(), limit: int = Query(50, ge=1, le=1000)):
-        return await state.sync_reports(run_id, limit)
+        return await groups.sync_reports(run_id, limit)
 
     return router
 

@@ -13,13 +13,16 @@ Key layout (K = --key-prefix, R = run id):
   K:run:R:group             STRING the run's current sync group (and its membership key)
   K:run:R:syncs             LIST  the run's newest 1000 sync reports
   K:run:R:failures          LIST  failures reported after the run's first (the newest 10)
+  K:run:R:steps             HASH  step -> the metrics the trainer reported of it (step_records.py)
+  K:run:R:progress          STRING the trainer's progress as it last reported it (step_records.py)
+  K:run:R:engines...        the run's engine set (engine_set.py)
   K:events                  pub/sub: topology, runs, groups, weights:R
-A node dead for --dead-node-ttl-s is dropped from K:nodes/K:beats; DELETE /v1/runs/R drops K:run:R:* and the
-roles' run state under sluice:R:* (services/run_state)."""
+The sync group and sync reports are sync_groups.py's. A node dead for --dead-node-ttl-s is dropped from
+K:nodes/K:beats; DELETE /v1/runs/R drops K:run:R:* and the roles' run state under sluice:R:* (the run's
+namespace: services/run_contract/run_keys.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from typing import Callable, cast
@@ -29,19 +32,15 @@ import redis.asyncio as aioredis
 from services.dcs.models import (
     ENDED,
     Failure,
-    GroupMember,
     Heartbeat,
     NodeInfo,
     NodeRegistration,
     PublishedWeights,
     Run,
     RunConfig,
-    SyncGroup,
-    SyncGroupRequest,
-    SyncReport,
     WeightMetadata,
 )
-from services.run_state import run_key as run_state_key
+from services.run_contract.run_keys import coordinator_run_key, run_key_patterns
 from services.runtime.redis_clients import async_redis
 
 
@@ -76,20 +75,6 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return record
 """
 
-# A sync report, and the version each engine it names now holds: only engines registered for the report's run
-# (a report landing after an engine left, or re-registered under a new id, changes nothing).
-_REPORT_SYNC = """
-redis.call('LPUSH', KEYS[1], ARGV[1])
-redis.call('LTRIM', KEYS[1], 0, 999)
-for i = 4, #ARGV do
-  local record = redis.call('HGET', KEYS[2], ARGV[i])
-  if record then
-    local node = cjson.decode(record)
-    if node['role'] == 'engine' and node['run_id'] == ARGV[3] then redis.call('HSET', KEYS[3], ARGV[i], ARGV[2]) end
-  end
-end
-"""
-
 # Move a role's cursor forward and collect the metadata every role is past, in one step: no replica can
 # interleave a cursor move between another's read of the cursors and its deletes.
 _SET_CURSOR = """
@@ -120,7 +105,6 @@ class RedisState:
         self.events_channel = f"{prefix}:events"
         self._publish = self.redis.register_script(_PUBLISH)
         self._heartbeat = self.redis.register_script(_HEARTBEAT)
-        self._report_sync = self.redis.register_script(_REPORT_SYNC)
         self._set_cursor = self.redis.register_script(_SET_CURSOR)
 
     async def close(self) -> None:
@@ -215,8 +199,9 @@ class RedisState:
     # ------------------------------------------------------------ weights (per run)
 
     def run_key(self, run_id: str) -> str:
-        """Every piece of a run's weight, cursor, group and sync state lives under this prefix."""
-        return f"{self.k}:run:{run_id}"
+        """Every piece of the coordinator's state of a run (weights, cursors, group, syncs, steps) lives under this
+        prefix."""
+        return coordinator_run_key(self.k, run_id)
 
     @staticmethod
     def weights_topic(run_id: str) -> str:
@@ -267,97 +252,6 @@ class RedisState:
         cursors = cast(dict[str, str], await self.redis.hgetall(f"{self.run_key(run_id)}:cursors"))  # decoded
         return {r: int(v) for r, v in cursors.items()}
 
-    # ------------------------------------------------------------ sync groups (per run)
-
-    async def sync_group(self, run_id: str, req: SyncGroupRequest) -> SyncGroup:
-        """The group for the current live membership; the same group while membership is unchanged."""
-        nodes = {n.node_id: n for n in await self.nodes()}
-        source = nodes.get(req.source_node)
-        if source is None or not source.alive:
-            raise Missing(f"source node {req.source_node} is not a live registered node")
-        if source.run_id != run_id:
-            raise Conflict(f"source node {req.source_node} belongs to run {source.run_id}, not {run_id}")
-        left_out = set(req.exclude_nodes)
-        receivers = [
-            n
-            for n in nodes.values()
-            if n.alive
-            and n.role in req.receiver_roles
-            and n.node_id != source.node_id
-            and n.run_id == run_id
-            and n.node_id not in left_out
-        ]
-        members = [GroupMember(node_id=source.node_id, role=source.role, rank=0, ranks=1)]
-        next_rank = 1
-        for n in sorted(receivers, key=lambda n: (n.role, n.rank, n.node_id)):
-            width = max(1, int(n.parallel.get("tp", 1)))  # an engine joins as rank_offset + tp_rank
-            members.append(
-                GroupMember(
-                    node_id=n.node_id,
-                    role=n.role,
-                    rank=next_rank,
-                    ranks=width,
-                    weights_dtype=n.weights_dtype,
-                    gpu=n.gpu,
-                )
-            )
-            next_rank += width
-        # the port is not part of the identity: a reused group keeps the port it was created with
-        key = hashlib.sha256(
-            json.dumps([req.master_address, req.backend, [m.model_dump() for m in members]]).encode()
-        ).hexdigest()
-        return await self._store_group(run_id, key, req, members, next_rank)
-
-    async def _store_group(
-        self, run_id: str, key: str, req: SyncGroupRequest, members: list[GroupMember], world_size: int
-    ) -> SyncGroup:
-        current_key = f"{self.run_key(run_id)}:group"
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(current_key)
-                    current = await pipe.get(current_key)
-                    if current and not req.new_group:
-                        stored = json.loads(current)
-                        if stored["key"] == key:
-                            return SyncGroup(**stored["group"])
-                    generation = int(await pipe.incr(f"{self.k}:group_generation"))
-                    group = SyncGroup(
-                        name=f"sluice-sync-{run_id}-{generation}",
-                        generation=generation,
-                        master_address=req.master_address,
-                        master_port=req.master_port,
-                        world_size=world_size,
-                        backend=req.backend,
-                        members=members,
-                    )
-                    pipe.multi()
-                    pipe.set(current_key, json.dumps({"key": key, "group": group.model_dump()}))
-                    pipe.publish(self.events_channel, "groups")
-                    await pipe.execute()
-                    return group
-                except aioredis.WatchError:
-                    continue
-
-    async def current_group(self, run_id: str) -> SyncGroup:
-        text = await self.redis.get(f"{self.run_key(run_id)}:group")
-        if text is None:
-            raise Missing(f"run {run_id} has no sync group yet")
-        return SyncGroup(**json.loads(text)["group"])
-
-    async def report_sync(self, run_id: str, report: SyncReport) -> None:
-        """Keep the report (the newest 1000) and, for an ok one, record `report.version` as the version each
-        engine it names holds (K:held): the publisher heard each load it. One script."""
-        engines = report.engines if report.ok else []
-        await self._report_sync(
-            keys=[f"{self.run_key(run_id)}:syncs", f"{self.k}:nodes", f"{self.k}:held"],
-            args=[report.model_dump_json(), report.version, run_id, *engines],
-        )
-
-    async def sync_reports(self, run_id: str, limit: int) -> list[SyncReport]:
-        texts = await self.redis.lrange(f"{self.run_key(run_id)}:syncs", 0, limit - 1)
-        return [SyncReport.model_validate_json(t) for t in texts]
-
     # ------------------------------------------------------------ runs
 
     async def create_run(self, config: RunConfig) -> Run:
@@ -375,13 +269,13 @@ class RedisState:
 
     async def delete_run(self, run_id: str) -> int:
         """Forget an ended run: its record, its weight/cursor/group/sync keys and the run state its roles keep
-        beside them (`sluice:<run_id>:*`, services/run_state, in this Redis). Returns the keys deleted; a run
+        beside them (`sluice:<run_id>:*`, in this Redis: services/run_contract/run_keys.py). Returns the keys deleted; a run
         that has not ended is Conflict (stop it first). The run id can then be used again, from scratch."""
         run = await self.run(run_id)
         if run.status not in ENDED:
             raise Conflict(f"run {run_id} is {run.status}: stop it before deleting it")
         deleted = 0
-        for pattern in (f"{self.run_key(run_id)}:*", run_state_key(run_id, "*")):
+        for pattern in run_key_patterns(self.k, run_id):
             batch = []
             async for key in self.redis.scan_iter(match=pattern, count=1000):
                 batch.append(key)

@@ -1,6 +1,5 @@
 """Run state that roles keep in Redis beside the data plane: the rollout's prompt ledger and the
-trainer's progress. Keys live under `sluice:<run_id>:`."""
+trainer's progress. Keys live under `sluice:<run_id>:` (the namespace is the run contract's:
+services/run_contract/run_keys.py)."""
 
-
-def run_key(run_id: str, *parts: str) -> str:
-    return ":".join(("sluice", run_id, *parts))
+from services.run_contract.run_keys import run_key as run_key

@@ -63,14 +63,10 @@ def trained_steps(client: redis.Redis, run_id: str) -> dict[int, dict]:
     return {int(k): json.loads(v) for k, v in client.hgetall(run_key(run_id, "trainer", "steps")).items()}
 
 
-async def astep_metrics(
-    client: aioredis.Redis, run_id: str, first: int, limit: int
-) -> tuple[TrainerProgress, dict[int, dict]]:
-    """The trainer's progress and the metrics of recorded steps first .. first+limit-1 that exist (a resumed
-    run on a new Redis has no records of the steps before its checkpoint). Sample ids are left out."""
-    progress = await aread_progress(client, run_id)
-    wanted = list(range(first, min(progress.next_step, first + limit)))
-    if not wanted:
-        return progress, {}
-    texts = await client.hmget(run_key(run_id, "trainer", "steps"), [str(s) for s in wanted])
-    return progress, {s: json.loads(t)["metrics"] for s, t in zip(wanted, texts) if t is not None}
+def recorded_metrics(client: redis.Redis, run_id: str, steps: range) -> dict[int, dict]:
+    """The metrics of the recorded steps among `steps` (sample ids left out): what the trainer reports to the
+    coordinator (services/trainer/step_reports.py)."""
+    if not steps:
+        return {}
+    texts = client.hmget(run_key(run_id, "trainer", "steps"), [str(s) for s in steps])
+    return {s: json.loads(t)["metrics"] for s, t in zip(steps, texts) if t is not None}

@@ -1,4 +1,4 @@
-"""The actor trainer's experiment tracking (rank 0), off its critical path.
+"""The actor trainer's experiment tracking (rank 0), off its critical path; and its step reports to the coordinator.
 
 The trainer calls `offer_samples(step, batch)` while it trains a step (it keeps references to a few rows when
 the step is due for a completions table) and `step_finished(step, metrics)` once the step is recorded; both
@@ -6,6 +6,10 @@ return at once. A daemon thread does the rest: it opens the backends (services/t
 only across steps, writes the record to every backend and, every `tracking.completions_every` steps, decodes
 the kept rows with the run's tokenizer into (prompt, response, reward). Nothing here can stop or slow
 training: every failure is logged once and that part is switched off.
+
+Whatever the run tracks, each recorded step is reported to the coordinator, where followers read it
+(ReportingTracker, services/trainer/step_reports.py: another daemon thread). Only the run's last step waits,
+a bounded while, for its report to land: the trainer finishes the run after it.
 
 Added to each step's metrics (the trainer's own are in services/trainer/service.py):
 
@@ -35,10 +39,12 @@ from services.run_contract.run_config import RunConfig
 from services.run_state.evaluations import read_latest_evaluation
 from services.run_state.source_rewards import read_source_rewards
 from services.tracking.tracker import FanOutTracker, open_trackers
+from services.trainer.step_reports import StepReports
 
 log = logging.getLogger(__name__)
 
 BUSY_WINDOW_S = 5.0
+LAST_REPORT_WAIT_S = 30.0  # the run's last step waits this long, at most, for the coordinator to get its report
 
 
 def sample_stats(rewards: Sequence[float], lengths: Sequence[int]) -> dict:
@@ -225,7 +231,34 @@ class NoTracking:
 
 
 NO_TRACKING = NoTracking()
-Tracker = TrainingTracker | NoTracking  # what the trainer holds: rank 0's tracker, or NO_TRACKING
+
+
+class ReportingTracker:
+    """Rank 0's hook on each recorded step: reported to the coordinator (`reports`), and passed on to `tracker` (a
+    TrainingTracker, or NO_TRACKING without an output dir). The run's last step waits for its report: the trainer
+    finishes the run after it, and a follower (`sluice run`) reads the steps up to the run's end only."""
+
+    def __init__(self, reports: StepReports, tracker: TrainingTracker | NoTracking, num_steps: int):
+        self.reports, self.tracker, self.num_steps = reports, tracker, num_steps
+
+    def offer_samples(self, step: int, batch) -> None:
+        self.tracker.offer_samples(step, batch)
+
+    def step_finished(self, step: int, metrics: dict) -> None:
+        last = step == self.num_steps - 1
+        if not self.reports.recorded(wait_s=LAST_REPORT_WAIT_S if last else 0.0):
+            log.warning(
+                "the coordinator did not get the last step's report in time; it is sent again until the trainer ends",
+                extra={"step": step, "wait_s": LAST_REPORT_WAIT_S},
+            )
+        self.tracker.step_finished(step, metrics)
+
+    def close(self) -> None:
+        self.tracker.close()
+        self.reports.close()
+
+
+Tracker = ReportingTracker | TrainingTracker | NoTracking  # what the trainer holds: rank 0's, or NO_TRACKING
 
 
 def eval_reader(redis, run_id: str) -> Callable[[], dict | None] | None:
@@ -262,16 +295,18 @@ def busy_reader(dcs, run_id: str) -> Callable[[float, float], dict[str, float]] 
     return busy
 
 
-def open_training_tracker(
-    run: RunConfig, output_dir: str, run_id: str, redis=None, dcs=None
-) -> TrainingTracker | NoTracking:
-    """Rank 0's tracker writing to <output_dir>/<run_id>; NO_TRACKING when output_dir is empty."""
-    if not output_dir:
-        return NO_TRACKING
-    return TrainingTracker(
-        run,
-        os.path.join(output_dir, run_id),
-        latest_eval=eval_reader(redis, run_id),
-        busy_fractions=busy_reader(dcs, run_id),
-        source_rewards=(lambda step: read_source_rewards(redis, run_id, step)) if redis else None,
-    )
+def open_training_tracker(run: RunConfig, output_dir: str, run_id: str, redis=None, dcs=None) -> Tracker:
+    """Rank 0's: the tracker writing to <output_dir>/<run_id> (none when output_dir is empty), behind the step
+    reports to the coordinator (ReportingTracker) when there are a coordinator and the run's Redis."""
+    tracker: TrainingTracker | NoTracking = NO_TRACKING
+    if output_dir:
+        tracker = TrainingTracker(
+            run,
+            os.path.join(output_dir, run_id),
+            latest_eval=eval_reader(redis, run_id),
+            busy_fractions=busy_reader(dcs, run_id),
+            source_rewards=(lambda step: read_source_rewards(redis, run_id, step)) if redis else None,
+        )
+    if redis is None or dcs is None:
+        return tracker
+    return ReportingTracker(StepReports(dcs, redis, run_id), tracker, run.num_steps)

@@ -133,8 +133,8 @@ class ProgressBox:
 
 
 class InMemoryRedis:
-    """get / set / hset / hget / hgetall / hvals and a transaction pipeline of them: what the trainer's progress record
-    and its tracking (the latest evaluation) need."""
+    """get / set / hset / hget / hmget / hgetall / hvals and a transaction pipeline of them: what the trainer's progress
+    record, its step reports and its tracking (the latest evaluation) need."""
 
     def __init__(self):
         self.strings: dict[str, str] = {}
@@ -157,6 +157,9 @@ class InMemoryRedis:
 
     def hget(self, key: str, field: str) -> str | None:
         return self.hashes.get(key, {}).get(field)
+
+    def hmget(self, key: str, fields: list[str]) -> list[str | None]:
+        return [self.hashes.get(key, {}).get(field) for field in fields]
 
     def hgetall(self, key: str) -> dict[str, str]:
         return dict(self.hashes.get(key, {}))

@@ -13,6 +13,7 @@ from typing import Iterable
 import torch
 
 from services.dcs.client import DCSError
+from services.dcs.models import StepRecord, StepsPage, StepsReport
 from services.dcs.sync.receiver import NotInGroup
 
 
@@ -32,6 +33,7 @@ class InMemoryCoordinator:
         self.publishers: list[FakeWeightPublisher] = []
         self.receivers: list[FakeWeightReceiver] = []
         self.finished: list[str] = []  # the runs the trainer said it finished
+        self.step_reports: list[StepsReport] = []  # what the trainer reported of its steps, in order
         self._changed = threading.Condition()
 
     # ------------------------------------------------------------ what roles call on their `dcs`
@@ -57,6 +59,20 @@ class InMemoryCoordinator:
 
     def finish_run(self, run_id: str) -> None:
         self.finished.append(run_id)
+
+    def report_steps(self, run_id: str, report: StepsReport) -> None:
+        self.step_reports.append(report)
+
+    def steps(self, run_id: str, first: int = 0, limit: int = 100) -> StepsPage:
+        """What the coordinator holds of the reports: the last progress, each step's last record."""
+        records = {r.step: r for report in self.step_reports for r in report.steps}
+        last = self.step_reports[-1] if self.step_reports else StepsReport(next_step=0, weight_version=0)
+        wanted = range(first, min(last.next_step, first + limit))
+        return StepsPage(
+            next_step=last.next_step,
+            weight_version=last.weight_version,
+            steps=[StepRecord(step=s, metrics=records[s].metrics) for s in wanted if s in records],
+        )
 
     def close(self) -> None:
         pass

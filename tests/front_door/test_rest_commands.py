@@ -1,5 +1,5 @@
 """`sluice submit|status|pause|resume|stop|logs` against a real coordinator process (with a bearer token) over
-a real Redis; the trainer's step records are written the way the trainer writes them."""
+a real Redis; the trainer's steps are reported the way the trainer reports them (POST /v1/runs/<run>/steps)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ import subprocess
 import sys
 
 import pytest
-import redis
 
 from services.cli import main as sluice
 from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
+from services.dcs.models import StepRecord, StepsReport
 from services.front_door.run_file import load_run_file
-from services.run_state.trainer_progress import TrainerProgress, finish_step
 
 TOKEN = "s3cret-token"
 
@@ -50,15 +49,9 @@ def test_submit_then_status_pause_resume_and_stop(env, dcs, tmp_path, capsys):
         "status": "running",
         "coordinator": dcs.url,
     }
-    with redis.Redis.from_url(dcs.redis_url, decode_responses=True) as r:  # the trainer's record of step 0
-        finish_step(
-            r,
-            "rest1",
-            0,
-            ["p0-0"],
-            {"reward_mean": 0.25, "loss": 0.5, "weight_version": 1},
-            TrainerProgress(next_step=1, version=1),
-        )
+    with DCSClient(dcs.url, token=TOKEN) as client:  # the trainer's report of step 0
+        step = StepRecord(step=0, metrics={"reward_mean": 0.25, "loss": 0.5, "weight_version": 1})
+        client.report_steps("rest1", StepsReport(next_step=1, weight_version=1, steps=[step]))
     assert sluice(["status", "rest1"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert (status["status"], status["step"], status["num_steps"]) == ("running", 1, 3)
@@ -124,16 +117,9 @@ def test_logs_prints_the_tail_of_a_role_log_and_names_the_ones_there_are(tmp_pat
 def test_attach_follows_a_run_on_a_coordinator_to_its_end(env, dcs, tmp_path, capsys):
     with DCSClient(dcs.url, token=TOKEN) as client:
         client.create_run(load_run_file(run_file(tmp_path, "attached")).run_config())
-        with redis.Redis.from_url(dcs.redis_url, decode_responses=True) as r:
-            for step in range(3):
-                finish_step(
-                    r,
-                    "attached",
-                    step,
-                    [f"p{step}-0"],
-                    {"reward_mean": step / 10, "weight_version": step + 1},
-                    TrainerProgress(next_step=step + 1, version=step + 1),
-                )
+        for step in range(3):
+            record = StepRecord(step=step, metrics={"reward_mean": step / 10, "weight_version": step + 1})
+            client.report_steps("attached", StepsReport(next_step=step + 1, weight_version=step + 1, steps=[record]))
         client.finish_run("attached")
         client.create_run(load_run_file(run_file(tmp_path, "attached-failing")).run_config())
         client.fail_run("attached-failing", "rollout", "reward function raised KeyError: 'label'")

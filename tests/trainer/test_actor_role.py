@@ -65,6 +65,16 @@ def write_step(plane: InMemoryDataPlane, step: int, initial_model, temperature: 
     plane.ack(plane.claim_rows(partition_name("r", step), "r/advantage", 4).lease_id)  # the advantage role is done
 
 
+class ReportsAtFinish(InMemoryCoordinator):
+    """Notes the progress the trainer had reported when it finished the run."""
+
+    reported_at_finish: int | None = None
+
+    def finish_run(self, run_id: str) -> None:
+        self.reported_at_finish = self.steps(run_id).next_step
+        super().finish_run(run_id)
+
+
 def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_row_once(model_dir):
     torch.set_num_threads(1)
     run = RunConfig(
@@ -81,7 +91,7 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
     initial, _ = load_causal_lm(model_dir, "float32")
     # each publish takes a while, as a broadcast does: the next step trains meanwhile, and numbers its version
     # after the publish in flight
-    plane, redis, coordinator = InMemoryDataPlane(), InMemoryRedis(), InMemoryCoordinator(broadcast_s=0.5)
+    plane, redis, coordinator = InMemoryDataPlane(), InMemoryRedis(), ReportsAtFinish(broadcast_s=0.5)
     for step in range(2):
         write_step(plane, step, initial, run.rollout.temperature)
     batches = [plane.get(partition_name("r", step), [0, 1, 2, 3], actor_inputs(run)) for step in range(2)]
@@ -116,6 +126,9 @@ def test_trains_each_step_on_its_rows_publishes_the_next_version_and_acks_each_r
     assert coordinator.finished == [RUN_ID]  # the run's status becomes finished after its last step
     record = trained_steps(redis, RUN_ID)
     assert sorted(record) == [0, 1]
+    page = coordinator.steps(RUN_ID)  # each step reported to the coordinator, the last before the run finished
+    assert (page.next_step, page.weight_version, coordinator.reported_at_finish) == (2, 2, 2)
+    assert [(r.step, r.metrics) for r in page.steps] == [(s, record[s]["metrics"]) for s in (0, 1)]
     assert record[1]["samples"] == ["2:0", "2:1", "3:0", "3:1"]
     assert record[0]["metrics"]["staleness"] == {"0": 4} and record[1]["metrics"]["staleness"] == {"1": 4}
     assert [record[k]["metrics"]["lr"] for k in (0, 1)] == [1e-2, 5e-3]  # the schedule's, step by step
