@@ -1,5 +1,7 @@
 """A whole run on one machine: a private Redis, TransferQueue (controller + shard), the coordinator,
-engines (built-in, or real SGLang servers: services/launch/sglang_engine.py) and every role the run needs, each its own process, stopped with SIGTERM. A second run
+engines (built-in, or real SGLang servers: services/launch/sglang_engine.py) and every role the run needs, each its own
+process (a built-in engine's and a role's forked from one fork server that has done their heavy imports:
+services/runtime/fork_server.py), stopped with SIGTERM. A second run
 can share the first one's stack (`stack=`): it starts only its own engines and roles, under its own run id."""
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from services.runtime.auth_token import token_env
 from services.runtime.redis_clients import sync_redis
 from services.runtime.redis_password import redis_password_env
 from services.launch.sglang_engine import START_S as SGLANG_START_S, SGLangProcess
-from services.launch.sglang_flags import lora_argv, lora_problem, sglang_missing, token_problem
+from services.launch.sglang_flags import engine_flags
 from services.launch.role_commands import RoleProcess, role_commands, stack_flags
 from services.launch.supervision import ProcessSupervisor
+from services.runtime.forked_process import ForkServerClient
 from services.runtime.processes import (
     ChildProcess,
     StopsOnExit,
@@ -30,6 +33,7 @@ from services.runtime.processes import (
     http_ok,
     sluice_argv,
     start_redis,
+    start_fork_server,
     stop_together,
 )
 from services.transferqueue.local_stack import LocalTransferQueue
@@ -48,20 +52,6 @@ def _started(service: T | None, name: str) -> T:
     if service is None:
         raise RuntimeError(f"cannot restart {name}: this run did not start it")
     return service
-
-
-def engine_flags(run: RunConfig, engine: str, engine_args: tuple[str, ...], token: str) -> tuple[str, ...]:
-    """The run's engine flags; for SGLang servers, refused (RuntimeError) before anything starts when SGLang
-    cannot serve the run, and a LoRA run's adapter flags added (LocalRun's `engine`)."""
-    if engine != "sglang":
-        return engine_args
-    lora = run.trainer.lora
-    refusal = (lora_problem(lora.target_modules) if lora else None) or sglang_missing() or token_problem(token)
-    if refusal:
-        raise RuntimeError(f"engine sglang: {refusal}")
-    if lora is not None:  # the adapter is loaded by name (adapter_publish.py)
-        engine_args = lora_argv(engine_args, lora.rank, lora.target_modules)
-    return engine_args
 
 
 class LocalRun(StopsOnExit):
@@ -132,6 +122,8 @@ class LocalRun(StopsOnExit):
         self.engine_args = engine_args
         self.judge = judge
         self.judge_url: str | None = None
+        # the engines and roles are forked from it, their heavy imports done once (services/runtime/fork_server.py)
+        self.forker: ForkServerClient | None = stack.forker if stack is not None else start_fork_server(self._env())
         try:
             self._start(engines, stack, redis_url, dcs_port)
             if submit:
@@ -256,6 +248,7 @@ class LocalRun(StopsOnExit):
             sluice_argv("engine", "--model", model, "--host", "127.0.0.1", "--port", str(port), *args),
             os.path.join(self.log_dir, f"{name}.log"),
             env=self._env(),
+            forker=self.forker,
         )
         self.procs[name] = proc
         return proc
@@ -323,6 +316,7 @@ class LocalRun(StopsOnExit):
             os.path.join(self.log_dir, f"{name}.log"),
             env={**self._env(), **redis_password_env(self.redis_password)},
             status_url=f"http://127.0.0.1:{port}",
+            forker=self.forker,
         )
         self.procs[name] = proc
         if wait:
@@ -392,3 +386,5 @@ class LocalRun(StopsOnExit):
             STACK_STOP_S,
             supervisor.restarting if supervisor is not None else lambda: False,
         )
+        if self.owns_stack and self.forker is not None:
+            self.forker.close()

@@ -4,15 +4,24 @@ needs, each one's `sluice` command line, and the process a role runs as."""
 from __future__ import annotations
 
 from services.run_contract.run_config import RunConfig
+from services.runtime.forked_process import ForkServerClient
 from services.runtime.processes import ChildProcess, free_port, http_ok
 
 
 class RoleProcess(ChildProcess):
     """A role service's process, and the base URL it serves /healthz, /status and /metrics at."""
 
-    def __init__(self, name: str, argv: list[str], log_path: str, env: dict[str, str], status_url: str):
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        log_path: str,
+        env: dict[str, str],
+        status_url: str,
+        forker: ForkServerClient | None = None,
+    ):
         self.status_url = status_url
-        super().__init__(name, argv, log_path, env=env)
+        super().__init__(name, argv, log_path, env=env, forker=forker)
 
     def healthy(self) -> bool:
         return http_ok(self.status_url + "/healthz")

@@ -14,6 +14,8 @@ import re
 import sys
 from typing import Union
 
+from services.run_contract.run_config import RunConfig
+
 Scalar = Union[bool, int, float, str]
 SGLANG_RELEASE = "0.5.23"  # the release whose server_args.py these flags were read from
 INSTALL = f'pip install "sglang[all]=={SGLANG_RELEASE}"'
@@ -151,3 +153,17 @@ def lora_problem(target_modules: list[str]) -> str | None:
         f"(its --lora-target-modules takes {', '.join(LORA_TARGET_MODULES)}): target those, or use built-in "
         "engines"
     )
+
+
+def engine_flags(run: RunConfig, engine: str, engine_args: tuple[str, ...], token: str) -> tuple[str, ...]:
+    """The run's engine flags; for SGLang servers, refused (RuntimeError) before anything starts when SGLang
+    cannot serve the run, and a LoRA run's adapter flags added (LocalRun's `engine`)."""
+    if engine != "sglang":
+        return engine_args
+    lora = run.trainer.lora
+    refusal = (lora_problem(lora.target_modules) if lora else None) or sglang_missing() or token_problem(token)
+    if refusal:
+        raise RuntimeError(f"engine sglang: {refusal}")
+    if lora is not None:  # the adapter is loaded by name (adapter_publish.py)
+        engine_args = lora_argv(engine_args, lora.rank, lora.target_modules)
+    return engine_args

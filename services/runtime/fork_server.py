@@ -96,6 +96,7 @@ def _run_child(module: str, args: list[str], env: dict[str, str], log: str | Non
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.closerange(3, 1 << 16)  # the server's pipes, and anything a preloaded module opened
+        _show_command_line(module, args)  # before the environment changes: setproctitle takes over its memory
         os.environ.clear()
         os.environ.update(env)
         if "numpy" in sys.modules:  # a fresh interpreter seeds numpy's global generator from the OS
@@ -115,6 +116,16 @@ def _run_child(module: str, args: list[str], env: dict[str, str], log: str | Non
         _shut_down_interpreter()
     finally:
         os._exit(code)
+
+
+def _show_command_line(module: str, args: list[str]) -> None:
+    """ps and /proc/PID/cmdline show `python -m module args`, as for a service started on its own, not the fork
+    server's command line (without setproctitle installed they keep showing the server's)."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(" ".join([sys.executable, "-m", module, *args]))
 
 
 def _shut_down_interpreter() -> None:

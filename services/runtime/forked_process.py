@@ -36,6 +36,7 @@ PRELOAD = (
     "httpx",
     "redis.asyncio",
     "prometheus_client",
+    "setproctitle",
 )
 # environment variables that libraries read when they are imported: a child is forked only when its values of
 # these equal the server's, since it sees the preloaded modules as the server imported them

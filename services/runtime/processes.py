@@ -92,14 +92,15 @@ class StopsOnExit:
         self.stop()
 
 
-def start_fork_server(preload: Sequence[str] = PRELOAD) -> ForkServerClient | None:
+def start_fork_server(env: dict | None = None, preload: Sequence[str] = PRELOAD) -> ForkServerClient | None:
     """A fork server (services/runtime/fork_server.py) for this launcher's Python services, its children and itself
-    registered with the reaper; None off Linux, where forking a process that has imported torch is not safe
+    registered with the reaper, in the environment `env` adds to child_env's (its children's, so that they
+    can be forked); None off Linux, where forking a process that has imported torch is not safe
     (macOS: the Objective-C runtime)."""
     if sys.platform != "linux":
         return None
     reaper_ = Reaper.get()
-    server = ForkServerClient(child_env(), reaper_.register, preload)
+    server = ForkServerClient(child_env(env), reaper_.register, preload)
     reaper_.register(server.proc.pid)
     return server
 

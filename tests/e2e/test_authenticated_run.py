@@ -1,5 +1,6 @@
 """A whole run with the stack's one token, every service its own process: it trains and publishes weights to
-the engine (the weight publisher and the rollout send the token), the token is on no process's command line,
+the engine (the weight publisher and the rollout send the token), the token is on no process's command line
+(the fork server's and the services it forked included),
 and every service's HTTP routes but liveness/readiness refuse a request without it."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pytest
 from services.launch.local_run import LocalRun
 from services.model.init_model import init_model
 from services.run_contract.run_config import RunConfig
+from services.runtime.forked_process import ForkedChild
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.errors import TQError
 
@@ -45,6 +47,10 @@ def test_a_run_with_a_token_trains_and_the_token_is_on_no_command_line(model_dir
         lr.wait_for_step(run.num_steps, 400)
         procs = every_process(lr)
         assert {"dcs", "tq-controller", "engine-0", "rollout", "advantage", "trainer"} <= set(procs)
+        # the engine and the roles were forked from the run's fork server, which has the token in no argv either
+        assert all(isinstance(lr.procs[n].proc, ForkedChild) for n in ("engine-0", "rollout", "advantage", "trainer"))
+        assert lr.forker is not None
+        procs["fork-server"] = lr.forker
         for name, proc in procs.items():
             with open(f"/proc/{proc.proc.pid}/cmdline", "rb") as f:
                 assert TOKEN.encode() not in f.read(), name

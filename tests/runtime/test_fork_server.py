@@ -23,7 +23,7 @@ CHILD = [sys.executable, "-m", "tests.runtime.fork_child"]
 
 @pytest.fixture(scope="module")
 def forker():
-    server = start_fork_server(preload=("json", "numpy"))
+    server = start_fork_server(preload=("json", "numpy", "setproctitle"))
     assert server is not None
     yield server
     server.close()
@@ -42,6 +42,7 @@ def test_a_forked_child_runs_as_python_dash_m_would(forker, tmp_path):
     report = _report(proc)
     assert report["argv"] == ["report", "x"] and report["name"] == "__main__"
     assert report["marker"] == "m1" and report["session"] and report["stdin"] == ""
+    assert report["cmdline"].split("\0")[0] == f"{sys.executable} -m tests.runtime.fork_child report x"
     assert proc.proc.returncode == 3 and not proc.alive()
 
 
