@@ -75,19 +75,24 @@ def lines_of(text: str) -> list[dict]:
 
 
 def service_processes(parent: int) -> dict[int, str]:
-    """pid -> command (`sluice <command>`) of each Sluice service `parent` runs as its child."""
-    found = {}
-    for entry in os.listdir("/proc"):
+    """pid -> command (`sluice <command>`) of each Sluice service `parent` runs: its children, and the children of
+    its fork server (services/runtime/fork_server.py), whose command lines setproctitle wrote as one string."""
+    procs = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-        except (OSError, ValueError, IndexError):  # not a process, or gone meanwhile
+                argv = " ".join(f.read().decode(errors="replace").split("\0")).split()
+        except (OSError, ValueError, IndexError):  # gone meanwhile
             continue
-        if ppid == parent and "services.cli" in argv:
-            found[int(entry)] = argv[argv.index("services.cli") + 1]
-    return found
+        procs[int(entry)] = (ppid, argv)
+    forkers = {pid for pid, (ppid, argv) in procs.items() if ppid == parent and "services.runtime.fork_server" in argv}
+    return {
+        pid: argv[argv.index("services.cli") + 1]
+        for pid, (ppid, argv) in procs.items()
+        if (ppid == parent or ppid in forkers) and "services.cli" in argv
+    }
 
 
 def running(pid: int) -> bool:
