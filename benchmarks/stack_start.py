@@ -131,10 +131,12 @@ class CpuSampler(threading.Thread):
 def command_of(pid: int) -> str:
     """The sluice command a process runs (`python -m services.cli engine ...` -> engine), else its program."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().decode(errors="replace").split("\0")
+        with open(f"/proc/{pid}/cmdline", "rb") as f:  # a forked service's is one string (setproctitle)
+            argv = " ".join(f.read().decode(errors="replace").split("\0")).split()
     except OSError:
         return "?"
+    if "services.runtime.fork_server" in argv:
+        return "fork server"
     return argv[argv.index("services.cli") + 1] if "services.cli" in argv[:-1] else os.path.basename(argv[0])
 
 
@@ -148,10 +150,15 @@ def stat_fields(pid: int) -> list[str] | None:
 
 
 def children_of(parent: int) -> list[int]:
-    found = []
+    """Every descendant of `parent`: its children, and theirs (the services a fork server forked)."""
+    parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and (fields := stat_fields(int(entry))) is not None and int(fields[1]) == parent:
-            found.append(int(entry))
+        if entry.isdigit() and (fields := stat_fields(int(entry))) is not None:
+            parents[int(entry)] = int(fields[1])
+    found, frontier = [], {parent}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier}
+        found.extend(frontier)
     return found
 
 
