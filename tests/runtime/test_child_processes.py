@@ -51,14 +51,31 @@ def _fork_uses(path: pathlib.Path | str, source: str | None = None) -> list[str]
 
 def test_nothing_forks():
     """No preexec_fn, os.fork or multiprocessing (fork by default on Linux) in services/, tests/, benchmarks/:
-    start children with services.runtime.processes.ChildProcess."""
+    start children with services.runtime.processes.ChildProcess. The one fork is the fork server's
+    (services/runtime/fork_server.py), a process of its own that loads no gRPC and runs one thread (next test)."""
     files = [p for d in ("services", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")]
     assert len(files) > 50
-    assert [u for f in files for u in _fork_uses(f)] == []
+    uses = [u for f in files for u in _fork_uses(f)]
+    assert [u for u in uses if not u.startswith(f"{ROOT}/services/runtime/fork_server.py:")] == []
+    assert len(uses) == 1, uses
     planted = (
         "import os, subprocess\nimport multiprocessing.pool\nos.fork()\nsubprocess.Popen(['x'], preexec_fn=os.setsid)\n"
     )
     assert len(_fork_uses("planted.py", planted)) == 3  # the scanner sees what it looks for
+
+
+def test_the_fork_servers_preload_starts_no_thread_and_loads_no_grpc():
+    """What makes the fork server's fork safe: after its preload the process has one thread and no gRPC."""
+    code = (
+        "import os, sys, importlib\n"
+        "from services.runtime.forked_process import PRELOAD\n"
+        "for m in PRELOAD:\n"
+        "    importlib.import_module(m)\n"
+        "print(len(os.listdir('/proc/self/task')), 'grpc' in sys.modules, 'pyarrow' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "False", "False"]
 
 
 def test_reaper_parses_registrations():
