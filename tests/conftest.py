@@ -47,17 +47,17 @@ def pytest_configure(config):
     faulthandler.dump_traceback_later(deadline_s, exit=True, file=config._sluice_stderr)
 
 
-# The longest test modules, longest first (./dev test's slowest 30): the xdist workers take whichever module is
-# next in collection order (./dev: --dist loadscope), so a long one collected late would run alone at the end
-# while the other worker idles. These modules go first, then every other module with a slow test, then the rest
-# (longest-first scheduling).
+# The longest test modules, longest first (./dev test's slowest 30): the xdist workers take whichever test is next
+# in collection order, so a long test collected late runs alone at the end while the other worker idles. These
+# modules go first, then every other module with a slow test, then the rest (longest-first scheduling); a
+# module's tests stay together, so its module-scoped fixtures start once per worker.
 LONGEST_FIRST = (
     "tests/e2e/test_demo_learns.py",
-    "tests/e2e/test_run.py",
     "tests/e2e/test_chaos.py",
-    "tests/e2e/test_sluice_run.py",
-    "tests/runtime/test_child_processes.py",
     "tests/e2e/test_elastic_engines.py",
+    "tests/runtime/test_child_processes.py",
+    "tests/e2e/test_sluice_run.py",
+    "tests/e2e/test_run.py",
 )
 
 
