@@ -47,33 +47,6 @@ def pytest_configure(config):
     faulthandler.dump_traceback_later(deadline_s, exit=True, file=config._sluice_stderr)
 
 
-# The longest test modules, longest first (./dev test's slowest 30): the xdist workers take whichever test is next
-# in collection order, so a long test collected late runs alone at the end while the other worker idles. These
-# modules go first, then every other module with a slow test, then the rest (longest-first scheduling); a
-# module's tests stay together, so its module-scoped fixtures start once per worker.
-LONGEST_FIRST = (
-    "tests/e2e/test_demo_learns.py",
-    "tests/e2e/test_chaos.py",
-    "tests/e2e/test_elastic_engines.py",
-    "tests/runtime/test_child_processes.py",
-    "tests/e2e/test_sluice_run.py",
-    "tests/e2e/test_run.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Long modules first (LONGEST_FIRST, then modules with a slow-marked test), each in its collected order."""
-    slow_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-
-    def rank(item) -> int:
-        module = item.nodeid.split("::")[0]
-        if module in LONGEST_FIRST:
-            return LONGEST_FIRST.index(module)
-        return len(LONGEST_FIRST) + (0 if module in slow_modules else 1)
-
-    items.sort(key=rank)  # stable: the collected order within each rank
-
-
 @pytest.fixture
 def uniq():
     """Fresh partition/task names per test (tests share one stack)."""
