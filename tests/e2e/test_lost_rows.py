@@ -38,6 +38,22 @@ def wait_for_untaken_rows(tq: TransferQueue, run: RunConfig, timeout_s: float = 
     raise AssertionError(f"the rollout wrote no rows the stopped trainer had not taken within {timeout_s} s")
 
 
+def stop_holding_untaken_rows(tq: TransferQueue, run: RunConfig, pid: int, tries: int = 20) -> None:
+    """SIGSTOP the trainer at a moment when rows it has not taken exist: stopped first, it may hold every row the
+    rollout may write (its claim of the next step's rows while a publish is unfinished), so the rollout waits at
+    its bound with nothing untaken; so the rows are seen untaken, the trainer stopped, and seen untaken again."""
+    for _ in range(tries):
+        wait_for_untaken_rows(tq, run)
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.5)  # a claim already sent lands
+        try:
+            wait_for_untaken_rows(tq, run, timeout_s=5.0)
+            return
+        except AssertionError:
+            os.kill(pid, signal.SIGCONT)
+    raise AssertionError(f"no moment with untaken rows and the trainer stopped in {tries} tries")
+
+
 @pytest.mark.parametrize("algorithm", [{}, {"estimator": "ppo", "lam": 0.95}], ids=["grpo", "ppo-critic"])
 def test_rows_lost_with_a_shard_are_generated_again_and_trained_once(tmp_path, algorithm):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
@@ -59,10 +75,9 @@ def test_rows_lost_with_a_shard_are_generated_again_and_trained_once(tmp_path, a
     with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
         lr.wait_for_step(3, 300)
         trainer = lr.procs["trainer"].proc
-        os.kill(trainer.pid, signal.SIGSTOP)  # the trainer holds still: the rollout writes up to its bound
+        with TransferQueue(lr.tq.controller_address) as tq:
+            stop_holding_untaken_rows(tq, run, trainer.pid)
         try:
-            with TransferQueue(lr.tq.controller_address) as tq:
-                wait_for_untaken_rows(tq, run)
             lr.tq.shards[0].kill()
             shutil.rmtree(lr.tq.data_dir)  # its journal is gone with its disk: it comes back empty
             lr.tq.restart_shard(0)
