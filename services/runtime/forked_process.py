@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Callable, Mapping, Sequence
 
 # the heavy imports of the engine and the roles (~4.3 CPU s in each process on a 2-core machine); none starts a
@@ -209,14 +210,14 @@ class ForkedChild:
 
     def _watch_orphan(self) -> None:
         assert self._pid is not None
-        while _running(self._pid):
-            threading.Event().wait(0.05)
+        while running(self._pid):
+            time.sleep(0.05)
         with self._server._lock:
             self.returncode = UNKNOWN_EXIT
             self._server._lock.notify_all()
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     """The process exists and is not a zombie (an orphan's new parent may be slow to reap it, or never do)."""
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from services.runtime.forked_process import UNKNOWN_EXIT, ForkedChild
+from services.runtime.forked_process import UNKNOWN_EXIT, ForkedChild, running
 from services.runtime.processes import ChildProcess, start_fork_server
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server runs on Linux only")
@@ -101,12 +101,4 @@ def test_children_outlive_a_killed_server_and_are_still_stopped(tmp_path):
     assert server.gone and proc.alive()  # its parent is gone, it is not
     assert not server.can_fork(os.environ)  # a restart after this starts with Popen
     assert proc.stop(10) == UNKNOWN_EXIT
-    assert not _running(pid)
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:  # a zombie not yet reaped by init counts as gone
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not running(pid)
