@@ -7,6 +7,7 @@ children still die with a killed launcher)."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,8 +23,39 @@ from services.runtime.forked_process import PRELOAD, ForkedChild, ForkServerClie
 from services.runtime.redis_password import redis_conf_line, write_private_file
 
 
+EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default net.ipv4.ip_local_port_range
+PICK_FLOOR = 10000  # below this sit the well-known services a user may start later (5432, 6379, 8080, ...)
+_pick = random.SystemRandom()  # not the seeded `random`: two processes seeded alike would pick alike
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel takes outgoing connections' local ports (and bind-to-0 ports) from."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return EPHEMERAL_DEFAULT
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port on `host` that nobody listens on now."""
+    """A port on `host` that nobody listens on now, for a server started later to bind. Picked at random
+    outside the kernel's ephemeral range: a port from inside it (what binding to 0 gives) could be taken as
+    the local port of any outgoing connection before the server binds it (seen in CI: an engine that loads
+    its model first found its port taken), and bind-to-0 hands a port just freed to the next caller in any
+    process. Falls back to binding 0 where the ephemeral range leaves no room outside it."""
+    low, high = ephemeral_ports()
+    candidates = [(PICK_FLOOR, low - 1), (high + 1, 65535)]
+    candidates = [(a, b) for a, b in candidates if b - a >= 1000]
+    for _ in range(64 if candidates else 0):
+        a, b = _pick.choice(candidates)
+        port = _pick.randint(a, b)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

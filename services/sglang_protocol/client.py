@@ -211,9 +211,14 @@ class SGLangClient(LoRAAdapterRoutes, WeightUpdateRoutes):
         return bool(self._extensions().get("cuda_ipc_update", False))
 
     def _extensions(self) -> dict:
+        """The server's model info, read once; {} where it has none. EngineUnreachable (not remembered) when it
+        does not answer: taken for an engine without extensions, a stopped engine was asked the next question
+        too, each costing the whole timeout, and a sync that included it failed only after several."""
         if self._model_info is None:
             try:
                 self._model_info = self.model_info()
+            except httpx.TransportError as exc:
+                raise EngineUnreachable("model_info", f"{type(exc).__name__}: {exc}") from exc
             except (httpx.HTTPError, SGLangError, ValueError):
                 self._model_info = {}
         return self._model_info
@@ -239,6 +244,8 @@ class SGLangClient(LoRAAdapterRoutes, WeightUpdateRoutes):
         if self._server_info is None:
             try:
                 self._server_info = self._first_found(("/server_info", "/get_server_info")) or {}
+            except httpx.TransportError as exc:  # as _extensions: not an answer, not remembered
+                raise EngineUnreachable("server_info", f"{type(exc).__name__}: {exc}") from exc
             except (httpx.HTTPError, ValueError):
                 self._server_info = {}
         return self._server_info
