@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from services.runtime import reaper
-from services.runtime.processes import ChildProcess, stop_together
+from services.runtime.processes import ChildProcess, free_port, sluice_argv, stop_together
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.errors import TQError
 from services.transferqueue.local_stack import LocalTransferQueue
@@ -153,7 +153,9 @@ class _BlockingCalls:
 
 @pytest.mark.slow
 def test_restarting_services_while_grpc_calls_block_never_hangs(tmp_path):
-    """>= 50 service starts and restarts in a process whose other threads hold blocking gRPC calls."""
+    """>= 50 service starts and restarts in a process whose other threads hold blocking gRPC calls. A hang
+    would come in the start itself (fork-exec while gRPC threads run), so most starts are stopped as soon as
+    they return; every tenth shard, and every restarted controller, comes up and serves first."""
     stack = LocalTransferQueue(shards=1, log_dir=str(tmp_path))
     try:
         with TransferQueue(stack.controller_address) as tq:
@@ -164,9 +166,13 @@ def test_restarting_services_while_grpc_calls_block_never_hangs(tmp_path):
         starts = 0
         with _BlockingCalls(stack.controller_address, rows) as blocking:
             for i in range(50):
-                shard = stack.start_shard(f"extra-{i}")  # fork-exec while claims and reads are in flight
-                shard.stop()
-                stack.shards.remove(shard)
+                if i % 10 == 0:  # fork-exec while claims and reads are in flight, then serving
+                    shard = stack.start_shard(f"extra-{i}")
+                    stack.shards.remove(shard)
+                else:  # the same start, stopped before it imports its way to serving
+                    argv = sluice_argv("tq-shard", "--port", str(free_port()), "--controller", stack.controller_address)
+                    shard = ChildProcess(f"tq-shard extra-{i}", argv, str(tmp_path / f"extra-{i}.log"))
+                assert shard.stop() is not None
                 starts += 1
                 if i % 10 == 9:
                     stack.controller.kill()
