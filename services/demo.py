@@ -78,18 +78,22 @@ def build_run(args, model_dir: str, workdir: str) -> RunFile:
 
 
 def exactly_once(local: LocalRun, progress: RunProgress) -> None:
-    """Every sample of every step trained exactly once, none past max_staleness (else the demo fails)."""
+    """Every sample of every step trained so far trained exactly once, none past max_staleness, and a finished
+    run trained every step (else the demo fails). Also for a run interrupted or stopped early: its steps."""
     run = local.run
     steps = local.trained_steps()
+    if not steps and progress.state != "finished":
+        return  # stopped before its first step: nothing to check
     samples = [s for rec in steps.values() for s in rec["samples"]]
     stale = max(int(k) for rec in steps.values() for k in rec["metrics"]["staleness"])
-    once = len(samples) == len(set(samples)) == run.num_steps * run.rows_per_step
+    expected = (run.num_steps if progress.state == "finished" else len(steps)) * run.rows_per_step
+    once = len(samples) == len(set(samples)) == expected
     progress.extra.update(samples=len(samples), max_staleness_seen=stale, every_sample_once=once)
     if not once or stale > run.max_staleness:
         progress.state = "failed"
         progress.failure = (
-            f"samples trained: {len(samples)}, distinct: {len(set(samples))}, expected: "
-            f"{run.num_steps * run.rows_per_step}; max staleness seen {stale}"
+            f"samples trained: {len(samples)}, distinct: {len(set(samples))}, expected: {expected}; "
+            f"max staleness seen {stale}"
         )
 
 

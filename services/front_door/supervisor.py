@@ -111,7 +111,7 @@ class RunOptions:
     resume: bool = False
     token: str = ""
     path: str = ""  # the run file (how to resume it is shown on Ctrl-C)
-    check: Callable[[LocalRun, RunProgress], None] | None = None  # looks at a finished run, services still up
+    check: Callable[[LocalRun, RunProgress], None] | None = None  # looks at a run that ended, services still up
 
 
 def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
@@ -147,8 +147,8 @@ def start_and_follow(run_file: RunFile, options: RunOptions) -> int:
                 view.note("stopping", **({"resume": f"sluice run {options.path} --resume"} if options.path else {}))
 
             def before_summary(progress: RunProgress) -> None:
-                if progress.state == "finished" and options.check:
-                    options.check(local, progress)
+                if progress.state in ("finished", "interrupted", "stopped") and options.check:
+                    options.check(local, progress)  # what was trained so far, however it ended
                 # every ending writes it, an interrupted or stopped run too: its services still answer here
                 progress.extra["report"] = write_run_report(dirs["run"], local, token)
 
