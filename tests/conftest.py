@@ -27,6 +27,13 @@ torch.set_num_threads(1)
 _names = itertools.count()
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """One test at a time to a free worker; a module marked one_worker whole to one (tests/worker_scheduling.py)."""
+    from tests.worker_scheduling import OneWorkerModules
+
+    return OneWorkerModules(config, log)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     """The whole run has a deadline (SLUICE_TEST_DEADLINE_S, default 70 min: a full run took 39 min on a slow

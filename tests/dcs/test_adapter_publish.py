@@ -24,7 +24,7 @@ from services.model.loading import load_causal_lm
 from services.runtime.processes import ChildProcess, free_port, http_ok
 from tests.dcs.test_sglang_protocol import _wait_engines
 
-pytestmark = pytest.mark.slow  # server processes; ./dev test runs it
+pytestmark = [pytest.mark.slow, pytest.mark.one_worker]  # server processes; ./dev test runs it
 PROMPT = [11, 22, 33]
 LORA = LoraConfig(r=4, lora_alpha=8.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 

@@ -20,6 +20,8 @@ from services.dcs.models import (
     WeightTensor,
 )
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 
 @pytest.fixture(scope="module")
 def dcs(tmp_path_factory):

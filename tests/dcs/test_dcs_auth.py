@@ -15,6 +15,8 @@ from services.dcs.local import LocalDCS
 from services.run_contract.run_config import RunConfig
 from services.runtime.processes import free_port
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 TOKEN = "dcs-s3cret-from-a-file"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 RUN = {

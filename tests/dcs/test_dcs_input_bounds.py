@@ -11,6 +11,8 @@ import pytest
 
 from services.dcs.local import LocalDCS
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 RUN = {
     "name": "r",
     "model": "/m",

@@ -22,7 +22,7 @@ from services.dcs.local import LocalDCS
 from tests.openapi_numbers import EXTREME, EXTREME_TEXT, NON_FINITE, NON_FINITE_TEXT, names_field, number_cases
 from tests.redis_state import changed_keys, redis_digest
 
-pytestmark = pytest.mark.slow  # several processes end to end; ./dev test runs it
+pytestmark = [pytest.mark.slow, pytest.mark.one_worker]  # several processes end to end; ./dev test runs it
 
 RUN = {"name": "fz", "model": "/m"}
 

@@ -21,7 +21,7 @@ from services.runtime.processes import ChildProcess, free_port, http_ok
 from services.sglang_protocol.client import SGLangClient, SGLangError
 from services.sglang_protocol.lora_adapters import NamedAdapter, adapter_version, run_adapter
 
-pytestmark = pytest.mark.slow  # server processes; ./dev test runs it
+pytestmark = [pytest.mark.slow, pytest.mark.one_worker]  # server processes; ./dev test runs it
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "launch" / "fake_sglang"
 PROMPT = [11, 22, 33]

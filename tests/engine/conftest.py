@@ -72,7 +72,7 @@ def teach_tool_call(model, tok, model_dir: str, call: str) -> None:
     model.save_pretrained(model_dir)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # ~14 s to teach: once per worker (and per conftest that names it)
 def tool_model(tmp_path_factory):
     """The tiny model, overfit to answer QUESTION (with the ADD tool offered) by CALL and the end of its turn."""
     torch.manual_seed(0)

@@ -12,6 +12,8 @@ import torch
 
 from services.model.loading import load_causal_lm
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir):

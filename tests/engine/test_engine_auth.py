@@ -11,6 +11,8 @@ import pytest
 from services.runtime.processes import free_port
 from tests.engine.conftest import start_engine
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 TOKEN = "engine-s3cret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 GENERATE = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}

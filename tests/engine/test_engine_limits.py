@@ -19,7 +19,7 @@ from services.dcs.sync.publisher import WeightPublisher
 from services.model.loading import load_causal_lm
 from tests.engine.conftest import start_engine
 
-pytestmark = pytest.mark.slow  # engine processes end to end; ./dev test runs it
+pytestmark = [pytest.mark.slow, pytest.mark.one_worker]  # engine processes end to end; ./dev test runs it
 
 
 def _post(url: str, body: dict, timeout: float = 60) -> httpx.Response:

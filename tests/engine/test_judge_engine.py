@@ -15,6 +15,8 @@ from services.runtime.processes import free_port
 from services.sglang_protocol.client import SGLangClient
 from tests.engine.conftest import start_engine
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 TOKEN = "judge-test-token"
 TEMPLATE = "Question: {prompt}\nAnswer: {response}\nExpected: {label}\nCorrect? Reply yes or no.\n"
 RECORD = PromptRecord(position=0, epoch=0, index=0, prompt="What is 6 x 7?", fields={"label": "42"})

@@ -17,7 +17,7 @@ import torch
 
 from tests.engine.conftest import start_engine
 
-pytestmark = pytest.mark.slow  # an engine process end to end; ./dev test runs it
+pytestmark = [pytest.mark.slow, pytest.mark.one_worker]  # an engine process end to end; ./dev test runs it
 
 TOKEN = "memory-s3cret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

@@ -12,6 +12,8 @@ import pytest
 from services.model.chat_format import render_chat, turn_end_ids
 from tests.engine.conftest import ADD, CALL, QUESTION, start_engine
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 TOKEN = "openai-routes-token"
 
 

@@ -20,7 +20,7 @@ from services.runtime.processes import free_port
 from tests.openapi_numbers import EXTREME, EXTREME_TEXT, NON_FINITE, NON_FINITE_TEXT, names_field, number_cases
 from tests.engine.conftest import start_engine
 
-pytestmark = pytest.mark.slow  # an engine process end to end; ./dev test runs it
+pytestmark = [pytest.mark.slow, pytest.mark.one_worker]  # an engine process end to end; ./dev test runs it
 
 TOKEN = "fuzz-s3cret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

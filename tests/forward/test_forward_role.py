@@ -21,6 +21,8 @@ from services.run_state.trainer_progress import TrainerProgress
 from services.role.role_service import RoleStatus
 from tests.fakes import FakeRunSession, InMemoryCoordinator, InMemoryDataPlane, ProgressBox
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):

@@ -15,6 +15,8 @@ from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
 from services.run_contract.checkpoint import save_checkpoint
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}]
 
 

@@ -16,6 +16,8 @@ from services.dcs.local import LocalDCS
 from services.dcs.models import StepRecord, StepsReport
 from services.front_door.run_file import load_run_file
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 TOKEN = "s3cret-token"
 
 

@@ -8,6 +8,8 @@ import pytest
 from services.cli import main as sluice
 from services.model.init_model import init_model
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):

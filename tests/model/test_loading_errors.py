@@ -10,6 +10,8 @@ from services.model.init_model import init_model
 from services.model.loading import ModelDirError, check_model_dir, load_causal_lm, load_tokenizer
 from services.trainer.critic_update import load_critic
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):

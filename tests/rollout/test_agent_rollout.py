@@ -30,7 +30,7 @@ from tests.engine.conftest import QUESTION, start_engine
 from tests.fakes import FakeRunSession, InMemoryDataPlane, InMemoryLedger, ProgressBox
 from tests.rollout import scripted_agent
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.one_worker]
 TOKEN = "agent-test-token"
 N = 2
 

@@ -18,6 +18,8 @@ from services.rollout.rewards import BUILTIN_REWARDS, RewardError, RewardFunctio
 from services.runtime.processes import ChildProcess, free_port, http_ok
 from tests.rollout import reward_fixtures
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 FIXTURES = "import:tests.rollout.reward_fixtures"
 
 

@@ -16,6 +16,8 @@ from services.run_contract.preflight import Problem, check_run, describe
 from services.run_contract.reward_spec import BUILTIN_REWARD_NAMES
 from services.run_contract.run_config import RunConfig
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer_config.json", "tokenizer.json")
 
 

@@ -14,6 +14,8 @@ from services.dcs.models import RunConfig
 from services.role.role_service import PreflightFailed, RoleSettings, RoleStatus, serve_role
 from services.transferqueue.errors import TQError
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 
 @pytest.fixture
 def run_id(client, uniq):

@@ -34,6 +34,8 @@ from services.sglang_protocol.client import SGLangClient
 from services.transferqueue.client.queue import TransferQueue
 from tests.node_package import cli
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 TOKEN = "tls-s3cret"
 
 

@@ -26,6 +26,8 @@ from services.trainer.tracking_hook import TrainingTracker
 from tests.fakes import FakeRunSession, InMemoryCoordinator, InMemoryDataPlane, InMemoryRedis
 from tests.trainer.test_actor_role import RESPONSES, RUN_ID, write_step
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 
 @pytest.fixture(autouse=True)
 def _fresh_trainer_metrics(fresh_trainer_metrics):

@@ -15,6 +15,8 @@ from services.model.loading import load_causal_lm
 from services.run_contract.checkpoint import checkpoints, latest_checkpoint, save_checkpoint
 from services.run_contract.run_config import RunConfig
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}]
 
 

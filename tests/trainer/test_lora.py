@@ -15,6 +15,8 @@ from services.trainer.data_parallel import DataParallel
 from services.trainer.lora import load_actor, published
 from services.transferqueue.codec import Batch
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj"], "dropout": 0.0}
 EPS = 0.2
 

@@ -12,7 +12,10 @@ from services.model.loading import load_causal_lm
 from services.trainer.megatron_model import to_hf, to_megatron
 from tests.trainer.rank_pool import TEST_S, made_once, run_pool
 
-pytestmark = pytest.mark.timeout(TEST_S)  # the pool's set-up, or the wait for another worker's
+pytestmark = [
+    pytest.mark.timeout(TEST_S),
+    pytest.mark.one_worker,
+]  # the pool's set-up, or the wait for another worker's
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])

@@ -28,6 +28,8 @@ from services.trainer.precision import autocast, fsdp_compute_dtype, weights_dty
 from services.transferqueue.codec import Batch
 from tests.trainer.test_actor_update import _batch
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 # bfloat16 rounds to 8 bits of mantissa: the tiny model's log-probs (~-7) move by ~1e-3 under autocast
 LOG_PROB_ATOL = 2e-2
 LOSS_REL = 2e-2

@@ -27,7 +27,10 @@ ATOL, RTOL = 1e-5, 1e-5
 LAYOUTS = {"tp1": (1, 1, 1, 0), "tp2": (2, 1, 2, 0), "pp2": (1, 2, 2, 0), "dp2": (1, 1, 2, 0), "tp2pp2sp": (2, 2, 4, 1)}
 RESUMED = ("tp2pp2sp", "tp1", "dp2")  # layouts that also resume a second step (CI time: the others share code)
 
-pytestmark = pytest.mark.timeout(TEST_S)  # the pool's set-up, or the wait for another worker's
+pytestmark = [
+    pytest.mark.timeout(TEST_S),
+    pytest.mark.one_worker,
+]  # the pool's set-up, or the wait for another worker's
 
 
 def _case(

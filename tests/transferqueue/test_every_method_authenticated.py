@@ -12,6 +12,8 @@ from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.local_stack import LocalTransferQueue, grpc_serving
 from services.transferqueue.pb import transferqueue_pb2 as pb
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 TOKEN = "tq-s3cret"
 
 

@@ -24,6 +24,8 @@ from tests.transferqueue.hardened_stack import (
     scalar,
 )
 
+pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
+
 IA, RE, FP = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.FAILED_PRECONDITION
 
 
