@@ -87,9 +87,10 @@ class LocalTransferQueue(StopsOnExit):
         self.controller.wait_until(lambda: grpc_serving(self.controller_address), 30)
         return self.controller
 
-    def start_shard(self, shard_id: str, port: int | None = None) -> ChildProcess:
+    def start_shard(self, shard_id: str, port: int | None = None, ready: bool = True) -> ChildProcess:
+        """A new shard; ready=False returns as soon as its process is started, before it serves."""
         port = port or free_port()
-        proc = self._spawn_shard(shard_id, port)
+        proc = self._spawn_shard(shard_id, port, ready)
         self.shards.append(proc)
         self.shard_addresses.append(f"127.0.0.1:{port}")
         return proc
@@ -102,7 +103,7 @@ class LocalTransferQueue(StopsOnExit):
         self.shards[i] = self._spawn_shard(shard_id, int(self.shard_addresses[i].rsplit(":", 1)[1]))
         return self.shards[i]
 
-    def _spawn_shard(self, shard_id: str, port: int) -> ChildProcess:
+    def _spawn_shard(self, shard_id: str, port: int, ready: bool = True) -> ChildProcess:
         address = f"127.0.0.1:{port}"
         proc = ChildProcess(
             f"tq-shard {shard_id}",
@@ -124,7 +125,8 @@ class LocalTransferQueue(StopsOnExit):
             os.path.join(self.log_dir, f"{shard_id}.log"),
             env=self._env(),
         )
-        proc.wait_until(lambda: grpc_serving(address), 30)
+        if ready:
+            proc.wait_until(lambda: grpc_serving(address), 30)
         return proc
 
     def stop(self) -> None:
