@@ -145,7 +145,7 @@ class _BlockingCalls:
                     time.sleep(0.05)
 
     def _claims(self) -> None:
-        self._loop("claim", lambda tq: tq.claim("empty", "t", 1, wait_s=1.0))
+        self._loop("claim", lambda tq: tq.claim("empty", "t", 1, wait_s=0.25))
 
     def _reads(self) -> None:
         self._loop("read", lambda tq: tq.get("full", self.rows, ["x"]))
