@@ -18,7 +18,8 @@ import torch
 
 from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
-from services.runtime.processes import free_port
+from services.launch.local_run import SERVICE_ENV
+from services.runtime.processes import free_port, start_fork_server
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.local_stack import LocalTransferQueue
 
@@ -76,6 +77,16 @@ def client(dcs):
     """A client of the module's coordinator (`dcs`)."""
     with DCSClient(dcs.url) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def fork_server():
+    """One fork server for every LocalRun of a worker (their `forker`): its preload of torch and transformers
+    (~4 CPU s, on each run's way to its first step) is paid once per worker instead of once per run."""
+    server = start_fork_server(SERVICE_ENV)
+    yield server
+    if server is not None:
+        server.close()
 
 
 @pytest.fixture(scope="session")

@@ -13,18 +13,24 @@ from typing import Callable
 from services.front_door.run_file import RunFile
 from services.front_door.run_preparation import run_file_directory
 from services.launch.local_run import LocalRun
+from services.runtime.forked_process import ForkServerClient
 from services.runtime.redis_password import new_redis_password, resolve_redis_password, write_private_file
 
 
 def start_stack(
-    run_file: RunFile, token: str, path: str = "", on_stack_up: Callable[[LocalRun], None] | None = None
+    run_file: RunFile,
+    token: str,
+    path: str = "",
+    on_stack_up: Callable[[LocalRun], None] | None = None,
+    forker: ForkServerClient | None = None,
 ) -> LocalRun:
     """Every service of the run file's stack, started (the run not yet submitted, unless `on_stack_up`,
     called as the coordinator serves, submits it: LocalRun): what `sluice run` runs, with its defaults. A
     private Redis (no stack.redis_url) keeps an append-only file under <run dir>/redis,
     emptied first (a run resumed with --resume continues from its checkpoint, as on a new Redis), and
     requires a new password, written to <run dir>/redis-password; a Redis of the operator's gets the
-    password from this process's environment (env SLUICE_REDIS_PASSWORD_FILE or SLUICE_REDIS_PASSWORD)."""
+    password from this process's environment (env SLUICE_REDIS_PASSWORD_FILE or SLUICE_REDIS_PASSWORD).
+    `forker`: LocalRun's (a fork server its caller owns)."""
     dirs, stack = run_file.directories(), run_file.stack
     password_file = redis_password_file(run_file)
     if password_file is not None:  # a private Redis (no stack.redis_url)
@@ -53,6 +59,7 @@ def start_stack(
         redis_password=password,
         on_stack_up=on_stack_up,
         judge=(stack.judge.model, run_file.judge_argv()) if stack.judge.model else None,
+        forker=forker,
     )
 
 

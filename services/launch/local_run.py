@@ -1,8 +1,8 @@
 """A whole run on one machine: a private Redis, TransferQueue (controller + shard), the coordinator,
 engines (built-in, or real SGLang servers: services/launch/sglang_engine.py) and every role the run needs, each its own
 process (a built-in engine's and a role's forked from one fork server that has done their heavy imports:
-services/runtime/fork_server.py), stopped with SIGTERM. A second run
-can share the first one's stack (`stack=`): it starts only its own engines and roles, under its own run id."""
+services/runtime/fork_server.py), stopped with SIGTERM. A second run can share the first one's stack (`stack=`):
+it starts only its own engines and roles, under its own run id."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from services.runtime.forked_process import ForkServerClient
 from services.runtime.processes import (
     ChildProcess,
     StopsOnExit,
+    child_env,
     free_port,
     http_ok,
     sluice_argv,
@@ -42,6 +43,8 @@ STOP_S = 10.0  # the engines and roles, together: a clean exit, CUDA teardown an
 STACK_STOP_S = 5.0  # then the stack's services, together: no role is left to serve
 ENGINE_START_S = 120.0  # an engine loading its model (and, on a GPU, starting CUDA) until /health answers
 ROLE_START_S = 90.0  # a role service until /healthz answers (all start at once, so they share the cores)
+# every engine's and role's, beside the token; start_fork_server(SERVICE_ENV) forks for a run without python_path
+SERVICE_ENV = {"HF_HUB_OFFLINE": "1"}
 
 
 T = TypeVar("T")
@@ -81,6 +84,7 @@ class LocalRun(StopsOnExit):
         redis_password: str = "",
         on_stack_up: "Callable[[LocalRun], None] | None" = None,
         judge: tuple[str, tuple[str, ...]] | None = None,
+        forker: ForkServerClient | None = None,
     ):
         """`stack`: run on that run's Redis, TransferQueue and coordinator (which it keeps owning) instead of
         starting new ones. `submit=False`: the roles start and wait until `submit()` creates the run.
@@ -98,7 +102,8 @@ class LocalRun(StopsOnExit):
         everything and is raised here. `judge`: (model directory, engine flags) of a built-in engine started as
         the service `judge`, the rollout's judge engine for reward model:judge: never one of the run's engines
         (the rollout does not register it, so the trainer never updates its weights), and without a token its
-        weight-update routes stay closed."""
+        weight-update routes stay closed. `forker`: a fork server (its owner's to close; tests share one) to fork
+        the engines and roles from, when it can fork them."""
         engine_args = engine_flags(run, engine, engine_args, token)
         self.engine = engine
         self.run = run
@@ -123,7 +128,9 @@ class LocalRun(StopsOnExit):
         self.judge = judge
         self.judge_url: str | None = None
         # the engines and roles are forked from it, their heavy imports done once (services/runtime/fork_server.py)
-        self.forker: ForkServerClient | None = stack.forker if stack is not None else start_fork_server(self._env())
+        shared = stack.forker if stack is not None else forker
+        self.owns_forker = shared is None or not shared.can_fork(child_env(self._env()))
+        self.forker = start_fork_server(self._env()) if self.owns_forker else shared
         try:
             self._start(engines, stack, redis_url, dcs_port)
             if submit:
@@ -293,7 +300,7 @@ class LocalRun(StopsOnExit):
 
     def _env(self) -> dict[str, str]:
         """A service's environment: the token travels here, never in argv (every user's process list)."""
-        env = {"HF_HUB_OFFLINE": "1", **token_env(self.token)}
+        env = {**SERVICE_ENV, **token_env(self.token)}
         if self.python_path:
             env["PYTHONPATH"] = os.pathsep.join([*self.python_path, *filter(None, [os.environ.get("PYTHONPATH")])])
         return env
@@ -386,5 +393,5 @@ class LocalRun(StopsOnExit):
             STACK_STOP_S,
             supervisor.restarting if supervisor is not None else lambda: False,
         )
-        if self.owns_stack and self.forker is not None:
+        if self.owns_forker and self.forker is not None:
             self.forker.close()

@@ -42,11 +42,14 @@ PRELOAD = (
 # environment variables that libraries read when they are imported: a child is forked only when its values of
 # these equal the server's, since it sees the preloaded modules as the server imported them
 IMPORT_ENV_PREFIXES = ("OMP_", "MKL_", "HF_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "TOKENIZERS_", "PYTHON", "CUDA_")
+# read only at use, and set by torch itself on its first compile in the launcher (torch._inductor's cache_dir()):
+# a launcher that compiled after starting its server would otherwise never fork again
+USE_TIME_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
 UNKNOWN_EXIT = 255  # the exit code of a child whose server died before it: nobody could read it
 
 
 def import_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES)}
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES) and k not in USE_TIME_ENV}
 
 
 def module_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:

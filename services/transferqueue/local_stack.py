@@ -57,9 +57,14 @@ class LocalTransferQueue(StopsOnExit):
         self.shards: list[ChildProcess] = []
         self.shard_addresses: list[str] = []
         try:
-            self.start_controller()
+            # all at once (a shard retries its registration until the controller answers), then waited for:
+            # one after another, each start's imports (~1 CPU s) would add up on the way to the first step
+            self.start_controller(wait=False)
             for i in range(shards):
-                self.start_shard(f"shard-{i}")
+                self.start_shard(f"shard-{i}", ready=False)
+            self.controller_ready()
+            for proc, address in zip(self.shards, self.shard_addresses):
+                proc.wait_until(lambda address=address: grpc_serving(address), 30)
         except BaseException:
             self.stop()
             raise
@@ -68,7 +73,7 @@ class LocalTransferQueue(StopsOnExit):
         # the environment, not argv: argv is in every user's process list
         return {**token_env(self.token), **redis_password_env(self.redis_password)}
 
-    def start_controller(self) -> ChildProcess:
+    def start_controller(self, wait: bool = True) -> ChildProcess:
         self.controller = ChildProcess(
             "tq-controller",
             sluice_argv(
@@ -84,8 +89,13 @@ class LocalTransferQueue(StopsOnExit):
             os.path.join(self.log_dir, "controller.log"),
             env=self._env(),
         )
-        self.controller.wait_until(lambda: grpc_serving(self.controller_address), 30)
+        if wait:
+            self.controller_ready()
         return self.controller
+
+    def controller_ready(self) -> None:
+        assert self.controller is not None
+        self.controller.wait_until(lambda: grpc_serving(self.controller_address), 30)
 
     def start_shard(self, shard_id: str, port: int | None = None, ready: bool = True) -> ChildProcess:
         """A new shard; ready=False returns as soon as its process is started, before it serves."""

@@ -17,7 +17,7 @@ from tests.e2e.run_checks import assert_run_complete
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def test_agent_episodes_train_exactly_once(tmp_path):
+def test_agent_episodes_train_exactly_once(tmp_path, fork_server):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
     run = RunConfig(
         name="agents",
@@ -31,7 +31,7 @@ def test_agent_episodes_train_exactly_once(tmp_path):
         rollout={"prompts": "demo:tool", "agent": "import:services.demo_tasks.tool_agent:solve", "agent_chains": 2},
         optim={"lr": 1e-4},
     )
-    with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), forker=fork_server) as lr:
         lr.wait_for_step(run.num_steps, 400)
         steps = assert_run_complete(lr, run)
         metrics = httpx.get(lr.service_urls()["rollout"] + "/metrics").text

@@ -31,7 +31,7 @@ def every_process(lr: LocalRun) -> dict:
     return {**stack, **lr.procs}
 
 
-def test_a_run_with_a_token_trains_and_the_token_is_on_no_command_line(model_dir, tmp_path):
+def test_a_run_with_a_token_trains_and_the_token_is_on_no_command_line(model_dir, tmp_path, fork_server):
     run = RunConfig(
         name="authed",
         model=model_dir,
@@ -43,7 +43,7 @@ def test_a_run_with_a_token_trains_and_the_token_is_on_no_command_line(model_dir
         rollout={"max_new_tokens": 8},
         optim={"lr": 1e-4},
     )
-    with LocalRun(run, log_dir=str(tmp_path), token=TOKEN) as lr:
+    with LocalRun(run, log_dir=str(tmp_path), token=TOKEN, forker=fork_server) as lr:
         lr.wait_for_step(run.num_steps, 400)
         procs = every_process(lr)
         assert {"dcs", "tq-controller", "engine-0", "rollout", "advantage", "trainer"} <= set(procs)

@@ -53,6 +53,7 @@ FAULTS = [
     "redis",
 ]
 STEPS_PER_FAULT = 2
+SYNC_S = 5
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +209,7 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def test_every_service_killed_once_and_the_run_trains_every_sample_once(model_dir, tmp_path):
+def test_every_service_killed_once_and_the_run_trains_every_sample_once(model_dir, tmp_path, fork_server):
     seed = int(os.environ.get("SLUICE_CHAOS_SEED", "0")) or random.randrange(1, 1 << 30)
     rng = random.Random(seed)
     order = rng.sample(FAULTS, len(FAULTS))
@@ -229,18 +230,20 @@ def test_every_service_killed_once_and_the_run_trains_every_sample_once(model_di
         stack={
             "output_dir": str(tmp_path / "runs"),
             "coordinator_port": 0,
-            "engine_flags": {"weight_sync_timeout_s": 10},
+            # a broadcast to a killed receiver, or from a killed trainer, fails at its deadline: the tiny model's
+            # syncs take milliseconds, so 5 s is ample even on a loaded machine
+            "engine_flags": {"weight_sync_timeout_s": SYNC_S},
             "role_flags": {
-                "actor_fwd": {"lease_s": 3, "weight_sync_timeout_s": 10},
-                "reference": {"lease_s": 3, "weight_sync_timeout_s": 10},
+                "actor_fwd": {"lease_s": 3, "weight_sync_timeout_s": SYNC_S},
+                "reference": {"lease_s": 3, "weight_sync_timeout_s": SYNC_S},
                 "advantage": {"lease_s": 3},
-                "trainer": {"weight_sync_timeout_s": 10, "republish_check_s": 2},
+                "trainer": {"weight_sync_timeout_s": SYNC_S, "republish_check_s": 2},
             },
         },
     )
     run = run_file.run_config()
     token, _ = stack_token("", run_file.directories()["run"])  # as `sluice run` makes one
-    with start_stack(run_file, token) as lr:
+    with start_stack(run_file, token, forker=fork_server) as lr:
         assert lr.token and lr.redis_password and lr.redis_data_dir  # the defaults: token, password, AOF
         lr.submit()
         supervisor = lr.supervise()

@@ -25,7 +25,7 @@ def model_dir(tmp_path_factory):
     return init_model(str(tmp_path_factory.mktemp("tiny")), preset="tiny", arch="qwen2", seed=9)
 
 
-def test_sigterm_checkpoints_the_last_step_and_the_restart_resumes_after_it(model_dir, tmp_path):
+def test_sigterm_checkpoints_the_last_step_and_the_restart_resumes_after_it(model_dir, tmp_path, fork_server):
     run = RunConfig(
         name="sigterm",
         model=model_dir,
@@ -40,7 +40,7 @@ def test_sigterm_checkpoints_the_last_step_and_the_restart_resumes_after_it(mode
         optim={"lr": 1e-4},
     )
     ckpt = str(tmp_path / "ckpt")
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), checkpoint_dir=ckpt) as lr:
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), checkpoint_dir=ckpt, forker=fork_server) as lr:
         lr.wait_for_step(2, 300)
         # paused, the rollout admits nothing more: the trainer stops within max_staleness + 1 steps of here,
         # far from the last step, however fast this machine trains (unpaused, it once finished all 5 first)

@@ -80,7 +80,7 @@ def _resumed(lr: LocalRun, name: str) -> None:
         dcs.resume(name)
 
 
-def test_engines_join_and_leave_a_running_run_and_every_sample_is_trained_once(tmp_path):
+def test_engines_join_and_leave_a_running_run_and_every_sample_is_trained_once(tmp_path, fork_server):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
     run = RunConfig(
         name="elastic",
@@ -100,6 +100,7 @@ def test_engines_join_and_leave_a_running_run_and_every_sample_is_trained_once(t
         log_dir=str(tmp_path / "logs"),
         engines=1,
         role_args={"rollout": ["--engine-poll-s", "0.5", "--version-wait-s", "1"]},
+        forker=fork_server,
     ) as lr:
         try:
             first = lr.engine_urls[0]

@@ -33,7 +33,7 @@ def _until(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def test_a_stopped_engine_is_left_out_generation_goes_on_and_it_rejoins_after_sigcont(tmp_path):
+def test_a_stopped_engine_is_left_out_generation_goes_on_and_it_rejoins_after_sigcont(tmp_path, fork_server):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
     run = RunConfig(
         name="stopped",
@@ -54,6 +54,7 @@ def test_a_stopped_engine_is_left_out_generation_goes_on_and_it_rejoins_after_si
         engines=2,
         engine_args=("--weight-sync-timeout-s", deadline),
         role_args={"trainer": ["--weight-sync-timeout-s", deadline], "rollout": ["--version-wait-s", "1"]},
+        forker=fork_server,
     ) as lr:
         lr.wait_for_step(3, 180)
         engine0, engine1 = lr.engine_urls

@@ -41,12 +41,12 @@ def _lora_run(name: str, model_dir: str):
     )
 
 
-def test_a_lora_run_trains_every_step_and_the_engine_serves_the_merged_adapter(model_dir, tmp_path):
+def test_a_lora_run_trains_every_step_and_the_engine_serves_the_merged_adapter(model_dir, tmp_path, fork_server):
     from peft import PeftModel
 
     run = _lora_run("lora", model_dir)
     ckpts = str(tmp_path / "ckpt")
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), checkpoint_dir=ckpts) as lr:
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), checkpoint_dir=ckpts, forker=fork_server) as lr:
         lr.wait_for_step(run.num_steps, 300)
         steps = assert_run_complete(lr, run)
         with lr.dcs_client() as dcs:

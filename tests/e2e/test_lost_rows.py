@@ -55,7 +55,7 @@ def stop_holding_untaken_rows(tq: TransferQueue, run: RunConfig, pid: int, tries
 
 
 @pytest.mark.parametrize("algorithm", [{}, {"estimator": "ppo", "lam": 0.95}], ids=["grpo", "ppo-critic"])
-def test_rows_lost_with_a_shard_are_generated_again_and_trained_once(tmp_path, algorithm):
+def test_rows_lost_with_a_shard_are_generated_again_and_trained_once(tmp_path, algorithm, fork_server):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
     # max_staleness 2: the trainer claims the next step's rows while it publishes, so it may be stopped holding
     # them with its publish unfinished; at max_staleness 1 the rollout could then write nothing nobody has taken
@@ -72,7 +72,7 @@ def test_rows_lost_with_a_shard_are_generated_again_and_trained_once(tmp_path, a
         optim={"lr": 1e-4},
         algorithm=algorithm,
     )
-    with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), forker=fork_server) as lr:
         lr.wait_for_step(3, 300)
         trainer = lr.procs["trainer"].proc
         with TransferQueue(lr.tq.controller_address) as tq:

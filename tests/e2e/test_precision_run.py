@@ -21,9 +21,9 @@ def model_dir(tmp_path_factory):
     return init_model(str(tmp_path_factory.mktemp("tiny")), preset="tiny", arch="qwen2", seed=7)
 
 
-def test_a_bfloat16_engine_with_a_float32_trainer_trains_every_sample_once(model_dir, tmp_path):
+def test_a_bfloat16_engine_with_a_float32_trainer_trains_every_sample_once(model_dir, tmp_path, fork_server):
     run = small_run("bf16-engine", model_dir, num_steps=3).model_copy(update={"max_staleness": 1})
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), engine_args=("--dtype", "bfloat16")) as lr:
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), engine_args=("--dtype", "bfloat16"), forker=fork_server) as lr:
         lr.wait_for_step(run.num_steps, 300)
         steps = assert_run_complete(lr, run)
         assert [steps[s]["metrics"]["weight_version"] for s in range(3)] == [1, 2, 3]
@@ -37,11 +37,13 @@ def test_a_bfloat16_engine_with_a_float32_trainer_trains_every_sample_once(model
     assert engine_version == 3
 
 
-def test_weights_an_engine_cannot_take_fail_the_run_naming_the_tensor(model_dir, tmp_path):
+def test_weights_an_engine_cannot_take_fail_the_run_naming_the_tensor(model_dir, tmp_path, fork_server):
     wrong = init_model(str(tmp_path / "wrong"), preset="small", arch="qwen2", seed=7)  # same vocabulary, wider
     run = small_run("refused", model_dir, num_steps=3)
     began = time.monotonic()
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), engine_args=("--model", wrong), submit=False) as lr:
+    with LocalRun(
+        run, log_dir=str(tmp_path / "logs"), engine_args=("--model", wrong), submit=False, forker=fork_server
+    ) as lr:
         lr.submit()
         failure = wait_for_status(lr, run.name, "failed", 180).failure
         took = time.monotonic() - began

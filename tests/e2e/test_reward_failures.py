@@ -22,7 +22,7 @@ from tests.e2e.run_checks import assert_run_complete
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def test_a_reward_that_raises_on_some_prompts_skips_their_groups_and_the_run_finishes(tmp_path):
+def test_a_reward_that_raises_on_some_prompts_skips_their_groups_and_the_run_finishes(tmp_path, fork_server):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
     run = RunConfig(
         name="flaky-reward",
@@ -43,7 +43,7 @@ def test_a_reward_that_raises_on_some_prompts_skips_their_groups_and_the_run_fin
         optim={"lr": 1e-4},
     )
     source = open_prompt_source("demo:letters")
-    with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), forker=fork_server) as lr:
         lr.wait_for_step(run.num_steps, 400)
         assert_run_complete(lr, run)  # exactly once, counting the skipped groups' prompts
         # the rollout evaluates the last version once it sees the trainer finish, then says finished
@@ -64,7 +64,7 @@ def test_a_reward_that_raises_on_some_prompts_skips_their_groups_and_the_run_fin
         assert all(e.n_prompts == 4 and e.k == 1 for e in evaluations)
 
 
-def test_dynamic_sampling_drops_groups_without_variance_and_every_sample_is_trained_once(tmp_path):
+def test_dynamic_sampling_drops_groups_without_variance_and_every_sample_is_trained_once(tmp_path, fork_server):
     model_dir = init_model(str(tmp_path / "tiny"), preset="tiny", arch="qwen2", seed=7)
     run = RunConfig(
         name="filtered",
@@ -86,7 +86,7 @@ def test_dynamic_sampling_drops_groups_without_variance_and_every_sample_is_trai
         optim={"lr": 1e-4},
     )
     source = open_prompt_source("demo:letters")
-    with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), forker=fork_server) as lr:
         lr.wait_for_step(run.num_steps, 400)
         steps = assert_run_complete(lr, run)  # exactly once: a filtered prompt counts as consumed, never trained
         with lr.redis_client() as r:

@@ -25,7 +25,7 @@ def model_dir(tmp_path_factory):
     return init_model(str(tmp_path_factory.mktemp("tiny")), preset="tiny", arch="qwen2", seed=7)
 
 
-def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
+def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path, fork_server):
     run = RunConfig(
         name="async",
         model=model_dir,
@@ -40,7 +40,7 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
         rollout={"max_new_tokens": 16},
         optim={"lr": 1e-4},
     )
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), engines=2) as lr:
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), engines=2, forker=fork_server) as lr:
         assert set(lr.procs) >= {"trainer", "rollout", "advantage", "actor_fwd", "reference"}
         lr.wait_for_step(1, 300)
         # pause over REST: every service (and both engines) reaches a safe point and acknowledges; nothing moves
@@ -107,7 +107,7 @@ def test_fully_async_with_decoupled_ppo_kl_and_two_engines(model_dir, tmp_path):
         assert [row["step"] for row in step_table(spans)] == list(range(8))
 
 
-def test_data_parallel_trainer_ranks_share_each_global_batch(model_dir, tmp_path):
+def test_data_parallel_trainer_ranks_share_each_global_batch(model_dir, tmp_path, fork_server):
     run = RunConfig(
         name="dp",
         model=model_dir,
@@ -120,7 +120,7 @@ def test_data_parallel_trainer_ranks_share_each_global_batch(model_dir, tmp_path
         rollout={"max_new_tokens": 12},
         optim={"lr": 1e-4},
     )
-    with LocalRun(run, log_dir=str(tmp_path / "logs"), trainer_ranks=2) as lr:
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), trainer_ranks=2, forker=fork_server) as lr:
         lr.wait_for_step(run.num_steps, 400)
         steps = assert_run_complete(lr, run)
         assert all(steps[s]["metrics"]["dp_size"] == 2 for s in steps)
@@ -134,7 +134,7 @@ def test_data_parallel_trainer_ranks_share_each_global_batch(model_dir, tmp_path
     assert json.loads(open(write_report(str(run_dir))["summary"]).read())["steps"] == 3
 
 
-def test_colocate_ppo_with_critic_and_kl_reward(model_dir, tmp_path):
+def test_colocate_ppo_with_critic_and_kl_reward(model_dir, tmp_path, fork_server):
     run = RunConfig(
         name="colocate",
         model=model_dir,
@@ -149,7 +149,7 @@ def test_colocate_ppo_with_critic_and_kl_reward(model_dir, tmp_path):
         rollout={"max_new_tokens": 16},
         optim={"lr": 1e-4},
     )
-    with LocalRun(run, log_dir=str(tmp_path / "logs")) as lr:
+    with LocalRun(run, log_dir=str(tmp_path / "logs"), forker=fork_server) as lr:
         assert set(lr.procs) >= {"trainer", "critic", "rollout", "advantage", "reference", "actor_fwd"}
         lr.wait_for_step(run.num_steps, 400)
         steps = assert_run_complete(lr, run)
@@ -159,7 +159,7 @@ def test_colocate_ppo_with_critic_and_kl_reward(model_dir, tmp_path):
         assert "sluice_trainer_loss " in httpx.get(lr.procs["trainer"].status_url + "/metrics").text
 
 
-def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating(model_dir, tmp_path):
+def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating(model_dir, tmp_path, fork_server):
     # 12 steps: the engine restarted after step 6 must generate some of the steps after it (the rollout runs
     # at most a couple of steps ahead), so publishes follow its return (docs/operations.md: one that comes back
     # after the last publish keeps its initial weights)
@@ -187,6 +187,7 @@ def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating
             "actor_fwd": ["--lease-s", "3"],
             "trainer": ["--weight-sync-timeout-s", "20", "--republish-check-s", "2"],
         },
+        forker=fork_server,
     ) as lr:
         lr.wait_for_step(2, 300)
         lr.procs["trainer"].kill()  # SIGKILL: no clean shutdown
@@ -274,7 +275,7 @@ def test_sluice_demo_warm_starts_trains_and_evaluates(tmp_path):
     assert 0.0 <= summary["eval_reward"] <= 1.0  # the held-out eval ran through the engines
 
 
-def test_fsdp_trainer_over_two_ranks_trains_publishes_and_checkpoints(model_dir, tmp_path):
+def test_fsdp_trainer_over_two_ranks_trains_publishes_and_checkpoints(model_dir, tmp_path, fork_server):
     run = RunConfig(
         name="fsdp",
         model=model_dir,
@@ -295,6 +296,7 @@ def test_fsdp_trainer_over_two_ranks_trains_publishes_and_checkpoints(model_dir,
         trainer_ranks=2,
         checkpoint_dir=str(tmp_path / "ckpt"),
         role_args={"trainer": fsdp, "trainer-1": fsdp},
+        forker=fork_server,
     ) as lr:
         lr.wait_for_step(run.num_steps, 400)
         steps = assert_run_complete(lr, run)  # engines included: they serve the last published version
@@ -316,7 +318,7 @@ def test_fsdp_trainer_over_two_ranks_trains_publishes_and_checkpoints(model_dir,
     }
 
 
-def test_megatron_trainer_with_tensor_parallel_two_trains_publishes_and_checkpoints(model_dir, tmp_path):
+def test_megatron_trainer_with_tensor_parallel_two_trains_publishes_and_checkpoints(model_dir, tmp_path, fork_server):
     run = RunConfig(
         name="megatron",
         model=model_dir,
@@ -337,6 +339,7 @@ def test_megatron_trainer_with_tensor_parallel_two_trains_publishes_and_checkpoi
         trainer_ranks=2,
         checkpoint_dir=str(tmp_path / "ckpt"),
         role_args={"trainer": megatron, "trainer-1": megatron},
+        forker=fork_server,
     ) as lr:
         lr.wait_for_step(run.num_steps, 400)
         assert_run_complete(lr, run)  # engines included: they serve the last published version

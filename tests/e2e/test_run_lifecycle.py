@@ -57,9 +57,9 @@ def wait_for_exit(lr: LocalRun, names, timeout_s: float) -> dict[str, int]:
     return {name: lr.procs[name].proc.returncode for name in names}
 
 
-def test_runs_that_cannot_start_fail_loudly_and_their_roles_exit(model_dir, tmp_path):
+def test_runs_that_cannot_start_fail_loudly_and_their_roles_exit(model_dir, tmp_path, fork_server):
     bad_reward = small_run("bad-reward", model_dir, reward="import:no_such_module_zz:score")
-    with LocalRun(bad_reward, log_dir=str(tmp_path / "a"), submit=False) as lr:
+    with LocalRun(bad_reward, log_dir=str(tmp_path / "a"), submit=False, forker=fork_server) as lr:
         lr.submit()
         failure = wait_for_status(lr, bad_reward.name, "failed", 120).failure
         assert failure.role == "rollout" and "rollout.reward" in failure.message
@@ -86,9 +86,9 @@ def test_runs_that_cannot_start_fail_loudly_and_their_roles_exit(model_dir, tmp_
             assert all("config.json is missing" in f.message for f in later), later
 
 
-def test_a_stopped_run_ends_cleanly_and_the_stack_trains_the_next_run(model_dir, tmp_path):
+def test_a_stopped_run_ends_cleanly_and_the_stack_trains_the_next_run(model_dir, tmp_path, fork_server):
     first = small_run("long", model_dir, num_steps=1000)
-    with LocalRun(first, log_dir=str(tmp_path / "a")) as lr:
+    with LocalRun(first, log_dir=str(tmp_path / "a"), forker=fork_server) as lr:
         lr.wait_for_step(1, 300)
         with lr.dcs_client() as dcs:
             assert dcs.stop_run(first.name).status == "stopped"

@@ -45,7 +45,7 @@ def watch_partitions(tq: TransferQueue, runs: dict[str, LocalRun], timeout_s: fl
         time.sleep(0.2)
 
 
-def test_two_runs_on_one_stack_never_mix(model_dir, tmp_path):
+def test_two_runs_on_one_stack_never_mix(model_dir, tmp_path, fork_server):
     # different group sizes, batch sizes, step counts and roles: mixing any of it would show
     a = RunConfig(
         name="run-a",
@@ -73,7 +73,7 @@ def test_two_runs_on_one_stack_never_mix(model_dir, tmp_path):
         optim={"lr": 1e-4, "seed": 1},
     )
     with (
-        LocalRun(a, log_dir=str(tmp_path / "a"), submit=False) as lr_a,
+        LocalRun(a, log_dir=str(tmp_path / "a"), submit=False, forker=fork_server) as lr_a,
         LocalRun(b, log_dir=str(tmp_path / "b"), stack=lr_a, submit=False) as lr_b,
     ):
         assert lr_b.dcs is lr_a.dcs and lr_b.tq is lr_a.tq and lr_b.redis_url == lr_a.redis_url
