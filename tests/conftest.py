@@ -18,10 +18,10 @@ import torch
 
 from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
-from services.launch.local_run import SERVICE_ENV
-from services.runtime.processes import free_port, start_fork_server
+from services.runtime.processes import free_port
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.local_stack import LocalTransferQueue
+from tests.worker_fork_server import close_worker_fork_server, worker_fork_server
 
 torch.set_num_threads(1)
 
@@ -79,14 +79,14 @@ def client(dcs):
         yield c
 
 
+def pytest_sessionfinish(session):
+    close_worker_fork_server()
+
+
 @pytest.fixture(scope="session")
 def fork_server():
-    """One fork server for every LocalRun of a worker (their `forker`): its preload of torch and transformers
-    (~4 CPU s, on each run's way to its first step) is paid once per worker instead of once per run."""
-    server = start_fork_server(SERVICE_ENV)
-    yield server
-    if server is not None:
-        server.close()
+    """The worker's fork server (tests/worker_fork_server.py), for a LocalRun's `forker`."""
+    return worker_fork_server()
 
 
 @pytest.fixture(scope="session")

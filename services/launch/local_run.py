@@ -128,9 +128,9 @@ class LocalRun(StopsOnExit):
         self.judge = judge
         self.judge_url: str | None = None
         # the engines and roles are forked from it, their heavy imports done once (services/runtime/fork_server.py)
-        shared = stack.forker if stack is not None else forker
+        shared: ForkServerClient | None = stack.forker if stack is not None else forker
         self.owns_forker = shared is None or not shared.can_fork(child_env(self._env()))
-        self.forker = start_fork_server(self._env()) if self.owns_forker else shared
+        self.forker: ForkServerClient | None = start_fork_server(self._env()) if self.owns_forker else shared
         try:
             self._start(engines, stack, redis_url, dcs_port)
             if submit:

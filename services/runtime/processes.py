@@ -26,6 +26,10 @@ from services.runtime.redis_password import redis_conf_line, write_private_file
 EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default net.ipv4.ip_local_port_range
 PICK_FLOOR = 10000  # below this sit the well-known services a user may start later (5432, 6379, 8080, ...)
 _pick = random.SystemRandom()  # not the seeded `random`: two processes seeded alike would pick alike
+# a picked port is no other pick's, in any launcher on this machine, for this long: it covers the time from the
+# pick to the service's bind (an engine loads its model first), after which a bind check sees it taken
+PORT_HOLD_S = 180.0
+PORT_CLAIMS = os.path.join(tempfile.gettempdir(), "sluice-ports")
 
 
 def ephemeral_ports() -> tuple[int, int]:
@@ -50,6 +54,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     for _ in range(64 if candidates else 0):
         a, b = _pick.choice(candidates)
         port = _pick.randint(a, b)
+        if not _claimed(port):
+            continue
         with socket.socket() as s:
             try:
                 s.bind((host, port))
@@ -59,6 +65,27 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _claimed(port: int) -> bool:
+    """Claims a picked port among this machine's launchers, this one included (two picks were seen to agree while
+    neither service had bound yet): a file per port under the temp directory, made exclusively, or taken over
+    when older than PORT_HOLD_S. False while another pick holds it; True where no such file can be written."""
+    path = os.path.join(PORT_CLAIMS, str(port))
+    try:
+        os.makedirs(PORT_CLAIMS, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - os.stat(path).st_mtime < PORT_HOLD_S:
+                return False
+            os.utime(path)
+            return True
+        except OSError:
+            return False
+    except OSError:
+        return True
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 
@@ -64,7 +65,7 @@ class LocalTransferQueue(StopsOnExit):
                 self.start_shard(f"shard-{i}", ready=False)
             self.controller_ready()
             for proc, address in zip(self.shards, self.shard_addresses):
-                proc.wait_until(lambda address=address: grpc_serving(address), 30)
+                proc.wait_until(functools.partial(grpc_serving, address), 30)
         except BaseException:
             self.stop()
             raise

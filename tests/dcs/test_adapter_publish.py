@@ -23,6 +23,7 @@ from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
 from services.runtime.processes import ChildProcess, free_port, http_ok
 from tests.dcs.test_sglang_protocol import _wait_engines
+from tests.worker_fork_server import worker_fork_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.one_worker]  # server processes; ./dev test runs it
 PROMPT = [11, 22, 33]
@@ -55,6 +56,7 @@ def _engine(tmp_path, dcs_url: str, run_id: str, model_dir: str, *lora: str) -> 
             *lora,
         ],
         str(tmp_path / f"sglang-{port}.log"),
+        forker=worker_fork_server(),
     )
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/stats"), 120)

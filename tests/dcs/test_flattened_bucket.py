@@ -21,6 +21,7 @@ from services.runtime.processes import ChildProcess
 from services.sglang_protocol.client import FLATTENED_BUCKET_SINCE, SGLangClient, release_at_least
 from tests.dcs.sync_worker import digest, wait_for_receivers, weights
 from tests.dcs.test_sglang_protocol import _engine, _wait_engines
+from tests.worker_fork_server import worker_fork_server
 
 
 def _published(version: int) -> dict[str, torch.Tensor]:
@@ -90,6 +91,7 @@ def _receiver(tmp_path, dcs_url: str, run_id: str, versions: int) -> ChildProces
             str(tmp_path / "receiver.jsonl"),
         ],
         str(tmp_path / "receiver.log"),
+        forker=worker_fork_server(),
     )
 
 

@@ -17,6 +17,7 @@ from services.dcs.sync.publisher import SyncFailed, WeightPublisher
 from services.sglang_protocol.client import SGLangClient
 from services.runtime.processes import ChildProcess, free_port, http_ok
 from tests.dcs.sync_worker import digest, weights
+from tests.worker_fork_server import worker_fork_server
 
 
 pytestmark = pytest.mark.slow  # several processes end to end; ./dev test runs it
@@ -41,6 +42,7 @@ def _engine(tmp_path, dcs_url, run_id, release, *extra) -> tuple[ChildProcess, s
             *extra,
         ],
         str(tmp_path / f"engine-{release}-{port}.log"),
+        forker=worker_fork_server(),
     )
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/stats"), 60)

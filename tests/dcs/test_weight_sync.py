@@ -10,6 +10,7 @@ import pytest
 from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
 from services.runtime.processes import ChildProcess
+from tests.worker_fork_server import worker_fork_server
 
 
 pytestmark = pytest.mark.slow  # several processes end to end; ./dev test runs it
@@ -20,7 +21,12 @@ def _events(path) -> list[dict]:
 
 
 def _worker(tmp_path, name, *args) -> ChildProcess:
-    return ChildProcess(name, [sys.executable, "-m", "tests.dcs.sync_worker", *args], str(tmp_path / f"{name}.log"))
+    return ChildProcess(
+        name,
+        [sys.executable, "-m", "tests.dcs.sync_worker", *args],
+        str(tmp_path / f"{name}.log"),
+        forker=worker_fork_server(),
+    )
 
 
 def start_three(

@@ -58,6 +58,7 @@ def _engine(lr: LocalRun, name: str, *args: str) -> tuple[ChildProcess, str]:
             *args,
         ),
         os.path.join(lr.log_dir, f"{name}.log"),
+        forker=lr.forker,
     )
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/health"), 120)

@@ -10,6 +10,7 @@ from services.model.init_model import init_model
 from services.model.loading import load_causal_lm
 from services.runtime.auth_token import token_env
 from services.runtime.processes import ChildProcess, free_port, http_ok, sluice_argv
+from tests.worker_fork_server import worker_fork_server
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +31,7 @@ def start_engine(
         sluice_argv("engine", "--model", model_dir, "--host", "127.0.0.1", "--port", str(port), *args),
         os.path.join(str(log_dir), f"engine-{port}.log"),
         env={"HF_HUB_OFFLINE": "1", **token_env(token)},
+        forker=worker_fork_server(),
     )
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/health"), 90)

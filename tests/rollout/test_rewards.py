@@ -17,6 +17,7 @@ from services.run_contract.prompt_source import DEMO_TASKS, PromptRecord, open_p
 from services.rollout.rewards import BUILTIN_REWARDS, RewardError, RewardFunction, build_reward
 from services.runtime.processes import ChildProcess, free_port, http_ok
 from tests.rollout import reward_fixtures
+from tests.worker_fork_server import worker_fork_server
 
 pytestmark = pytest.mark.one_worker  # its tests share a costly module fixture: ./dev test runs them on one worker
 
@@ -213,7 +214,10 @@ def reward_server(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("reward-server") / "server.log"
     proc = ChildProcess(
-        "reward-server", [sys.executable, "-m", "tests.rollout.reward_server", "--port", str(port)], str(log)
+        "reward-server",
+        [sys.executable, "-m", "tests.rollout.reward_server", "--port", str(port)],
+        str(log),
+        forker=worker_fork_server(),
     )
     url = f"http://127.0.0.1:{port}"
     proc.wait_until(lambda: http_ok(url + "/health"), 30)

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import time
+
+import pytest
 
 from services.runtime import processes
 from services.runtime.processes import ephemeral_ports, free_port
+
+
+@pytest.fixture(autouse=True)
+def claims(tmp_path, monkeypatch):
+    """A claims directory of the test's own: picks of other tests and launchers stay out of its way."""
+    monkeypatch.setattr(processes, "PORT_CLAIMS", str(tmp_path / "claims"))
+    return tmp_path / "claims"
 
 
 def test_ports_come_from_outside_the_ephemeral_range_and_are_bindable():
@@ -28,6 +39,17 @@ def test_a_listened_port_is_never_picked(monkeypatch):
         monkeypatch.setattr(processes, "PICK_FLOOR", taken - 2000)
         monkeypatch.setattr(processes, "_pick", _Scripted([taken, taken, taken + 1]))
         assert free_port() == taken + 1
+
+
+def test_a_port_another_launcher_picked_is_skipped_until_its_claim_is_stale(monkeypatch, claims):
+    free = [free_port() for _ in range(2)]  # two ports nobody listens on, each claimed by that pick
+    (claims / str(free[1])).unlink()  # free[1] unclaimed again; free[0] stands for another launcher's pick
+    monkeypatch.setattr(processes, "_pick", _Scripted([free[0], free[1]]))
+    assert free_port() == free[1]  # the fresh claim skipped
+    stale = time.time() - processes.PORT_HOLD_S - 1
+    os.utime(claims / str(free[0]), (stale, stale))
+    monkeypatch.setattr(processes, "_pick", _Scripted([free[1], free[0]]))
+    assert free_port() == free[0]  # free[1] is ours now; free[0]'s claim was stale and is taken over
 
 
 def test_no_room_outside_the_range_falls_back_to_the_kernels_pick(monkeypatch):

@@ -27,6 +27,7 @@ from typing import Callable
 import pytest
 
 from services.runtime.processes import ChildProcess, free_port
+from tests.worker_fork_server import worker_fork_server
 
 POOL_S = 600.0  # a pool's whole run, at most; a test that makes or waits for one allows TEST_S
 TEST_S = 900
@@ -66,6 +67,7 @@ def run_pool(module: str, plan: list[dict], directory: pathlib.Path, timeout_s: 
             f"pool-{r}",
             [sys.executable, "-m", module, "--pool", str(directory), "--rank", str(r)],
             str(directory / f"rank-{r}.log"),
+            forker=worker_fork_server(),
         )
         for r in range(ranks)
     ]
