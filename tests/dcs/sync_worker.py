@@ -46,11 +46,15 @@ def digest(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+HEARTBEAT = threading.Lock()  # a beat reads the version and lands before the next one reads it: never one stale last
+
+
 def heartbeats(dcs_url: str, node_id: str, state: dict) -> None:
     with DCSClient(dcs_url) as dcs:
         while True:
             try:
-                dcs.heartbeat(node_id, Heartbeat(weight_version=state.get("version", 0)))
+                with HEARTBEAT:
+                    dcs.heartbeat(node_id, Heartbeat(weight_version=state.get("version", 0)))
             except Exception:
                 pass
             time.sleep(0.2)
@@ -198,9 +202,10 @@ def receive_versions(args, dcs: DCSClient, node_id: str, out, state: dict) -> No
             continue
         start = time.perf_counter()
         current = {k: v.clone() for k, v in tensors.items()}  # the swap: only after every bucket arrived
-        state["version"] = published.version
         receiver.loaded(published, time.perf_counter() - start)
-        dcs.heartbeat(node_id, Heartbeat(weight_version=published.version))  # report it at once
+        with HEARTBEAT:
+            state["version"] = published.version
+            dcs.heartbeat(node_id, Heartbeat(weight_version=published.version))  # report it at once
         out.write(json.dumps({"event": "received", "version": published.version, "digest": digest(current)}) + "\n")
     receiver.close()
 
