@@ -15,6 +15,9 @@ from services.transferqueue.client.queue import TransferQueue
 from tests.e2e.run_checks import assert_run_complete
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# each reward call takes 0.5 s (tests/e2e/slow_rewards.py): a tiny model's runs would otherwise last about a second
+# each, less than the one's start can lag the other's on a loaded machine, and never overlap
+SLOW_REWARD = "import:tests.e2e.slow_rewards:letters_slowly"
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,7 @@ def test_two_runs_on_one_stack_never_mix(model_dir, tmp_path, fork_server):
         micro_batch_size=2,
         num_steps=8,
         algorithm={"decoupled": True},
-        rollout={"max_new_tokens": 8},
+        rollout={"max_new_tokens": 8, "prompts": "demo:letters", "reward": SLOW_REWARD},
         optim={"lr": 1e-4},
     )
     b = RunConfig(
@@ -69,7 +72,7 @@ def test_two_runs_on_one_stack_never_mix(model_dir, tmp_path, fork_server):
         global_batch_size=4,
         micro_batch_size=4,
         num_steps=10,
-        rollout={"max_new_tokens": 8},
+        rollout={"max_new_tokens": 8, "prompts": "demo:letters", "reward": SLOW_REWARD},
         optim={"lr": 1e-4, "seed": 1},
     )
     with (
