@@ -174,7 +174,13 @@ def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating
         num_steps=12,
         checkpoint_interval=1,
         algorithm={"decoupled": True},
-        rollout={"max_new_tokens": 16},
+        # a 0.5 s reward (tests/e2e/slow_rewards.py): the tiny model's 12 steps took ~1.3 s in all, over before
+        # the faults below could land mid-run
+        rollout={
+            "max_new_tokens": 16,
+            "prompts": "demo:letters",
+            "reward": "import:tests.e2e.slow_rewards:letters_slowly",
+        },
         optim={"lr": 1e-4},
     )
     ckpt = tmp_path / "ckpt"
