@@ -18,12 +18,14 @@ import torch
 
 from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
-from services.runtime.processes import free_port
+from services.runtime.processes import fork_stacks_from, free_port
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.local_stack import LocalTransferQueue
 from tests.worker_fork_server import close_worker_fork_server, worker_fork_server
 
 torch.set_num_threads(1)
+# every TransferQueue and coordinator a test starts forks from the worker's fork server (none pays its imports)
+fork_stacks_from(worker_fork_server)
 
 _names = itertools.count()
 
@@ -81,6 +83,15 @@ def client(dcs):
 
 def pytest_sessionfinish(session):
     close_worker_fork_server()
+
+
+@pytest.fixture
+def exec_stacks():
+    """The TransferQueues and coordinators this test starts exec their processes, as a launcher without a fork
+    server does."""
+    fork_stacks_from(lambda: None)
+    yield
+    fork_stacks_from(worker_fork_server)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,16 @@ import tempfile
 
 from services.runtime.auth_token import token_env
 from services.runtime.redis_password import redis_password_env
-from services.runtime.processes import ChildProcess, StopsOnExit, free_port, http_ok, sluice_argv, start_redis
+from services.runtime.forked_process import ForkServerClient
+from services.runtime.processes import (
+    ChildProcess,
+    StopsOnExit,
+    free_port,
+    http_ok,
+    sluice_argv,
+    stack_forker,
+    start_redis,
+)
 
 
 class LocalDCS(StopsOnExit):
@@ -19,8 +28,11 @@ class LocalDCS(StopsOnExit):
         args: tuple[str, ...] = (),
         port: int = 0,
         redis_password: str = "",
+        forker: ForkServerClient | None = None,
+        env: dict[str, str] | None = None,
     ):
-        """`port`: the HTTP port on 127.0.0.1; 0 = a free one. `redis_password`: what `redis_url` requires."""
+        """`port`: the HTTP port on 127.0.0.1; 0 = a free one. `redis_password`: what `redis_url` requires.
+        `forker`: a fork server to fork it from (processes.stack_forker); `env`: added to its environment."""
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-dcs-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.redis = None
@@ -29,6 +41,8 @@ class LocalDCS(StopsOnExit):
         self.redis_url = redis_url
         self.token = token
         self.redis_password = redis_password
+        self.forker = stack_forker(forker)
+        self.extra_env = dict(env or {})
         self.args = args
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -47,7 +61,8 @@ class LocalDCS(StopsOnExit):
                 "dcs", "--host", "127.0.0.1", "--port", str(self.port), "--redis-url", self.redis_url, *self.args
             ),
             os.path.join(self.log_dir, "dcs.log"),
-            env={**token_env(self.token), **redis_password_env(self.redis_password)},
+            env={**self.extra_env, **token_env(self.token), **redis_password_env(self.redis_password)},
+            forker=self.forker,
         )
         self.proc.wait_until(lambda: http_ok(self.url + "/readyz"), 30)
         return self.proc

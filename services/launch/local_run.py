@@ -167,24 +167,14 @@ class LocalRun(StopsOnExit):
 
     def _start_data_and_control_planes(self, dcs_port: int, controller_port: int) -> None:
         """TransferQueue and the coordinator, at once (both need only Redis); either failing stops both."""
+        common: dict[str, Any] = dict(
+            redis_url=self.redis_url, token=self.token, log_dir=self.log_dir, redis_password=self.redis_password
+        )
+        common.update(forker=self.forker, env=SERVICE_ENV)
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stack-start") as pool:
-            tq = pool.submit(
-                LocalTransferQueue,
-                token=self.token,
-                redis_url=self.redis_url,
-                log_dir=self.log_dir,
-                data_dir=os.path.join(self.log_dir, "tq-data"),
-                redis_password=self.redis_password,
-                controller_port=controller_port,
-            )
-            dcs = pool.submit(
-                LocalDCS,
-                redis_url=self.redis_url,
-                token=self.token,
-                log_dir=self.log_dir,
-                port=dcs_port,
-                redis_password=self.redis_password,
-            )
+            data_dir = os.path.join(self.log_dir, "tq-data")
+            tq = pool.submit(LocalTransferQueue, data_dir=data_dir, controller_port=controller_port, **common)
+            dcs = pool.submit(LocalDCS, port=dcs_port, **common)
             both: list[Future[Any]] = [tq, dcs]
             wait(both)
         self.tq = tq.result() if tq.exception() is None else None

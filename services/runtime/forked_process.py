@@ -19,8 +19,10 @@ import threading
 import time
 from typing import Callable, Mapping, Sequence
 
-# the heavy imports of the engine and the roles (~4.3 CPU s in each process on a 2-core machine); none starts a
-# thread at import (pyarrow does, so it is not here; gRPC is not either: its fork handlers and threads)
+# the heavy imports of the engine, the roles, the TransferQueue and the coordinator (~5.5 CPU s in each process on
+# a 2-core machine); none starts a thread at import (pyarrow's jemalloc would, but child_env turns its background
+# thread off; gRPC is not here: its fork handlers and threads). pandas: pyarrow imports it, when installed, on its
+# first conversion (~0.9 CPU s in every process that moves Arrow data, of a role's 1.6)
 PRELOAD = (
     "torch",
     "transformers",
@@ -38,10 +40,26 @@ PRELOAD = (
     "redis.asyncio",
     "prometheus_client",
     "setproctitle",
+    "pyarrow",
+    "pandas",
+    "aiohttp",
+    "pydantic_settings",
 )
 # environment variables that libraries read when they are imported: a child is forked only when its values of
 # these equal the server's, since it sees the preloaded modules as the server imported them
-IMPORT_ENV_PREFIXES = ("OMP_", "MKL_", "HF_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "TOKENIZERS_", "PYTHON", "CUDA_")
+IMPORT_ENV_PREFIXES = (
+    "OMP_",
+    "MKL_",
+    "HF_",
+    "TRANSFORMERS_",
+    "TORCH",
+    "PYTORCH_",
+    "TOKENIZERS_",
+    "PYTHON",
+    "CUDA_",
+    "ARROW_",
+    "JE_ARROW_",
+)
 # read only at use, and set by torch itself on its first compile in the launcher (torch._inductor's cache_dir()):
 # a launcher that compiled after starting its server would otherwise never fork again
 USE_TIME_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR"})

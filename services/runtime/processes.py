@@ -89,11 +89,34 @@ def _claimed(port: int) -> bool:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Children get one torch/BLAS thread each: on a small machine oversubscription costs 20-50x."""
+    """Children get one torch/BLAS thread each: on a small machine oversubscription costs 20-50x. pyarrow's
+    jemalloc starts no background thread (it purges as it allocates instead): the fork server's process must have
+    one thread when it forks, and pyarrow's default pool is mimalloc in any case."""
     env = dict(os.environ)
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
     env.update(extra or {})
     return env
+
+
+def _no_fork_server() -> ForkServerClient | None:
+    return None
+
+
+_stack_forker: Callable[[], ForkServerClient | None] = _no_fork_server
+
+
+def fork_stacks_from(source: Callable[[], ForkServerClient | None]) -> None:
+    """Where a TransferQueue or coordinator started without a fork server (LocalTransferQueue, LocalDCS without
+    `forker`) forks its processes from: `source()`, a server its caller keeps for its whole life (the test
+    suite's workers: tests/worker_fork_server.py); by default none, and each is started as a new interpreter."""
+    global _stack_forker
+    _stack_forker = source
+
+
+def stack_forker(given: ForkServerClient | None) -> ForkServerClient | None:
+    """`given`, else the one fork_stacks_from named (or None)."""
+    return given if given is not None else _stack_forker()
 
 
 class Reaper:

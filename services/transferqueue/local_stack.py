@@ -11,7 +11,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.runtime.auth_token import token_env
 from services.runtime.redis_password import redis_password_env
-from services.runtime.processes import ChildProcess, StopsOnExit, free_port, listening, sluice_argv, start_redis
+from services.runtime.forked_process import ForkServerClient
+from services.runtime.processes import (
+    ChildProcess,
+    StopsOnExit,
+    free_port,
+    listening,
+    sluice_argv,
+    stack_forker,
+    start_redis,
+)
 
 
 def grpc_serving(address: str, service: str = "") -> bool:
@@ -38,13 +47,19 @@ class LocalTransferQueue(StopsOnExit):
         data_dir: str | None = None,
         redis_password: str = "",
         controller_port: int = 0,
+        forker: ForkServerClient | None = None,
+        env: dict[str, str] | None = None,
     ):
         """`data_dir`: each shard journals to data_dir/<shard id> (a killed shard restarts with its rows);
-        `redis_password`: what `redis_url` requires; `controller_port`: the controller's (0 = a free one)."""
+        `redis_password`: what `redis_url` requires; `controller_port`: the controller's (0 = a free one);
+        `forker`: a fork server to fork the controller and shards from (processes.stack_forker); `env`: added
+        to their environment."""
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-tq-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.token = token
         self.redis_password = redis_password
+        self.forker = stack_forker(forker)
+        self.extra_env = dict(env or {})
         self.redis = None
         if redis_url is None:
             self.redis, redis_url = start_redis(log_dir=self.log_dir)
@@ -72,7 +87,7 @@ class LocalTransferQueue(StopsOnExit):
 
     def _env(self) -> dict[str, str]:
         # the environment, not argv: argv is in every user's process list
-        return {**token_env(self.token), **redis_password_env(self.redis_password)}
+        return {**self.extra_env, **token_env(self.token), **redis_password_env(self.redis_password)}
 
     def start_controller(self, wait: bool = True) -> ChildProcess:
         self.controller = ChildProcess(
@@ -89,6 +104,7 @@ class LocalTransferQueue(StopsOnExit):
             ),
             os.path.join(self.log_dir, "controller.log"),
             env=self._env(),
+            forker=self.forker,
         )
         if wait:
             self.controller_ready()
@@ -135,6 +151,7 @@ class LocalTransferQueue(StopsOnExit):
             ),
             os.path.join(self.log_dir, f"{shard_id}.log"),
             env=self._env(),
+            forker=self.forker,
         )
         if ready:
             proc.wait_until(lambda: grpc_serving(address), 30)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from services.runtime import reaper
-from services.runtime.processes import ChildProcess, stop_together
+from services.runtime.processes import ChildProcess, child_env, stop_together
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.errors import TQError
 from services.transferqueue.local_stack import LocalTransferQueue
@@ -65,7 +65,8 @@ def test_nothing_forks():
 
 
 def test_the_fork_servers_preload_starts_no_thread_and_loads_no_grpc():
-    """What makes the fork server's fork safe: after its preload the process has one thread and no gRPC."""
+    """What makes the fork server's fork safe: after its preload, in the environment every child gets
+    (child_env: pyarrow's jemalloc without its background thread), the process has one thread and no gRPC."""
     code = (
         "import os, sys, importlib\n"
         "from services.runtime.forked_process import PRELOAD\n"
@@ -73,9 +74,11 @@ def test_the_fork_servers_preload_starts_no_thread_and_loads_no_grpc():
         "    importlib.import_module(m)\n"
         "print(len(os.listdir('/proc/self/task')), 'grpc' in sys.modules, 'pyarrow' in sys.modules)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=child_env()
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1", "False", "False"]
+    assert done.stdout.split() == ["1", "False", "True"]
 
 
 def test_reaper_parses_registrations():
@@ -152,7 +155,7 @@ class _BlockingCalls:
 
 
 @pytest.mark.slow
-def test_restarting_services_while_grpc_calls_block_never_hangs(tmp_path):
+def test_restarting_services_while_grpc_calls_block_never_hangs(tmp_path, exec_stacks):
     """>= 50 service starts and restarts in a process whose other threads hold blocking gRPC calls. A hang
     would come in the start itself (fork-exec while gRPC threads run), so most starts are stopped as soon as
     they return; every tenth shard, and every restarted controller, comes up and serves first."""
