@@ -170,7 +170,7 @@ class LocalRun(StopsOnExit):
         common: dict[str, Any] = dict(
             redis_url=self.redis_url, token=self.token, log_dir=self.log_dir, redis_password=self.redis_password
         )
-        common.update(forker=self.forker, env=SERVICE_ENV)
+        common.update(forker=self.forker, env=self._env())  # the fork server's environment: forked, not exec'd
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stack-start") as pool:
             data_dir = os.path.join(self.log_dir, "tq-data")
             tq = pool.submit(LocalTransferQueue, data_dir=data_dir, controller_port=controller_port, **common)

@@ -112,12 +112,15 @@ class TrainerConfig(RoleSettings):
         0, ge=0, description="this process's data-parallel rank; rank 0 leads (claims, publishes, checkpoints)"
     )
     dp_master: str = Field("", description="host:port of rank 0's rendezvous for the data-parallel group")
+    # 1 s: an engine that joined the run's set after a publish (its rollout started later than the trainer) holds
+    # back the samples the trainer waits for until this check sends it the weights; the check is one coordinator
+    # read, made only while waiting
     republish_check_s: float = Field(
-        10.0,
+        1.0,
         gt=0,
         description=(
             "while waiting for data, how often to check for engines serving older weights than the published "
-            "version (restarted, or missed a publish) and publish again"
+            "version (restarted, joined after a publish, or missed one) and publish again"
         ),
     )
     final_sync_wait_s: float = Field(
