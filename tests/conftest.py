@@ -18,7 +18,8 @@ import torch
 
 from services.dcs.client import DCSClient
 from services.dcs.local import LocalDCS
-from services.runtime.processes import fork_stacks_from, free_port
+from services.runtime.fork_server_choice import fork_stacks_from
+from services.runtime.processes import free_port
 from services.transferqueue.client.queue import TransferQueue
 from services.transferqueue.local_stack import LocalTransferQueue
 from tests.worker_fork_server import close_worker_fork_server, worker_fork_server

@@ -8,15 +8,8 @@ import tempfile
 from services.runtime.auth_token import token_env
 from services.runtime.redis_password import redis_password_env
 from services.runtime.forked_process import ForkServerClient
-from services.runtime.processes import (
-    ChildProcess,
-    StopsOnExit,
-    free_port,
-    http_ok,
-    sluice_argv,
-    stack_forker,
-    start_redis,
-)
+from services.runtime.fork_server_choice import stack_forker
+from services.runtime.processes import ChildProcess, StopsOnExit, free_port, http_ok, sluice_argv, start_redis
 
 
 class LocalDCS(StopsOnExit):
@@ -32,7 +25,7 @@ class LocalDCS(StopsOnExit):
         env: dict[str, str] | None = None,
     ):
         """`port`: the HTTP port on 127.0.0.1; 0 = a free one. `redis_password`: what `redis_url` requires.
-        `forker`: a fork server to fork it from (processes.stack_forker); `env`: added to its environment."""
+        `forker`: a fork server to fork it from (fork_server_choice.stack_forker); `env`: added to its environment."""
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-dcs-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.redis = None

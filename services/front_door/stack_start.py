@@ -86,7 +86,8 @@ def write_stack_file(
     dirs: dict[str, str], local: LocalRun, run_id: str, token_file: str | None, redis_password_path: str | None
 ) -> None:
     """<run_dir>/stack.json: where this run's coordinator, judge engine, logs, generated token and Redis password are
-    (`sluice logs`, other terminals: env SLUICE_REDIS_PASSWORD_FILE=<that file> for Redis)."""
+    (`sluice logs`, other terminals: env SLUICE_REDIS_PASSWORD_FILE=<that file> for Redis), and its services'
+    process ids."""
     os.makedirs(dirs["run"], exist_ok=True)
     with open(os.path.join(dirs["run"], "stack.json"), "w", encoding="utf-8") as f:
         json.dump(
@@ -97,6 +98,8 @@ def write_stack_file(
                 "log_dir": dirs["logs"],
                 "checkpoint_dir": dirs["checkpoints"],
                 "pid": os.getpid(),
+                # each service's process: a child of `pid`, or of the fork server it forked from
+                "service_pids": {name: proc.proc.pid for name, proc in local.processes().items()},
                 **({"judge_url": local.judge_url} if local.judge_url else {}),
                 **({"auth_token_file": token_file} if token_file else {}),
                 **({"redis_password_file": redis_password_path} if redis_password_path else {}),

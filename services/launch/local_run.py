@@ -26,6 +26,7 @@ from services.launch.sglang_flags import engine_flags
 from services.launch.role_commands import RoleProcess, role_commands, stack_flags
 from services.launch.supervision import ProcessSupervisor
 from services.runtime.forked_process import ForkServerClient
+from services.runtime.fork_server_choice import fork_server_for
 from services.runtime.processes import (
     ChildProcess,
     StopsOnExit,
@@ -34,7 +35,6 @@ from services.runtime.processes import (
     http_ok,
     sluice_argv,
     start_redis,
-    start_fork_server,
     stop_together,
 )
 from services.transferqueue.local_stack import LocalTransferQueue
@@ -43,7 +43,7 @@ STOP_S = 10.0  # the engines and roles, together: a clean exit, CUDA teardown an
 STACK_STOP_S = 5.0  # then the stack's services, together: no role is left to serve
 ENGINE_START_S = 120.0  # an engine loading its model (and, on a GPU, starting CUDA) until /health answers
 ROLE_START_S = 90.0  # a role service until /healthz answers (all start at once, so they share the cores)
-# every engine's and role's, beside the token; start_fork_server(SERVICE_ENV) forks for a run without python_path
+# every engine's and role's, beside the token; a fork server started with it (start_fork_server) forks them
 SERVICE_ENV = {"HF_HUB_OFFLINE": "1"}
 
 
@@ -130,7 +130,7 @@ class LocalRun(StopsOnExit):
         # the engines and roles are forked from it, their heavy imports done once (services/runtime/fork_server.py)
         shared: ForkServerClient | None = stack.forker if stack is not None else forker
         self.owns_forker = shared is None or not shared.can_fork(child_env(self._env()))
-        self.forker: ForkServerClient | None = start_fork_server(self._env()) if self.owns_forker else shared
+        self.forker: ForkServerClient | None = fork_server_for(self._env()) if self.owns_forker else shared
         try:
             self._start(engines, stack, redis_url, dcs_port)
             if submit:

@@ -122,6 +122,8 @@ class EngineFleet:
             self.pool.add(url)
             if entry.source == "added":
                 await self._keep_registered(entry)
+                # until registered (it did not answer yet), no publish reaches it: it generates nothing meanwhile
+                self.pool.hold(url, url not in self.memberships)
 
     async def _keep_registered(self, entry: EngineEntry) -> None:
         """Register an added engine that has none (again, when it restarted) once it answers, with the version

@@ -89,6 +89,8 @@ class Engines(Protocol):
 
     def add(self, url: str) -> None: ...
 
+    def hold(self, url: str, held: bool) -> None: ...
+
     def drain(self, url: str) -> None: ...
 
     def version_of(self, url: str) -> tuple[int | None, bool]: ...
@@ -125,6 +127,7 @@ class PooledEngine:
     known: bool = False  # it has reported a version since it joined
     reachable: bool = True
     draining: bool = False  # taken out of the run: no new requests; its own are resubmitted elsewhere
+    held: bool = False  # not yet registered for the run's weight syncs (none would reach it): no requests
     in_flight: int = 0
     requests: int = 0
     first_version: int | None = None  # the version it served when given its first request
@@ -134,6 +137,8 @@ class PooledEngine:
     def state(self, newest: int) -> str:
         if self.draining:
             return "draining"
+        if self.held:
+            return "registering"
         if not self.reachable:
             return "unreachable"
         return "serving" if self.known and self.version >= newest else "waiting_for_weights"
@@ -222,6 +227,12 @@ class EnginePool:
             engine.watcher = asyncio.ensure_future(self._watch(engine, *self._watching))
         log.info("engine joined", extra={"engine": url, "newest_version": self.newest})
 
+    def hold(self, url: str, held: bool) -> None:
+        """Hold `url` back from new requests (or let it have them): an engine that is not registered for the
+        run's weight syncs would generate from weights no publish updates."""
+        if url in self.engines:
+            self.engines[url].held = held
+
     def drain(self, url: str) -> None:
         """Take `url` out: no new requests; the requests it holds are given up (the engine drops them when their
         connections close) and resubmitted to the others, so no sample is lost or generated twice."""
@@ -298,7 +309,7 @@ class EnginePool:
         eligible = [
             e
             for e in self.engines.values()
-            if e.reachable and not e.draining and e.version >= self.newest and (e.known or not started)
+            if e.reachable and not e.draining and not e.held and e.version >= self.newest and (e.known or not started)
         ]
         return min(eligible, key=lambda e: e.in_flight) if eligible else None
 

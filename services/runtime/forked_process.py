@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Mapping, Sequence
+from typing import IO, Callable, Mapping, Sequence
 
 # the heavy imports of the engine, the roles, the TransferQueue and the coordinator (~5.5 CPU s in each process on
 # a 2-core machine); none starts a thread at import (pyarrow's jemalloc would, but child_env turns its background
@@ -63,11 +64,15 @@ IMPORT_ENV_PREFIXES = (
 # read only at use, and set by torch itself on its first compile in the launcher (torch._inductor's cache_dir()):
 # a launcher that compiled after starting its server would otherwise never fork again
 USE_TIME_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+# applied by the forked child itself: PYTHONPATH's entries go onto its sys.path (fork_server._enter), so a run
+# whose services import a module beside its run file forks all the same
+CHILD_APPLIED_ENV = frozenset({"PYTHONPATH"})
 UNKNOWN_EXIT = 255  # the exit code of a child whose server died before it: nobody could read it
 
 
 def import_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES) and k not in USE_TIME_ENV}
+    skipped = USE_TIME_ENV | CHILD_APPLIED_ENV
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES) and k not in skipped}
 
 
 def module_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
@@ -78,25 +83,69 @@ def module_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
 
 
 class ForkServerClient:
-    """One fork server, started at construction (its preload runs while the launcher goes on); thread-safe.
+    """One fork server, from a launcher: one it started (`start`, its preload running while the launcher goes
+    on), or one that another launcher started with --listen, reached on its socket (`connect`); thread-safe.
     `on_child(pid)` is called for each child when its pid is known (the launcher's reaper registers it)."""
 
-    def __init__(self, env: dict[str, str], on_child: Callable[[int], None], preload: Sequence[str] = PRELOAD):
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        on_child: Callable[[int], None],
+        writer: IO[bytes],
+        reader: IO[bytes],
+        proc: subprocess.Popen | None = None,
+        sock: socket.socket | None = None,
+    ):
         self.env = dict(env)
         self._on_child = on_child
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.runtime.fork_server", "--preload", ",".join(preload)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=self.env,
-            start_new_session=True,
-        )
+        self._writer, self._reader = writer, reader
+        self.proc, self._sock = proc, sock  # proc: the server, when this launcher started it
         self._lock = threading.Condition()
         self._next_id = 0
         self._pending: dict[int, ForkedChild] = {}  # by request id, until the server answers
         self._by_pid: dict[int, ForkedChild] = {}  # forked, until the server reports its exit
         self.gone = False
         threading.Thread(target=self._read_answers, name="fork-server", daemon=True).start()
+
+    @classmethod
+    def start(
+        cls,
+        env: dict[str, str],
+        on_child: Callable[[int], None],
+        preload: Sequence[str] = PRELOAD,
+        listen: str | None = None,
+    ) -> ForkServerClient:
+        """A new server in environment `env`; with `listen`, other launchers may connect on that socket."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.runtime.fork_server", "--preload", ",".join(preload)]
+            + (["--listen", listen] if listen else []),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        deadline = time.monotonic() + 30.0
+        while listen and not os.path.exists(listen) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # it binds before its preload: from then on a launcher may connect
+        return cls(env, on_child, proc.stdin, proc.stdout, proc=proc)
+
+    @classmethod
+    def connect(cls, path: str, on_child: Callable[[int], None], timeout_s: float = 30.0) -> ForkServerClient:
+        """The server listening on `path`, once it has preloaded; OSError when none answers there."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(path)
+            reader = sock.makefile("rb")
+            hello = json.loads(reader.readline() or b"{}")
+            if "ready" not in hello or not isinstance(hello.get("env"), dict):
+                raise OSError(f"no fork server answers on {path}")
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise OSError(f"fork server {path}: {exc}") from exc
+        sock.settimeout(None)
+        return cls(hello["env"], on_child, sock.makefile("wb"), reader, sock=sock)
 
     def can_fork(self, env: Mapping[str, str]) -> bool:
         return not self.gone and import_env(env) == import_env(self.env)
@@ -106,7 +155,8 @@ class ForkServerClient:
             self._next_id += 1
             child = ForkedChild(self, module)
             self._pending[self._next_id] = child
-            self._send({"spawn": self._next_id, "module": module, "args": args, "env": dict(env), "log": log})
+            request = {"spawn": self._next_id, "module": module, "args": args, "env": dict(env), "log": log}
+            self._send({**request, "cwd": os.getcwd()})
         return child
 
     def signal(self, child: ForkedChild, number: int) -> None:
@@ -122,12 +172,20 @@ class ForkServerClient:
             pass
 
     def close(self) -> None:
-        """Stops the server (its children are the launcher's to stop): EOF on its stdin."""
+        """Stops the server this launcher started (its children are the launcher's to stop): EOF on its stdin;
+        of a connected server, ends the connection only."""
         try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
+            self._writer.close()
         except OSError:
             pass
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+            return
+        assert self.proc is not None
         try:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
@@ -135,16 +193,25 @@ class ForkServerClient:
             self.proc.wait()
 
     def _send(self, message: dict) -> None:
-        assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write((json.dumps(message) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError):
+            self._writer.write((json.dumps(message) + "\n").encode())
+            self._writer.flush()
+        except (OSError, ValueError):
             pass  # gone: its reader marks every child
 
     def _read_answers(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+        try:
+            self._read_lines()
+        except (OSError, ValueError):
+            pass  # a connection closed under the reader
+        with self._lock:
+            self.gone = True
+            for child in [*self._pending.values(), *self._by_pid.values()]:
+                child._server_gone()
+            self._lock.notify_all()
+
+    def _read_lines(self) -> None:
+        for line in self._reader:
             try:
                 answer = json.loads(line)
             except ValueError:
@@ -153,11 +220,6 @@ class ForkServerClient:
                 self._spawned(answer)
             elif "exited" in answer:
                 self._exited(answer["exited"], answer["code"])
-        with self._lock:
-            self.gone = True
-            for child in [*self._pending.values(), *self._by_pid.values()]:
-                child._server_gone()
-            self._lock.notify_all()
 
     def _spawned(self, answer: dict) -> None:
         with self._lock:

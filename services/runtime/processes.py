@@ -19,7 +19,7 @@ import time
 from typing import IO, Callable, Iterable, Sequence
 
 from services.runtime import reaper
-from services.runtime.forked_process import PRELOAD, ForkedChild, ForkServerClient, module_of
+from services.runtime.forked_process import ForkedChild, ForkServerClient, module_of
 from services.runtime.redis_password import redis_conf_line, write_private_file
 
 
@@ -99,26 +99,6 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _no_fork_server() -> ForkServerClient | None:
-    return None
-
-
-_stack_forker: Callable[[], ForkServerClient | None] = _no_fork_server
-
-
-def fork_stacks_from(source: Callable[[], ForkServerClient | None]) -> None:
-    """Where a TransferQueue or coordinator started without a fork server (LocalTransferQueue, LocalDCS without
-    `forker`) forks its processes from: `source()`, a server its caller keeps for its whole life (the test
-    suite's workers: tests/worker_fork_server.py); by default none, and each is started as a new interpreter."""
-    global _stack_forker
-    _stack_forker = source
-
-
-def stack_forker(given: ForkServerClient | None) -> ForkServerClient | None:
-    """`given`, else the one fork_stacks_from named (or None)."""
-    return given if given is not None else _stack_forker()
-
-
 class Reaper:
     """This process's reaper (services/runtime/reaper.py), started on first use: children registered with
     it are killed when this process dies, however it dies. Thread-safe; one per process."""
@@ -172,19 +152,6 @@ class StopsOnExit:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def start_fork_server(env: dict | None = None, preload: Sequence[str] = PRELOAD) -> ForkServerClient | None:
-    """A fork server (services/runtime/fork_server.py) for this launcher's Python services, its children and itself
-    registered with the reaper, in the environment `env` adds to child_env's (its children's, so that they
-    can be forked); None off Linux, where forking a process that has imported torch is not safe
-    (macOS: the Objective-C runtime)."""
-    if sys.platform != "linux":
-        return None
-    reaper_ = Reaper.get()
-    server = ForkServerClient(child_env(env), reaper_.register, preload)
-    reaper_.register(server.proc.pid)
-    return server
 
 
 class ChildProcess:

@@ -12,15 +12,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.runtime.auth_token import token_env
 from services.runtime.redis_password import redis_password_env
 from services.runtime.forked_process import ForkServerClient
-from services.runtime.processes import (
-    ChildProcess,
-    StopsOnExit,
-    free_port,
-    listening,
-    sluice_argv,
-    stack_forker,
-    start_redis,
-)
+from services.runtime.fork_server_choice import stack_forker
+from services.runtime.processes import ChildProcess, StopsOnExit, free_port, listening, sluice_argv, start_redis
 
 
 def grpc_serving(address: str, service: str = "") -> bool:
@@ -52,7 +45,7 @@ class LocalTransferQueue(StopsOnExit):
     ):
         """`data_dir`: each shard journals to data_dir/<shard id> (a killed shard restarts with its rows);
         `redis_password`: what `redis_url` requires; `controller_port`: the controller's (0 = a free one);
-        `forker`: a fork server to fork the controller and shards from (processes.stack_forker); `env`: added
+        `forker`: a fork server to fork the controller and shards from (fork_server_choice.stack_forker); `env`: added
         to their environment."""
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="sluice-tq-")
         os.makedirs(self.log_dir, exist_ok=True)

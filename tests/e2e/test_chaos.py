@@ -287,7 +287,7 @@ def _redis_server_of(parent: int) -> int:
     raise AssertionError(f"no redis-server child of {parent}")
 
 
-def test_sluice_run_with_its_defaults_survives_its_redis_killed(tmp_path):
+def test_sluice_run_with_its_defaults_survives_its_redis_killed(tmp_path, fork_server):
     path = write_run(str(tmp_path), "chaos-redis", steps=8, interval=0)
     run_dir = tmp_path / "runs" / "chaos-redis"
     proc = start(path)

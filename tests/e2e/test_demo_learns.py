@@ -26,7 +26,8 @@ pytestmark = [
 TARGET = 0.8
 
 
-def test_the_default_demo_climbs_from_at_most_0_3_to_at_least_0_8(tmp_path):
+def test_the_default_demo_climbs_from_at_most_0_3_to_at_least_0_8(tmp_path, fork_server):
+    # fork_server: the worker's, whose socket env SLUICE_FORK_SERVER names, so the demo forks its services from it
     demo = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "demo", "--view", "json", "--workdir", str(tmp_path)],
         stdout=subprocess.PIPE,

@@ -233,7 +233,7 @@ def test_trainer_and_rollout_killed_mid_run_resume_without_skipping_or_repeating
         AutoModelForCausalLM.from_pretrained(str(ckpt / "actor" / latest), local_files_only=True)
 
 
-def test_sluice_demo_warm_starts_trains_and_evaluates(tmp_path):
+def test_sluice_demo_warm_starts_trains_and_evaluates(tmp_path, fork_server):
     """`sluice demo` end to end on its default task (demo:reverse): a random model, the supervised warm start,
     the run through the front door with held-out evaluation, every sample trained once."""
     import subprocess

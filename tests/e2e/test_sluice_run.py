@@ -20,7 +20,8 @@ from services.cli import main as sluice
 from services.run_state.trainer_progress import trained_steps
 from services.runtime.processes import start_redis
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# fork_server: the worker's, whose socket env SLUICE_FORK_SERVER names, so `sluice run` forks its services from it
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.usefixtures("fork_server")]
 
 RUN = """name: {name}
 model: {model}
@@ -74,25 +75,20 @@ def lines_of(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def service_processes(parent: int) -> dict[int, str]:
-    """pid -> command (`sluice <command>`) of each Sluice service `parent` runs: its children, and the children of
-    its fork server (services/runtime/fork_server.py), whose command lines setproctitle wrote as one string."""
+def service_processes(run_dir) -> dict[int, str]:
+    """pid -> command (`sluice <command>`) of each Python service of the run, as <run dir>/stack.json lists them:
+    `sluice run`'s children, or a fork server's (its own, or the test worker's that env SLUICE_FORK_SERVER
+    names), whose command lines setproctitle wrote as one string."""
     procs = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
+    for pid in json.loads((run_dir / "stack.json").read_text())["service_pids"].values():
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = " ".join(f.read().decode(errors="replace").split("\0")).split()
-        except (OSError, ValueError, IndexError):  # gone meanwhile
+        except OSError:  # gone meanwhile
             continue
-        procs[int(entry)] = (ppid, argv)
-    forkers = {pid for pid, (ppid, argv) in procs.items() if ppid == parent and "services.runtime.fork_server" in argv}
-    return {
-        pid: argv[argv.index("services.cli") + 1]
-        for pid, (ppid, argv) in procs.items()
-        if (ppid == parent or ppid in forkers) and "services.cli" in argv
-    }
+        if "services.cli" in argv:
+            procs[pid] = argv[argv.index("services.cli") + 1]
+    return procs
 
 
 def running(pid: int) -> bool:
@@ -120,7 +116,7 @@ def test_sluice_run_trains_to_the_end_and_prints_a_line_per_step_and_a_summary(t
         for line in proc.stdout:  # until it exits (its services write to their logs, not this pipe)
             lines.append(json.loads(line))
             if lines[-1].get("event") == "running":  # every service started: its processes, to check below
-                services = service_processes(proc.pid)
+                services = service_processes(tmp_path / "runs" / "cli-run")
             finished_at = time.monotonic() if lines[-1].get("event") == "finished" else finished_at
         proc.wait(timeout=60)
         exited_after_s = time.monotonic() - finished_at if finished_at is not None else None

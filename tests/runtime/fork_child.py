@@ -1,9 +1,11 @@
 """A child for the fork server's tests, run as `python -m tests.runtime.fork_child MODE`: `report` prints what a
-fresh interpreter's child would know about itself (argv, an env var, its session, numpy's first draw) as JSON and
-exits with the code in FORK_CHILD_EXIT; `raise` raises; `sleep` sleeps until signalled, after writing `ready`."""
+fresh interpreter's child would know about itself (argv, an env var, its session, numpy's first draw, its parent,
+its directory, where the module FORK_CHILD_IMPORT names was found) as JSON and exits with the code in
+FORK_CHILD_EXIT; `raise` raises; `sleep` sleeps until signalled, after writing `ready`."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -25,6 +27,11 @@ def main() -> None:
                     "draw": float(np.random.rand()),
                     "stdin": sys.stdin.read(),
                     "cmdline": open(f"/proc/{os.getpid()}/cmdline", "rb").read().decode(),
+                    "ppid": os.getppid(),
+                    "cwd": os.getcwd(),
+                    "imported": importlib.import_module(name).__file__
+                    if (name := os.environ.get("FORK_CHILD_IMPORT"))
+                    else None,
                 }
             ),
             flush=True,

@@ -9,7 +9,8 @@ import sys
 import threading
 import time
 
-from services.runtime.processes import ChildProcess, start_fork_server, start_redis
+from services.runtime.fork_server_choice import start_fork_server
+from services.runtime.processes import ChildProcess, start_redis
 
 
 def main() -> None:

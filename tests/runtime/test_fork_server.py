@@ -1,13 +1,16 @@
 """The fork server (services/runtime/fork_server.py, forked_process.py): a `python -m` child forked from it runs
 as a fresh interpreter's would (argv, env, its own session, its log, its exit code, numpy seeded on its own),
 is signalled and reaped through the server, is started with Popen when its import-time environment differs, and
-is still stopped when the server itself is killed. The kill -9 of the launcher is in test_child_processes.py."""
+is still stopped when the server itself is killed; a server started with --listen forks for other launchers that
+connect on its socket (env SLUICE_FORK_SERVER), in their directory and with their PYTHONPATH, and lets each signal
+only its own children. The kill -9 of the launcher is in test_child_processes.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +18,8 @@ import time
 import pytest
 
 from services.runtime.forked_process import UNKNOWN_EXIT, ForkedChild, running
-from services.runtime.processes import ChildProcess, start_fork_server
+from services.runtime.fork_server_choice import FORK_SERVER_ENV, fork_server_for, start_fork_server
+from services.runtime.processes import ChildProcess
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server runs on Linux only")
 CHILD = [sys.executable, "-m", "tests.runtime.fork_child"]
@@ -102,3 +106,55 @@ def test_children_outlive_a_killed_server_and_are_still_stopped(tmp_path):
     assert not server.can_fork(os.environ)  # a restart after this starts with Popen
     assert proc.stop(10) == UNKNOWN_EXIT
     assert not running(pid)
+
+
+@pytest.fixture(scope="module")
+def listening(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("fork-socket") / "server.sock")
+    server = start_fork_server(preload=("json", "numpy", "setproctitle"), listen=path)
+    assert server is not None and server.proc is not None
+    yield server, path
+    server.close()
+
+
+def test_a_launcher_that_connects_forks_in_its_directory_with_its_python_path(listening, tmp_path, monkeypatch):
+    owner, path = listening
+    monkeypatch.setenv(FORK_SERVER_ENV, path)
+    other = fork_server_for()
+    assert other is not None and other.proc is None  # connected to the owner's, not started
+    (tmp_path / "beside_the_run.py").write_text("X = 1\n")
+    monkeypatch.chdir(tmp_path)
+    # as `python -m` started there: the tests package is found through PYTHONPATH only (not the server's directory)
+    python_path = os.pathsep.join([str(tmp_path), os.path.dirname(os.path.dirname(os.path.dirname(__file__)))])
+    env = {"PYTHONPATH": python_path, "FORK_CHILD_IMPORT": "beside_the_run", "FORK_CHILD_EXIT": "5"}
+    proc = ChildProcess("c", [*CHILD, "report"], str(tmp_path / "c.log"), env=env, forker=other)
+    assert isinstance(proc.proc, ForkedChild)
+    report = _report(proc)
+    assert report["ppid"] == owner.proc.pid and report["cwd"] == str(tmp_path)
+    assert report["imported"] == str(tmp_path / "beside_the_run.py")
+    assert proc.proc.returncode == 5  # its exit reported to the launcher that asked for it
+    other.close()
+    after = ChildProcess("after", [*CHILD, "report"], str(tmp_path / "a.log"), env=env, forker=owner)
+    assert _report(after)["ppid"] == owner.proc.pid  # a connection's end leaves the server serving
+
+
+def test_a_connection_may_signal_only_its_own_children(listening, tmp_path):
+    owner, path = listening
+    proc = ChildProcess("sleeper", [*CHILD, "sleep"], str(tmp_path / "s.log"), forker=owner)
+    proc.wait_until(lambda: "ready" in proc.log_tail(), 30)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(path)
+        hello = json.loads(sock.makefile("rb").readline())
+        assert hello["ready"] == owner.proc.pid and hello["env"]["OMP_NUM_THREADS"] == "1"
+        sock.sendall(json.dumps({"signal": proc.proc.pid, "number": signal.SIGKILL}).encode() + b"\n")
+        sock.sendall(b"not json\n")
+        time.sleep(0.5)
+    assert proc.alive()  # not this connection's child
+    assert proc.stop(10) == -signal.SIGTERM
+
+
+def test_without_a_server_on_the_named_socket_a_launcher_starts_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv(FORK_SERVER_ENV, str(tmp_path / "nobody.sock"))
+    server = fork_server_for()
+    assert server is not None and server.proc is not None
+    server.close()
