@@ -135,6 +135,8 @@ def command_of(pid: int) -> str:
             argv = " ".join(f.read().decode(errors="replace").split("\0")).split()
     except OSError:
         return "?"
+    if not argv:  # a zombie's, or one exiting: no command line left
+        return "?"
     if "services.runtime.fork_server" in argv:
         return "fork server"
     return argv[argv.index("services.cli") + 1] if "services.cli" in argv[:-1] else os.path.basename(argv[0])

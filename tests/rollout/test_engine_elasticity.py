@@ -2,8 +2,8 @@
 (tests/fakes/engines.py) and an in-memory engine directory (the coordinator's engine set): a joining engine gets
 requests only once it serves the newest weights; a drained one gives up the requests it holds, which finish on
 the others; the fleet follows the directory, keeps registrations for added engines only (each saying the version its
-engine holds, and made again when the engine restarted), and leaves alone the engines it started with until the
-directory has listed them."""
+engine holds, and made again when the engine restarted; until it has one, the engine gets no requests), and leaves
+alone the engines it started with until the directory has listed them."""
 
 from __future__ import annotations
 
@@ -167,6 +167,7 @@ def test_an_added_engine_registers_saying_the_version_it_holds_and_again_when_it
         await fleet.start()
         watcher = asyncio.create_task(pool.watch_versions(wait_s=0.2, poll_s=0.02, on_change=lambda: None))
         at_start = registrations()
+        held_at_start = {e["url"]: e["state"] for e in pool.describe()}[B]
         engines.set_version(5)  # a sync reached it: its record moves by the sync's report, not by the rollout
         await settle(fleet)
         after_sync = registrations()
@@ -177,13 +178,16 @@ def test_an_added_engine_registers_saying_the_version_it_holds_and_again_when_it
         engines.stopped.discard(B)  # answers now
         await settle(fleet)
         b_answers = registrations()
+        b_state = {e["url"]: e["state"] for e in pool.describe()}[B]
         watcher.cancel()
         await fleet.close()
         await pool.aclose()
-        return at_start, after_sync, after_restart, b_answers
+        return at_start, after_sync, after_restart, b_answers, (held_at_start, b_state)
 
-    at_start, after_sync, after_restart, b_answers = asyncio.run(scenario())
+    at_start, after_sync, after_restart, b_answers, b_states = asyncio.run(scenario())
     assert at_start == [(4, False)]  # A, with the version it holds; B not yet
+    # B gets no requests until registered (no publish would reach it), then serves
+    assert b_states == ("registering", "serving")
     assert after_sync == [(4, False)]  # the same registration
     assert after_restart == [(4, True), (0, False)]  # the old one closed, a new one saying its initial weights
     assert b_answers == [(4, True), (0, False), (5, False)]
