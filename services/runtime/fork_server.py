@@ -7,12 +7,13 @@ the engine, the rollout, the trainer and the forward roles alike: the largest pa
 Why not multiprocessing's forkserver: it pickles the process object to the server, and nothing that crosses a
 process boundary here is pickled. Requests are JSON lines on stdin, answers JSON lines on stdout:
 
-    {"spawn": ID, "module": "services.x", "args": [...], "env": {...}, "log": PATH or null}
+    {"spawn": ID, "module": "services.x", "args": [...], "env": {...}, "log": PATH or null, "cwd": DIR or null}
         -> {"spawned": ID, "pid": PID} or {"spawned": ID, "error": "..."}
     {"signal": PID, "number": N}      sent only to a child not yet reaped (never to a recycled pid)
     (unasked) {"exited": PID, "code": C}   C as Popen's returncode: -N for a child killed by signal N
 
-Each child runs `python -m <module> <args>` as a fresh interpreter would (its own session, the env it was given,
+Each child runs `python -m <module> <args>` as a fresh interpreter started in `cwd` would (the server's directory
+without one; sys.path[0] that directory, then the env's PYTHONPATH entries; its own session, the env it was given,
 stdin from /dev/null, stdout and stderr into its log, `__main__` the module), and exits with that code. EOF on
 stdin means the launcher is gone: the server exits, and the launcher's reaper (services/runtime/reaper.py) ends
 the children it registered.
@@ -73,8 +74,8 @@ def _preload(modules: list[str]) -> list[str]:
 def _checked(request: dict) -> tuple[str, list[str], dict[str, str], str | None]:
     """A spawn request's parts, or ValueError naming what is wrong."""
     module, args, env, log = request.get("module"), request.get("args"), request.get("env"), request.get("log")
-    if not isinstance(request.get("cwd", ""), str):
-        raise ValueError("cwd: a directory")
+    if request.get("cwd") is not None and not isinstance(request["cwd"], str):
+        raise ValueError("cwd: a directory or null")
     if not isinstance(module, str) or not MODULE_NAME.match(module):
         raise ValueError(f"module: a dotted module name, got {module!r}")
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
@@ -137,7 +138,10 @@ def _enter(cwd: str | None, python_path: str) -> None:
     """The directory and sys.path `python -m` started in `cwd` with this PYTHONPATH would have: sys.path[0] that
     directory, then PYTHONPATH's entries (ones the server's path lacks; its own stay, and a preloaded module stays
     the one the server imported)."""
-    started_in = os.getcwd()
+    try:
+        started_in: str | None = os.getcwd()
+    except OSError:  # the server's directory was removed since it started
+        started_in = None
     if cwd:
         os.chdir(cwd)
     if sys.path and sys.path[0] in (started_in, ""):

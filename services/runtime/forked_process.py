@@ -156,7 +156,7 @@ class ForkServerClient:
             child = ForkedChild(self, module)
             self._pending[self._next_id] = child
             request = {"spawn": self._next_id, "module": module, "args": args, "env": dict(env), "log": log}
-            self._send({**request, "cwd": os.getcwd()})
+            self._send({**request, "cwd": _current_directory()})
         return child
 
     def signal(self, child: ForkedChild, number: int) -> None:
@@ -298,6 +298,14 @@ class ForkedChild:
         with self._server._lock:
             self.returncode = UNKNOWN_EXIT
             self._server._lock.notify_all()
+
+
+def _current_directory() -> str | None:
+    """Where the child starts, as a Popen child would: this process's directory (None: removed, the server's)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def running(pid: int) -> bool:

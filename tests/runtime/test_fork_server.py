@@ -158,3 +158,13 @@ def test_without_a_server_on_the_named_socket_a_launcher_starts_its_own(tmp_path
     server = fork_server_for()
     assert server is not None and server.proc is not None
     server.close()
+
+
+def test_a_launcher_whose_directory_was_removed_still_forks_in_the_servers(forker, tmp_path, monkeypatch):
+    server_directory = os.getcwd()
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    proc = ChildProcess("c", [*CHILD, "report"], str(tmp_path / "g.log"), forker=forker)
+    assert isinstance(proc.proc, ForkedChild) and _report(proc)["cwd"] == server_directory
