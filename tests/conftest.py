@@ -90,7 +90,7 @@ def pytest_sessionfinish(session):
 def exec_stacks():
     """The TransferQueues and coordinators this test starts exec their processes, as a launcher without a fork
     server does."""
-    fork_stacks_from(lambda: None)
+    fork_stacks_from(None)
     yield
     fork_stacks_from(worker_fork_server)
 

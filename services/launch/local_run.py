@@ -168,9 +168,13 @@ class LocalRun(StopsOnExit):
     def _start_data_and_control_planes(self, dcs_port: int, controller_port: int) -> None:
         """TransferQueue and the coordinator, at once (both need only Redis); either failing stops both."""
         common: dict[str, Any] = dict(
-            redis_url=self.redis_url, token=self.token, log_dir=self.log_dir, redis_password=self.redis_password
+            redis_url=self.redis_url,
+            token=self.token,
+            log_dir=self.log_dir,
+            redis_password=self.redis_password,
+            forker=self.forker,
+            env=self._env(),  # the fork server's environment: forked, not exec'd
         )
-        common.update(forker=self.forker, env=self._env())  # the fork server's environment: forked, not exec'd
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stack-start") as pool:
             data_dir = os.path.join(self.log_dir, "tq-data")
             tq = pool.submit(LocalTransferQueue, data_dir=data_dir, controller_port=controller_port, **common)

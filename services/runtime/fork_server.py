@@ -71,10 +71,11 @@ def _preload(modules: list[str]) -> list[str]:
     return loaded
 
 
-def _checked(request: dict) -> tuple[str, list[str], dict[str, str], str | None]:
-    """A spawn request's parts, or ValueError naming what is wrong."""
+def _checked(request: dict) -> tuple[str, list[str], dict[str, str], str | None, str | None]:
+    """A spawn request's parts (module, args, env, log, cwd), or ValueError naming what is wrong."""
     module, args, env, log = request.get("module"), request.get("args"), request.get("env"), request.get("log")
-    if request.get("cwd") is not None and not isinstance(request["cwd"], str):
+    cwd = request.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
         raise ValueError("cwd: a directory or null")
     if not isinstance(module, str) or not MODULE_NAME.match(module):
         raise ValueError(f"module: a dotted module name, got {module!r}")
@@ -84,7 +85,7 @@ def _checked(request: dict) -> tuple[str, list[str], dict[str, str], str | None]
         raise ValueError("env: an object of strings")
     if log is not None and not isinstance(log, str):
         raise ValueError("log: a path or null")
-    return module, args, env, log
+    return module, args, env, log, cwd or None
 
 
 def _exit_code(code: object) -> int:
@@ -291,8 +292,7 @@ class ForkServer:
     def _spawn(self, channel: Channel, request: dict) -> None:
         ident = request.get("spawn")
         try:
-            module, args, env, log = _checked(request)
-            cwd = request.get("cwd") or None
+            module, args, env, log, cwd = _checked(request)
         except ValueError as e:
             channel.answer({"spawned": ident, "error": str(e)})
             return

@@ -47,21 +47,19 @@ def fork_server_for(env: dict | None = None) -> ForkServerClient | None:
     return start_fork_server(env)
 
 
-def _no_fork_server() -> ForkServerClient | None:
-    return None
+_stack_forker: Callable[[], ForkServerClient | None] | None = None
 
 
-_stack_forker: Callable[[], ForkServerClient | None] = _no_fork_server
-
-
-def fork_stacks_from(source: Callable[[], ForkServerClient | None]) -> None:
+def fork_stacks_from(source: Callable[[], ForkServerClient | None] | None) -> None:
     """Where a TransferQueue or coordinator started without a fork server (LocalTransferQueue, LocalDCS without
     `forker`) forks its processes from: `source()`, a server its caller keeps for its whole life (the test
-    suite's workers: tests/worker_fork_server.py); by default none, and each is started as a new interpreter."""
+    suite's workers: tests/worker_fork_server.py); None (the default): each is started as a new interpreter."""
     global _stack_forker
     _stack_forker = source
 
 
 def stack_forker(given: ForkServerClient | None) -> ForkServerClient | None:
     """`given`, else the one fork_stacks_from named (or None)."""
-    return given if given is not None else _stack_forker()
+    if given is not None or _stack_forker is None:
+        return given
+    return _stack_forker()
